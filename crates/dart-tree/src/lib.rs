@@ -1,0 +1,1 @@
+//! dart-tree: draft-tree construction. Filled in by issue 4.

@@ -1,0 +1,16 @@
+//! `dartcore._native`: thin conversions only. Every function converts its
+//! arguments, releases the GIL, calls one core function and converts the result;
+//! errors are mapped to Python exceptions in `errors.rs` and nowhere else.
+use pyo3::prelude::*;
+
+mod errors;
+mod index;
+mod tree;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    index::register(m)?;
+    tree::register(m)?;
+    Ok(())
+}

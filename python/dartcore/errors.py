@@ -1,0 +1,52 @@
+"""The dartcore exception hierarchy (the Rust bindings raise these too; see
+crates/dartcore-py/src/errors.rs, the one place where Rust errors are mapped)."""
+
+from __future__ import annotations
+
+__all__ = [
+    "DartError",
+    "IndexFormatError",
+    "IndexBuildError",
+    "CorpusError",
+    "TokenizerError",
+    "TokenizerMismatchError",
+    "DrafterMismatchError",
+    "TreeError",
+    "ContextLengthError",
+]
+
+
+class DartError(Exception):
+    """Base class of every error dartcore raises on purpose."""
+
+
+class IndexFormatError(DartError):
+    """An index file is corrupt, truncated, foreign or of an unknown version."""
+
+
+class IndexBuildError(DartError):
+    """An index build failed (I/O, memory limit too small, interrupted)."""
+
+
+class CorpusError(DartError):
+    """A corpus could not be found or read."""
+
+
+class TokenizerError(DartError):
+    """Unknown tokenizer name, or a tokenizer file that cannot be loaded."""
+
+
+class TokenizerMismatchError(DartError):
+    """An index or drafter was built with a different tokenizer than the target's."""
+
+
+class DrafterMismatchError(DartError):
+    """A drafter was trained for a different target model."""
+
+
+class TreeError(DartError, ValueError):
+    """Invalid input to a tree builder (shapes, NaN scores, budgets)."""
+
+
+class ContextLengthError(DartError, ValueError):
+    """A prompt (plus the requested tokens) does not fit in the model's context."""
