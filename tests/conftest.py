@@ -1,0 +1,73 @@
+"""Shared fixtures: tiny random Llama / Qwen3 targets for unit tests, the real
+SmolLM2-135M-Instruct for the few integration tests (marked ``slow``), and the
+shared data directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("DARTCORE_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared data not found at {SHARED_DATA}")
+    return SHARED_DATA
+
+
+def tiny_config(family: str = "llama", *, vocab_size: int = 64, layers: int = 4, hidden: int = 32,
+                 heads: int = 4, kv_heads: int = 2, max_positions: int = 256):
+    """A tiny random Hugging Face config of the Llama or Qwen3 family."""
+    if family == "llama":
+        from transformers import LlamaConfig as Config
+    elif family == "qwen3":
+        from transformers import Qwen3Config as Config
+    else:
+        raise ValueError(family)
+    return Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=hidden // heads,
+        max_position_embeddings=max_positions,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=(family == "llama"),
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+
+
+def tiny_model(family: str = "llama", seed: int = 0, **kw):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(family, **kw), dtype=torch.float32)
+    # Random init gives near-uniform logits; sharpen them so greedy decoding is
+    # not decided by float noise (ties would make exact-match tests flaky).
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0)
+    return model.eval()
+
+
+@pytest.fixture(params=["llama", "qwen3"])
+def tiny_target(request):
+    return tiny_model(request.param)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """(model, tokenizer) of the real SmolLM2-135M-Instruct, fp32, CPU."""
+    from dartcore.models.hub import load_target
+
+    return load_target("smollm2")
