@@ -1,0 +1,196 @@
+"""A lean forward for Hugging Face Llama- and Qwen3-family causal LMs.
+
+gpt-fast style: one flat function per step, batch 1, a preallocated
+:class:`~dartcore.models.cache.KVCache`, explicit positions and an explicit
+attention mask over (cached prefix + new block), so the same forward serves
+prefill, plain autoregressive steps and tree verification. It also returns the
+"tap" hidden states the DART drafter reads.
+
+Nothing is copied: :class:`TargetModel` holds the Hugging Face model and calls
+its own submodules (embedding, projections, RMSNorms, MLPs, LM head), so the
+parameters are shared with it. What is ours: RoPE from explicit positions, the
+KV cache, the mask, and the attention call (see ``dartcore.kernels``).
+
+Tested against the Hugging Face forward (logits within 1e-4 in fp32) and
+against ``generate(do_sample=False)`` (identical tokens), see
+tests/test_models_transformer.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dartcore.errors import DartError
+from dartcore.kernels.tree_attention import tree_attention
+from dartcore.models.cache import KVCache
+
+__all__ = ["TargetModel", "ForwardOutput", "SUPPORTED_FAMILIES"]
+
+# model_type -> uses per-head q/k RMSNorm (Qwen3)
+SUPPORTED_FAMILIES = {"llama": False, "qwen3": True, "mistral": False, "qwen2": False}
+# RoPE types whose frequencies do not depend on the sequence length (we read
+# inv_freq once from the HF rotary module; "dynamic" rescales it at run time).
+_STATIC_ROPE = {"default", "linear", "llama3", "yarn", "longrope"}
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # [rows, V] float32
+    taps: torch.Tensor | None  # [n, len(taps) * H] in the model dtype, or None
+
+
+class TargetModel:
+    """The target LM behind a lean forward (batch 1, explicit cache and mask).
+
+    ``hf_model`` is a loaded ``LlamaForCausalLM`` / ``Qwen3ForCausalLM`` (or
+    Mistral / Qwen2, which share the layout). Its dtype and device are used as
+    they are.
+    """
+
+    def __init__(self, hf_model):
+        config = hf_model.config
+        family = getattr(config, "model_type", None)
+        if family not in SUPPORTED_FAMILIES:
+            raise DartError(
+                f"unsupported target family {family!r}: dartcore's forward supports "
+                f"{sorted(SUPPORTED_FAMILIES)}"
+            )
+        layer_types = getattr(config, "layer_types", None) or []
+        if any(t != "full_attention" for t in layer_types) or getattr(config, "use_sliding_window", False):
+            raise DartError("sliding-window attention layers are not supported by dartcore's forward")
+        self.hf = hf_model
+        self.config = config
+        self.family = family
+        self.qk_norm = SUPPORTED_FAMILIES[family]
+        inner = hf_model.model
+        self.embed = inner.embed_tokens
+        self.layers = list(inner.layers)
+        self.norm = inner.norm
+        self.lm_head = hf_model.lm_head
+        self.num_layers = len(self.layers)
+        self.hidden_size = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or self.hidden_size // self.num_heads
+        self.scale = self.head_dim ** -0.5
+        self.vocab_size = self.lm_head.weight.shape[0]
+        self.max_positions = int(getattr(config, "max_position_embeddings", 0) or 0) or None
+        rotary = inner.rotary_emb
+        rope_type = getattr(rotary, "rope_type", "default")
+        if rope_type not in _STATIC_ROPE:
+            raise DartError(f"RoPE type {rope_type!r} is not supported (position-dependent rescaling)")
+        self._inv_freq = rotary.inv_freq.detach().float()
+        self._rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def new_cache(self, capacity: int) -> KVCache:
+        if self.max_positions is not None:
+            capacity = min(capacity, self.max_positions)
+        return KVCache(self.num_layers, self.num_kv_heads, self.head_dim, capacity,
+                       dtype=self.dtype, device=self.device)
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[:, None].float() * self._inv_freq.to(positions.device)[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self._rope_scale).to(self.dtype)
+        sin = (emb.sin() * self._rope_scale).to(self.dtype)
+        return cos, sin  # [n, head_dim]
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x: [heads, n, head_dim]; rotate_half convention of the HF Llama code.
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+    @torch.inference_mode()
+    def forward(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
+                block_mask: torch.Tensor | None = None, *, taps: Sequence[int] = (),
+                logits_rows: torch.Tensor | slice | None = None) -> ForwardOutput:
+        """Run ``n`` new tokens after the ``cache.length`` cached ones.
+
+        tokens, positions: int64 ``[n]``. block_mask: bool ``[n, n]``, row i may
+        see new token j (the cached prefix is always visible); None = causal.
+        The block's keys/values are written to cache slots
+        ``[cache.length, cache.length + n)`` and ``cache.length`` is NOT
+        advanced (call ``cache.commit`` or ``cache.compact``).
+        taps: HF ``hidden_states`` indices to return (index i < L is the input
+        of layer i, L is the final normed state). logits_rows: which rows get
+        logits (default all; prefill passes ``slice(-1, None)``).
+        """
+        n = int(tokens.shape[0])
+        cache.check_block(n)
+        if self.max_positions is not None and int(positions.max()) >= self.max_positions:
+            raise DartError(f"position {int(positions.max())} is past the model's context of {self.max_positions}")
+        dev = self.device
+        tokens = tokens.to(dev)
+        positions = positions.to(dev)
+        if block_mask is None:
+            block_mask = torch.ones(n, n, dtype=torch.bool, device=dev).tril_()
+        else:
+            block_mask = block_mask.to(dev)
+        cos, sin = self._rope(positions)
+        tap_set = {int(t) for t in taps}
+        for t in tap_set:
+            if not 0 <= t <= self.num_layers:
+                raise ValueError(f"tap index {t} out of range for a {self.num_layers}-layer model")
+        captured: dict[int, torch.Tensor] = {}
+
+        h = self.embed(tokens)  # [n, H]
+        for i, layer in enumerate(self.layers):
+            if i in tap_set:
+                captured[i] = h
+            h = h + self._attention(layer.self_attn, i, layer.input_layernorm(h), cos, sin,
+                                    cache, block_mask)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        h = self.norm(h)
+        if self.num_layers in tap_set:
+            captured[self.num_layers] = h
+        rows = h if logits_rows is None else h[logits_rows]
+        logits = self.lm_head(rows).float()
+        tap_out = torch.cat([captured[int(t)] for t in taps], dim=-1) if len(taps) else None
+        return ForwardOutput(logits=logits, taps=tap_out)
+
+    def _attention(self, attn, layer_idx: int, x: torch.Tensor, cos, sin, cache: KVCache,
+                   block_mask: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        q = attn.q_proj(x).view(n, self.num_heads, self.head_dim)
+        k = attn.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        v = attn.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q = attn.q_norm(q)
+            k = attn.k_norm(k)
+        q = self._rotate(q.transpose(0, 1), cos, sin)  # [heads, n, D]
+        k = self._rotate(k.transpose(0, 1), cos, sin)
+        cache.write(layer_idx, k, v.transpose(0, 1))
+        keys, values = cache.view(layer_idx, n)
+        out = tree_attention(q, keys, values, cache.length, block_mask, scale=self.scale)
+        return attn.o_proj(out.transpose(0, 1).reshape(n, self.num_heads * self.head_dim))
+
+    # -- conveniences used by tests and the plain AR path ------------------------------
+
+    def greedy_generate(self, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
+        """Plain greedy autoregressive loop on this forward (no EOS handling)."""
+        ids = torch.as_tensor(list(prompt), dtype=torch.long)
+        cache = self.new_cache(len(ids) + max_new_tokens)
+        out = self.forward(cache, ids, torch.arange(len(ids)), logits_rows=slice(-1, None))
+        cache.commit(len(ids))
+        result: list[int] = []
+        for _ in range(max_new_tokens):
+            tok = int(out.logits[-1].argmax())
+            result.append(tok)
+            if len(result) == max_new_tokens:
+                break
+            out = self.forward(cache, torch.tensor([tok]), torch.tensor([cache.length]))
+            cache.commit(1)
+        return result

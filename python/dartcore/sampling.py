@@ -1,0 +1,93 @@
+"""The one sampler: temperature / top-k / top-p warpers and the token draw.
+
+Both the plain autoregressive path and tree verification call
+:meth:`Sampler.choose` on a row of target logits, so a sampled DART run and a
+sampled AR run draw from exactly the same distribution at every step -- and,
+because every committed token costs exactly one uniform from the generator,
+they even produce the same tokens for the same seed (up to float noise in the
+logits of the two forwards).
+
+Warper order and semantics follow Hugging Face ``generate``: temperature, then
+top-k (keep the k largest; 0 = off), then top-p (keep the smallest set of most
+probable tokens whose mass reaches p, at least one; 1.0 = off).
+``temperature == 0`` is greedy (argmax) and ignores top-k / top-p.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["SamplingParams", "Sampler", "warp_probs", "draw"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def __post_init__(self):
+        if not isinstance(self.temperature, (int, float)) or math.isnan(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if int(self.top_k) != self.top_k or self.top_k < 0:
+            raise ValueError(f"top_k must be a non-negative integer (0 = off), got {self.top_k!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Probabilities (float32, last dim) after temperature, top-k and top-p."""
+    if params.greedy:
+        raise ValueError("greedy decoding has no sampling distribution (temperature = 0)")
+    scores = logits.float() / params.temperature
+    vocab = scores.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+        sorted_probs = sorted_scores.softmax(dim=-1)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        drop_sorted = mass_before >= params.top_p  # the mass already reached p before this token
+        drop_sorted[..., 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    return scores.softmax(dim=-1)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """Inverse-CDF draw of one token from a 1-D distribution, consuming exactly
+    one uniform (float64) from ``generator``."""
+    u = torch.rand((), dtype=torch.float64, generator=generator).item()
+    cdf = probs.detach().to("cpu", torch.float64).cumsum(0)
+    idx = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64), right=True))
+    # Guard the top end against rounding; skip zero-probability tokens.
+    idx = min(idx, probs.shape[0] - 1)
+    while float(probs[idx]) == 0.0 and idx > 0:
+        idx -= 1
+    return idx
+
+
+class Sampler:
+    """Chooses the next token from a row of logits: argmax when greedy, else a
+    draw from the warped distribution with a seeded CPU generator."""
+
+    def __init__(self, params: SamplingParams, seed: int | None = None):
+        self.params = params
+        self.generator = torch.Generator(device="cpu")
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(int(seed))
+
+    def choose(self, logits: torch.Tensor) -> int:
+        if self.params.greedy:
+            return int(torch.argmax(logits))
+        return draw(warp_probs(logits, self.params), self.generator)
