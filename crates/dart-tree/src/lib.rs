@@ -1,1 +1,62 @@
-//! dart-tree: draft-tree construction. Filled in by issue 4.
+//! dart-tree: draft-tree construction over the trigram index (no Python).
+//!
+//! * [`beam_search`]: DART's Eq. (10) — drafter top-k rows scored together with the trigram
+//!   index in a beam search, the tree picked best-first (ancestor-closed by construction).
+//! * [`ngram_tree`]: the same search driven by the index alone.
+//! * [`top_b`]: DARTree's deferred global top-B with ancestor-first ties.
+//! * [`best_first`]: DDTree's best-first heap over factorised marginals.
+//! * [`beam_search_batch`]: several sequences at once on the crate's named pool.
+//!
+//! Trees come out as flat arrays in depth order ([`Tree`]) with ancestor bitmasks for the
+//! verification mask.
+mod beam;
+mod error;
+mod index_impl;
+mod pool;
+mod scorer;
+mod topb;
+mod tree;
+
+use rayon::prelude::*;
+
+pub use beam::{beam_search, ngram_tree, SearchParams};
+pub use error::{Error, Result};
+pub use pool::{num_threads, set_num_threads};
+pub use scorer::{NgramScorer, NoNgram};
+pub use topb::{best_first, top_b};
+pub use tree::{ancestor_bits, Tree};
+
+/// [`beam_search`] for `contexts.len()` sequences at once: `topk_tokens` / `topk_logprobs`
+/// are row-major `[B, d, k]` (sequence `b` uses rows `b*d .. b*d + d`). Runs on the crate's
+/// pool (see [`set_num_threads`]); the result is the same as `B` single calls, in order.
+/// Every input is validated before any search starts.
+pub fn beam_search_batch<S: NgramScorer + ?Sized>(
+    scorer: &S,
+    contexts: &[&[u32]],
+    topk_tokens: &[u32],
+    topk_logprobs: &[f32],
+    d: usize,
+    k: usize,
+    params: &SearchParams,
+) -> Result<Vec<Tree>> {
+    let bsz = contexts.len();
+    let per = d.checked_mul(k).ok_or_else(|| Error::shape(format!("d = {d}, k = {k} overflows")))?;
+    let total = bsz.checked_mul(per).ok_or_else(|| Error::shape("batch too large"))?;
+    if topk_tokens.len() != total || topk_logprobs.len() != total {
+        return Err(Error::shape(format!(
+            "batch of {bsz} with d = {d}, k = {k} needs {total} top-k entries, got {} tokens and {} log-probs",
+            topk_tokens.len(),
+            topk_logprobs.len()
+        )));
+    }
+    let one = |b: usize| {
+        let r = b * per..(b + 1) * per;
+        beam_search(scorer, contexts[b], &topk_tokens[r.clone()], &topk_logprobs[r], d, k, params)
+    };
+    match pool::pool() {
+        Some(pool) if bsz > 1 && pool.current_num_threads() > 1 => {
+            pool.install(|| (0..bsz).into_par_iter().with_max_len(1).map(one).collect())
+        }
+        _ => (0..bsz).map(one).collect(),
+    }
+}

@@ -1,0 +1,499 @@
+//! Eq. (10): the n-gram–guided beam search of DART, and the n-gram-only tree.
+//!
+//! Both searches build a *candidate tree* level by level (every expanded node is a
+//! candidate; only the best `beam_width` non-EOS candidates of a level are expanded), then
+//! pick the final tree by a best-first traversal of that candidate tree: a heap keyed by
+//! score (ties: shallower first, then creation order) that starts with the level-0
+//! candidates and, on popping a node, pushes the node's expanded children. The first
+//! `max_nodes` popped nodes plus the root are the tree. A node is only ever pushed after its
+//! parent was popped, so the tree is ancestor-closed by construction, even where a child
+//! outscores its parent (ln(1 + ε) > 0 in f64) — the case where the official
+//! sort-all-and-cut implementation drops a parent but keeps its child.
+use std::cell::RefCell;
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+use crate::{Error, NgramScorer, Result, Tree};
+
+/// Every constant of Eq. (10). `Default` gives the paper's values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SearchParams {
+    /// w: candidates kept per level for expansion.
+    pub beam_width: usize,
+    /// θ: nodes in the tree besides the root.
+    pub max_nodes: usize,
+    /// Level weight base: the drafter term of level l is multiplied by `level_decay^l`.
+    pub level_decay: f64,
+    /// Weight of the n-gram term; 0 gives the drafter-only tree and never queries the index.
+    pub ngram_weight: f64,
+    /// Depth divisor exponent: Δs of level l is divided by `(l + 1)^depth_exponent`.
+    pub depth_exponent: f64,
+    /// ε inside both logarithms.
+    pub eps: f64,
+    /// Include the n-gram term at level 0 (DART's official code omits it).
+    pub ngram_first_level: bool,
+    /// Back off to the unigram distribution when neither the two-token nor the one-token
+    /// context ever preceded a token (the official code has no unigram level).
+    pub unigram_backoff: bool,
+    /// Token ids that end a sequence: such candidates are kept but never expanded.
+    pub eos: Vec<u32>,
+}
+
+impl Default for SearchParams {
+    fn default() -> Self {
+        SearchParams {
+            beam_width: 20,
+            max_nodes: 59,
+            level_decay: 0.9,
+            ngram_weight: 0.5,
+            depth_exponent: 0.7,
+            eps: 1e-10,
+            ngram_first_level: true,
+            unigram_backoff: true,
+            eos: Vec::new(),
+        }
+    }
+}
+
+impl SearchParams {
+    /// Check every field; the searches call this first.
+    pub fn validate(&self) -> Result<()> {
+        if self.max_nodes == 0 {
+            return Err(Error::ZeroBudget { name: "max_nodes" });
+        }
+        if self.max_nodes > i32::MAX as usize - 1 {
+            return Err(Error::TooLarge { what: format!("max_nodes = {}", self.max_nodes) });
+        }
+        if self.beam_width == 0 {
+            return Err(Error::Param { name: "beam_width", value: 0.0, why: "must be at least 1" });
+        }
+        let finite = |name, value: f64| {
+            if value.is_finite() {
+                Ok(())
+            } else {
+                Err(Error::Param { name, value, why: "must be finite" })
+            }
+        };
+        finite("level_decay", self.level_decay)?;
+        finite("ngram_weight", self.ngram_weight)?;
+        finite("depth_exponent", self.depth_exponent)?;
+        finite("eps", self.eps)?;
+        if self.eps < 0.0 {
+            return Err(Error::Param { name: "eps", value: self.eps, why: "must be >= 0" });
+        }
+        Ok(())
+    }
+}
+
+const NONE: u32 = u32::MAX;
+
+/// One node of the candidate tree.
+#[derive(Clone, Copy)]
+struct Cand {
+    score: f64,
+    token: u32,
+    /// Token before this one on the path (the parent's token; the root token at level 0):
+    /// with `token` it is the trigram context of this node's children.
+    prev: u32,
+    /// Candidate index of the parent, `NONE` at level 0.
+    parent: u32,
+    level: u16,
+    /// Children occupy `child_start .. child_start + child_len` (0 if never expanded).
+    child_start: u32,
+    child_len: u32,
+    /// Index in the output tree once selected.
+    tree_idx: u32,
+}
+
+/// Reused buffers: one search allocates nothing after the first on a thread.
+#[derive(Default)]
+struct Scratch {
+    cands: Vec<Cand>,
+    beam: Vec<u32>,
+    next: Vec<u32>,
+    drafter: Vec<f64>,
+    valid: Vec<u32>,
+    sorted: Vec<u32>,
+    eos: Vec<bool>,
+    gbuf: Vec<f64>,
+    ngram: Vec<f64>,
+    cache: Vec<([u32; 2], usize)>,
+    popped: Vec<u32>,
+    heap: BinaryHeap<HeapKey>,
+    child_tokens: Vec<u32>,
+    child_probs: Vec<f64>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut s) => f(&mut s),
+        // Re-entered from inside a scorer: use a fresh buffer set instead of panicking.
+        Err(_) => f(&mut Scratch::default()),
+    })
+}
+
+/// Heap entry of the best-first traversal: max score first, then shallower, then earlier.
+#[derive(Clone, Copy)]
+struct HeapKey {
+    score: f64,
+    level: u16,
+    idx: u32,
+}
+
+impl Ord for HeapKey {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.score
+            .total_cmp(&other.score)
+            .then_with(|| other.level.cmp(&self.level))
+            .then_with(|| other.idx.cmp(&self.idx))
+    }
+}
+impl PartialOrd for HeapKey {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl PartialEq for HeapKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for HeapKey {}
+
+fn check_context(context: &[u32], vocab: u32) -> Result<()> {
+    if context.is_empty() {
+        return Err(Error::EmptyContext);
+    }
+    // Only the last two tokens are ever read; older ones need not be valid ids.
+    for &t in &context[context.len().saturating_sub(2)..] {
+        if t >= vocab {
+            return Err(Error::TokenOutOfVocab { what: "context", token: t as u64, vocab });
+        }
+    }
+    Ok(())
+}
+
+/// Validate the `[d, k]` drafter inputs of [`beam_search`].
+pub(crate) fn check_topk(tokens: &[u32], logprobs: &[f32], d: usize, k: usize, vocab: u32) -> Result<()> {
+    let n = d.checked_mul(k).ok_or_else(|| Error::shape(format!("d = {d}, k = {k} overflows")))?;
+    if tokens.len() != n {
+        return Err(Error::shape(format!("topk_tokens has {} entries, expected d * k = {d} * {k}", tokens.len())));
+    }
+    if logprobs.len() != n {
+        return Err(Error::shape(format!("topk_logprobs has {} entries, expected d * k = {d} * {k}", logprobs.len())));
+    }
+    if d > u16::MAX as usize - 1 {
+        return Err(Error::TooLarge { what: format!("d = {d} levels") });
+    }
+    for (i, (&t, &lp)) in tokens.iter().zip(logprobs).enumerate() {
+        if lp.is_nan() || lp == f32::INFINITY {
+            return Err(Error::BadLogprob { what: "topk_logprobs", row: i / k, col: i % k, value: lp });
+        }
+        if t >= vocab {
+            return Err(Error::TokenOutOfVocab { what: "topk_tokens", token: t as u64, vocab });
+        }
+    }
+    Ok(())
+}
+
+/// The trigram context of the root's children: the last (up to) two committed tokens.
+fn root_context(context: &[u32]) -> &[u32] {
+    &context[context.len().saturating_sub(2)..]
+}
+
+/// Eq. (10) beam search over `d` rows of drafter top-k.
+///
+/// * `context`: committed tokens, at least one; the last is the root (the bonus token), the
+///   last two are the trigram context of level 0. A one-token context backs off to the
+///   bigram (then unigram) statistics of that token.
+/// * `topk_tokens`, `topk_logprobs`: row-major `[d, k]`; row l is the top-k of drafter row l
+///   and its log-probabilities renormalised inside the top-k (log-softmax over the k logits,
+///   computed in fp32 by the caller; `dartcore.tree.topk_logprobs` does it). Here
+///   p = exp(logprob) and ln(p + ε) are computed in f64. A −inf log-probability marks an
+///   impossible token: it is never a candidate (so short rows can be padded with −inf).
+///
+/// For a node v at level l with trigram context c (the two tokens before v on
+/// committed text + path): `Δs = (level_decay^l · ln(p_l(v) + ε) + ngram_weight ·
+/// ln(g(v|c) + ε)) / (l + 1)^depth_exponent`, s(v) = s(parent) + Δs, s(root) = 0.
+/// Each level expands every beam entry (in beam order) by row l's tokens (in row order); that
+/// is the creation order used for ties. The next beam is the best `beam_width` non-EOS
+/// candidates of the level (score descending, then creation order). The tree is selected by
+/// the best-first traversal described in the module docs.
+pub fn beam_search<S: NgramScorer + ?Sized>(
+    scorer: &S,
+    context: &[u32],
+    topk_tokens: &[u32],
+    topk_logprobs: &[f32],
+    d: usize,
+    k: usize,
+    params: &SearchParams,
+) -> Result<Tree> {
+    params.validate()?;
+    let vocab = scorer.vocab_size();
+    check_context(context, vocab)?;
+    check_topk(topk_tokens, topk_logprobs, d, k, vocab)?;
+    with_scratch(|s| beam_search_in(s, scorer, context, topk_tokens, topk_logprobs, d, k, params))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn beam_search_in<S: NgramScorer + ?Sized>(
+    s: &mut Scratch,
+    scorer: &S,
+    context: &[u32],
+    topk_tokens: &[u32],
+    topk_logprobs: &[f32],
+    d: usize,
+    k: usize,
+    params: &SearchParams,
+) -> Result<Tree> {
+    let root = *context.last().expect("checked non-empty");
+    s.cands.clear();
+    s.beam.clear();
+    for l in 0..d {
+        let row_tokens = &topk_tokens[l * k..(l + 1) * k];
+        let row_lp = &topk_logprobs[l * k..(l + 1) * k];
+        let div = ((l + 1) as f64).powf(params.depth_exponent);
+        let decay = params.level_decay.powi(l as i32);
+        // Columns that can be candidates (finite log-prob), their drafter terms, EOS flags.
+        s.valid.clear();
+        s.drafter.clear();
+        s.eos.clear();
+        for (j, &lp) in row_lp.iter().enumerate() {
+            if lp != f32::NEG_INFINITY {
+                s.valid.push(j as u32);
+                s.drafter.push(decay * ((lp as f64).exp() + params.eps).ln() / div);
+                s.eos.push(params.eos.contains(&row_tokens[j]));
+            }
+        }
+        // The index wants strictly increasing candidate ids: sort the valid columns by token.
+        s.sorted.clear();
+        s.sorted.extend(0..s.valid.len() as u32);
+        {
+            let (valid, sorted) = (&s.valid, &mut s.sorted);
+            sorted.sort_unstable_by_key(|&i| row_tokens[valid[i as usize] as usize]);
+        }
+        // `valid` and `sorted` now describe the row; build the sorted token list in `next`'s
+        // spare buffer (child_tokens) to avoid another allocation.
+        s.child_tokens.clear();
+        for &i in &s.sorted {
+            s.child_tokens.push(row_tokens[s.valid[i as usize] as usize]);
+        }
+        if let Some(w) = s.child_tokens.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Error::DuplicateToken { row: l, token: w[0] });
+        }
+        let nv = s.valid.len();
+        let use_ngram = params.ngram_weight != 0.0 && (l > 0 || params.ngram_first_level);
+        let level_start = s.cands.len();
+        s.cache.clear();
+        s.ngram.clear();
+        s.gbuf.resize(nv, 0.0);
+
+        let n_entries = if l == 0 { 1 } else { s.beam.len() };
+        for e in 0..n_entries {
+            let (parent, pscore, ctx): (u32, f64, [u32; 2]) = if l == 0 {
+                let rc = root_context(context);
+                (NONE, 0.0, if rc.len() == 2 { [rc[0], rc[1]] } else { [NONE, rc[0]] })
+            } else {
+                let c = &s.cands[s.beam[e] as usize];
+                (s.beam[e], c.score, [c.prev, c.token])
+            };
+            // n-gram terms of this entry, in column order (`valid` order); beam entries
+            // with the same two-token context share them.
+            let off = if use_ngram {
+                match s.cache.iter().find(|(c, _)| *c == ctx) {
+                    Some(&(_, off)) => off,
+                    None => {
+                        let off = s.ngram.len();
+                        let cslice: &[u32] = if ctx[0] == NONE { &ctx[1..] } else { &ctx[..] };
+                        scorer.cond_probs(cslice, &s.child_tokens, params.unigram_backoff, &mut s.gbuf[..nv]);
+                        s.ngram.resize(off + nv, 0.0);
+                        let scale = params.ngram_weight / div;
+                        for (si, &col) in s.sorted.iter().enumerate() {
+                            s.ngram[off + col as usize] = scale * (s.gbuf[si] + params.eps).ln();
+                        }
+                        s.cache.push((ctx, off));
+                        off
+                    }
+                }
+            } else {
+                usize::MAX
+            };
+            let child_start = s.cands.len() as u32;
+            for vi in 0..nv {
+                let mut delta = s.drafter[vi];
+                if off != usize::MAX {
+                    delta += s.ngram[off + vi];
+                }
+                s.cands.push(Cand {
+                    score: pscore + delta,
+                    token: row_tokens[s.valid[vi] as usize],
+                    prev: ctx[1],
+                    parent,
+                    level: l as u16,
+                    child_start: 0,
+                    child_len: 0,
+                    tree_idx: NONE,
+                });
+            }
+            if parent != NONE {
+                let p = &mut s.cands[parent as usize];
+                p.child_start = child_start;
+                p.child_len = nv as u32;
+            }
+        }
+        if l + 1 < d {
+            select_beam(s, level_start, params);
+            if s.beam.is_empty() {
+                break;
+            }
+        }
+    }
+    Ok(select_tree(s, root, params.max_nodes))
+}
+
+/// Next beam: the best `beam_width` non-EOS candidates created since `level_start`, ordered
+/// by score descending, then creation order.
+fn select_beam(s: &mut Scratch, level_start: usize, params: &SearchParams) {
+    s.next.clear();
+    for i in level_start..s.cands.len() {
+        if !params.eos.contains(&s.cands[i].token) {
+            s.next.push(i as u32);
+        }
+    }
+    let cands = &s.cands;
+    let better = |a: &u32, b: &u32| {
+        cands[*b as usize].score.total_cmp(&cands[*a as usize].score).then(a.cmp(b))
+    };
+    let w = params.beam_width;
+    if s.next.len() > w {
+        s.next.select_nth_unstable_by(w - 1, better);
+        s.next.truncate(w);
+    }
+    s.next.sort_unstable_by(better);
+    std::mem::swap(&mut s.beam, &mut s.next);
+}
+
+/// Best-first traversal of the candidate tree (level-0 candidates are the roots): pops up to
+/// `max_nodes` nodes and returns them, root first, in depth order.
+fn select_tree(s: &mut Scratch, root: u32, max_nodes: usize) -> Tree {
+    s.heap.clear();
+    s.popped.clear();
+    for (i, c) in s.cands.iter().enumerate() {
+        if c.level != 0 {
+            break;
+        }
+        s.heap.push(HeapKey { score: c.score, level: 0, idx: i as u32 });
+    }
+    while s.popped.len() < max_nodes {
+        let Some(top) = s.heap.pop() else { break };
+        s.popped.push(top.idx);
+        let c = s.cands[top.idx as usize];
+        for ci in c.child_start..c.child_start + c.child_len {
+            let ch = &s.cands[ci as usize];
+            s.heap.push(HeapKey { score: ch.score, level: ch.level, idx: ci });
+        }
+    }
+    // Stable by depth; within a depth, pop order (best first). Parents were popped earlier
+    // and are shallower, so they get smaller indices.
+    s.popped.sort_by_key(|&i| s.cands[i as usize].level);
+    let n = s.popped.len() + 1;
+    let mut tree = Tree {
+        tokens: Vec::with_capacity(n),
+        parents: Vec::with_capacity(n),
+        depths: Vec::with_capacity(n),
+        scores: Vec::with_capacity(n),
+    };
+    tree.tokens.push(root);
+    tree.parents.push(-1);
+    tree.depths.push(0);
+    tree.scores.push(0.0);
+    for (t, &ci) in s.popped.iter().enumerate() {
+        let c = s.cands[ci as usize];
+        s.cands[ci as usize].tree_idx = t as u32 + 1;
+        let parent = if c.parent == NONE { 0 } else { s.cands[c.parent as usize].tree_idx as i32 };
+        tree.tokens.push(c.token);
+        tree.parents.push(parent);
+        tree.depths.push(c.level + 1);
+        tree.scores.push(c.score);
+    }
+    tree
+}
+
+/// The n-gram-only tree (no drafter): level l expands every beam entry by the index's top-`k`
+/// children of the entry's trigram context (longest suffix with any continuation; see
+/// [`NgramScorer::top_children`]), each scored by the n-gram term alone,
+/// `Δs = ngram_weight · ln(g(v|c) + ε) / (l + 1)^depth_exponent`. Beam and best-first
+/// selection as in [`beam_search`]; `level_decay` and `ngram_first_level` do not apply.
+pub fn ngram_tree<S: NgramScorer + ?Sized>(
+    scorer: &S,
+    context: &[u32],
+    depth: usize,
+    k: usize,
+    params: &SearchParams,
+) -> Result<Tree> {
+    params.validate()?;
+    check_context(context, scorer.vocab_size())?;
+    if depth > u16::MAX as usize - 1 {
+        return Err(Error::TooLarge { what: format!("depth = {depth}") });
+    }
+    with_scratch(|s| ngram_tree_in(s, scorer, context, depth, k, params))
+}
+
+fn ngram_tree_in<S: NgramScorer + ?Sized>(
+    s: &mut Scratch,
+    scorer: &S,
+    context: &[u32],
+    depth: usize,
+    k: usize,
+    params: &SearchParams,
+) -> Result<Tree> {
+    let root = *context.last().expect("checked non-empty");
+    s.cands.clear();
+    s.beam.clear();
+    for l in 0..depth {
+        let scale = params.ngram_weight / ((l + 1) as f64).powf(params.depth_exponent);
+        let level_start = s.cands.len();
+        let n_entries = if l == 0 { 1 } else { s.beam.len() };
+        for e in 0..n_entries {
+            let (parent, pscore, ctx): (u32, f64, [u32; 2]) = if l == 0 {
+                let rc = root_context(context);
+                (NONE, 0.0, if rc.len() == 2 { [rc[0], rc[1]] } else { [NONE, rc[0]] })
+            } else {
+                let c = &s.cands[s.beam[e] as usize];
+                (s.beam[e], c.score, [c.prev, c.token])
+            };
+            let cslice: &[u32] = if ctx[0] == NONE { &ctx[1..] } else { &ctx[..] };
+            scorer.top_children(cslice, k, params.unigram_backoff, &mut s.child_tokens, &mut s.child_probs)?;
+            let child_start = s.cands.len() as u32;
+            for (&t, &g) in s.child_tokens.iter().zip(&s.child_probs) {
+                s.cands.push(Cand {
+                    score: pscore + scale * (g + params.eps).ln(),
+                    token: t,
+                    prev: ctx[1],
+                    parent,
+                    level: l as u16,
+                    child_start: 0,
+                    child_len: 0,
+                    tree_idx: NONE,
+                });
+            }
+            if parent != NONE {
+                let end = s.cands.len() as u32;
+                let p = &mut s.cands[parent as usize];
+                p.child_start = child_start;
+                p.child_len = end - child_start;
+            }
+        }
+        if l + 1 < depth {
+            select_beam(s, level_start, params);
+            if s.beam.is_empty() {
+                break;
+            }
+        }
+    }
+    Ok(select_tree(s, root, params.max_nodes))
+}

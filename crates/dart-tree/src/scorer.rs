@@ -1,0 +1,67 @@
+//! What the tree builders need from an n-gram model. `dart_ngram::Index` implements it
+//! (see `index_impl.rs`); tests implement it with brute-force hash maps.
+use crate::Result;
+
+/// Per-token backed-off trigram probabilities, as Eq. (10) uses them.
+///
+/// `context` holds at most the last two tokens of committed text + path (oldest first); it is
+/// shorter only when there is less text. g(v|c) = count(c,v)/count(c) for the longest suffix c
+/// of `context` after which v has been seen (two tokens, then one, then — if `unigram_backoff`
+/// — none, i.e. the unigram distribution), and 0 if v was never seen after any of them.
+pub trait NgramScorer: Sync {
+    /// Number of token ids the model knows; every id the builders receive must be below it.
+    fn vocab_size(&self) -> u32;
+
+    /// g(v|context) for every v of `candidates_sorted` (strictly increasing ids), into `out`
+    /// (same length). The hot path: called once per beam entry per level.
+    fn cond_probs(
+        &self,
+        context: &[u32],
+        candidates_sorted: &[u32],
+        unigram_backoff: bool,
+        out: &mut [f64],
+    );
+
+    /// The (at most) `k` most frequent continuations of the longest suffix of `context` that
+    /// has any, in descending count order, with their probabilities count(c,v)/count(c).
+    /// Without `unigram_backoff` the empty context is not tried (no children is a valid answer).
+    fn top_children(
+        &self,
+        context: &[u32],
+        k: usize,
+        unigram_backoff: bool,
+        tokens: &mut Vec<u32>,
+        probs: &mut Vec<f64>,
+    ) -> Result<()>;
+}
+
+/// The absent model: every g is 0. Use it with `ngram_weight = 0` (the drafter-only tree),
+/// where the builders never ask it anything.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoNgram;
+
+impl NgramScorer for NoNgram {
+    fn vocab_size(&self) -> u32 {
+        u32::MAX
+    }
+    fn cond_probs(&self, _: &[u32], _: &[u32], _: bool, out: &mut [f64]) {
+        out.fill(0.0);
+    }
+    fn top_children(&self, _: &[u32], _: usize, _: bool, t: &mut Vec<u32>, p: &mut Vec<f64>) -> Result<()> {
+        t.clear();
+        p.clear();
+        Ok(())
+    }
+}
+
+impl<S: NgramScorer + ?Sized> NgramScorer for &S {
+    fn vocab_size(&self) -> u32 {
+        (**self).vocab_size()
+    }
+    fn cond_probs(&self, c: &[u32], v: &[u32], u: bool, out: &mut [f64]) {
+        (**self).cond_probs(c, v, u, out)
+    }
+    fn top_children(&self, c: &[u32], k: usize, u: bool, t: &mut Vec<u32>, p: &mut Vec<f64>) -> Result<()> {
+        (**self).top_children(c, k, u, t, p)
+    }
+}
