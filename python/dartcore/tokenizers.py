@@ -149,7 +149,7 @@ def _default_threads() -> int:
 def _scrub_surrogates(text: str) -> str:
     """Replace lone surrogates (legal in a Python str, e.g. from a JSON "\\ud800"
     escape, but not in UTF-8) by U+FFFD."""
-    return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 # ----------------------------------------------------------------------------- qwen3
