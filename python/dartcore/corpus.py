@@ -62,6 +62,7 @@ DOLMA_HELP = (
 # split: a line must be parsed whole).
 MAX_TEXT_DOCUMENT_BYTES = 64 << 20
 _READ_CHUNK = 1 << 17
+_NPY_WINDOW = 1 << 22  # tokens per memory-mapped window (16 MiB of uint32)
 _MAX_MESSAGES = 20
 
 
@@ -80,8 +81,8 @@ class CorpusStats:
     split_documents: int = 0  # text files split at MAX_TEXT_DOCUMENT_BYTES
     messages: list[str] = field(default_factory=list)  # the first few problems, human-readable
 
-    def note(self, message: str) -> None:
-        if len(self.messages) < _MAX_MESSAGES:
+    def note(self, message: str, *, always: bool = False) -> None:
+        if always or len(self.messages) < _MAX_MESSAGES:
             self.messages.append(message)
 
     def as_dict(self) -> dict:
@@ -225,10 +226,10 @@ class Corpus:
             self.stats.bytes_read = self._done_bytes
             self.stats.files_done += 1
 
-    def _problem(self, message: str) -> None:
+    def _problem(self, message: str, *, always: bool = False) -> None:
         if self.strict:
             raise CorpusError(message + " (--strict: stopping; drop --strict to skip and count such input)")
-        self.stats.note(message)
+        self.stats.note(message, always=always)
 
     def _lines(self, path: Path) -> Iterator[tuple[int, bytes]]:
         """(line number, raw line bytes) of a possibly compressed file; a corrupt
@@ -252,7 +253,8 @@ class Corpus:
                     self._problem(
                         f"{path}: corrupt {_compression(path)} stream at compressed byte offset "
                         f"~{counter.pos} (decompressed offset {out}, after line {lineno}): {e}; "
-                        "rest of the file skipped"
+                        "rest of the file skipped",
+                        always=True,  # at most one per file: never crowded out by bad lines
                     )
                     return
                 if not line:
@@ -368,7 +370,7 @@ class Corpus:
             raise CorpusError(f"{path}: token arrays must be uint16 or uint32, got {tokens.dtype}")
         tokens = tokens.reshape(-1)
         base = self._done_bytes
-        chunk = 1 << 22  # tokens per memory-mapped window
+        chunk = _NPY_WINDOW
         pending: list[np.ndarray] = []
         for start in range(0, len(tokens), chunk):
             window = np.asarray(tokens[start : start + chunk])
