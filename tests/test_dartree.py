@@ -22,6 +22,7 @@ V, H, E = 40, 16, 12
 
 def _setup(seed: int, d: int = 4, rank: int = 8, sharp: float = 3.0):
     g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)  # the head's own initialisation
     head = CorrectionHead(H, E, rank=rank)
     with torch.no_grad():  # a non-trivial correction (a fresh head is the identity)
         head.down.weight.copy_(torch.randn(E, rank, generator=g) * 0.7)
@@ -129,8 +130,9 @@ def test_lemma1_ties_keep_ancestors():
 
 def test_width_prunes_per_depth_and_eos_is_not_expanded():
     head, emb, base, hidden = _setup(5, d=4)
-    eos = int(torch.topk(base[0], 3).indices[0])  # the best depth-1 candidate is EOS
-    st = build_supertree(base, hidden, 1, head, emb, k=6, width=3, beta=-0.2, eos_token_id=eos)
+    st0 = build_supertree(base, hidden, 1, head, emb, k=6, width=3, beta=-0.2)
+    eos = int(st0.tokens[1])  # make the best depth-1 node an EOS
+    st = build_supertree(base, hidden, 1, head, emb, k=6, width=3, beta=-0.2, eos_token_ids=(eos,))
     for t in range(1, 5):
         assert (st.depths == t).sum() <= 3
     eos_nodes = [i for i in range(1, len(st)) if st.tokens[i] == eos]

@@ -115,7 +115,7 @@ def candidates(base_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
 @torch.inference_mode()
 def build_supertree(base_logits: torch.Tensor, hidden: torch.Tensor, root_token: int, head,
                     embed: EmbedFn, *, k: int = 64, width: int = 12, beta: float = -0.2,
-                    to_target: IdMapFn | None = None, eos_token_id: int | None = None,
+                    to_target: IdMapFn | None = None, eos_token_ids: Sequence[int] = (),
                     ngram: NgramTerm | None = None, context: Sequence[int] = (),
                     depth: int | None = None) -> Supertree:
     """Depth-wise batched DARTree supertree.
@@ -123,7 +123,8 @@ def build_supertree(base_logits: torch.Tensor, hidden: torch.Tensor, root_token:
     base_logits ``[d, V_draft]`` and hidden ``[d, H]``: the drafter's rows; root_token: the
     bonus token (target id); head: a :class:`~dartcore.dartree.head.CorrectionHead`; embed:
     target ids -> token embeddings. k/width/beta: K, W, β. to_target: drafter ids -> target
-    ids (identity if None). ngram/context: the hybrid term and the committed tokens before
+    ids (identity if None). eos_token_ids: nodes with these tokens are not expanded.
+    ngram/context: the hybrid term and the committed tokens before
     the root (only the last one is used). depth: expand only the first ``depth`` rows.
     """
     if width <= 0 or k <= 0:
@@ -140,6 +141,7 @@ def build_supertree(base_logits: torch.Tensor, hidden: torch.Tensor, root_token:
     cand_np = cand_tgt.cpu().numpy()
     hidden = hidden.detach()
 
+    eos = {int(t) for t in eos_token_ids}
     tokens = [int(root_token)]
     parents = [-1]
     depths = [0]
@@ -173,7 +175,7 @@ def build_supertree(base_logits: torch.Tensor, hidden: torch.Tensor, root_token:
             depths.append(t + 1)
             scores.append(float(flat[f]))
             tails.append((tails[p] + (tok,))[-2:])
-            if eos_token_id is None or tok != eos_token_id:
+            if tok not in eos:
                 new_active.append(len(tokens) - 1)
         active = np.asarray(new_active, dtype=np.int64)
     return Supertree(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64),
