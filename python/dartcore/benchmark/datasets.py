@@ -1,0 +1,75 @@
+"""Evaluation prompts: HumanEval, GSM8K test and CodeAlpaca-2k, as chat messages.
+
+The files are the unchanged public releases listed in shared/data/README.md; the
+directory is found at ``--data-dir``, ``$DARTCORE_DATA`` or ``../shared/data``
+beside the repository. A handful of embedded prompts (``builtin``) keep the
+README's demo runnable with no data at all.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+
+from dartcore.errors import CorpusError
+
+__all__ = ["DATASETS", "BUILTIN_PROMPTS", "find_data_dir", "load_prompts"]
+
+DATASETS = ("humaneval", "gsm8k", "code_alpaca", "builtin")
+
+BUILTIN_PROMPTS = [
+    "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?",
+    "Explain what a hash map is and give a short Python example.",
+    "Write a Python function that checks whether a string is a palindrome.",
+    "A train travels 60 miles per hour for 3 hours. How far does it travel?",
+]
+
+
+def find_data_dir(explicit: str | os.PathLike[str] | None = None) -> Path | None:
+    """The shared evaluation data directory, or None when there is none."""
+    candidates = [explicit, os.environ.get("DARTCORE_DATA"),
+                  Path(__file__).resolve().parents[3].parent / "shared" / "data"]
+    for c in candidates:
+        if c and (Path(c) / "eval").is_dir():
+            return Path(c)
+    return None
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _user_texts(dataset: str, data_dir: Path) -> list[str]:
+    ev = data_dir / "eval"
+    if dataset == "humaneval":
+        rows = _read_jsonl(ev / "humaneval.jsonl.gz")
+        return ["Complete the following Python function.\n\n" + r["prompt"] for r in rows]
+    if dataset == "gsm8k":
+        return [r["question"] for r in _read_jsonl(ev / "gsm8k_test.jsonl")]
+    if dataset == "code_alpaca":
+        rows = json.loads((ev / "code_alpaca_2k.json").read_text(encoding="utf-8"))
+        return [r["instruction"] + (("\n\n" + r["input"]) if r.get("input") else "") for r in rows]
+    raise CorpusError(f"unknown dataset {dataset!r}; choose from {', '.join(DATASETS)}")
+
+
+def load_prompts(dataset: str, n: int, data_dir: str | os.PathLike[str] | None = None) -> list[list[dict]]:
+    """The first ``n`` prompts of a dataset as chat messages ``[{"role": "user", ...}]``."""
+    if dataset == "builtin":
+        texts = BUILTIN_PROMPTS
+    else:
+        root = find_data_dir(data_dir)
+        if root is None:
+            raise CorpusError(
+                f"dataset {dataset!r} needs the shared evaluation data (eval/*.json*); pass "
+                "--data-dir or set DARTCORE_DATA, or use the 'builtin' prompts"
+            )
+        texts = _user_texts(dataset, root)
+    if n <= 0:
+        raise ValueError(f"n must be positive, got {n}")
+    return [[{"role": "user", "content": t}] for t in texts[:n]]

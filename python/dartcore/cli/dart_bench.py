@@ -1,0 +1,127 @@
+"""dart-bench: the decoding benchmark (datasets x methods x temperatures), side by
+side with plain AR decoding and Hugging Face's generate / prompt lookup in the
+same run. Writes bench.json, bench.md and PNG plots to --out.
+
+    dart-bench --index smollm2.idx --n 5 --out artifacts/bench
+    dart-bench --index smollm2.idx --verify-cost-only --out artifacts/bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    from dartcore.benchmark.datasets import DATASETS
+    from dartcore.benchmark.runner import DEFAULT_METHODS
+
+    p = argparse.ArgumentParser(prog="dart-bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default="smollm2", help="target model name or path (default: smollm2)")
+    p.add_argument("--drafter", default="smollm2", help="drafter directory or built-in name")
+    p.add_argument("--index", help="n-gram index built with the target's tokenizer (ngram-build)")
+    p.add_argument("--datasets", default="humaneval,gsm8k,code_alpaca",
+                   help=f"comma-separated, from {', '.join(DATASETS)}")
+    p.add_argument("--n", type=int, default=5, help="prompts per dataset")
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                   help="comma-separated tree builders (ar, dart, dart-no-ngram, dart-chain, ngram-only, "
+                        "dartree, hybrid, ddtree, ...) and hf-generate, hf-prompt-lookup")
+    p.add_argument("--temperatures", default="0,1", help="comma-separated sampling temperatures")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=1, help="runs per prompt; the median time is kept")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-dir", help="shared data directory (default: $DARTCORE_DATA or ../shared/data)")
+    p.add_argument("--max-nodes", type=int, help="tree budget for every tree method (default: the builder's)")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--verify-cost", action="store_true", help="also measure the verify-cost curve")
+    p.add_argument("--verify-cost-only", action="store_true", help="only measure the verify-cost curve")
+    p.add_argument("--out", default="artifacts/bench", help="output directory")
+    p.add_argument("--json", action="store_true", help="print the JSON result on stdout")
+    p.add_argument("--no-plots", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    import torch
+
+    from dartcore.benchmark.report import markdown_table, plot_all, plot_verify_cost
+    from dartcore.benchmark.runner import HF_METHODS, BenchConfig, machine_info, run_benchmark
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    needs_index = any(m in ("dart", "dart-chain", "ngram-only", "hybrid") for m in methods)
+    if needs_index and not args.index and not args.verify_cost_only:
+        print("dart-bench: --index is required for " + ", ".join(
+            m for m in methods if m in ("dart", "dart-chain", "ngram-only", "hybrid"))
+            + " (build one with: ngram-build --tokenizer smollm2 ...)", file=sys.stderr)
+        return 2
+    report: dict = {}
+    if not args.verify_cost_only:
+        tree_params = {}
+        if args.max_nodes:
+            tree_params = {m: {"max_nodes": args.max_nodes} for m in methods
+                           if m not in HF_METHODS and m != "ar"}
+        cfg = BenchConfig(
+            target=args.target, drafter=args.drafter, index=args.index,
+            datasets=tuple(d.strip() for d in args.datasets.split(",") if d.strip()), n=args.n,
+            methods=methods, temperatures=tuple(float(t) for t in args.temperatures.split(",")),
+            max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed,
+            data_dir=args.data_dir, tree_params=tree_params,
+        )
+        from tqdm import tqdm
+        total = len(cfg.datasets) * len(cfg.temperatures) * cfg.n * len(set(methods) | {"ar"})
+        bar = tqdm(total=total, desc="dart-bench", unit="run", file=sys.stderr)
+
+        def progress(dataset, temperature, i, method, rec):
+            bar.set_postfix_str(f"{dataset} T={temperature:g} {method}")
+            bar.update(1)
+
+        report = run_benchmark(cfg, progress=progress)
+        bar.close()
+    if args.verify_cost or args.verify_cost_only:
+        from dartcore.benchmark.verify_cost import choose_budget, measure_verify_cost
+        from dartcore.models.hub import load_target
+        from dartcore.models.transformer import TargetModel
+
+        model, _ = load_target(args.target)
+        curve = measure_verify_cost(TargetModel(model))
+        taus = {}
+        for r in report.get("results", []):
+            if r["method"] == "dart" and r["temperature"] == 0.0 and r.get("tau"):
+                taus.setdefault(args.max_nodes or 0, []).append(r["tau"])
+        choice = choose_budget(curve, {n: sum(v) / len(v) for n, v in taus.items() if n} or None)
+        report["verify_cost"] = choice
+        report.setdefault("machine", machine_info())
+        if not args.no_plots:
+            plot_verify_cost(choice, out / "verify_cost.png")
+    (out / "bench.json").write_text(json.dumps(report, indent=2))
+    if report.get("results"):
+        table = markdown_table(report)
+        (out / "bench.md").write_text(table + "\n")
+        print(table)
+        print(f"\ngreedy_identical: {report['greedy_identical']}")
+        if not args.no_plots:
+            plot_all(report, out)
+    if "verify_cost" in report:
+        vc = report["verify_cost"]
+        print("\n| nodes | forward ms | τ model | tok/s |\n|---|---|---|---|")
+        for c in vc["curve"]:
+            print(f"| {c['nodes']} | {c['ms']:.1f} | {c['tau']:.2f} | {c['tok_per_s']:.1f} |")
+        print(f"best budget: {vc['budget']} nodes (τ model: {vc['tau_model']})")
+    if args.json:
+        print(json.dumps(report))
+    print(f"wrote {out}/bench.json", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
