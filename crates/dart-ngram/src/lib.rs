@@ -1,1 +1,19 @@
-//! dart-ngram: the trigram index (see FORMAT.md). Filled in by issue 2.
+//! dart-ngram: the memory-mapped trigram index of dartcore.
+//!
+//! * [`format`]: the v1 on-disk layout (spec: `FORMAT.md` next to this crate's `Cargo.toml`).
+//! * [`Builder`]: bounded-memory counting (sorted runs on disk, k-way merge) to an index file.
+//! * [`Index`]: O(1) open over any bytes (`Vec<u8>` in tests, `Mmap` in production) and the
+//!   queries of the Eq. (10) search: [`Index::children`], [`Index::count`], [`Index::prob`],
+//!   [`Index::cond_probs`], [`Index::children_batch`].
+//! * [`pool`]: the one owned, named rayon pool (`DART_NUM_THREADS`), NUMA topology, fork safety.
+
+mod builder;
+mod error;
+pub mod format;
+pub mod pool;
+mod reader;
+mod reader_verify;
+
+pub use builder::{merge_runs, BuildOptions, BuildSummary, Builder};
+pub use error::{Error, Result};
+pub use reader::{BatchChildren, Children, Index, Match, OpenOptions, Stats};

@@ -1,0 +1,48 @@
+//! The one error type of the crate. Messages say what is wrong and how to fix it.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in dart-ngram.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The index (or run) file does not exist.
+    #[error("index file not found: {path}")]
+    NotFound { path: PathBuf },
+    /// Any other I/O failure, with the path it concerns.
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The bytes are not a valid index file of a version this build reads.
+    #[error("invalid index file: {0}")]
+    Format(String),
+    /// A run file (map output of the builder) is invalid or belongs to another build.
+    #[error("invalid run file {path}: {reason}")]
+    Run { path: PathBuf, reason: String },
+    /// A token id is not below the vocabulary size.
+    #[error("token id {token} is out of range for vocabulary size {vocab_size}")]
+    TokenOutOfRange { token: u32, vocab_size: u32 },
+    /// Bad build or query options.
+    #[error("invalid option: {0}")]
+    InvalidOption(String),
+}
+
+/// `Result` with [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        let path = path.into();
+        if source.kind() == std::io::ErrorKind::NotFound {
+            Error::NotFound { path }
+        } else {
+            Error::Io { path, source }
+        }
+    }
+    pub(crate) fn format(msg: impl Into<String>) -> Self {
+        Error::Format(msg.into())
+    }
+}

@@ -1,0 +1,195 @@
+//! The one owned, named rayon pool of dartcore (`dart-ngram-N` threads), never the global
+//! pool.
+//!
+//! * Size: [`set_num_threads`], else `DART_NUM_THREADS`, else the available parallelism.
+//! * Fork safety: a forked child inherits the pool object but none of its threads, so a job
+//!   sent to it would wait forever. The pool records the pid that built it; [`get`] in a
+//!   different process leaks the stale pool (dropping it would signal threads that do not
+//!   exist, possibly through a lock held at fork time) and builds a fresh one. This is the
+//!   same idea as the fork hook of huggingface/tokenizers, without needing `pthread_atfork`.
+//! * NUMA: [`numa_topology`] reads `<root>/devices/system/node/node*/cpulist` (root is `/sys`
+//!   in production, injectable for tests); [`set_pin_node`] pins the workers of the next pool
+//!   to the CPUs of one node.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use rayon::ThreadPool;
+
+use crate::error::{Error, Result};
+
+struct State {
+    pool: Option<Arc<ThreadPool>>,
+    pid: u32,
+    threads: Option<usize>,
+    pin: Option<Vec<usize>>,
+}
+
+static STATE: Mutex<State> = Mutex::new(State { pool: None, pid: 0, threads: None, pin: None });
+
+fn lock() -> std::sync::MutexGuard<'static, State> {
+    STATE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The configured thread count (API call, else `DART_NUM_THREADS`, else all CPUs).
+pub fn num_threads() -> usize {
+    let st = lock();
+    configured(&st)
+}
+
+fn configured(st: &State) -> usize {
+    if let Some(n) = st.threads {
+        return n;
+    }
+    if let Ok(v) = std::env::var("DART_NUM_THREADS") {
+        if let Ok(n) = v.trim().parse::<usize>() {
+            if n > 0 {
+                return n;
+            }
+        }
+    }
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Set the pool size; the pool is rebuilt on next use (jobs already running keep the old one).
+pub fn set_num_threads(n: usize) -> Result<()> {
+    if n == 0 || n > 4096 {
+        return Err(Error::InvalidOption(format!("thread count must be in 1..=4096, got {n}")));
+    }
+    let mut st = lock();
+    st.threads = Some(n);
+    st.pool = None;
+    Ok(())
+}
+
+/// Pin the workers of the pool to `cpus` (`None`: no pinning). Rebuilds the pool on next use.
+pub fn set_pin_cpus(cpus: Option<Vec<usize>>) {
+    let mut st = lock();
+    st.pin = cpus;
+    st.pool = None;
+}
+
+/// Pin the workers to the CPUs of NUMA node `node` as read from `/sys`.
+pub fn set_pin_node(node: usize) -> Result<()> {
+    let topo = numa_topology(Path::new("/sys"));
+    let n = topo
+        .into_iter()
+        .find(|n| n.id == node)
+        .ok_or_else(|| Error::InvalidOption(format!("NUMA node {node} not found under /sys/devices/system/node")))?;
+    set_pin_cpus(Some(n.cpus));
+    Ok(())
+}
+
+/// The shared pool (built on first use, rebuilt after a fork or a size change).
+pub fn get() -> Arc<ThreadPool> {
+    let mut st = lock();
+    let pid = std::process::id();
+    if st.pid != pid {
+        if let Some(stale) = st.pool.take() {
+            // Inherited from the parent across fork(): its threads do not exist here.
+            std::mem::forget(stale);
+        }
+        st.pid = pid;
+    }
+    if let Some(p) = &st.pool {
+        return p.clone();
+    }
+    let n = configured(&st);
+    let pin = st.pin.clone();
+    let mut b = rayon::ThreadPoolBuilder::new().num_threads(n).thread_name(|i| format!("dart-ngram-{i}"));
+    if let Some(cpus) = pin.filter(|c| !c.is_empty()) {
+        b = b.start_handler(move |i| pin_current_thread(cpus[i % cpus.len()]));
+    }
+    // Building a pool only fails if the OS refuses to spawn threads; fall back to one thread.
+    let pool = b
+        .build()
+        .or_else(|_| rayon::ThreadPoolBuilder::new().num_threads(1).thread_name(|i| format!("dart-ngram-{i}")).build())
+        .expect("cannot spawn a single thread");
+    let pool = Arc::new(pool);
+    st.pool = Some(pool.clone());
+    pool
+}
+
+fn pin_current_thread(cpu: usize) {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return;
+    }
+    // SAFETY: `cpu_set_t` is plain old data (all-zero is a valid empty set), CPU_SET writes
+    // inside it (cpu < CPU_SETSIZE is checked above), and sched_setaffinity(0, ..) only
+    // reads the set for the calling thread. Failure (e.g. CPU offline) is ignored: pinning
+    // is an optimisation.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        let _ = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// One NUMA node: its id and CPUs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NumaNode {
+    pub id: usize,
+    pub cpus: Vec<usize>,
+}
+
+/// Read the NUMA topology below `sys_root` (`/sys` in production). Missing → empty.
+pub fn numa_topology(sys_root: &Path) -> Vec<NumaNode> {
+    let dir = sys_root.join("devices/system/node");
+    let Ok(rd) = std::fs::read_dir(&dir) else { return Vec::new() };
+    let mut nodes: Vec<NumaNode> = rd
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let id: usize = name.strip_prefix("node")?.parse().ok()?;
+            let list = std::fs::read_to_string(e.path().join("cpulist")).ok()?;
+            Some(NumaNode { id, cpus: parse_cpulist(&list)? })
+        })
+        .collect();
+    nodes.sort_by_key(|n| n.id);
+    nodes
+}
+
+/// Parse a kernel cpulist ("0-3,8,10-11"). `None` if malformed.
+pub fn parse_cpulist(s: &str) -> Option<Vec<usize>> {
+    let mut out = Vec::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+                if b < a || b - a > 1 << 16 {
+                    return None;
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(part.trim().parse().ok()?),
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpulist() {
+        assert_eq!(parse_cpulist("0-3,8,10-11\n"), Some(vec![0, 1, 2, 3, 8, 10, 11]));
+        assert_eq!(parse_cpulist(""), Some(vec![]));
+        assert_eq!(parse_cpulist("3-1"), None);
+        assert_eq!(parse_cpulist("x"), None);
+    }
+
+    #[test]
+    fn topology_from_injected_root() {
+        let d = tempfile::tempdir().unwrap();
+        for (n, l) in [(0, "0-1\n"), (1, "2,3\n")] {
+            let p = d.path().join(format!("devices/system/node/node{n}"));
+            std::fs::create_dir_all(&p).unwrap();
+            std::fs::write(p.join("cpulist"), l).unwrap();
+        }
+        std::fs::create_dir_all(d.path().join("devices/system/node/power")).unwrap();
+        let t = numa_topology(d.path());
+        assert_eq!(t, vec![NumaNode { id: 0, cpus: vec![0, 1] }, NumaNode { id: 1, cpus: vec![2, 3] }]);
+        assert!(numa_topology(&d.path().join("missing")).is_empty());
+    }
+}

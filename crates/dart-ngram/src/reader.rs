@@ -1,0 +1,708 @@
+//! The reader: O(1) open over any bytes, and the queries.
+//!
+//! Layout recap (FORMAT.md): children of every context are stored **sorted by token id**
+//! (node word = `token << count_bits | count_code`, so word order is token order), which makes
+//! the hot path of the Eq. (10) search — `cond_probs`, 25 sorted candidate tokens against one
+//! context — a galloping merge. Top-k is served by a stored top-32 permutation for contexts
+//! with more than 32 children and by a selection over at most 32 decoded nodes otherwise.
+//!
+//! Robustness: `open` checks only the header and the section table (O(1)); the body may be
+//! garbage in a hostile file, so every body read below is bounds-checked (`get`), and an
+//! inconsistent value degrades to "context not found" (probabilities) or `Error::Format`
+//! (`children`). Nothing here can panic or read out of bounds on any input bytes.
+
+use std::fs::File;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use memmap2::{Advice, Mmap, MmapOptions};
+
+use crate::error::{Error, Result};
+use crate::format::{self, get32, get64, Header, Sec, BLOCK, BLOCK3_LEN, SECTIONS, TOPK_K};
+
+/// Options of [`Index::open_with`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OpenOptions {
+    /// Fault the whole file in at open (`MAP_POPULATE` + `MADV_WILLNEED`): costs a read of
+    /// the file at start-up, removes page faults from the first queries.
+    pub prefault: bool,
+    /// Advise transparent huge pages (`MADV_HUGEPAGE`); ignored where unsupported.
+    pub hugepages: bool,
+}
+
+/// Which context answered a query.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Match {
+    /// 3: the two-token (trigram) context, 2: the one-token (bigram) context, 1: the empty
+    /// context (unigram). 0 only for a query on an empty index.
+    pub order: u8,
+    /// total(c): occurrences of the context followed by a token (sum of its children's counts
+    /// before pruning); for the unigram context, the number of tokens.
+    pub total: u64,
+}
+
+/// A reusable result buffer for [`Index::children`]: no heap allocation per query once its
+/// capacity covers `k` (and, for `k > 32` on big contexts, the context's size).
+#[derive(Clone, Debug, Default)]
+pub struct Children {
+    tokens: Vec<u32>,
+    counts: Vec<u64>,
+    scratch: Vec<(u64, u32)>,
+}
+
+impl Children {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn with_capacity(k: usize) -> Self {
+        Children {
+            tokens: Vec::with_capacity(k),
+            counts: Vec::with_capacity(k),
+            scratch: Vec::with_capacity(TOPK_K.max(k)),
+        }
+    }
+    /// Child tokens, by descending count (ties: ascending token id).
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+    /// Their counts.
+    pub fn counts(&self) -> &[u64] {
+        &self.counts
+    }
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+    fn clear(&mut self) {
+        self.tokens.clear();
+        self.counts.clear();
+    }
+}
+
+/// Flattened result of [`Index::children_batch`]: row `i` is `tokens[i*k..(i+1)*k]`, padded
+/// with token `u32::MAX` and count 0.
+#[derive(Clone, Debug, Default)]
+pub struct BatchChildren {
+    pub k: usize,
+    pub tokens: Vec<u32>,
+    pub counts: Vec<u64>,
+    pub totals: Vec<u64>,
+    pub orders: Vec<u8>,
+}
+
+/// Size figures of an index.
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    pub vocab_size: u32,
+    pub token_bits: u32,
+    pub documents: u64,
+    pub tokens: u64,
+    pub unigram_nodes: u64,
+    pub bigram_nodes: u64,
+    pub trigram_nodes: u64,
+    /// unigram + bigram + trigram nodes.
+    pub nodes: u64,
+    /// File size.
+    pub bytes: u64,
+    pub bytes_per_node: f64,
+    pub escaped_counts: u64,
+    pub large_contexts: u64,
+    /// (section name, bytes) in file order.
+    pub sections: Vec<(&'static str, u64)>,
+}
+
+/// A trigram index over bytes `D` (`Vec<u8>`, `&[u8]`, `Mmap`).
+pub struct Index<D: AsRef<[u8]>> {
+    data: D,
+    h: Header,
+    sec: [Range<usize>; 17],
+    path: Option<PathBuf>,
+}
+
+impl<D: AsRef<[u8]>> std::fmt::Debug for Index<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Index").field("header", &self.h).field("path", &self.path).finish()
+    }
+}
+
+/// One level's node array and its escape tables.
+#[derive(Clone, Copy)]
+struct Level<'a> {
+    nodes: &'a [u8],
+    esc_rank: &'a [u8],
+    esc: &'a [u8],
+    cb: u32,
+    esc_code: u32,
+}
+
+impl<'a> Level<'a> {
+    #[inline]
+    fn len(&self) -> usize {
+        self.nodes.len() / 4
+    }
+    #[inline]
+    fn word(&self, i: usize) -> Option<u32> {
+        get32(self.nodes, i.checked_mul(4)?)
+    }
+    #[inline]
+    fn token_of(&self, w: u32) -> u32 {
+        w >> self.cb
+    }
+    /// Count of node `i` whose word is `w`.
+    #[inline]
+    fn count_of(&self, i: usize, w: u32) -> u64 {
+        let code = w & self.esc_code;
+        if code != self.esc_code {
+            return code as u64;
+        }
+        let blk = i / BLOCK;
+        let Some(base) = get64(self.esc_rank, blk * 8) else { return 0 };
+        let mut r = 0u64;
+        for j in blk * BLOCK..i {
+            if let Some(wj) = self.word(j) {
+                r += ((wj & self.esc_code) == self.esc_code) as u64;
+            }
+        }
+        base.checked_add(r)
+            .and_then(|x| usize::try_from(x).ok()?.checked_mul(8))
+            .and_then(|o| get64(self.esc, o))
+            .unwrap_or(0)
+    }
+    /// Decode nodes `s..e` in order, with an incremental escape rank.
+    fn decode(&self, s: usize, e: usize, mut f: impl FnMut(u32, u64)) {
+        let mut rank: Option<u64> = None;
+        for i in s..e {
+            let Some(w) = self.word(i) else { return };
+            let code = w & self.esc_code;
+            let c = if code != self.esc_code {
+                code as u64
+            } else {
+                let r = match rank {
+                    Some(r) => r,
+                    None => {
+                        // rank of the first escape in the range: block base + scan
+                        let blk = i / BLOCK;
+                        let mut r = get64(self.esc_rank, blk * 8).unwrap_or(u64::MAX / 2);
+                        for j in blk * BLOCK..i {
+                            if let Some(wj) = self.word(j) {
+                                r += ((wj & self.esc_code) == self.esc_code) as u64;
+                            }
+                        }
+                        r
+                    }
+                };
+                rank = Some(r + 1);
+                usize::try_from(r)
+                    .ok()
+                    .and_then(|r| get64(self.esc, r.checked_mul(8)?))
+                    .unwrap_or(0)
+            };
+            f(w >> self.cb, c);
+        }
+    }
+    /// First position in `lo..hi` whose token is >= `t` (hi if none), galloping from `lo`.
+    #[inline]
+    fn gallop(&self, mut lo: usize, hi: usize, t: u32) -> usize {
+        let key = (t as u64) << self.cb;
+        let ge = |i: usize| self.word(i).map_or(true, |w| w as u64 >= key);
+        if lo >= hi || ge(lo) {
+            return lo;
+        }
+        // invariant: word(lo) < key
+        let mut step = 1usize;
+        let mut top = lo + 1;
+        while top < hi && !ge(top) {
+            lo = top;
+            step *= 2;
+            top = lo.saturating_add(step);
+        }
+        let mut high = top.min(hi);
+        // word(lo) < key, answer in (lo, high]
+        let mut l = lo + 1;
+        while l < high {
+            let m = l + (high - l) / 2;
+            if ge(m) {
+                high = m;
+            } else {
+                l = m + 1;
+            }
+        }
+        l
+    }
+    /// Position of token `t` in `s..e`, if present.
+    #[inline]
+    fn find(&self, s: usize, e: usize, t: u32) -> Option<usize> {
+        let key = (t as u64) << self.cb;
+        let (mut l, mut h) = (s, e);
+        while l < h {
+            let m = l + (h - l) / 2;
+            if (self.word(m)? as u64) < key {
+                l = m + 1;
+            } else {
+                h = m;
+            }
+        }
+        (l < e && self.token_of(self.word(l)?) == t).then_some(l)
+    }
+}
+
+/// A resolved context: its node range at one level and its total.
+#[derive(Clone, Copy)]
+struct Ctx {
+    s: usize,
+    e: usize,
+    total: u64,
+    /// Rank in the top-k permutation table, if the context has one.
+    large: Option<usize>,
+}
+
+impl Index<Mmap> {
+    /// Map `path` read-only and validate header + section bounds (O(1)).
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_with(path, OpenOptions::default())
+    }
+
+    /// [`Index::open`] with prefault / huge-page options.
+    pub fn open_with(path: impl AsRef<Path>, opts: OpenOptions) -> Result<Self> {
+        let path = path.as_ref();
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        if len == 0 {
+            return Err(Error::format(format!("{} is empty (0 bytes)", path.display())));
+        }
+        let mut mo = MmapOptions::new();
+        if opts.prefault {
+            mo.populate();
+        }
+        // SAFETY: the mapping is read-only and dartcore never modifies an index file in place:
+        // builders write a temporary file and rename it over the output path, so a mapped
+        // file keeps its inode and bytes for the life of the mapping. (Another program
+        // truncating the file would make reads fault with SIGBUS; that is outside the
+        // contract, as for any mmap-based reader.) Every read of the body is bounds-checked
+        // against the mapping's length.
+        let mmap = unsafe { mo.map(&file) }.map_err(|e| Error::io(path, e))?;
+        if opts.prefault {
+            let _ = mmap.advise(Advice::WillNeed);
+        }
+        if opts.hugepages {
+            // Transparent huge pages for file mappings need kernel support; best effort.
+            let _ = mmap.advise(Advice::HugePage);
+        }
+        let mut idx = Index::from_bytes(mmap).map_err(|e| match e {
+            Error::Format(m) => Error::Format(format!("{}: {m}", path.display())),
+            e => e,
+        })?;
+        idx.path = Some(path.to_path_buf());
+        Ok(idx)
+    }
+}
+
+impl<D: AsRef<[u8]>> Index<D> {
+    /// Validate header and section table and wrap the bytes. O(1) in the body size.
+    pub fn from_bytes(data: D) -> Result<Self> {
+        let (h, secs) = format::parse(data.as_ref())?;
+        let sec: [Range<usize>; 17] = std::array::from_fn(|i| {
+            let s = secs[i];
+            s.offset as usize..(s.offset + s.len) as usize
+        });
+        if std::str::from_utf8(&data.as_ref()[sec[0].clone()]).is_err() {
+            return Err(Error::format("metadata block is not valid UTF-8"));
+        }
+        Ok(Index { data, h, sec, path: None })
+    }
+
+    /// The bytes behind the index.
+    pub fn bytes(&self) -> &[u8] {
+        self.data.as_ref()
+    }
+    /// The file path, when opened from a file.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+    pub fn header(&self) -> &Header {
+        &self.h
+    }
+    pub fn vocab_size(&self) -> u32 {
+        self.h.vocab_size
+    }
+    /// The metadata block (JSON written by the builder's caller).
+    pub fn metadata_json(&self) -> &str {
+        std::str::from_utf8(self.s(Sec::Meta)).unwrap_or("")
+    }
+
+    #[inline]
+    fn s(&self, s: Sec) -> &[u8] {
+        let r = &self.sec[s as usize - 1];
+        self.data.as_ref().get(r.clone()).unwrap_or(&[])
+    }
+    #[inline]
+    fn l2(&self) -> Level<'_> {
+        Level {
+            nodes: self.s(Sec::L2Nodes),
+            esc_rank: self.s(Sec::L2EscRank),
+            esc: self.s(Sec::L2Esc),
+            cb: self.h.count_bits(),
+            esc_code: self.h.esc_code(),
+        }
+    }
+    #[inline]
+    fn l3(&self) -> Level<'_> {
+        Level {
+            nodes: self.s(Sec::L3Nodes),
+            esc_rank: self.s(Sec::L3EscRank),
+            esc: self.s(Sec::L3Esc),
+            cb: self.h.count_bits(),
+            esc_code: self.h.esc_code(),
+        }
+    }
+
+    /// Unigram count of `t` (0 when out of range).
+    #[inline]
+    fn uni_count(&self, t: u32) -> u64 {
+        get64(self.s(Sec::UniCount), t as usize * 8).unwrap_or(0)
+    }
+
+    /// The bigram context `a` (its children at level 2).
+    #[inline]
+    fn ctx1(&self, a: u32) -> Option<Ctx> {
+        let st = self.s(Sec::L2Start);
+        let s = get64(st, a as usize * 8)?;
+        let e = get64(st, a as usize * 8 + 8)?;
+        if s > e || e > self.h.n_bigram {
+            return None;
+        }
+        let total = get64(self.s(Sec::UniTotal), a as usize * 8)?;
+        let lr = get32(self.s(Sec::Large1), a as usize * 4)?;
+        Some(Ctx { s: s as usize, e: e as usize, total, large: (lr != u32::MAX).then_some(lr as usize) })
+    }
+
+    /// Level-3 start of bigram node `j` (j == n_bigram gives the end).
+    #[inline]
+    fn start3(&self, j: usize) -> Option<u64> {
+        let blocks = self.s(Sec::L3Blocks);
+        let n = self.h.n_bigram as usize;
+        if j == n {
+            return get64(blocks, format::blocks(n as u64) as usize * BLOCK3_LEN);
+        }
+        let base = get64(blocks, (j / BLOCK) * BLOCK3_LEN)?;
+        let d = get32(self.s(Sec::L3Delta), j * 4)?;
+        base.checked_add(d as u64)
+    }
+
+    /// The trigram context of bigram node `j` (whose word is `w`).
+    #[inline]
+    fn ctx2(&self, j: usize, w: u32) -> Option<Ctx> {
+        let s = self.start3(j)?;
+        let e = self.start3(j + 1)?;
+        if s > e || e > self.h.n_trigram {
+            return None;
+        }
+        let blocks = self.s(Sec::L3Blocks);
+        let bo = (j / BLOCK) * BLOCK3_LEN;
+        let below = (1u64 << (j % BLOCK)) - 1;
+        let bit = 1u64 << (j % BLOCK);
+        let large_bits = get64(blocks, bo + 8)?;
+        let large = if large_bits & bit != 0 {
+            let r = get64(blocks, bo + 16)?.checked_add((large_bits & below).count_ones() as u64)?;
+            Some(usize::try_from(r).ok()?)
+        } else {
+            None
+        };
+        let ends_bits = get64(blocks, bo + 24)?;
+        let ends = if ends_bits & bit != 0 {
+            let r = get64(blocks, bo + 32)?.checked_add((ends_bits & below).count_ones() as u64)?;
+            get64(self.s(Sec::Ends), usize::try_from(r).ok()?.checked_mul(8)?)?
+        } else {
+            0
+        };
+        let total = self.l2().count_of(j, w).checked_sub(ends)?;
+        Some(Ctx { s: s as usize, e: e as usize, total, large })
+    }
+
+    /// The trigram context (a, b): bigram node index, and the context.
+    #[inline]
+    fn ctx2_of(&self, a: u32, b: u32) -> Option<Ctx> {
+        let c1 = self.ctx1(a)?;
+        let l2 = self.l2();
+        let j = l2.find(c1.s, c1.e, b)?;
+        self.ctx2(j, l2.word(j)?)
+    }
+
+    fn check_tokens(&self, ts: &[u32]) -> Result<()> {
+        for &t in ts {
+            if t >= self.h.vocab_size {
+                return Err(Error::TokenOutOfRange { token: t, vocab_size: self.h.vocab_size });
+            }
+        }
+        Ok(())
+    }
+
+    /// Top-`k` children of the longest suffix of `context` (last two tokens, then the last
+    /// one, then the empty context) that has children, by descending count (ties: ascending
+    /// token id). Tokens before the last two are ignored. Errors on token ids ≥ vocab and on
+    /// a corrupt body.
+    pub fn children(&self, context: &[u32], k: usize, out: &mut Children) -> Result<Match> {
+        self.check_tokens(context)?;
+        out.clear();
+        let n = context.len();
+        if n >= 2 {
+            if let Some(c) = self.ctx2_of(context[n - 2], context[n - 1]) {
+                if c.e > c.s {
+                    self.topk(self.l3(), c, Sec::TopK2, k, out)?;
+                    return Ok(Match { order: 3, total: c.total });
+                }
+            }
+        }
+        if n >= 1 {
+            if let Some(c) = self.ctx1(context[n - 1]) {
+                if c.e > c.s {
+                    self.topk(self.l2(), c, Sec::TopK1, k, out)?;
+                    return Ok(Match { order: 2, total: c.total });
+                }
+            }
+        }
+        let order = self.s(Sec::UniOrder);
+        let m = (k as u64).min(self.h.n_unigram) as usize;
+        for i in 0..m {
+            let t = get32(order, i * 4).ok_or_else(|| Error::format("corrupt unigram order"))?;
+            out.tokens.push(t);
+            out.counts.push(self.uni_count(t));
+        }
+        Ok(Match { order: if self.h.tokens > 0 { 1 } else { 0 }, total: self.h.tokens })
+    }
+
+    fn topk(&self, lv: Level<'_>, c: Ctx, perm: Sec, k: usize, out: &mut Children) -> Result<()> {
+        let n = c.e - c.s;
+        let k = k.min(n);
+        if k == 0 {
+            return Ok(());
+        }
+        if let (Some(r), true) = (c.large, k <= TOPK_K) {
+            let p = self.s(perm);
+            for i in 0..k {
+                let rel = get32(p, (r * TOPK_K + i) * 4).ok_or_else(|| Error::format("corrupt top-k table"))?
+                    as usize;
+                if rel >= n {
+                    return Err(Error::format("corrupt top-k table (index outside its context)"));
+                }
+                let w = lv.word(c.s + rel).ok_or_else(|| Error::format("corrupt node array"))?;
+                out.tokens.push(lv.token_of(w));
+                out.counts.push(lv.count_of(c.s + rel, w));
+            }
+            return Ok(());
+        }
+        let sc = &mut out.scratch;
+        sc.clear();
+        lv.decode(c.s, c.e, |t, cnt| sc.push((cnt, t)));
+        let by = |x: &(u64, u32), y: &(u64, u32)| y.0.cmp(&x.0).then(x.1.cmp(&y.1));
+        if k < sc.len() {
+            sc.select_nth_unstable_by(k - 1, by);
+            sc.truncate(k);
+        }
+        sc.sort_unstable_by(by);
+        for &(cnt, t) in sc.iter() {
+            out.tokens.push(t);
+            out.counts.push(cnt);
+        }
+        Ok(())
+    }
+
+    /// `(count(context, token), total(context))` for exactly that context: the empty context
+    /// (unigram), one token, or two tokens (longer contexts use their last two). `(0, 0)` when
+    /// the context is not in the index; `(0, total)` when it is but `token` never followed it.
+    pub fn count(&self, context: &[u32], token: u32) -> (u64, u64) {
+        let n = context.len();
+        match n {
+            0 => (self.uni_count(token), self.h.tokens),
+            1 => match self.ctx1(context[0]) {
+                Some(c) => {
+                    let l2 = self.l2();
+                    let cnt = l2.find(c.s, c.e, token).and_then(|j| Some(l2.count_of(j, l2.word(j)?)));
+                    (cnt.unwrap_or(0), c.total)
+                }
+                None => (0, 0),
+            },
+            _ => match self.ctx2_of(context[n - 2], context[n - 1]) {
+                Some(c) => {
+                    let l3 = self.l3();
+                    let cnt = l3.find(c.s, c.e, token).and_then(|j| Some(l3.count_of(j, l3.word(j)?)));
+                    (cnt.unwrap_or(0), c.total)
+                }
+                None => (0, 0),
+            },
+        }
+    }
+
+    /// g(v|c) of ARCHITECTURE.md: count(c,v)/total(c) for the longest suffix c of `context`
+    /// (last two tokens, then the last one, then — if `unigram_backoff` or the context is
+    /// empty — the empty context) after which `token` has been seen; 0.0 if never seen.
+    pub fn prob(&self, context: &[u32], token: u32, unigram_backoff: bool) -> f64 {
+        let mut out = [0.0f64];
+        self.cond_probs(context, &[token], unigram_backoff, &mut out);
+        out[0]
+    }
+
+    /// [`Index::prob`] for many candidates at once: `candidates_sorted` ascending (repeats
+    /// allowed), `out[i]` = g(candidates_sorted[i] | context). The hot path of the Eq. (10)
+    /// search: two context lookups, then one galloping merge per level; no allocation.
+    ///
+    /// # Panics
+    /// If `out.len() != candidates_sorted.len()` (a programming error of the caller).
+    pub fn cond_probs(&self, context: &[u32], candidates_sorted: &[u32], unigram_backoff: bool, out: &mut [f64]) {
+        assert_eq!(out.len(), candidates_sorted.len(), "cond_probs: out and candidates differ in length");
+        let n = context.len();
+        let c3 = if n >= 2 { self.ctx2_of(context[n - 2], context[n - 1]) } else { None };
+        let c3 = c3.filter(|c| c.e > c.s && c.total > 0);
+        let c2 = if n >= 1 { self.ctx1(context[n - 1]) } else { None };
+        let c2 = c2.filter(|c| c.e > c.s && c.total > 0);
+        let uni = (unigram_backoff || n == 0) && self.h.tokens > 0;
+        let (l3, l2) = (self.l3(), self.l2());
+        let mut p3 = c3.map_or(0, |c| c.s);
+        let mut p2 = c2.map_or(0, |c| c.s);
+        let utot = self.h.tokens as f64;
+        for (v, o) in candidates_sorted.iter().zip(out.iter_mut()) {
+            let v = *v;
+            *o = 0.0;
+            if let Some(c) = c3 {
+                p3 = l3.gallop(p3, c.e, v);
+                if let Some(w) = l3.word(p3).filter(|&w| p3 < c.e && l3.token_of(w) == v) {
+                    let cnt = l3.count_of(p3, w);
+                    if cnt > 0 {
+                        *o = cnt as f64 / c.total as f64;
+                        continue;
+                    }
+                }
+            }
+            if let Some(c) = c2 {
+                p2 = l2.gallop(p2, c.e, v);
+                if let Some(w) = l2.word(p2).filter(|&w| p2 < c.e && l2.token_of(w) == v) {
+                    let cnt = l2.count_of(p2, w);
+                    if cnt > 0 {
+                        *o = cnt as f64 / c.total as f64;
+                        continue;
+                    }
+                }
+            }
+            if uni {
+                *o = self.uni_count(v) as f64 / utot;
+            }
+        }
+    }
+
+    /// [`Index::children`] for `n` two-token contexts on `pool`; rows padded to `k` with token
+    /// `u32::MAX`, count 0.
+    pub fn children_batch(&self, contexts: &[[u32; 2]], k: usize, pool: &rayon::ThreadPool) -> Result<BatchChildren>
+    where
+        D: Sync,
+    {
+        use rayon::prelude::*;
+        for c in contexts {
+            self.check_tokens(c)?;
+        }
+        let n = contexts.len();
+        let mut b = BatchChildren {
+            k,
+            tokens: vec![u32::MAX; n * k],
+            counts: vec![0; n * k],
+            totals: vec![0; n],
+            orders: vec![0; n],
+        };
+        if n == 0 || k == 0 {
+            // still report totals/orders
+            let mut ch = Children::new();
+            for (i, c) in contexts.iter().enumerate() {
+                let m = self.children(c, 0, &mut ch)?;
+                b.totals[i] = m.total;
+                b.orders[i] = m.order;
+            }
+            return Ok(b);
+        }
+        // ~0.3 µs per context: chunks of 32 keep the fork/join overhead (a few µs) amortised.
+        const CHUNK: usize = 32;
+        let run = |(((ctx, tok), cnt), (tot, ord)): (
+            ((&[[u32; 2]], &mut [u32]), &mut [u64]),
+            (&mut [u64], &mut [u8]),
+        )|
+         -> Result<()> {
+            let mut ch = Children::with_capacity(k);
+            for (i, c) in ctx.iter().enumerate() {
+                let m = self.children(c, k, &mut ch)?;
+                tok[i * k..i * k + ch.len()].copy_from_slice(ch.tokens());
+                cnt[i * k..i * k + ch.len()].copy_from_slice(ch.counts());
+                tot[i] = m.total;
+                ord[i] = m.order;
+            }
+            Ok(())
+        };
+        let BatchChildren { tokens, counts, totals, orders, .. } = &mut b;
+        let work = contexts
+            .par_chunks(CHUNK)
+            .zip(tokens.par_chunks_mut(CHUNK * k))
+            .zip(counts.par_chunks_mut(CHUNK * k))
+            .zip(totals.par_chunks_mut(CHUNK).zip(orders.par_chunks_mut(CHUNK)));
+        if n <= CHUNK {
+            // one chunk: running it here is cheaper than a hand-off to the pool
+            run((((contexts, &mut tokens[..]), &mut counts[..]), (&mut totals[..], &mut orders[..])))?;
+        } else {
+            pool.install(|| work.try_for_each(run))?;
+        }
+        Ok(b)
+    }
+
+    /// Size figures (O(1)).
+    pub fn stats(&self) -> Stats {
+        let h = &self.h;
+        let nodes = h.n_unigram + h.n_bigram + h.n_trigram;
+        let bytes = self.data.as_ref().len() as u64;
+        Stats {
+            vocab_size: h.vocab_size,
+            token_bits: h.token_bits,
+            documents: h.documents,
+            tokens: h.tokens,
+            unigram_nodes: h.n_unigram,
+            bigram_nodes: h.n_bigram,
+            trigram_nodes: h.n_trigram,
+            nodes,
+            bytes,
+            bytes_per_node: if nodes > 0 { bytes as f64 / nodes as f64 } else { 0.0 },
+            escaped_counts: h.n_esc2 + h.n_esc3,
+            large_contexts: h.n_large1 + h.n_large2,
+            sections: SECTIONS.iter().zip(self.sec.iter()).map(|(s, r)| (s.name(), r.len() as u64)).collect(),
+        }
+    }
+
+    /// Full check of the body: section CRCs and every structural invariant (sorted children,
+    /// token ids, ranges, escape ranks, totals, top-k tables). O(file size).
+    pub fn verify(&self) -> Result<()> {
+        crate::reader_verify::verify(self)
+    }
+
+    // ---- accessors for verify ----
+    pub(crate) fn section(&self, s: Sec) -> &[u8] {
+        self.s(s)
+    }
+    pub(crate) fn section_crc_ok(&self, i: usize) -> Option<bool> {
+        let (_, secs) = format::parse(self.data.as_ref()).ok()?;
+        Some(crc32fast::hash(&self.data.as_ref()[self.sec[i].clone()]) == secs[i].crc)
+    }
+    pub(crate) fn level_view(&self, level: u8) -> (usize, u32, u32) {
+        let l = if level == 2 { self.l2() } else { self.l3() };
+        (l.len(), l.cb, l.esc_code)
+    }
+    pub(crate) fn ctx1_pub(&self, a: u32) -> Option<(usize, usize, u64, Option<usize>)> {
+        self.ctx1(a).map(|c| (c.s, c.e, c.total, c.large))
+    }
+    pub(crate) fn ctx2_pub(&self, j: usize) -> Option<(usize, usize, u64, Option<usize>)> {
+        let w = self.l2().word(j)?;
+        self.ctx2(j, w).map(|c| (c.s, c.e, c.total, c.large))
+    }
+    pub(crate) fn decode_all(&self, level: u8, s: usize, e: usize, f: impl FnMut(u32, u64)) {
+        let l = if level == 2 { self.l2() } else { self.l3() };
+        l.decode(s, e, f)
+    }
+    pub(crate) fn uni_count_pub(&self, t: u32) -> u64 {
+        self.uni_count(t)
+    }
+}
