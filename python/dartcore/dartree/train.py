@@ -258,6 +258,7 @@ def _parse(argv) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--gamma", type=float, default=0.8)
+    ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--quiet", action="store_true")
@@ -298,7 +299,8 @@ def main(argv=None) -> int:
     hidden_size = int(train.hidden.shape[1])
     embed_dim = int(model.get_input_embeddings().weight.shape[1])
     cfg = HeadTrainConfig(rank=args.rank, lr=args.lr, batch_size=args.batch_size, max_steps=args.steps,
-                          max_minutes=args.train_minutes, gamma=args.gamma, seed=args.seed)
+                          max_minutes=args.train_minutes, gamma=args.gamma, eval_every=args.eval_every,
+                          seed=args.seed)
     meta = {
         "target": args.target,
         "drafter": str(args.drafter),
