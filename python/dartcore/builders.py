@@ -1,0 +1,229 @@
+"""Tree builders behind a registry: which draft tree the decoder verifies.
+
+A builder is made once per decoder by a factory, ``factory(**params)``, and is
+then called once per round with a :class:`TreeInputs`; it returns a
+:class:`dartcore.tree.Tree` whose root (node 0) is the last committed token.
+(Any object with int64 ``tokens`` / ``parents`` / ``depths`` in depth
+order is accepted, e.g. :class:`dartcore.verify.FlatTree`.) It declares what it needs, so the decoder skips work nobody reads:
+``needs_drafter`` (run the drafter), ``needs_hidden`` (ask the drafter for its
+final hidden states too), ``needs_index``.
+
+Built in:
+
+==================  ==========================================================
+``dart``            Eq. (10) beam search over drafter top-k and the trigram index
+``dart-no-ngram``   the same search with ``ngram_weight = 0`` (no index)
+``dart-chain``      ``beam_width = 1``, ``max_nodes = d``: one drafter chain
+``ngram-only``      trigram-index tree, no drafter
+``ar``              no draft: the root alone, i.e. plain autoregressive decoding
+==================  ==========================================================
+
+Others (DARTree "dartree", "hybrid", DDTree "ddtree") register themselves with
+:func:`register_tree_builder`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+__all__ = [
+    "TreeInputs",
+    "TreeBuilder",
+    "register_tree_builder",
+    "make_tree_builder",
+    "tree_builders",
+    "CPU_MAX_NODES",
+]
+
+# Default node budget (root excluded) on CPU. The paper's theta = 59 is a GPU
+# budget; on CPU the verify forward's cost grows with the node count much
+# earlier. Chosen from tools/bench_decode.py's verify-cost curve on SmolLM2-135M
+# (fp32, 2 cores): see the note in README / the issue report.
+CPU_MAX_NODES = 24
+
+
+@dataclass
+class TreeInputs:
+    """Everything a builder may read for one round."""
+
+    context: np.ndarray  # int64: committed tokens (prompt + output); the LAST one is the root
+    logits: Any = None  # torch [d, V_draft] drafter logits (None if no drafter ran)
+    hidden: Any = None  # torch [d, H] drafter final hidden states (needs_hidden only)
+    drafter: Any = None  # the DartDrafter (for .to_target_ids), or None
+    index: Any = None  # NgramIndex or None
+    max_depth: int = 1 << 30  # deepest node the decoder can still use this round
+    max_nodes: int = 1 << 30  # node budget, root excluded
+    eos_token_ids: tuple[int, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class TreeBuilder(Protocol):
+    needs_drafter: bool
+    needs_hidden: bool
+    needs_index: bool
+
+    def __call__(self, inputs: TreeInputs): ...
+
+
+_REGISTRY: dict[str, Callable[..., TreeBuilder]] = {}
+
+
+def register_tree_builder(name: str, factory: Callable[..., TreeBuilder], *, replace: bool = False) -> None:
+    """Register ``factory(**params) -> builder`` under ``name``."""
+    if not replace and name in _REGISTRY:
+        raise ValueError(f"tree builder {name!r} is already registered (pass replace=True)")
+    _REGISTRY[name] = factory
+
+
+def tree_builders() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def make_tree_builder(name: str, **params) -> TreeBuilder:
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown tree builder {name!r}; registered: {tree_builders()}") from None
+    return factory(**params)
+
+
+def root_only(token: int):
+    """The one-node tree (the decoder reads only tokens / parents / depths)."""
+    from dartcore.verify import FlatTree
+
+    return FlatTree(tokens=np.array([token], dtype=np.int64), parents=np.array([-1], dtype=np.int64),
+                    depths=np.array([0], dtype=np.int64))
+
+
+def _target_topk(inputs: TreeInputs, k: int):
+    """Top-k rows of the drafter logits (fp32 log-probs inside the top-k),
+    with token ids mapped into the target's vocabulary."""
+    from dartcore.tree import topk_logprobs
+
+    if inputs.logits is None:
+        raise ValueError("this tree builder needs drafter logits (DartDecoder(..., drafter=...))")
+    tokens, logprobs = topk_logprobs(inputs.logits, k)
+    tokens = np.asarray(tokens, dtype=np.int64)
+    if inputs.drafter is not None and hasattr(inputs.drafter, "to_target_ids"):
+        tokens = np.asarray(inputs.drafter.to_target_ids(tokens), dtype=np.int64).reshape(tokens.shape)
+    return tokens, np.asarray(logprobs, dtype=np.float32)
+
+
+@dataclass
+class ArBuilder:
+    """No draft: the tree is the root alone, so every round is one plain
+    autoregressive step through the same verify/accept code."""
+
+    needs_drafter: bool = False
+    needs_hidden: bool = False
+    needs_index: bool = False
+
+    def __call__(self, inputs: TreeInputs):
+        return root_only(int(inputs.context[-1]))
+
+
+@dataclass
+class BeamBuilder:
+    """Eq. (10) beam search over the drafter's top-k rows (and the index when
+    ``ngram_weight > 0``)."""
+
+    beam_width: int = 20
+    max_nodes: int | None = CPU_MAX_NODES  # None: one node per drafter row (the chain)
+    k: int = 25
+    level_decay: float = 0.9
+    ngram_weight: float = 0.5
+    search_params: dict[str, Any] = field(default_factory=dict)
+    needs_drafter: bool = True
+    needs_hidden: bool = False
+    needs_index: bool = True
+
+    def __post_init__(self):
+        self.needs_index = self.ngram_weight > 0
+
+    def __call__(self, inputs: TreeInputs):
+        from dartcore.tree import beam_search
+
+        tokens, logprobs = _target_topk(inputs, self.k)
+        depth = min(tokens.shape[0], inputs.max_depth)
+        if depth <= 0:
+            return root_only(int(inputs.context[-1]))
+        index = inputs.index if self.ngram_weight > 0 else None
+        if self.ngram_weight > 0 and index is None:
+            raise ValueError("the 'dart' tree builder needs an n-gram index (or use tree='dart-no-ngram')")
+        return beam_search(
+            index, inputs.context, tokens[:depth], logprobs[:depth],
+            beam_width=self.beam_width, max_nodes=min(self.max_nodes or depth, inputs.max_nodes),
+            level_decay=self.level_decay, ngram_weight=self.ngram_weight,
+            eos_token_ids=tuple(inputs.eos_token_ids), **self.search_params,
+        )
+
+
+@dataclass
+class NgramBuilder:
+    """A tree from the trigram index alone (no drafter)."""
+
+    depth: int = 8
+    k: int = 25
+    max_nodes: int = CPU_MAX_NODES
+    search_params: dict[str, Any] = field(default_factory=dict)
+    needs_drafter: bool = False
+    needs_hidden: bool = False
+    needs_index: bool = True
+
+    def __call__(self, inputs: TreeInputs):
+        from dartcore.tree import ngram_tree
+
+        if inputs.index is None:
+            raise ValueError("the 'ngram-only' tree builder needs an n-gram index")
+        depth = min(self.depth, inputs.max_depth)
+        if depth <= 0:
+            return root_only(int(inputs.context[-1]))
+        return ngram_tree(inputs.index, inputs.context, depth=depth, k=self.k,
+                          max_nodes=min(self.max_nodes, inputs.max_nodes), **self.search_params)
+
+
+def _split(params: dict[str, Any], known: set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    own = {k: v for k, v in params.items() if k in known}
+    rest = {k: v for k, v in params.items() if k not in known}
+    return own, rest
+
+
+_BEAM_KEYS = {"beam_width", "max_nodes", "k", "level_decay", "ngram_weight"}
+
+
+def _dart(**params) -> BeamBuilder:
+    own, rest = _split(params, _BEAM_KEYS)
+    return BeamBuilder(**own, search_params=rest)
+
+
+def _dart_no_ngram(**params) -> BeamBuilder:
+    params = {**params, "ngram_weight": 0.0}
+    return _dart(**params)
+
+
+def _dart_chain(d: int | None = None, **params) -> BeamBuilder:
+    # max_nodes = d: default d = the drafter's number of rows, known per round.
+    params = {**params, "beam_width": 1, "max_nodes": d}
+    return _dart(**params)
+
+
+def _ngram_only(**params) -> NgramBuilder:
+    own, rest = _split(params, {"depth", "k", "max_nodes"})
+    return NgramBuilder(**own, search_params=rest)
+
+
+def _ar(**params) -> ArBuilder:
+    if params:
+        raise ValueError(f"the 'ar' tree builder takes no parameters, got {sorted(params)}")
+    return ArBuilder()
+
+
+register_tree_builder("dart", _dart)
+register_tree_builder("dart-no-ngram", _dart_no_ngram)
+register_tree_builder("dart-chain", _dart_chain)
+register_tree_builder("ngram-only", _ngram_only)
+register_tree_builder("ar", _ar)
