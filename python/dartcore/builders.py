@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+import torch
 
 __all__ = [
     "TreeInputs",
@@ -79,11 +80,37 @@ def register_tree_builder(name: str, factory: Callable[..., TreeBuilder], *, rep
     _REGISTRY[name] = factory
 
 
+# Modules that register more builders (their ``register()``), loaded on first use so
+# that importing dartcore.builders stays light and import cycles cannot form.
+_PLUGINS = ("dartcore.dartree.builders",)
+_plugins_loaded = False
+
+
+def _load_plugins() -> None:
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    import importlib
+
+    for name in _PLUGINS:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # an optional component that is not installed
+            continue
+        register = getattr(module, "register", None)
+        if callable(register):
+            register()
+
+
 def tree_builders() -> list[str]:
+    _load_plugins()
     return sorted(_REGISTRY)
 
 
 def make_tree_builder(name: str, **params) -> TreeBuilder:
+    if name not in _REGISTRY:
+        _load_plugins()
     try:
         factory = _REGISTRY[name]
     except KeyError:
@@ -107,10 +134,10 @@ def _target_topk(inputs: TreeInputs, k: int):
     if inputs.logits is None:
         raise ValueError("this tree builder needs drafter logits (DartDecoder(..., drafter=...))")
     tokens, logprobs = topk_logprobs(inputs.logits, k)
-    tokens = np.asarray(tokens, dtype=np.int64)
+    tokens = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
     if inputs.drafter is not None and hasattr(inputs.drafter, "to_target_ids"):
-        tokens = np.asarray(inputs.drafter.to_target_ids(tokens), dtype=np.int64).reshape(tokens.shape)
-    return tokens, np.asarray(logprobs, dtype=np.float32)
+        tokens = inputs.drafter.to_target_ids(tokens.to(inputs.logits.device))
+    return tokens.cpu().numpy().astype(np.int64), np.asarray(logprobs, dtype=np.float32)
 
 
 @dataclass

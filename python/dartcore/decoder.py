@@ -145,7 +145,7 @@ class DartDecoder:
         if self.builder.needs_index and index is None:
             raise ValueError(f"tree builder {tree!r} needs an n-gram index (or use tree='dart-no-ngram')")
         if self.drafter is not None:
-            _check_drafter(self.drafter, self.target)
+            _check_drafter(self.drafter, self.target, tokenizer)
         if index is not None:
             _check_index(index, tokenizer)
         context = self.target.max_positions or (1 << 31)
@@ -165,7 +165,7 @@ class DartDecoder:
         if drafter is not None:
             from dartcore.drafter import DartDrafter
 
-            drafter_obj = DartDrafter.from_pretrained(drafter, model)
+            drafter_obj = DartDrafter.from_pretrained(drafter, model, tokenizer=tokenizer)
         index_obj = None
         if index is not None:
             from dartcore.index import NgramIndex
@@ -398,21 +398,38 @@ def _eos_ids(model, tokenizer) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-def _check_drafter(drafter, target: TargetModel) -> None:
-    check = getattr(drafter, "check_target", None)
-    if callable(check):
-        check(target.hf)
-        return
-    taps = tuple(getattr(drafter, "taps", ()))
-    if any(not 0 <= int(t) <= target.num_layers for t in taps):
+def _check_drafter(drafter, target: TargetModel, tokenizer) -> None:
+    """Refuse a drafter trained for another target (family, layer count,
+    hidden size, vocabulary, tokenizer fingerprint)."""
+    cfg = getattr(drafter, "config", None)
+    hf = target.config
+    problems = []
+    for what, mine, theirs in (
+        ("family", getattr(cfg, "family", None), target.family),
+        ("layer count", getattr(cfg, "num_target_layers", None), target.num_layers),
+        ("hidden size", getattr(cfg, "hidden_size", None), target.hidden_size),
+        ("vocabulary size", getattr(cfg, "vocab_size", None), getattr(hf, "vocab_size", None)),
+    ):
+        if mine is not None and theirs is not None and mine != theirs:
+            problems.append(f"{what} {mine!r} vs target {theirs!r}")
+    taps = tuple(int(t) for t in getattr(drafter, "taps", ()))
+    if any(not 0 <= t <= target.num_layers for t in taps):
+        problems.append(f"taps {taps} outside a {target.num_layers}-layer target")
+    recorded = getattr(cfg, "tokenizer_fingerprint", None)
+    if recorded is not None and tokenizer is not None:
+        try:  # the drafter records its own vocabulary hash (dartcore.drafter)
+            from dartcore.drafter import tokenizer_fingerprint
+
+            mine = tokenizer_fingerprint(tokenizer)
+        except Exception:  # noqa: BLE001 - a tokenizer we cannot fingerprint is not compared
+            mine = None
+        if mine is not None and mine != recorded:
+            problems.append(f"tokenizer fingerprint {recorded} vs target {mine}")
+    if problems:
+        name = getattr(cfg, "target_name", None)
         raise DrafterMismatchError(
-            f"drafter taps {taps} do not fit a {target.num_layers}-layer target: it was trained for another model"
-        )
-    hidden = getattr(drafter, "hidden_size", None)
-    if hidden is not None and int(hidden) != target.hidden_size:
-        raise DrafterMismatchError(
-            f"drafter hidden size {hidden} != target hidden size {target.hidden_size}: "
-            "it was trained for another model"
+            f"the drafter was trained for target {name!r} and does not fit this one: " + "; ".join(problems)
+            + ". Train a drafter for this target with dart-train."
         )
 
 
