@@ -42,7 +42,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from dartcore.errors import CorpusError, DartError, IndexBuildError, TokenizerError
+from dartcore.errors import CorpusError, DartError, IndexBuildError
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "dartcore-ngram-map/1"
@@ -274,6 +274,10 @@ class _Prefetch:
             close()
 
 
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f}" if n < 10 << 20 else f"{n / 2**20:,.0f}"
+
+
 class _Progress:
     def __init__(self, corpus, opts: MapOptions, done_docs: int, done_tokens: int) -> None:
         self.corpus = corpus
@@ -311,7 +315,7 @@ class _Progress:
         s = self.corpus.stats
         self.bar.set_postfix_str(
             f"{(docs - self.docs0) / dt:,.0f} docs/s, {(tokens - self.tokens0) / dt / 1e6:.2f} Mtok/s, "
-            f"{s.bytes_read / 2**20:,.0f}/{s.bytes_total / 2**20:,.0f} MiB read, "
+            f"{_mib(s.bytes_read)}/{_mib(s.bytes_total)} MiB read, "
             f"shard {s.files_done}/{s.files}"
             + (f", {s.problems()} bad" if s.problems() else ""),
             refresh=False,
@@ -761,6 +765,10 @@ def _reduce_parser() -> argparse.ArgumentParser:
 
 
 def _map_options(args: argparse.Namespace, work_dir: Path, resume: bool) -> MapOptions:
+    from dartcore.corpus import CORPUS_KINDS
+
+    if args.corpus not in CORPUS_KINDS:
+        raise CorpusError(f"unknown corpus kind {args.corpus!r}: valid kinds are {', '.join(CORPUS_KINDS)}")
     if args.max_docs is not None and args.max_docs < 1:
         raise IndexBuildError("--max-docs must be at least 1")
     if args.max_tokens is not None and args.max_tokens < 1:
@@ -831,8 +839,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\nngram-build: interrupted; temporary files removed. Finished shards are kept in the work "
               "dir: rerun the same command with --resume to continue.", file=sys.stderr)
         return 130
-    except (DartError, FileNotFoundError) as e:
-        # CorpusError / TokenizerError / IndexBuildError / IndexFormatError: a message, no traceback.
+    except (DartError, OSError) as e:
+        # CorpusError / TokenizerError / IndexBuildError / IndexFormatError, or the file
+        # system (disk full, permissions): a message, no traceback.
         kind = type(e).__name__
         print(f"ngram-build: error ({kind}): {e}", file=sys.stderr)
         return 2
