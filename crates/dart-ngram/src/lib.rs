@@ -16,4 +16,6 @@ mod reader_verify;
 
 pub use builder::{merge_runs, BuildOptions, BuildSummary, Builder};
 pub use error::{Error, Result};
+/// The byte type of a file-backed index (`Index<Mmap>`), re-exported so dependants need no memmap2.
+pub use memmap2::Mmap;
 pub use reader::{BatchChildren, Children, Index, Match, OpenOptions, Stats};

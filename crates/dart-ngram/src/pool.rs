@@ -110,6 +110,17 @@ pub fn get() -> Arc<ThreadPool> {
     pool
 }
 
+/// `rayon::join` re-exported, for callers that run fork/join work inside [`get`]`().install`.
+pub fn join<A, B, RA, RB>(a: A, b: B) -> (RA, RB)
+where
+    A: FnOnce() -> RA + Send,
+    B: FnOnce() -> RB + Send,
+    RA: Send,
+    RB: Send,
+{
+    rayon::join(a, b)
+}
+
 fn pin_current_thread(cpu: usize) {
     if cpu >= libc::CPU_SETSIZE as usize {
         return;

@@ -1,3 +1,380 @@
-//! placeholder, filled in by the index/tree issues
+//! Bindings of dart-ngram: `NgramIndex`, `IndexBuilder`, `merge_runs`, pool controls.
+//! Thin: convert, release the GIL (`py.detach`), call one core function, convert back.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use dart_ngram::{BuildOptions, BuildSummary, Builder, Children, Index, Mmap, OpenOptions};
+use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
-pub fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> { Ok(()) }
+use pyo3::types::PyDict;
+
+use crate::errors;
+
+/// A memory-mapped trigram index (wrapped by `dartcore.index.NgramIndex`).
+///
+/// `inner` is `pub(crate)` so that other bindings of this crate (tree.rs) can borrow the
+/// Rust index without a copy: `idx.get().inner.as_ref()`.
+#[pyclass(frozen, name = "NgramIndex", module = "dartcore._native")]
+pub struct PyNgramIndex {
+    pub(crate) inner: Arc<Index<Mmap>>,
+}
+
+fn context_u32(context: Vec<i64>, vocab: u32) -> PyResult<Vec<u32>> {
+    context
+        .into_iter()
+        .map(|t| {
+            if t < 0 || t >= vocab as i64 {
+                Err(errors::value(format!("token id {t} is out of range for vocabulary size {vocab}")))
+            } else {
+                Ok(t as u32)
+            }
+        })
+        .collect()
+}
+
+#[pymethods]
+impl PyNgramIndex {
+    #[new]
+    #[pyo3(signature = (path, *, prefault = false, hugepages = false))]
+    fn new(py: Python<'_>, path: PathBuf, prefault: bool, hugepages: bool) -> PyResult<Self> {
+        let idx = py
+            .detach(|| Index::open_with(&path, OpenOptions { prefault, hugepages }))
+            .map_err(errors::ngram)?;
+        Ok(PyNgramIndex { inner: Arc::new(idx) })
+    }
+
+    #[getter]
+    fn vocab_size(&self) -> u32 {
+        self.inner.vocab_size()
+    }
+
+    #[getter]
+    fn path(&self) -> Option<String> {
+        self.inner.path().map(|p| p.display().to_string())
+    }
+
+    fn metadata_json(&self) -> String {
+        self.inner.metadata_json().to_string()
+    }
+
+    /// (tokens uint32[k'], counts uint64[k'], total, order)
+    #[pyo3(signature = (context, k = 25))]
+    fn children<'py>(
+        &self,
+        py: Python<'py>,
+        context: Vec<i64>,
+        k: usize,
+    ) -> PyResult<(Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u64>>, u64, u8)> {
+        let ctx = context_u32(context, self.inner.vocab_size())?;
+        let mut ch = Children::with_capacity(k);
+        let m = self.inner.children(&ctx, k, &mut ch).map_err(errors::ngram)?;
+        Ok((
+            PyArray1::from_slice(py, ch.tokens()),
+            PyArray1::from_slice(py, ch.counts()),
+            m.total,
+            m.order,
+        ))
+    }
+
+    /// contexts: uint32 [n, 2] (C-contiguous) -> (tokens [n,k], counts [n,k], totals [n], orders [n])
+    #[allow(clippy::type_complexity)]
+    fn children_batch<'py>(
+        &self,
+        py: Python<'py>,
+        contexts: PyReadonlyArray2<'py, u32>,
+        k: usize,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<u8>>)> {
+        let shape = contexts.shape();
+        if shape[1] != 2 {
+            return Err(errors::value(format!("contexts must have shape [n, 2], got {shape:?}")));
+        }
+        let n = shape[0];
+        let flat = contexts.as_slice().map_err(|_| errors::value("contexts must be C-contiguous"))?;
+        let ctx: Vec<[u32; 2]> = flat.chunks_exact(2).map(|c| [c[0], c[1]]).collect();
+        let inner = &self.inner;
+        let b = py
+            .detach(|| {
+                let pool = dart_ngram::pool::get();
+                inner.children_batch(&ctx, k, &pool)
+            })
+            .map_err(errors::ngram)?;
+        let tokens = PyArray1::from_vec(py, b.tokens).reshape([n, k])?.into_any();
+        let counts = PyArray1::from_vec(py, b.counts).reshape([n, k])?.into_any();
+        Ok((tokens, counts, PyArray1::from_vec(py, b.totals), PyArray1::from_vec(py, b.orders)))
+    }
+
+    #[pyo3(signature = (context, token, unigram_backoff = true))]
+    fn prob(&self, context: Vec<i64>, token: i64, unigram_backoff: bool) -> PyResult<f64> {
+        let v = self.inner.vocab_size();
+        let ctx = context_u32(context, v)?;
+        let t = context_u32(vec![token], v)?[0];
+        Ok(self.inner.prob(&ctx, t, unigram_backoff))
+    }
+
+    /// g(v|context) for sorted candidate ids -> float64[len]
+    #[pyo3(signature = (context, candidates_sorted, unigram_backoff = true))]
+    fn cond_probs<'py>(
+        &self,
+        py: Python<'py>,
+        context: Vec<i64>,
+        candidates_sorted: PyReadonlyArray1<'py, u32>,
+        unigram_backoff: bool,
+    ) -> PyResult<Bound<'py, PyArray1<f64>>> {
+        let ctx = context_u32(context, self.inner.vocab_size())?;
+        let c = candidates_sorted.as_slice().map_err(|_| errors::value("candidates must be contiguous"))?;
+        if c.windows(2).any(|w| w[0] > w[1]) {
+            return Err(errors::value("candidates_sorted must be sorted ascending"));
+        }
+        let mut out = vec![0.0; c.len()];
+        self.inner.cond_probs(&ctx, c, unigram_backoff, &mut out);
+        Ok(PyArray1::from_vec(py, out))
+    }
+
+    /// (count(context, token), total(context)) for exactly that context (len 0..=2).
+    fn count(&self, context: Vec<i64>, token: i64) -> PyResult<(u64, u64)> {
+        let v = self.inner.vocab_size();
+        let ctx = context_u32(context, v)?;
+        if ctx.len() > 2 {
+            return Err(errors::value("count() takes a context of at most 2 tokens"));
+        }
+        let t = context_u32(vec![token], v)?[0];
+        Ok(self.inner.count(&ctx, t))
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.stats();
+        let d = PyDict::new(py);
+        d.set_item("vocab_size", s.vocab_size)?;
+        d.set_item("token_bits", s.token_bits)?;
+        d.set_item("documents", s.documents)?;
+        d.set_item("tokens", s.tokens)?;
+        d.set_item("unigram_nodes", s.unigram_nodes)?;
+        d.set_item("bigram_nodes", s.bigram_nodes)?;
+        d.set_item("trigram_nodes", s.trigram_nodes)?;
+        d.set_item("nodes", s.nodes)?;
+        d.set_item("bytes", s.bytes)?;
+        d.set_item("bytes_per_node", s.bytes_per_node)?;
+        d.set_item("escaped_counts", s.escaped_counts)?;
+        d.set_item("large_contexts", s.large_contexts)?;
+        let secs = PyDict::new(py);
+        for (name, b) in s.sections {
+            secs.set_item(name, b)?;
+        }
+        d.set_item("sections", secs)?;
+        Ok(d)
+    }
+
+    fn verify(&self, py: Python<'_>) -> PyResult<()> {
+        let inner = &self.inner;
+        py.detach(|| inner.verify()).map_err(errors::ngram)
+    }
+
+    fn __repr__(&self) -> String {
+        let s = self.inner.stats();
+        format!(
+            "NgramIndex(path={:?}, vocab_size={}, nodes={}, bytes={})",
+            self.inner.path().map(|p| p.display().to_string()).unwrap_or_default(),
+            s.vocab_size,
+            s.nodes,
+            s.bytes
+        )
+    }
+}
+
+fn summary_dict<'py>(py: Python<'py>, s: &BuildSummary) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("output", s.output.display().to_string())?;
+    d.set_item("documents", s.documents)?;
+    d.set_item("tokens", s.tokens)?;
+    d.set_item("unigram_nodes", s.unigram_nodes)?;
+    d.set_item("bigram_nodes", s.bigram_nodes)?;
+    d.set_item("trigram_nodes", s.trigram_nodes)?;
+    d.set_item("nodes", s.unigram_nodes + s.bigram_nodes + s.trigram_nodes)?;
+    d.set_item("bytes", s.bytes)?;
+    d.set_item("runs", s.runs)?;
+    d.set_item("seconds", s.seconds)?;
+    Ok(d)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn options(
+    vocab_size: u32,
+    memory_limit: u64,
+    temp_dir: Option<PathBuf>,
+    min_count: u64,
+    max_children: Option<u32>,
+    threads: Option<usize>,
+    token_bits: Option<u32>,
+) -> BuildOptions {
+    BuildOptions {
+        vocab_size,
+        memory_limit_bytes: memory_limit,
+        temp_dir,
+        min_count,
+        max_children_per_context: max_children,
+        threads,
+        token_bits,
+    }
+}
+
+/// Streaming index builder (wrapped by `dartcore.index.IndexBuilder`).
+#[pyclass(frozen, name = "IndexBuilder", module = "dartcore._native")]
+pub struct PyIndexBuilder {
+    inner: Mutex<Option<Builder>>,
+}
+
+impl PyIndexBuilder {
+    fn with<R>(&self, f: impl FnOnce(&mut Builder) -> dart_ngram::Result<R>) -> PyResult<R> {
+        let mut g = self.inner.lock().map_err(|_| errors::dart_error("IndexBuildError", "builder poisoned by an earlier panic".into()))?;
+        let b = g.as_mut().ok_or_else(|| errors::dart_error("IndexBuildError", "builder already finished".into()))?;
+        f(b).map_err(errors::ngram)
+    }
+    fn take(&self) -> PyResult<Builder> {
+        let mut g = self.inner.lock().map_err(|_| errors::dart_error("IndexBuildError", "builder poisoned by an earlier panic".into()))?;
+        g.take().ok_or_else(|| errors::dart_error("IndexBuildError", "builder already finished".into()))
+    }
+}
+
+#[pymethods]
+impl PyIndexBuilder {
+    #[new]
+    #[pyo3(signature = (vocab_size, *, memory_limit = 2u64 << 30, temp_dir = None, min_count = 1, max_children = None, threads = None, token_bits = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        vocab_size: u32,
+        memory_limit: u64,
+        temp_dir: Option<PathBuf>,
+        min_count: u64,
+        max_children: Option<u32>,
+        threads: Option<usize>,
+        token_bits: Option<u32>,
+    ) -> PyResult<Self> {
+        let b = Builder::new(options(vocab_size, memory_limit, temp_dir, min_count, max_children, threads, token_bits))
+            .map_err(errors::ngram)?;
+        Ok(PyIndexBuilder { inner: Mutex::new(Some(b)) })
+    }
+
+    /// Count one document (uint32 array).
+    fn add(&self, py: Python<'_>, doc: PyReadonlyArray1<'_, u32>) -> PyResult<()> {
+        let d = doc.as_slice().map_err(|_| errors::value("document must be contiguous"))?;
+        py.detach(|| self.with(|b| b.add_document(d)))
+    }
+
+    /// Count many documents (list of uint32 arrays) in parallel, GIL released.
+    fn add_many(&self, py: Python<'_>, docs: Vec<PyReadonlyArray1<'_, u32>>) -> PyResult<()> {
+        let slices: Vec<&[u32]> = docs
+            .iter()
+            .map(|d| d.as_slice().map_err(|_| errors::value("documents must be contiguous")))
+            .collect::<PyResult<_>>()?;
+        py.detach(|| self.with(|b| b.add_documents(&slices)))
+    }
+
+    #[getter]
+    fn documents(&self) -> PyResult<u64> {
+        self.with(|b| Ok(b.documents()))
+    }
+
+    /// Spill and move the sorted runs into `dir`; the builder is consumed.
+    fn write_runs(&self, py: Python<'_>, dir: PathBuf) -> PyResult<Vec<String>> {
+        let b = self.take()?;
+        let runs = py.detach(|| b.write_runs(&dir)).map_err(errors::ngram)?;
+        Ok(runs.into_iter().map(|p| p.display().to_string()).collect())
+    }
+
+    /// Write the index (temp file + rename); the builder is consumed.
+    fn finish<'py>(&self, py: Python<'py>, output: PathBuf, metadata_json: &str) -> PyResult<Bound<'py, PyDict>> {
+        let b = self.take()?;
+        let s = py.detach(|| b.finish(&output, metadata_json)).map_err(errors::ngram)?;
+        summary_dict(py, &s)
+    }
+}
+
+/// k-way merge of run files into an index.
+#[pyfunction]
+#[pyo3(signature = (runs, output, *, vocab_size, metadata_json = "{}", memory_limit = 2u64 << 30, temp_dir = None, min_count = 1, max_children = None, threads = None, token_bits = None))]
+#[allow(clippy::too_many_arguments)]
+fn merge_runs<'py>(
+    py: Python<'py>,
+    runs: Vec<PathBuf>,
+    output: PathBuf,
+    vocab_size: u32,
+    metadata_json: &str,
+    memory_limit: u64,
+    temp_dir: Option<PathBuf>,
+    min_count: u64,
+    max_children: Option<u32>,
+    threads: Option<usize>,
+    token_bits: Option<u32>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let opts = options(vocab_size, memory_limit, temp_dir, min_count, max_children, threads, token_bits);
+    let s = py.detach(|| dart_ngram::merge_runs(&runs, &output, &opts, metadata_json)).map_err(errors::ngram)?;
+    summary_dict(py, &s)
+}
+
+/// Size the shared dart-ngram pool (rebuilt on next use).
+#[pyfunction]
+fn set_num_threads(n: usize) -> PyResult<()> {
+    dart_ngram::pool::set_num_threads(n).map_err(errors::ngram)
+}
+
+/// Threads of the shared pool (API setting, else DART_NUM_THREADS, else all CPUs).
+#[pyfunction]
+fn num_threads() -> usize {
+    dart_ngram::pool::num_threads()
+}
+
+/// NUMA nodes under `sys_root` (default /sys): list of (node id, [cpus]).
+#[pyfunction]
+#[pyo3(signature = (sys_root = None))]
+fn numa_topology(sys_root: Option<PathBuf>) -> Vec<(usize, Vec<usize>)> {
+    let root = sys_root.unwrap_or_else(|| PathBuf::from("/sys"));
+    dart_ngram::pool::numa_topology(&root).into_iter().map(|n| (n.id, n.cpus)).collect()
+}
+
+/// Pin the pool's workers to the CPUs of a NUMA node (None: unpin).
+#[pyfunction]
+#[pyo3(signature = (node = None))]
+fn pin_numa_node(node: Option<usize>) -> PyResult<()> {
+    match node {
+        Some(n) => dart_ngram::pool::set_pin_node(n).map_err(errors::ngram),
+        None => {
+            dart_ngram::pool::set_pin_cpus(None);
+            Ok(())
+        }
+    }
+}
+
+/// Run a trivial job on every worker of the pool (used by tests of fork safety).
+#[pyfunction]
+fn pool_ping(py: Python<'_>) -> usize {
+    py.detach(|| {
+        let pool = dart_ngram::pool::get();
+        pool.install(|| rayon_sum(pool.current_num_threads()))
+    })
+}
+
+fn rayon_sum(n: usize) -> usize {
+    // A fork/join of n tasks on the current pool.
+    fn go(lo: usize, hi: usize) -> usize {
+        if hi - lo <= 1 {
+            return hi - lo;
+        }
+        let mid = (lo + hi) / 2;
+        let (a, b) = dart_ngram::pool::join(|| go(lo, mid), || go(mid, hi));
+        a + b
+    }
+    go(0, n.max(1) * 4)
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyNgramIndex>()?;
+    m.add_class::<PyIndexBuilder>()?;
+    m.add_function(wrap_pyfunction!(merge_runs, m)?)?;
+    m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(numa_topology, m)?)?;
+    m.add_function(wrap_pyfunction!(pin_numa_node, m)?)?;
+    m.add_function(wrap_pyfunction!(pool_ping, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,228 @@
+"""The trigram index: open, query and build (wraps the Rust core ``dartcore._native``).
+
+An index file is built once and opened by any number of processes with mmap: opening is
+O(1) (header and section bounds only) and every process shares the page-cache copy.
+
+    >>> idx = NgramIndex("corpus.idx")
+    >>> tokens, counts, total, order = idx.children([9707, 1879], k=25)
+    >>> idx.prob([9707, 1879], 11)
+
+Building (documents are token-id arrays; append EOS yourself if you want one):
+
+    >>> build_index([np.array([1, 2, 3], np.uint32)], "x.idx", vocab_size=10, metadata={...})
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dartcore import _native
+
+__all__ = ["NgramIndex", "IndexBuilder", "build_index", "merge_runs", "parse_size", "set_num_threads",
+           "num_threads"]
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+
+
+def parse_size(size: int | str) -> int:
+    """``"2G"``, ``"512M"``, ``"1.5GiB"`` or an int of bytes -> bytes (powers of 1024)."""
+    if isinstance(size, (int, np.integer)):
+        if size <= 0:
+            raise ValueError(f"memory size must be positive, got {size}")
+        return int(size)
+    m = _SIZE.match(str(size))
+    if not m:
+        raise ValueError(f"cannot parse memory size {size!r}: use e.g. 512M, 2G or a number of bytes")
+    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
+    return int(float(m.group(1)) * scale)
+
+
+def _context(context: Sequence[int] | np.ndarray) -> list[int]:
+    if isinstance(context, np.ndarray):
+        return [int(t) for t in context.reshape(-1)]
+    return [int(t) for t in context]
+
+
+class NgramIndex:
+    """A memory-mapped trigram index.
+
+    Queries back off from the last two tokens of the context to the last one to the empty
+    context (unigram); ``order`` says which answered (3, 2, 1; 0 only on an empty index).
+    """
+
+    def __init__(self, path: str | os.PathLike, *, prefault: bool = False, hugepages: bool = False):
+        self.path = str(path)
+        self._inner = _native.NgramIndex(self.path, prefault=prefault, hugepages=hugepages)
+        self._metadata: dict | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self._inner.vocab_size
+
+    @property
+    def metadata(self) -> dict:
+        """The metadata block: tokenizer {name, fingerprint}, corpus, documents, tokens, build."""
+        if self._metadata is None:
+            try:
+                self._metadata = json.loads(self._inner.metadata_json())
+            except json.JSONDecodeError as e:
+                from dartcore.errors import IndexFormatError
+
+                raise IndexFormatError(f"{self.path}: metadata block is not valid JSON ({e})") from None
+        return self._metadata
+
+    def children(self, context: Sequence[int] | np.ndarray, k: int = 25) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """Top-``k`` children of the longest suffix of ``context`` that has any:
+        ``(tokens uint32[k'], counts uint64[k'], total, order)``, by descending count."""
+        return self._inner.children(_context(context), int(k))
+
+    def children_batch(self, contexts: np.ndarray, k: int = 25) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``children`` for ``contexts[n, 2]`` on the owned thread pool (GIL released):
+        ``(tokens [n,k] uint32 (padding 2**32-1), counts [n,k] uint64, totals [n] uint64, orders [n] uint8)``."""
+        c = np.asarray(contexts)
+        if c.ndim != 2 or c.shape[1] != 2:
+            raise ValueError(f"contexts must have shape [n, 2], got {c.shape}")
+        if c.size and (c.min() < 0 or c.max() >= self.vocab_size):
+            raise ValueError(f"context token ids must be in [0, {self.vocab_size})")
+        return self._inner.children_batch(np.ascontiguousarray(c, dtype=np.uint32), int(k))
+
+    def prob(self, context: Sequence[int] | np.ndarray, token: int, unigram_backoff: bool = True) -> float:
+        """g(token | context): count/total of the longest suffix of the context after which
+        ``token`` has been seen (unigram last, if ``unigram_backoff``); 0.0 if never seen."""
+        return self._inner.prob(_context(context), int(token), unigram_backoff)
+
+    def cond_probs(self, context: Sequence[int] | np.ndarray, candidates_sorted: np.ndarray,
+                   unigram_backoff: bool = True) -> np.ndarray:
+        """``prob`` for ascending candidate ids at once -> float64 array (one native call)."""
+        c = np.asarray(candidates_sorted)
+        if c.size and (c.min() < 0 or c.max() >= 1 << 32):
+            raise ValueError("candidate ids must be non-negative 32-bit integers")
+        return self._inner.cond_probs(_context(context), np.ascontiguousarray(c, dtype=np.uint32), unigram_backoff)
+
+    def count(self, context: Sequence[int] | np.ndarray, token: int) -> tuple[int, int]:
+        """``(count(context, token), total(context))`` for exactly that context (0–2 tokens)."""
+        return self._inner.count(_context(context), int(token))
+
+    def stats(self) -> dict[str, Any]:
+        """Nodes per level, bytes, bytes per node, section sizes, plus ``metadata``."""
+        s = dict(self._inner.stats())
+        s["path"] = self.path
+        s["metadata"] = self.metadata
+        return s
+
+    def verify(self) -> None:
+        """Full O(size) check of the file (checksums and structure); raises IndexFormatError."""
+        self._inner.verify()
+
+    def __repr__(self) -> str:
+        return self._inner.__repr__()
+
+
+def _as_doc(doc: Any, vocab_size: int) -> np.ndarray:
+    if isinstance(doc, (str, os.PathLike)):
+        doc = np.load(doc, mmap_mode="r")
+    a = np.asarray(doc)
+    if a.ndim != 1:
+        a = a.reshape(-1)
+    if a.dtype == np.uint32:
+        return np.ascontiguousarray(a)
+    if a.size and not np.issubdtype(a.dtype, np.integer):
+        raise ValueError(f"documents must hold integer token ids, got dtype {a.dtype}")
+    if a.size and (int(a.min()) < 0 or int(a.max()) >= vocab_size):
+        bad = int(a.min()) if int(a.min()) < 0 else int(a.max())
+        raise ValueError(f"token id {bad} is out of range for vocabulary size {vocab_size}")
+    return np.ascontiguousarray(a, dtype=np.uint32)
+
+
+class IndexBuilder:
+    """Streaming, bounded-memory index builder.
+
+    ``memory_limit`` bounds the counting buffer (half of it holds 8-byte keys, one per
+    token; a full buffer is sorted and spilled as a run to ``temp_dir``).
+    """
+
+    def __init__(self, vocab_size: int, *, memory_limit: int | str = "2G", temp_dir: str | os.PathLike | None = None,
+                 min_count: int = 1, max_children: int | None = None, threads: int | None = None,
+                 token_bits: int | None = None):
+        self.vocab_size = int(vocab_size)
+        self._inner = _native.IndexBuilder(
+            self.vocab_size, memory_limit=parse_size(memory_limit),
+            temp_dir=None if temp_dir is None else str(temp_dir), min_count=int(min_count),
+            max_children=None if max_children is None else int(max_children),
+            threads=None if threads is None else int(threads), token_bits=token_bits,
+        )
+
+    @property
+    def documents(self) -> int:
+        return self._inner.documents
+
+    def add(self, doc: Any) -> None:
+        """Count one document (array of token ids, or a .npy path)."""
+        self._inner.add(_as_doc(doc, self.vocab_size))
+
+    def add_many(self, docs: Iterable[Any]) -> None:
+        """Count many documents in parallel (GIL released)."""
+        self._inner.add_many([_as_doc(d, self.vocab_size) for d in docs])
+
+    def write_runs(self, dir: str | os.PathLike) -> list[str]:
+        """Map side of a sharded build: sorted run files in ``dir`` (consumes the builder)."""
+        return self._inner.write_runs(str(dir))
+
+    def finish(self, output: str | os.PathLike, metadata: dict | None = None) -> dict:
+        """Write the index (temp file + rename; consumes the builder) -> summary dict."""
+        return dict(self._inner.finish(str(output), json.dumps(metadata or {}, sort_keys=True)))
+
+
+def merge_runs(run_paths: Sequence[str | os.PathLike], output: str | os.PathLike, *, vocab_size: int,
+               metadata: dict | None = None, memory_limit: int | str = "2G", temp_dir: str | os.PathLike | None = None,
+               min_count: int = 1, max_children: int | None = None, threads: int | None = None,
+               token_bits: int | None = None) -> dict:
+    """Reduce side: k-way merge of run files (from any number of builders) into an index."""
+    return dict(_native.merge_runs(
+        [str(p) for p in run_paths], str(output), vocab_size=int(vocab_size),
+        metadata_json=json.dumps(metadata or {}, sort_keys=True), memory_limit=parse_size(memory_limit),
+        temp_dir=None if temp_dir is None else str(temp_dir), min_count=int(min_count),
+        max_children=None if max_children is None else int(max_children),
+        threads=None if threads is None else int(threads), token_bits=token_bits,
+    ))
+
+
+def build_index(documents: Iterable[Any], output: str | os.PathLike, *, vocab_size: int,
+                metadata: dict | None = None, batch_tokens: int = 1 << 22, **builder_opts: Any) -> dict:
+    """Build an index from token-id documents (arrays or .npy paths) -> summary dict.
+
+    Documents are counted independently (no n-gram crosses a boundary); append EOS to each
+    document yourself if the index should know where documents end. An empty corpus gives a
+    valid empty index.
+    """
+    b = IndexBuilder(vocab_size, **builder_opts)
+    batch: list[np.ndarray] = []
+    n = 0
+    for d in documents:
+        a = _as_doc(d, b.vocab_size)
+        batch.append(a)
+        n += a.size
+        if n >= batch_tokens:
+            b._inner.add_many(batch)
+            batch, n = [], 0
+    if batch:
+        b._inner.add_many(batch)
+    return b.finish(output, metadata)
+
+
+def set_num_threads(n: int) -> None:
+    """Size the owned thread pool (``dart-ngram-N``); default DART_NUM_THREADS or all CPUs."""
+    _native.set_num_threads(int(n))
+
+
+def num_threads() -> int:
+    return _native.num_threads()
+
+
