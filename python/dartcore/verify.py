@@ -104,16 +104,26 @@ class Acceptance:
 
 def accept(tree: FlatTree, logits: torch.Tensor, sampler: Sampler) -> Acceptance:
     """Walk the tree with the target's choices; ``logits`` is ``[n, V]``, row i
-    = the target's next-token logits after node i."""
-    children: dict[int, dict[int, int]] = {}
+    = the target's next-token logits after node i.
+
+    Builders emit distinct sibling tokens, but a tree may repeat one (e.g. two
+    builders merged). Siblings with equal tokens stand for the same context, so
+    the walk follows all of them at once (the target's choice is made once, on
+    the first of them) and the longest continuation wins.
+    """
+    children: dict[int, dict[int, list[int]]] = {}
     for i in range(1, len(tree)):
-        children.setdefault(int(tree.parents[i]), {}).setdefault(int(tree.tokens[i]), i)
-    node = 0
-    path = [0]
+        children.setdefault(int(tree.parents[i]), {}).setdefault(int(tree.tokens[i]), []).append(i)
+    current = [0]
     while True:
-        token = sampler.choose(logits[node])
-        nxt = children.get(node, {}).get(token)
-        if nxt is None:
-            return Acceptance(path=path, bonus=token)
-        node = nxt
+        token = sampler.choose(logits[current[0]])
+        nxt = [c for node in current for c in children.get(node, {}).get(token, ())]
+        if not nxt:
+            break
+        current = nxt
+    path = []
+    node = current[0]
+    while node >= 0:
         path.append(node)
+        node = int(tree.parents[node])
+    return Acceptance(path=path[::-1], bonus=token)

@@ -1,0 +1,177 @@
+"""The lean target forward against the Hugging Face model it wraps.
+
+References: the HF forward (logits, ``hidden_states``), HF ``generate(do_sample=False)``,
+and recomputing a sequence from scratch (for KV compaction).
+Tolerances: fp32 logits within 1e-4 relative to their scale (the tiny models'
+weights are sharpened x4, logits reach ~+-50; measured differences ~2e-5), bf16
+within 5% of the logit scale.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny_model
+from dartcore import ContextLengthError
+from dartcore.models.transformer import TargetModel
+from dartcore.verify import ancestor_mask
+
+torch.set_num_threads(1)  # tiny models: see tests/test_decoder.py
+
+
+def _hf_forward(model, ids):
+    with torch.no_grad():
+        return model(torch.as_tensor([ids]), output_hidden_states=True)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_prefill_logits_and_taps_match_hf(family):
+    model = tiny_model(family, layers=5)
+    target = TargetModel(model)
+    ids = torch.randint(3, 64, (23,), generator=torch.Generator().manual_seed(0))
+    ref = _hf_forward(model, ids.tolist())
+    cache = target.new_cache(40)
+    out = target.forward(cache, ids, torch.arange(23), taps=(0, 2, 5))
+    scale = ref.logits.abs().max()
+    assert torch.allclose(out.logits, ref.logits[0], atol=1e-4 * scale, rtol=0)
+    want = torch.cat([ref.hidden_states[i][0] for i in (0, 2, 5)], dim=-1)
+    assert torch.allclose(out.taps, want, atol=1e-4 * want.abs().max(), rtol=0)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_incremental_blocks_match_full_forward(family):
+    model = tiny_model(family)
+    target = TargetModel(model)
+    ids = torch.randint(3, 64, (30,), generator=torch.Generator().manual_seed(1))
+    ref = _hf_forward(model, ids.tolist()).logits[0]
+    cache = target.new_cache(30)
+    got = []
+    for a, b in ((0, 7), (7, 8), (8, 20), (20, 30)):
+        out = target.forward(cache, ids[a:b], torch.arange(a, b))
+        cache.commit(b - a)
+        got.append(out.logits)
+    assert torch.allclose(torch.cat(got), ref, atol=1e-4 * ref.abs().max(), rtol=0)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_greedy_loop_equals_hf_generate(family):
+    model = tiny_model(family)
+    target = TargetModel(model)
+    for prompt in ([1, 4], [1] + list(range(10, 40))):
+        ids = torch.tensor([prompt])
+        ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=25, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+        assert target.greedy_generate(prompt, 25) == ref
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_tree_forward_equals_each_path_run_alone(family):
+    """Every tree node's logits equal a plain causal run of prefix + its path."""
+    model = tiny_model(family)
+    target = TargetModel(model)
+    rng = np.random.default_rng(2)
+    prefix = [1] + rng.integers(3, 64, size=12).tolist()
+    parents = [-1, 0, 0, 1, 1, 2, 3, 3, 5, 6]
+    depths = [0]
+    for p in parents[1:]:
+        depths.append(depths[p] + 1)
+    tokens = rng.integers(3, 64, size=len(parents)).tolist()
+    cache = target.new_cache(64)
+    target.forward(cache, torch.tensor(prefix[:-1]), torch.arange(len(prefix) - 1))
+    cache.commit(len(prefix) - 1)
+    tokens[0] = prefix[-1]  # the root is the last committed token, not yet in the cache
+    L = cache.length
+    out = target.forward(cache, torch.tensor(tokens), torch.tensor(depths) + L,
+                         torch.from_numpy(ancestor_mask(np.array(parents))))
+    for node in range(len(parents)):
+        path = []
+        j = node
+        while j >= 0:
+            path.append(tokens[j])
+            j = parents[j]
+        seq = prefix[:-1] + path[::-1]
+        ref = _hf_forward(model, seq).logits[0, -1]
+        assert torch.allclose(out.logits[node], ref, atol=1e-4 * ref.abs().max(), rtol=0), node
+
+
+def test_kv_compaction_equals_recomputing_the_prefix():
+    model = tiny_model("qwen3")
+    target = TargetModel(model)
+    rng = np.random.default_rng(3)
+    prefix = [1] + rng.integers(3, 64, size=9).tolist()
+    parents = np.array([-1, 0, 0, 1, 2, 3, 3, 4, 6])
+    depths = np.zeros(len(parents), dtype=np.int64)
+    for i in range(1, len(parents)):
+        depths[i] = depths[parents[i]] + 1
+    tokens = [prefix[-1]] + rng.integers(3, 64, size=len(parents) - 1).tolist()
+    cache = target.new_cache(40)
+    target.forward(cache, torch.tensor(prefix[:-1]), torch.arange(len(prefix) - 1))
+    cache.commit(len(prefix) - 1)
+    L = cache.length
+    target.forward(cache, torch.tensor(tokens), torch.from_numpy(depths + L),
+                   torch.from_numpy(ancestor_mask(parents)))
+    path = [0]  # accept root -> ... -> node 8 (8 <- 6 <- 3 <- 1 <- 0)
+    node = 8
+    chain = []
+    while node > 0:
+        chain.append(node)
+        node = int(parents[node])
+    path += chain[::-1]
+    cache.compact(path)
+    seq = prefix[:-1] + [tokens[i] for i in path]
+    assert cache.length == len(seq)
+    fresh = target.new_cache(40)
+    target.forward(fresh, torch.tensor(seq), torch.arange(len(seq)))
+    fresh.commit(len(seq))
+    n = len(seq)
+    assert torch.allclose(cache.k[:, :, :n], fresh.k[:, :, :n], atol=1e-5, rtol=1e-5)
+    assert torch.allclose(cache.v[:, :, :n], fresh.v[:, :, :n], atol=1e-5, rtol=1e-5)
+    # and the next step's logits agree with a from-scratch forward
+    nxt = torch.tensor([7])
+    a = target.forward(cache, nxt, torch.tensor([n])).logits
+    b = _hf_forward(model, seq + [7]).logits[0, -1:]
+    assert torch.allclose(a, b, atol=1e-4 * b.abs().max(), rtol=0)
+
+
+def test_cache_refuses_to_write_past_its_end():
+    target = TargetModel(tiny_model("llama"))
+    cache = target.new_cache(10)
+    target.forward(cache, torch.arange(3, 11), torch.arange(8))
+    cache.commit(8)
+    before = cache.k.clone()
+    with pytest.raises(ContextLengthError):
+        target.forward(cache, torch.tensor([3, 4, 5]), torch.tensor([8, 9, 10]))
+    assert torch.equal(cache.k, before)
+    target.forward(cache, torch.tensor([3, 4]), torch.tensor([8, 9]))  # exactly fits
+    cache.commit(2)
+    with pytest.raises(ContextLengthError):
+        cache.commit(1)
+
+
+def test_cache_capacity_is_capped_by_the_context():
+    target = TargetModel(tiny_model("llama", max_positions=32))
+    assert target.new_cache(1000).capacity == 32
+
+
+def test_bf16_logits_close_to_fp32():
+    model = tiny_model("llama")
+    ids = torch.randint(3, 64, (16,), generator=torch.Generator().manual_seed(4))
+    ref = _hf_forward(model, ids.tolist()).logits[0]
+    target = TargetModel(model.to(torch.bfloat16))
+    cache = target.new_cache(16)
+    out = target.forward(cache, ids, torch.arange(16))
+    assert out.logits.dtype == torch.float32
+    assert (out.logits - ref).abs().max() < 0.05 * ref.abs().max()
+    assert cache.k.dtype == torch.bfloat16
+
+
+def test_unsupported_family_is_refused():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from dartcore import DartError
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32))
+    with pytest.raises(DartError, match="unsupported target family"):
+        TargetModel(model)
