@@ -154,22 +154,21 @@ def test_width_prunes_per_depth_and_eos_is_not_expanded():
 class _DictNgram:
     """Brute-force per-token backed-off trigram probabilities from raw text."""
 
-    def __init__(self, text, unigram=True):
+    def __init__(self, text):
         from collections import Counter
 
         self.c3 = Counter(zip(text, text[1:], text[2:]))
         self.c2 = Counter(zip(text, text[1:]))
         self.c1 = Counter(text)
         self.n = len(text)
-        self.unigram = unigram
 
-    def prob(self, context, v):
+    def prob(self, context, v, unigram_backoff=True):
         ctx = list(context)[-2:]
         if len(ctx) == 2 and self.c3[(ctx[0], ctx[1], v)]:
             return self.c3[(ctx[0], ctx[1], v)] / sum(c for (a, b, _), c in self.c3.items() if (a, b) == tuple(ctx))
         if ctx and self.c2[(ctx[-1], v)]:
             return self.c2[(ctx[-1], v)] / sum(c for (a, _), c in self.c2.items() if a == ctx[-1])
-        return self.c1[v] / self.n if self.unigram else 0.0
+        return self.c1[v] / self.n if unigram_backoff else 0.0
 
 
 def test_hybrid_adds_eq10_ngram_term():
@@ -238,3 +237,22 @@ def test_bad_input_is_a_tree_error():
         build_supertree(nan, hidden, 1, head, emb)
     with pytest.raises(TreeError):
         build_supertree(base[0], hidden, 1, head, emb)
+
+
+def test_ngram_term_reads_the_real_index(tmp_path):
+    """NgramTerm's batched query (sorted candidates, results put back in candidate order)
+    equals the index's per-token probability."""
+    from dartcore.index import NgramIndex, build_index
+
+    rng = np.random.default_rng(1)
+    docs = [rng.integers(0, 20, 300) for _ in range(3)]
+    build_index(docs, tmp_path / "t.idx", vocab_size=V)
+    index = NgramIndex(tmp_path / "t.idx")
+    term = NgramTerm(index, weight=0.5, decay=0.7, eps=1e-10)
+    cands = np.array([17, 3, 39, 0, 8, 12], dtype=np.int64)  # 39 never occurs: unigram 0
+    contexts = [(4, 5), (7,), (19, 2)]
+    got = term(2, contexts, cands)
+    for i, ctx in enumerate(contexts):
+        for j, v in enumerate(cands):
+            want = 0.5 * np.log(index.prob(list(ctx), int(v)) + 1e-10) / 3 ** 0.7
+            assert got[i, j] == pytest.approx(want, rel=1e-12)

@@ -61,9 +61,9 @@ class NgramTerm:
     ``weight · ln(g(v | ctx) + eps) / (level + 1)^decay`` with the per-token backed-off
     trigram probability ``g`` of :class:`dartcore.NgramIndex` (``level`` = depth − 1).
 
-    ``cond_probs(context, candidates_sorted) -> np.ndarray`` is the index's batched query
-    (strictly increasing candidate ids); the constructor takes the index object and looks
-    it up, falling back to ``index.prob(context, token)`` per candidate.
+    Uses the index's batched ``cond_probs(context, candidates_sorted, unigram_backoff)``
+    (one call per branch), or ``prob(context, token, unigram_backoff)`` per candidate for an
+    object without it.
     """
 
     def __init__(self, index, weight: float = 0.5, decay: float = 0.7, eps: float = 1e-10,
@@ -78,13 +78,10 @@ class NgramTerm:
 
     def _probs(self, context: Sequence[int], cand_sorted: np.ndarray) -> np.ndarray:
         fn = getattr(self.index, "cond_probs", None)
-        if fn is not None:
-            try:
-                return np.asarray(fn(list(context), cand_sorted, unigram_backoff=self.unigram_backoff),
-                                  dtype=np.float64)
-            except TypeError:
-                return np.asarray(fn(list(context), cand_sorted), dtype=np.float64)
-        return np.array([self.index.prob(list(context), int(v)) for v in cand_sorted], dtype=np.float64)
+        if fn is not None:  # one native call per branch
+            return np.asarray(fn(list(context), cand_sorted, self.unigram_backoff), dtype=np.float64)
+        return np.array([self.index.prob(list(context), int(v), self.unigram_backoff) for v in cand_sorted],
+                        dtype=np.float64)
 
     def __call__(self, level: int, contexts: Sequence[Sequence[int]], candidates: np.ndarray) -> np.ndarray:
         """``[len(contexts), K]`` float64 terms for the same ``candidates`` (target ids) after
