@@ -1,0 +1,217 @@
+"""DartDrafter: the decoder layer against the Hugging Face layer, incremental drafting vs one
+call vs the training forward, save/load, target mismatch."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from dartcore.drafter import DartDrafter, DrafterConfig, tokenizer_fingerprint
+from dartcore.errors import DartError, DrafterMismatchError
+
+
+class FakeTokenizer:
+    def __init__(self, vocab):
+        self._vocab = vocab
+
+    def get_vocab(self):
+        return dict(self._vocab)
+
+
+def _taps(target, ids, taps):
+    with torch.no_grad():
+        out = target(ids[None], output_hidden_states=True)
+    return torch.cat([out.hidden_states[t] for t in taps], -1)[0]
+
+
+def _random_drafter(target, **kw):
+    torch.manual_seed(3)
+    dr = DartDrafter.from_target(target, **kw)
+    with torch.no_grad():  # not just the init: make every parameter matter
+        for p in dr.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return dr.eval()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_layer_matches_hf_decoder_layer(family):
+    """With the token half of q/k/v zeroed and the hidden norm set to the HF layer's input
+    norm, our layer computes HF's decoder layer on g (rope, GQA, q/k-norm, SwiGLU)."""
+    target = tiny_model(family, layers=6)
+    dr = DartDrafter.from_target(target, d=4)
+    hf = target.model.layers[1]
+    H = target.config.hidden_size
+    lay = dr.layer
+    with torch.no_grad():
+        for name in ("q_proj", "k_proj", "v_proj"):
+            w = getattr(lay, name).weight
+            w.zero_()
+            w[:, H:] = getattr(hf.self_attn, name).weight
+        lay.o_proj.weight.copy_(hf.self_attn.o_proj.weight)
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            getattr(lay, name).weight.copy_(getattr(hf.mlp, name).weight)
+        lay.post_attention_layernorm.weight.copy_(hf.post_attention_layernorm.weight)
+        dr.hidden_norm.weight.copy_(hf.input_layernorm.weight)
+        if family == "qwen3":
+            lay.q_norm.weight.copy_(hf.self_attn.q_norm.weight)
+            lay.k_norm.weight.copy_(hf.self_attn.k_norm.weight)
+    T = 9
+    torch.manual_seed(0)
+    g = torch.randn(1, T, H)
+    e = torch.randn(1, T, H)
+    pos = torch.arange(T)[None]
+    with torch.no_grad():
+        cos, sin = target.model.rotary_emb(g, pos)
+        causal = torch.tril(torch.ones(T, T, dtype=torch.bool))[None, None]
+        want = hf(g, attention_mask=causal, position_ids=pos, position_embeddings=(cos, sin))
+        want = want[0] if isinstance(want, tuple) else want
+        rows = torch.cat((dr.emb_norm(e), dr.hidden_norm(g)), -1)
+        c, s = dr.rope(pos[0])
+        q, k, v = lay.q(rows, c, s), *lay.kv(rows, c, s)
+        got = lay.mlp_block(g + lay.attend(q, k, v, causal[0, 0]))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_incremental_draft_equals_one_call_and_training_forward(family):
+    target = tiny_model(family, layers=6)
+    dr = _random_drafter(target, d=4, draft_vocab=list(range(0, 64, 3)))
+    torch.manual_seed(1)
+    N = 23
+    ids = torch.randint(3, 64, (N + 1,))
+    taps = _taps(target, ids[:N], dr.taps)
+    nxt = ids[1:]  # x_{i+1}; the last one plays the bonus token
+    one = dr.draft(dr.new_state(64), taps, nxt)
+    st = dr.new_state(64)
+    for a, b in ((0, 5), (5, 6), (6, 17), (17, N)):
+        inc, hid = dr.draft(st, taps[a:b], nxt[a:b], return_hidden=True)
+    assert st.length == N
+    assert one.shape == (4, 22) and hid.shape == (4, target.config.hidden_size)
+    torch.testing.assert_close(inc, one, atol=1e-5, rtol=1e-5)
+    # the training forward's group for anchor t equals drafting after positions 0..t
+    anchors = torch.tensor([[N - 1, 4, 11]])
+    with torch.no_grad():
+        train = dr.forward_train(taps[None], nxt[None], anchors)
+    torch.testing.assert_close(train[0, 0], one, atol=1e-5, rtol=1e-5)
+    for a, t in ((1, 4), (2, 11)):
+        ref = dr.draft(dr.new_state(64), taps[: t + 1], nxt[: t + 1])
+        torch.testing.assert_close(train[0, a], ref, atol=1e-5, rtol=1e-5)
+
+
+def test_state_truncate_and_overflow():
+    target = tiny_model("llama", layers=6)
+    dr = _random_drafter(target, d=3)
+    ids = torch.randint(3, 64, (12,))
+    taps = _taps(target, ids[:11], dr.taps)
+    st = dr.new_state(16)
+    dr.draft(st, taps[:6], ids[1:7])
+    ref = dr.draft(st, taps[6:8], ids[7:9])
+    dr.draft(st, taps[8:11], ids[9:12])
+    st.truncate(6)
+    assert st.length == 6
+    torch.testing.assert_close(dr.draft(st, taps[6:8], ids[7:9]), ref)
+    with pytest.raises(DartError):
+        st.truncate(9)
+    with pytest.raises(DartError, match="overflows"):
+        dr.draft(st, taps.repeat(2, 1), ids[1:].repeat(2)[:22])
+    with pytest.raises(DartError):
+        dr.draft(st, taps[:0], ids[:0])
+
+
+def test_to_target_ids_and_lm_head_init():
+    target = tiny_model("qwen3", layers=6)
+    vocab = [5, 9, 2, 40]
+    dr = DartDrafter.from_target(target, d=2, draft_vocab=vocab)
+    assert dr.to_target_ids(torch.tensor([0, 3, 2])).tolist() == [5, 40, 2]
+    torch.testing.assert_close(dr.lm_head.weight, target.lm_head.weight[torch.tensor(vocab)])
+    full = DartDrafter.from_target(target, d=2)
+    assert full.to_target_ids(torch.tensor([7])).tolist() == [7]
+    with pytest.raises(DartError):
+        DartDrafter.from_target(target, draft_vocab=[1, 1])
+    with pytest.raises(DartError):
+        DartDrafter.from_target(target, draft_vocab=[64])
+
+
+def test_embedding_is_shared_not_a_parameter():
+    target = tiny_model("llama", layers=6)
+    dr = DartDrafter.from_target(target)
+    assert dr.target_embedding is target.get_input_embeddings()
+    emb = target.get_input_embeddings().weight
+    assert all(p.data_ptr() != emb.data_ptr() for p in dr.parameters())
+    assert not any("embed" in k for k in dr.state_dict())
+    assert dr.taps == (2, 3, 3) and dr.d == 8
+
+
+@pytest.mark.parametrize("vocab", [None, list(range(10, 50))])
+def test_save_load_round_trip(tmp_path, vocab):
+    target = tiny_model("qwen3", layers=6)
+    tok = FakeTokenizer({f"t{i}": i for i in range(64)})
+    dr = _random_drafter(target, d=4, draft_vocab=vocab, tokenizer=tok, target_name="tiny")
+    dr.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["num_target_layers"] == 6 and cfg["hidden_size"] == 32 and cfg["vocab_size"] == 64
+    assert cfg["taps"] == [2, 3, 3] and cfg["d"] == 4
+    assert cfg["tokenizer_fingerprint"] == tokenizer_fingerprint(tok)
+    back = DartDrafter.from_pretrained(tmp_path, target, tokenizer=tok)
+    ids = torch.randint(3, 64, (10,))
+    taps = _taps(target, ids[:9], dr.taps)
+    torch.testing.assert_close(back.draft(back.new_state(16), taps, ids[1:]), dr.draft(dr.new_state(16), taps, ids[1:]))
+    assert torch.equal(back.draft_to_target, dr.draft_to_target)
+    # half precision storage
+    dr.save_pretrained(tmp_path / "half", dtype=torch.float16)
+    half = DartDrafter.from_pretrained(tmp_path / "half", target)
+    torch.testing.assert_close(half.draft(half.new_state(16), taps, ids[1:]), dr.draft(dr.new_state(16), taps, ids[1:]),
+                               atol=5e-2, rtol=5e-2)
+
+
+def test_mismatched_target_is_refused(tmp_path):
+    target = tiny_model("llama", layers=6)
+    tok = FakeTokenizer({f"t{i}": i for i in range(64)})
+    DartDrafter.from_target(target, tokenizer=tok, target_name="tiny-6").save_pretrained(tmp_path)
+    with pytest.raises(DrafterMismatchError, match="layer count 6 vs target 7"):
+        DartDrafter.from_pretrained(tmp_path, tiny_model("llama", layers=7))
+    with pytest.raises(DrafterMismatchError, match="hidden size"):
+        DartDrafter.from_pretrained(tmp_path, tiny_model("llama", layers=6, hidden=64, heads=4))
+    with pytest.raises(DrafterMismatchError, match="vocabulary size"):
+        DartDrafter.from_pretrained(tmp_path, tiny_model("llama", layers=6, vocab_size=80))
+    with pytest.raises(DrafterMismatchError, match="family"):
+        DartDrafter.from_pretrained(tmp_path, tiny_model("qwen3", layers=6))
+    other = FakeTokenizer({f"u{i}": i for i in range(64)})
+    with pytest.raises(DrafterMismatchError, match="tokenizer fingerprint"):
+        DartDrafter.from_pretrained(tmp_path, target, tokenizer=other)
+    DartDrafter.from_pretrained(tmp_path, target, tokenizer=tok)  # the right one loads
+    with pytest.raises(FileNotFoundError):
+        DartDrafter.from_pretrained(tmp_path / "missing", target)
+    (tmp_path / "config.json").write_text('{"format_version": 1}')
+    with pytest.raises(DartError, match="not a valid drafter config"):
+        DartDrafter.from_pretrained(tmp_path, target)
+
+
+def test_unsupported_target_family():
+    from transformers import GPT2Config
+
+    with pytest.raises(DartError, match="families"):
+        DrafterConfig.from_target_config(GPT2Config(n_layer=6), d=8, taps=None, draft_vocab_size=None,
+                                         target_name=None, fingerprint=None)
+
+
+@pytest.mark.slow
+def test_shipped_smollm2_drafter_loads(smollm2):
+    model, tok = smollm2
+    dr = DartDrafter.from_pretrained("smollm2", model, tokenizer=tok)
+    L = model.config.num_hidden_layers
+    assert dr.taps == (2, L // 2, L - 3) and dr.d == 8
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is 12 + 30?"}], add_generation_prompt=True,
+                                  tokenize=True, return_tensors="pt")
+    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True)
+    taps = torch.cat([out.hidden_states[t] for t in dr.taps], -1)[0]
+    bonus = out.logits[0, -1].argmax()
+    nxt = torch.cat((ids[0, 1:], bonus[None]))
+    logits = dr.draft(dr.new_state(ids.shape[1] + 8), taps, nxt)
+    assert logits.shape == (8, dr.config.draft_vocab_size)
+    assert torch.isfinite(logits).all()

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The exact command that trained the shipped drafter python/dartcore/assets/drafters/smollm2/
+# (SmolLM2-135M-Instruct, CPU, fp32, ~65 minutes on a shared 2-core machine).
+# Usage: tools/train_smollm2_drafter.sh [extra dart-train args, e.g. --resume]
+# Afterwards: tools/report_drafter.py writes tools/reports/drafter_smollm2.md + the curve.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-artifacts/train_smollm2}
+mkdir -p "$OUT"
+# One intra-op thread: on the shared 2-core machine (load 6-8 from other jobs) a SmolLM2
+# forward of 512 tokens took 4.3 s with 1 thread and 16-19 s with 2 (OpenMP threads
+# spin-waiting for a busy core).
+exec python3 -m dartcore.cli.dart_train \
+  --target smollm2 \
+  --data ../shared/data/train/gsm8k_train.jsonl ../shared/data/train/new_codealpaca.json \
+  --out "$OUT" \
+  --holdout 200 --eval-docs 24 --eval-every 60 \
+  --ctx-len 512 --batch-size 2 --anchors 128 --d 8 --gamma 0.6 \
+  --draft-vocab 8192 \
+  --lr 1e-3 --beta1 0.9 --beta2 0.999 --grad-clip 0.5 --warmup 20 \
+  --max-steps 100000 --max-minutes 65 --checkpoint-minutes 4 \
+  --threads 1 --seed 0 --no-progress \
+  --export "$OUT/export_fp16" --export-dtype fp16 \
+  "$@"
