@@ -643,7 +643,7 @@ def _summary(output: Path, manifest: dict, reduce: dict, *, wall: float, map_s: 
     }
 
 
-def _print_summary(s: dict, file=sys.stdout) -> None:
+def _print_summary(s: dict, file=None) -> None:
     n = s["nodes"]
     lines = [
         f"index        {s['output']}",
@@ -660,7 +660,7 @@ def _print_summary(s: dict, file=sys.stdout) -> None:
     p = s["corpus_problems"]
     if any(p.values()):
         lines.append("skipped      " + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in p.items() if v))
-    print("\n".join(lines), file=file)
+    print("\n".join(lines), file=file or sys.stdout)
 
 
 # ----------------------------------------------------------------------------- CLI
