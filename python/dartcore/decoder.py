@@ -125,12 +125,14 @@ class DartDecoder:
     registered tree builder (``dart``, ``dart-no-ngram``, ``dart-chain``,
     ``ngram-only``, ``ar``, ...; see :mod:`dartcore.builders`) and
     ``tree_params`` its parameters (``max_nodes``, ``beam_width``, ``k``, ...).
-    ``max_context`` (a tree parameter name is never ``max_context``) caps the
-    context below the model's ``max_position_embeddings``.
+    ``max_context`` caps the context below the model's
+    ``max_position_embeddings``; ``eos_token_ids`` overrides the EOS ids read
+    from the generation config and tokenizer (``()`` = never stop on EOS).
     """
 
     def __init__(self, model, tokenizer, drafter=None, index=None, *, tree: str = "dart",
-                 device=None, dtype=None, max_context: int | None = None, **tree_params):
+                 device=None, dtype=None, max_context: int | None = None,
+                 eos_token_ids: Sequence[int] | None = None, **tree_params):
         if device is not None or dtype is not None:
             model.to(device=device, dtype=dtype)
         model.eval()
@@ -150,7 +152,8 @@ class DartDecoder:
             _check_index(index, tokenizer)
         context = self.target.max_positions or (1 << 31)
         self.context_length = min(context, max_context) if max_context else context
-        self.eos_token_ids = _eos_ids(model, tokenizer)
+        self.eos_token_ids = (tuple(int(t) for t in eos_token_ids) if eos_token_ids is not None
+                              else _eos_ids(model, tokenizer))
 
     @classmethod
     def from_pretrained(cls, target, drafter=None, index=None, *, tree: str = "dart", device=None,
