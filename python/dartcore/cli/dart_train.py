@@ -58,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--correction-head", action="store_true",
+                   help="train DARTree's correction head on a frozen drafter instead "
+                        "(see `dart-train --correction-head --help`)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument("--eval-only", action="store_true", help="only evaluate --drafter (or OUT/drafter)")
     p.add_argument("--drafter", default=None, help="drafter to evaluate (path or built-in name)")
@@ -108,6 +111,11 @@ def _format_eval(res: dict) -> str:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--correction-head" in argv:  # DARTree correction head: its own options (dartcore.dartree.train)
+        from dartcore.dartree.train import main as correction_head_main
+
+        return correction_head_main([a for a in argv if a != "--correction-head"])
     args = _parser().parse_args(argv)
     try:
         return _run(args)
