@@ -11,7 +11,6 @@ import torch
 
 from conftest import tiny_model
 from dartcore import DartDecoder
-import dartcore.dartree.builders  # noqa: F401  (registers the builders)
 from dartcore.dartree.head import CorrectionHead
 from dartcore.errors import TreeError
 

@@ -268,6 +268,14 @@ def _parse(argv) -> argparse.Namespace:
 def main(argv=None) -> int:
     """``dart-train --correction-head --drafter DIR --data DIR... --out DIR``."""
     args = _parse(sys.argv[1:] if argv is None else argv)
+    try:
+        return _run(args)
+    except (DartError, FileNotFoundError) as exc:
+        print(f"dart-train --correction-head: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     from dartcore.drafter import DartDrafter
