@@ -7,7 +7,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Invalid input to a tree builder. Never a panic: every check the search relies on is
 /// made up front and reported here.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// Two inputs disagree on their shape (e.g. `topk_tokens` is not `d * k` long).
@@ -40,9 +40,9 @@ pub enum Error {
     /// The tree would be deeper than `u16::MAX` levels or larger than `i32::MAX` nodes.
     #[error("tree too large: {what}")]
     TooLarge { what: String },
-    /// The n-gram index failed while answering a query.
-    #[error("n-gram index error: {0}")]
-    Index(String),
+    /// The n-gram index failed while answering a query (corrupt body).
+    #[error(transparent)]
+    Index(#[from] dart_ngram::Error),
 }
 
 impl Error {

@@ -12,7 +12,6 @@
 mod beam;
 mod error;
 mod index_impl;
-mod pool;
 mod scorer;
 mod topb;
 mod tree;
@@ -21,14 +20,15 @@ use rayon::prelude::*;
 
 pub use beam::{beam_search, ngram_tree, SearchParams};
 pub use error::{Error, Result};
-pub use pool::{num_threads, set_num_threads};
 pub use scorer::{NgramScorer, NoNgram};
 pub use topb::{best_first, top_b};
 pub use tree::{ancestor_bits, Tree};
 
 /// [`beam_search`] for `contexts.len()` sequences at once: `topk_tokens` / `topk_logprobs`
-/// are row-major `[B, d, k]` (sequence `b` uses rows `b*d .. b*d + d`). Runs on the crate's
-/// pool (see [`set_num_threads`]); the result is the same as `B` single calls, in order.
+/// are row-major `[B, d, k]` (sequence `b` uses rows `b*d .. b*d + d`). Runs on dartcore's one
+/// owned pool, `dart_ngram::pool` (sized by `DART_NUM_THREADS` or
+/// `dart_ngram::pool::set_num_threads`, fork-safe); the result is the same as `B` single
+/// calls, in order.
 /// Every input is validated before any search starts.
 pub fn beam_search_batch<S: NgramScorer + ?Sized>(
     scorer: &S,
@@ -53,10 +53,8 @@ pub fn beam_search_batch<S: NgramScorer + ?Sized>(
         let r = b * per..(b + 1) * per;
         beam_search(scorer, contexts[b], &topk_tokens[r.clone()], &topk_logprobs[r], d, k, params)
     };
-    match pool::pool() {
-        Some(pool) if bsz > 1 && pool.current_num_threads() > 1 => {
-            pool.install(|| (0..bsz).into_par_iter().with_max_len(1).map(one).collect())
-        }
-        _ => (0..bsz).map(one).collect(),
+    if bsz <= 1 || dart_ngram::pool::num_threads() <= 1 {
+        return (0..bsz).map(one).collect();
     }
+    dart_ngram::pool::get().install(|| (0..bsz).into_par_iter().with_max_len(1).map(one).collect())
 }
