@@ -281,6 +281,12 @@ class Trainer:
         torch.save(state, tmp)
         os.replace(tmp, self.out / "checkpoint.pt")
         self.drafter.save_pretrained(self.out / "drafter")
+        try:
+            from dartcore.training.curve import plot_curve
+
+            plot_curve(self.out / "log.jsonl", self.out / "curve.png")
+        except (ImportError, ValueError, KeyError, OSError):  # a picture is never worth a failed run
+            pass
 
     def load_checkpoint(self, path=None) -> None:
         path = Path(path or self.out / "checkpoint.pt")
