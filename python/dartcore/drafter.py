@@ -207,6 +207,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+_FLEX = None
+
+
+def _compiled_flex():
+    """FlexAttention compiled once (eager flex_attention materialises the scores)."""
+    global _FLEX
+    if _FLEX is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _FLEX = torch.compile(flex_attention, dynamic=False)
+    return _FLEX
+
+
 class DrafterLayer(nn.Module):
     """One Llama / Qwen3 decoder layer with 2H-wide q/k/v input (EAGLE-3 style)."""
 
@@ -246,9 +259,7 @@ class DrafterLayer(nn.Module):
     def attend(self, q, k, v, mask: torch.Tensor | None, *, flex_block_mask=None) -> torch.Tensor:
         """q [..., nh, Tq, hd], k/v [..., nkv, Tk, hd], boolean mask [..., Tq, Tk] (True = attend)."""
         if flex_block_mask is not None:
-            from torch.nn.attention.flex_attention import flex_attention
-
-            out = flex_attention(q, k, v, block_mask=flex_block_mask, enable_gqa=self.nh != self.nkv)
+            out = _compiled_flex()(q, k, v, block_mask=flex_block_mask, enable_gqa=self.nh != self.nkv)
         else:
             if self.nh != self.nkv:  # explicit repeat: the CPU SDPA path then needs no GQA support
                 rep = self.nh // self.nkv

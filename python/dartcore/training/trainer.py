@@ -5,6 +5,7 @@ held-out evaluation of per-position hit@1 and top-10 coverage.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -169,15 +170,19 @@ def train_step(drafter: DartDrafter, target, batch: Batch, cfg: TrainConfig, gen
     logq = teacher_logprobs(logits)  # already restricted to the draft vocabulary
     del logits
     logq = _gather_rows(logq, pos)
-    out = drafter.forward_train(taps, next_tokens_of(batch), anchors, doc_ids=batch.doc_ids,
-                                position_ids=batch.position_ids, backend=backend)
+    # bf16 autocast on GPU (the loss itself is computed in fp32); fp32 on CPU.
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if taps.is_cuda else contextlib.nullcontext()
+    with amp:
+        out = drafter.forward_train(taps, next_tokens_of(batch), anchors, doc_ids=batch.doc_ids,
+                                    position_ids=batch.position_ids, backend=backend)
     loss, per_pos = gamma_kl_loss(out, logq, valid, gamma=cfg.gamma)
     loss.backward()
     return float(loss.detach()), per_pos, int((anchors >= 0).sum())
 
 
 def _reduced(drafter: DartDrafter) -> bool:
-    return drafter.config.draft_vocab_size != drafter.config.vocab_size
+    m = drafter.draft_to_target
+    return m.numel() != drafter.config.vocab_size or not torch.equal(m, torch.arange(m.numel(), device=m.device))
 
 
 @dataclass
@@ -190,8 +195,9 @@ class EvalSet:
     @classmethod
     def build(cls, target, seqs: list[PackedSequence], taps, batch_size: int = 2) -> "EvalSet":
         batches, tap_list, am = [], [], []
+        device = next(target.parameters()).device
         for i in range(0, len(seqs), batch_size):
-            b = make_batch(seqs[i:i + batch_size])
+            b = make_batch(seqs[i:i + batch_size], device=device)
             t, logits = teacher_forward(target, b, taps)
             batches.append(b)
             tap_list.append(t.half())  # halves the memory; taps are cast back to fp32
@@ -217,7 +223,7 @@ def evaluate(drafter: DartDrafter, evalset: EvalSet, *, topk: int = 10, backend=
             p, v = pos[:, s:s + 256], valid[:, s:s + 256]
             logits = drafter.forward_train(taps.float(), next_tokens_of(b), a, doc_ids=b.doc_ids,
                                            position_ids=b.position_ids, backend=backend)
-            top = drafter.to_target_ids(logits.topk(topk, dim=-1).indices)  # [B, A, d, k]
+            top = drafter.to_target_ids(logits.float().topk(topk, dim=-1).indices)  # [B, A, d, k]
             want = _gather_rows(am, p)  # [B, A, d]
             hit += ((top[..., 0] == want) & v).sum((0, 1)).float()
             cov += ((top == want[..., None]).any(-1) & v).sum((0, 1)).float()
@@ -251,6 +257,7 @@ class Trainer:
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.evalset, self.backend, self.progress = evalset, backend, progress
+        self.device = next(drafter.parameters()).device
         for p in target.parameters():
             p.requires_grad_(False)
         self.opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr,
@@ -329,7 +336,7 @@ class Trainer:
             epoch, i = divmod(self.cursor, len(self.seqs))
             order = self._order(epoch)
             idx = [order[(i + k) % len(order)] for k in range(cfg.batch_size)]
-            batch = make_batch([self.seqs[k] for k in idx])
+            batch = make_batch([self.seqs[k] for k in idx], device=self.device)
             t0 = time.time()
             self.opt.zero_grad(set_to_none=True)
             lr = cfg.lr * lr_factor(cfg, self.step, time.time() - start)
