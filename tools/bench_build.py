@@ -110,7 +110,9 @@ def bench_e2e(corpus: Path, tokenizer: str, threads: int, memory: str, max_token
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     summary["process_wall_s"] = wall
     summary["process_cpu_s"] = cpu_seconds(after) - cpu_seconds(before)
-    summary["process_peak_rss_bytes"] = after.ru_maxrss * 1024  # largest child so far (Linux: KiB)
+    # The child's own VmHWM: RUSAGE_CHILDREN's ru_maxrss is the largest child so far, and
+    # Linux carries ru_maxrss across execve (a child forked from this big process inherits it).
+    summary["process_peak_rss_bytes"] = summary["peak_rss_bytes"]
     return summary
 
 

@@ -83,6 +83,18 @@ def _rss_bytes() -> int:
 
 
 def _peak_rss_bytes() -> int:
+    """Peak resident set size of this process image.
+
+    /proc's VmHWM, not getrusage's ru_maxrss: Linux keeps ru_maxrss across execve, so
+    a process spawned by a big parent (pytest, a benchmark driver) would report the
+    parent's size at fork time."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
