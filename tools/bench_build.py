@@ -8,7 +8,8 @@ Three measurements:
   e2e       the real CLI (`python -m dartcore.cli.ngram_build`) in a child process:
             wall time, CPU time and peak RSS of that process (getrusage of the child).
   tokenize  the tokenizer alone (encode_batch) on a sample of the corpus.
-  count     the index builder alone (add_many) on the same sample, pre-tokenised.
+  count     the index builder alone (add_many + finish: sort, write) on the same
+            sample, pre-tokenised.
 
 Rates are M tokens/s per core: tokens / wall seconds / cores used. The machine may be
 shared, so the table also gives tokens per CPU-second of the process (the per-core rate
@@ -75,10 +76,13 @@ def bench_stages(corpus: Path, tokenizer: str, threads: int, sample_bytes: int) 
     docs = [np.concatenate((a, eos)) for a in arrays]
     n = sum(len(d) for d in docs)
     with tempfile.TemporaryDirectory() as tmp:
+        # Counting = buffering keys + sort + writing the index (builder.finish): the
+        # whole build from pre-tokenised input.
         builder = IndexBuilder(tok.vocab_size, memory_limit=1 << 30, temp_dir=tmp, threads=threads)
         u2, t2 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         for i in range(0, len(docs), 256):
             builder.add_many(docs[i : i + 256])
+        builder.finish(os.path.join(tmp, "stage.idx"), {})
         t3, u3 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
         del builder
     return {
