@@ -11,8 +11,10 @@ mod builder;
 mod error;
 pub mod format;
 pub mod pool;
+mod radix;
 mod reader;
 mod reader_verify;
+pub mod timing;
 
 pub use builder::{merge_runs, BuildOptions, BuildSummary, Builder};
 pub use error::{Error, Result};

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use memmap2::{Advice, Mmap, MmapOptions};
 
 use crate::error::{Error, Result};
-use crate::format::{self, get32, get64, Header, Sec, BLOCK, BLOCK3_LEN, SECTIONS, TOPK_K};
+use crate::format::{self, get32, get64, Header, Sec, BLOCK, BLOCK3_LEN, SECTIONS, TOPK_K, UNI_LEN};
 
 /// Options of [`Index::open_with`].
 #[derive(Clone, Copy, Debug, Default)]
@@ -117,7 +117,7 @@ pub struct Stats {
 pub struct Index<D: AsRef<[u8]>> {
     data: D,
     h: Header,
-    sec: [Range<usize>; 17],
+    sec: [Range<usize>; 14],
     path: Option<PathBuf>,
 }
 
@@ -303,7 +303,7 @@ impl<D: AsRef<[u8]>> Index<D> {
     /// Validate header and section table and wrap the bytes. O(1) in the body size.
     pub fn from_bytes(data: D) -> Result<Self> {
         let (h, secs) = format::parse(data.as_ref())?;
-        let sec: [Range<usize>; 17] = std::array::from_fn(|i| {
+        let sec: [Range<usize>; 14] = std::array::from_fn(|i| {
             let s = secs[i];
             s.offset as usize..(s.offset + s.len) as usize
         });
@@ -361,20 +361,20 @@ impl<D: AsRef<[u8]>> Index<D> {
     /// Unigram count of `t` (0 when out of range).
     #[inline]
     fn uni_count(&self, t: u32) -> u64 {
-        get64(self.s(Sec::UniCount), t as usize * 8).unwrap_or(0)
+        get64(self.s(Sec::Uni), t as usize * UNI_LEN + 8).unwrap_or(0)
     }
 
     /// The bigram context `a` (its children at level 2).
     #[inline]
     fn ctx1(&self, a: u32) -> Option<Ctx> {
-        let st = self.s(Sec::L2Start);
-        let s = get64(st, a as usize * 8)?;
-        let e = get64(st, a as usize * 8 + 8)?;
-        if s > e || e > self.h.n_bigram {
+        let rec = self.s(Sec::Uni).get(a as usize * UNI_LEN..(a as usize + 1) * UNI_LEN)?;
+        let s = get64(rec, 0)?;
+        let e = s.checked_add(get32(rec, 24)? as u64)?;
+        if e > self.h.n_bigram {
             return None;
         }
-        let total = get64(self.s(Sec::UniTotal), a as usize * 8)?;
-        let lr = get32(self.s(Sec::Large1), a as usize * 4)?;
+        let total = get64(rec, 16)?;
+        let lr = get32(rec, 28)?;
         Some(Ctx { s: s as usize, e: e as usize, total, large: (lr != u32::MAX).then_some(lr as usize) })
     }
 

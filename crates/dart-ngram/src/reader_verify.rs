@@ -1,7 +1,7 @@
 //! `Index::verify`: the opt-in O(file size) check of everything `open` does not check.
 
 use crate::error::{Error, Result};
-use crate::format::{get32, get64, Sec, BLOCK, SECTIONS, TOPK_K};
+use crate::format::{get32, get64, Sec, BLOCK, SECTIONS, TOPK_K, UNI_LEN};
 use crate::reader::Index;
 
 fn bad(msg: impl Into<String>) -> Error {
@@ -51,9 +51,16 @@ pub(crate) fn verify<D: AsRef<[u8]>>(ix: &Index<D>) -> Result<()> {
         prev = Some((c, t));
     }
     // level 2 (bigram nodes, children of one-token contexts)
-    let st = ix.section(Sec::L2Start);
-    if get64(st, 0) != Some(0) || get64(st, v as usize * 8) != Some(h.n_bigram) {
-        return Err(bad("L2_START does not span the bigram nodes"));
+    let mut next = 0u64;
+    for a in 0..v {
+        let (s, e, _, _) = ix.ctx1_pub(a).ok_or_else(|| bad(format!("bigram range of token {a}")))?;
+        if s as u64 != next {
+            return Err(bad(format!("UNI record {a}: bigram ranges are not contiguous")));
+        }
+        next = e as u64;
+    }
+    if next != h.n_bigram || get64(ix.section(Sec::Uni), v as usize * UNI_LEN) != Some(h.n_bigram) {
+        return Err(bad("UNI records do not span the bigram nodes"));
     }
     let mut kids: Vec<(u32, u64)> = Vec::new();
     let mut scratch = Vec::new();

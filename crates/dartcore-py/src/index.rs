@@ -85,13 +85,8 @@ impl PyNgramIndex {
         contexts: PyReadonlyArray2<'py, u32>,
         k: usize,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<u8>>)> {
-        let shape = contexts.shape();
-        if shape[1] != 2 {
-            return Err(errors::value(format!("contexts must have shape [n, 2], got {shape:?}")));
-        }
-        let n = shape[0];
-        let flat = contexts.as_slice().map_err(|_| errors::value("contexts must be C-contiguous"))?;
-        let ctx: Vec<[u32; 2]> = flat.chunks_exact(2).map(|c| [c[0], c[1]]).collect();
+        let ctx = pairs(&contexts)?;
+        let n = ctx.len();
         let inner = &self.inner;
         let b = py
             .detach(|| {
@@ -194,6 +189,9 @@ fn summary_dict<'py>(py: Python<'py>, s: &BuildSummary) -> PyResult<Bound<'py, P
     d.set_item("bytes", s.bytes)?;
     d.set_item("runs", s.runs)?;
     d.set_item("seconds", s.seconds)?;
+    d.set_item("count_seconds", s.count_seconds)?;
+    d.set_item("sort_seconds", s.sort_seconds)?;
+    d.set_item("write_seconds", s.write_seconds)?;
     Ok(d)
 }
 
@@ -367,6 +365,51 @@ fn rayon_sum(n: usize) -> usize {
     go(0, n.max(1) * 4)
 }
 
+/// Benchmark helper: ns per `children(ctx, k)` call, timed in Rust, one thread.
+#[pyfunction]
+#[pyo3(signature = (index, contexts, k = 25, warmup = 1))]
+fn bench_children<'py>(
+    py: Python<'py>,
+    index: &PyNgramIndex,
+    contexts: PyReadonlyArray2<'py, u32>,
+    k: usize,
+    warmup: usize,
+) -> PyResult<Bound<'py, PyArray1<u64>>> {
+    let ctx = pairs(&contexts)?;
+    let inner = &index.inner;
+    let ns = py.detach(|| dart_ngram::timing::time_children(inner, &ctx, k, warmup));
+    Ok(PyArray1::from_vec(py, ns))
+}
+
+/// Benchmark helper: ns per `cond_probs(ctx, candidates)` call, timed in Rust, one thread.
+#[pyfunction]
+#[pyo3(signature = (index, contexts, candidates_sorted, warmup = 1))]
+fn bench_cond_probs<'py>(
+    py: Python<'py>,
+    index: &PyNgramIndex,
+    contexts: PyReadonlyArray2<'py, u32>,
+    candidates_sorted: PyReadonlyArray1<'py, u32>,
+    warmup: usize,
+) -> PyResult<Bound<'py, PyArray1<u64>>> {
+    let ctx = pairs(&contexts)?;
+    let c = candidates_sorted.as_slice().map_err(|_| errors::value("candidates must be contiguous"))?;
+    if c.windows(2).any(|w| w[0] > w[1]) {
+        return Err(errors::value("candidates_sorted must be sorted ascending"));
+    }
+    let inner = &index.inner;
+    let ns = py.detach(|| dart_ngram::timing::time_cond_probs(inner, &ctx, c, warmup));
+    Ok(PyArray1::from_vec(py, ns))
+}
+
+fn pairs(contexts: &PyReadonlyArray2<'_, u32>) -> PyResult<Vec<[u32; 2]>> {
+    let shape = contexts.shape();
+    if shape[1] != 2 {
+        return Err(errors::value(format!("contexts must have shape [n, 2], got {shape:?}")));
+    }
+    let flat = contexts.as_slice().map_err(|_| errors::value("contexts must be C-contiguous"))?;
+    Ok(flat.chunks_exact(2).map(|c| [c[0], c[1]]).collect())
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyNgramIndex>()?;
     m.add_class::<PyIndexBuilder>()?;
@@ -376,5 +419,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(numa_topology, m)?)?;
     m.add_function(wrap_pyfunction!(pin_numa_node, m)?)?;
     m.add_function(wrap_pyfunction!(pool_ping, m)?)?;
+    m.add_function(wrap_pyfunction!(bench_children, m)?)?;
+    m.add_function(wrap_pyfunction!(bench_cond_probs, m)?)?;
     Ok(())
 }
