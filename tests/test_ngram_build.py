@@ -371,3 +371,14 @@ def test_huge_document_and_non_utf8_text(tmp_path, qwen3):
     docs = [np.append(qwen3.encode(huge), eos),
             np.append(qwen3.encode("na\ufffdve caf\ufffd\n"), eos)]
     assert_index_matches(out, docs)
+
+
+def test_work_dir_cleanup_keeps_user_files(tmp_path):
+    corpus = _many_shards(tmp_path, n_shards=2)
+    work = tmp_path / "mywork"
+    work.mkdir()
+    (work / "notes.txt").write_text("mine")
+    out = tmp_path / "w.idx"
+    assert run("--corpus-dir", corpus, "--output", out, "--work-dir", work, "--quiet") == 0
+    assert out.is_file()
+    assert sorted(p.name for p in work.iterdir()) == ["notes.txt"]

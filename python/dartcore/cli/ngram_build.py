@@ -45,6 +45,7 @@ import numpy as np
 from dartcore.errors import CorpusError, DartError, IndexBuildError
 
 MANIFEST = "manifest.json"
+SPILL_PREFIX = "tmp-ngram-build-spill-"
 MANIFEST_FORMAT = "dartcore-ngram-map/1"
 LOCK = "LOCK"
 
@@ -392,7 +393,7 @@ def run_map(opts: MapOptions, *, log=print) -> dict:
                         "complete": False}
         # Leftovers of an interrupted run: half-written shard dirs and spill dirs.
         for p in work.iterdir():
-            if p.name.endswith(".partial") or p.name.startswith("tmp-"):
+            if p.name.endswith(".partial") or p.name.startswith(SPILL_PREFIX):
                 shutil.rmtree(p, ignore_errors=True)
         _write_manifest(work, manifest)
 
@@ -427,7 +428,7 @@ def run_map(opts: MapOptions, *, log=print) -> dict:
                 if opts.stop_after_shards is not None and new_shards >= opts.stop_after_shards:
                     raise _Interrupted()
                 before = corpus.stats.as_dict()
-                spill = Path(tempfile.mkdtemp(prefix="tmp-ngram-build-spill-", dir=opts.temp_dir or work))
+                spill = Path(tempfile.mkdtemp(prefix=SPILL_PREFIX, dir=opts.temp_dir or work))
                 shard_dir = work / f"shard-{i:05d}"
                 partial = work / f"shard-{i:05d}.partial"
                 shutil.rmtree(shard_dir, ignore_errors=True)
@@ -614,8 +615,21 @@ def build(opts: MapOptions, output: Path, *, min_count: int = 1, max_children: i
     t2 = time.monotonic()
     summary = _summary(output, manifest, reduce, wall=t2 - t0, map_s=t1 - t0, reduce_s=t2 - t1, opts=opts)
     if not keep_work:
-        shutil.rmtree(opts.work_dir, ignore_errors=True)
+        _remove_work(Path(opts.work_dir))
     return summary
+
+
+def _remove_work(work: Path) -> None:
+    """Delete what map wrote (never other files a user keeps in --work-dir)."""
+    for p in work.glob("shard-*"):
+        if p.is_dir() and p.name[6:11].isdigit():
+            shutil.rmtree(p, ignore_errors=True)
+    for name in (MANIFEST, MANIFEST + ".tmp", LOCK):
+        (work / name).unlink(missing_ok=True)
+    try:
+        work.rmdir()
+    except OSError:
+        pass  # not empty: the user's own files stay
 
 
 def _summary(output: Path, manifest: dict, reduce: dict, *, wall: float, map_s: float, reduce_s: float,
