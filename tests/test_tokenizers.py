@@ -165,3 +165,29 @@ def test_smollm2_agrees_across_representations(qwen3):
     text = "def f(x):\n    return x ** 2  # café 你好"
     assert ours.encode(text).tolist() == hf.encode(text, add_special_tokens=False)
     assert ours.fingerprint != qwen3.fingerprint
+
+
+@pytest.mark.slow
+def test_qwen3_as_hf_tokenizer_json_agrees(qwen3, tmp_path):
+    """The same Qwen3 tokenizer in Hugging Face form (BPE merges derived from the
+    tiktoken ranks by transformers' converter, NFC normaliser, Qwen2 split regex,
+    ByteLevel, the 26 special tokens) -- the shape of Qwen3's own tokenizer.json --
+    has the same fingerprint as the tiktoken-backed built-in, loaded from disk."""
+    import tokenizers
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    from dartcore.tokenizers import QWEN2_PATTERN, QWEN3_SPECIAL_TOKENS, _qwen_ranks_path
+
+    conv = TikTokenConverter(vocab_file=str(_qwen_ranks_path()), pattern=QWEN2_PATTERN,
+                             extra_special_tokens=list(QWEN3_SPECIAL_TOKENS))
+    tok = conv.converted()
+    tok.normalizer = tokenizers.normalizers.NFC()
+    d = tmp_path / "qwen3-hf"
+    d.mkdir()
+    tok.save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+    hf = load_tokenizer(d)
+    assert hf.vocab_size == qwen3.vocab_size and hf.eos_id == qwen3.eos_id
+    for text in (FINGERPRINT_PROBE, "Hello world", "你好，世界", "cafe\u0301 \t\t  x\r\n\r\n  y"):
+        assert hf.encode(text).tolist() == qwen3.encode(text).tolist()
+    assert hf.fingerprint == qwen3.fingerprint
