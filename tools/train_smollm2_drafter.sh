@@ -2,6 +2,10 @@
 # The exact command that trained the shipped drafter python/dartcore/assets/drafters/smollm2/
 # (SmolLM2-135M-Instruct, CPU, fp32, ~65 minutes on a shared 2-core machine).
 # Usage: tools/train_smollm2_drafter.sh [extra dart-train args, e.g. --resume]
+# The shipped run: started with EVAL_EVERY=60; stopped after the step-70 checkpoint (each
+# held-out eval cost ~90 s of the time budget) and continued with
+# `tools/train_smollm2_drafter.sh --resume` (EVAL_EVERY=200); the log, the optimizer state,
+# the data cursor and the elapsed time (which drives the cosine) carry over.
 # Afterwards: tools/report_drafter.py writes tools/reports/drafter_smollm2.md + the curve.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +18,7 @@ exec python3 -m dartcore.cli.dart_train \
   --target smollm2 \
   --data ../shared/data/train/gsm8k_train.jsonl ../shared/data/train/new_codealpaca.json \
   --out "$OUT" \
-  --holdout 200 --eval-docs 24 --eval-every 60 \
+  --holdout 200 --eval-docs 24 --eval-every "${EVAL_EVERY:-200}" \
   --ctx-len 512 --batch-size 2 --anchors 128 --d 8 --gamma 0.6 \
   --draft-vocab 8192 \
   --lr 1e-3 --beta1 0.9 --beta2 0.999 --grad-clip 0.5 --warmup 20 \
