@@ -99,7 +99,6 @@ def _heap_tree(head, emb, base, hidden, root, *, k, beta, b, eos=None):
 def test_deferred_top_b_equals_sequential_heap(seed, k, b, d, beta):
     """Lemma 1: with β ≤ 0 the deferred global top-B over the supertree is the heap's pop set
     (W ≥ B, so per-depth pruning cannot drop any node the heap pops)."""
-    pytest.importorskip("dartcore.tree")
     head, emb, base, hidden = _setup(seed, d=d)
     root = 5
     tree = select_top_b(build_supertree(base, hidden, root, head, emb, k=k, width=b, beta=beta), b)
@@ -117,7 +116,6 @@ def test_deferred_top_b_equals_sequential_heap(seed, k, b, d, beta):
 def test_lemma1_ties_keep_ancestors():
     """Point-mass corrections with β = 0 give children exactly their parent's score: the
     deferred top-B must still be ancestor-closed and equal the heap (shallower first)."""
-    pytest.importorskip("dartcore.tree")
     head, emb, base, hidden = _setup(0, d=4)
     base = torch.full((4, V), -1e4)
     base[:, 7] = 1e4  # q̃ = 1 for token 7 on every row, others underflow to 0
