@@ -1,14 +1,16 @@
 //! Eq. (10): the n-gram–guided beam search of DART, and the n-gram-only tree.
 //!
-//! Both searches build a *candidate tree* level by level (every expanded node is a
-//! candidate; only the best `beam_width` non-EOS candidates of a level are expanded), then
-//! pick the final tree by a best-first traversal of that candidate tree: a heap keyed by
-//! score (ties: shallower first, then creation order) that starts with the level-0
-//! candidates and, on popping a node, pushes the node's expanded children. The first
-//! `max_nodes` popped nodes plus the root are the tree. A node is only ever pushed after its
-//! parent was popped, so the tree is ancestor-closed by construction, even where a child
-//! outscores its parent (ln(1 + ε) > 0 in f64) — the case where the official
-//! sort-all-and-cut implementation drops a parent but keeps its child.
+//! Both searches run a beam search level by level: every beam entry is expanded by the
+//! level's tokens, the best `beam_width` expansions of the level are kept, and the kept ones
+//! that do not end in EOS are the next beam. The kept nodes of all levels are the
+//! *candidates* (so `beam_width = 1` yields one chain). The tree is then picked by a
+//! best-first traversal of the candidate tree: a heap keyed by score (ties: shallower first,
+//! then creation order) that starts with the level-0 candidates and, on popping a node,
+//! pushes the node's candidate children. The first `max_nodes` popped nodes plus the root
+//! are the tree. A node is only ever pushed after its parent was popped, so the tree is
+//! ancestor-closed by construction, even where a child outscores its parent (ln(1 + ε) > 0
+//! in f64) — the case where the official sort-all-and-cut implementation drops a parent but
+//! keeps its child.
 use std::cell::RefCell;
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -18,7 +20,7 @@ use crate::{Error, NgramScorer, Result, Tree};
 /// Every constant of Eq. (10). `Default` gives the paper's values.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SearchParams {
-    /// w: candidates kept per level for expansion.
+    /// w: nodes kept per level (the candidates); the non-EOS ones are expanded next level.
     pub beam_width: usize,
     /// θ: nodes in the tree besides the root.
     pub max_nodes: usize,
@@ -35,7 +37,8 @@ pub struct SearchParams {
     /// Back off to the unigram distribution when neither the two-token nor the one-token
     /// context ever preceded a token (the official code has no unigram level).
     pub unigram_backoff: bool,
-    /// Token ids that end a sequence: such candidates are kept but never expanded.
+    /// Token ids that end a sequence: such nodes can be kept (and be in the tree) but are
+    /// never expanded.
     pub eos: Vec<u32>,
 }
 
@@ -103,6 +106,8 @@ struct Cand {
     child_len: u32,
     /// Index in the output tree once selected.
     tree_idx: u32,
+    /// Among the best `beam_width` of its level: a candidate of the tree.
+    kept: bool,
 }
 
 /// Reused buffers: one search allocates nothing after the first on a thread.
@@ -222,7 +227,9 @@ fn root_context(context: &[u32]) -> &[u32] {
 /// Each level expands every beam entry (in beam order) by row l's tokens (in row order); that
 /// is the creation order used for ties. The next beam is the best `beam_width` non-EOS
 /// candidates of the level (score descending, then creation order). The tree is selected by
-/// the best-first traversal described in the module docs.
+/// the best-first traversal described in the module docs: each level keeps its best
+/// `beam_width` expansions (score descending, then creation order) as candidates, and those
+/// not ending in EOS are the next beam.
 pub fn beam_search<S: NgramScorer + ?Sized>(
     scorer: &S,
     context: &[u32],
@@ -337,6 +344,7 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
                     child_start: 0,
                     child_len: 0,
                     tree_idx: NONE,
+                    kept: false,
                 });
             }
             if parent != NONE {
@@ -345,25 +353,20 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
                 p.child_len = nv as u32;
             }
         }
-        if l + 1 < d {
-            select_beam(s, level_start, params);
-            if s.beam.is_empty() {
-                break;
-            }
+        select_beam(s, level_start, params);
+        if s.beam.is_empty() {
+            break;
         }
     }
     Ok(select_tree(s, root, params.max_nodes))
 }
 
-/// Next beam: the best `beam_width` non-EOS candidates created since `level_start`, ordered
-/// by score descending, then creation order.
+/// Keep the best `beam_width` nodes created since `level_start` (score descending, then
+/// creation order) as candidates; the kept ones not ending in EOS, in that order, are the
+/// next beam.
 fn select_beam(s: &mut Scratch, level_start: usize, params: &SearchParams) {
     s.next.clear();
-    for i in level_start..s.cands.len() {
-        if !params.eos.contains(&s.cands[i].token) {
-            s.next.push(i as u32);
-        }
-    }
+    s.next.extend(level_start as u32..s.cands.len() as u32);
     let cands = &s.cands;
     let better = |a: &u32, b: &u32| {
         cands[*b as usize].score.total_cmp(&cands[*a as usize].score).then(a.cmp(b))
@@ -374,7 +377,14 @@ fn select_beam(s: &mut Scratch, level_start: usize, params: &SearchParams) {
         s.next.truncate(w);
     }
     s.next.sort_unstable_by(better);
-    std::mem::swap(&mut s.beam, &mut s.next);
+    s.beam.clear();
+    for &i in &s.next {
+        let c = &mut s.cands[i as usize];
+        c.kept = true;
+        if !params.eos.contains(&c.token) {
+            s.beam.push(i);
+        }
+    }
 }
 
 /// Best-first traversal of the candidate tree (level-0 candidates are the roots): pops up to
@@ -386,7 +396,9 @@ fn select_tree(s: &mut Scratch, root: u32, max_nodes: usize) -> Tree {
         if c.level != 0 {
             break;
         }
-        s.heap.push(HeapKey { score: c.score, level: 0, idx: i as u32 });
+        if c.kept {
+            s.heap.push(HeapKey { score: c.score, level: 0, idx: i as u32 });
+        }
     }
     while s.popped.len() < max_nodes {
         let Some(top) = s.heap.pop() else { break };
@@ -394,7 +406,9 @@ fn select_tree(s: &mut Scratch, root: u32, max_nodes: usize) -> Tree {
         let c = s.cands[top.idx as usize];
         for ci in c.child_start..c.child_start + c.child_len {
             let ch = &s.cands[ci as usize];
-            s.heap.push(HeapKey { score: ch.score, level: ch.level, idx: ci });
+            if ch.kept {
+                s.heap.push(HeapKey { score: ch.score, level: ch.level, idx: ci });
+            }
         }
     }
     // Stable by depth; within a depth, pop order (best first). Parents were popped earlier
@@ -426,8 +440,9 @@ fn select_tree(s: &mut Scratch, root: u32, max_nodes: usize) -> Tree {
 /// The n-gram-only tree (no drafter): level l expands every beam entry by the index's top-`k`
 /// children of the entry's trigram context (longest suffix with any continuation; see
 /// [`NgramScorer::top_children`]), each scored by the n-gram term alone,
-/// `Δs = ngram_weight · ln(g(v|c) + ε) / (l + 1)^depth_exponent`. Beam and best-first
-/// selection as in [`beam_search`]; `level_decay` and `ngram_first_level` do not apply.
+/// `Δs = ngram_weight · ln(g(v|c) + ε) / (l + 1)^depth_exponent`. Beam, candidates and
+/// best-first selection as in [`beam_search`]; `level_decay` and `ngram_first_level` do not
+/// apply.
 pub fn ngram_tree<S: NgramScorer + ?Sized>(
     scorer: &S,
     context: &[u32],
@@ -479,6 +494,7 @@ fn ngram_tree_in<S: NgramScorer + ?Sized>(
                     child_start: 0,
                     child_len: 0,
                     tree_idx: NONE,
+                    kept: false,
                 });
             }
             if parent != NONE {
@@ -488,11 +504,9 @@ fn ngram_tree_in<S: NgramScorer + ?Sized>(
                 p.child_len = end - child_start;
             }
         }
-        if l + 1 < depth {
-            select_beam(s, level_start, params);
-            if s.beam.is_empty() {
-                break;
-            }
+        select_beam(s, level_start, params);
+        if s.beam.is_empty() {
+            break;
         }
     }
     Ok(select_tree(s, root, params.max_nodes))

@@ -1,7 +1,7 @@
 //! Eq. (10) beam search and the n-gram tree against plain-loop references.
 mod common;
 
-use common::{check_tree, ref_beam_search, ref_select, token_paths, Model, RefNode};
+use common::{check_tree, ref_beam_search, ref_keep, ref_select, token_paths, Model, RefNode};
 use dart_tree::{beam_search, beam_search_batch, ngram_tree, Error, NoNgram, SearchParams};
 use proptest::prelude::*;
 
@@ -124,7 +124,7 @@ proptest! {
         let mut beam: Vec<Option<usize>> = vec![None];
         for l in 0..depth {
             let scale = params.ngram_weight / ((l + 1) as f64).powf(params.depth_exponent);
-            let start = cands.len();
+            let mut level_nodes = Vec::new();
             for &e in &beam {
                 let (ppath, ps) = e.map_or((vec![], 0.0), |i| (cands[i].path.clone(), cands[i].score));
                 let mut full = context.clone();
@@ -144,15 +144,12 @@ proptest! {
                         let g = counts[v as usize] as f64 / total as f64;
                         let mut path = ppath.clone();
                         path.push(v);
-                        cands.push(RefNode { path, score: ps + scale * (g + params.eps).ln(), level: l, parent: e });
+                        level_nodes.push(RefNode { path, score: ps + scale * (g + params.eps).ln(), level: l, parent: e });
                     }
                     break;
                 }
             }
-            let mut next: Vec<usize> = (start..cands.len()).collect();
-            next.sort_by(|&a, &b| cands[b].score.partial_cmp(&cands[a].score).unwrap().then(a.cmp(&b)));
-            next.truncate(w);
-            beam = next.into_iter().map(Some).collect();
+            beam = ref_keep(&mut cands, level_nodes, w, &[]).into_iter().map(Some).collect();
         }
         let mut want: Vec<(Vec<u32>, f64)> = ref_select(&cands, theta).into_iter().map(|i| (cands[i].path.clone(), cands[i].score)).collect();
         let mut got = paths_and_scores(&tree);
@@ -196,6 +193,17 @@ fn probability_one_chains_stay_ancestor_closed() {
             assert!(!cut.contains(&0), "sort-and-cut would keep level 0, so the test pins nothing");
         }
     }
+}
+
+/// `beam_width = 1` keeps one node per level: the tree is the greedy chain.
+#[test]
+fn beam_width_one_is_a_chain() {
+    let toks: Vec<u32> = (0..12).collect();
+    let lps = vec![-1.0f32, -0.2, -3.0, -0.1, -2.0, -2.5, -4.0, -1.0, -0.3, -0.7, -0.6, -5.0];
+    let params = SearchParams { beam_width: 1, max_nodes: 59, ngram_weight: 0.0, ..SearchParams::default() };
+    let t = beam_search(&NoNgram, &[50], &toks, &lps, 4, 3, &params).unwrap();
+    assert_eq!(t.tokens, vec![50, 1, 3, 8, 10]);
+    assert_eq!(t.parents, vec![-1, 0, 1, 2, 3]);
 }
 
 /// Wide rows with two probability-1 branches and exact ties everywhere.

@@ -42,3 +42,20 @@ pub(crate) fn ngram(e: dart_ngram::Error) -> PyErr {
 pub(crate) fn value(msg: impl Into<String>) -> PyErr {
     PyValueError::new_err(msg.into())
 }
+
+// ---- dart-tree (issue 4) ------------------------------------------------------------------
+// | `dart_tree::Error::Index(e)` | as `dart_ngram` above  |
+// | every other `dart_tree::Error` | `dartcore.TreeError` (a `ValueError`) |
+
+/// Map a dart-tree error.
+pub(crate) fn tree(e: dart_tree::Error) -> PyErr {
+    match e {
+        dart_tree::Error::Index(inner) => ngram(inner),
+        other => dart_error("TreeError", other.to_string()),
+    }
+}
+
+/// A `dartcore.TreeError` for a bad argument detected in the tree bindings.
+pub(crate) fn tree_msg(msg: impl Into<String>) -> PyErr {
+    dart_error("TreeError", msg.into())
+}

@@ -142,9 +142,27 @@ pub fn ref_select(cands: &[RefNode], theta: usize) -> Vec<usize> {
     chosen
 }
 
-/// Eq. (10) with plain loops: every candidate with its full path, g by scanning the corpus,
-/// beams by full sorts, the tree by [`ref_select`]. Returns (path, score) of every tree node
-/// except the root, in selection order.
+/// Keep the best `w` of a level's new nodes (score desc, then creation order) as candidates
+/// (appended to `cands`); returns the indices in `cands` of the kept non-EOS ones (next beam).
+pub fn ref_keep(cands: &mut Vec<RefNode>, level_nodes: Vec<RefNode>, w: usize, eos: &[u32]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..level_nodes.len()).collect();
+    order.sort_by(|&a, &b| level_nodes[b].score.partial_cmp(&level_nodes[a].score).unwrap().then(a.cmp(&b)));
+    order.truncate(w);
+    let mut beam = Vec::new();
+    for i in order {
+        let n = level_nodes[i].clone();
+        let is_eos = eos.contains(n.path.last().unwrap());
+        cands.push(n);
+        if !is_eos {
+            beam.push(cands.len() - 1);
+        }
+    }
+    beam
+}
+
+/// Eq. (10) with plain loops: every expansion with its full path, g by scanning the corpus,
+/// the kept nodes by full sorts, the tree by [`ref_select`]. Returns (path, score) of every
+/// tree node except the root, in selection order.
 pub fn ref_beam_search(
     seq: &[u32],
     context: &[u32],
@@ -159,7 +177,7 @@ pub fn ref_beam_search(
     for l in 0..d {
         let div = ((l + 1) as f64).powf(p.depth_exponent);
         let decay = p.level_decay.powi(l as i32);
-        let start = cands.len();
+        let mut level_nodes = Vec::new();
         for &e in &beam {
             let (ppath, pscore) = match e {
                 None => (Vec::new(), 0.0),
@@ -182,15 +200,11 @@ pub fn ref_beam_search(
                 }
                 let mut path = ppath.clone();
                 path.push(v);
-                cands.push(RefNode { path, score: pscore + delta, level: l, parent: e });
+                level_nodes.push(RefNode { path, score: pscore + delta, level: l, parent: e });
             }
         }
-        let mut next: Vec<usize> = (start..cands.len()).filter(|&i| !p.eos.contains(cands[i].path.last().unwrap())).collect();
-        next.sort_by(|&a, &b| cands[b].score.partial_cmp(&cands[a].score).unwrap().then(a.cmp(&b)));
-        next.truncate(p.beam_width);
-        beam = next.into_iter().map(Some).collect();
+        beam = ref_keep(&mut cands, level_nodes, p.beam_width, &p.eos).into_iter().map(Some).collect();
     }
-    // Unexpanded nodes have no children in `cands` by construction (children point at parents).
     ref_select(&cands, p.max_nodes).into_iter().map(|i| (cands[i].path.clone(), cands[i].score)).collect()
 }
 

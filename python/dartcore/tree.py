@@ -1,0 +1,365 @@
+"""Draft trees: DART's Eq. (10) beam search, the n-gram-only tree, DARTree's deferred
+top-B, DDTree's best-first heap, and the tensors verification needs.
+
+The searches run in Rust (crate ``dart-tree``, GIL released); trees come back as numpy
+arrays, never lists of Python ints.
+
+Where the softmax happens: :func:`topk_logprobs` takes each drafter row's top-k logits and
+log-softmaxes over those k values in float32 (the distribution is renormalised inside the
+top-k, as in DART). The Rust search then computes p = exp(logprob) and ln(p + ε) in float64.
+
+    >>> tokens, logprobs = topk_logprobs(drafter_logits, k=25)      # [d, V] -> [d, 25] x2
+    >>> tree = beam_search(index, context, tokens, logprobs)        # Eq. (10), 59 nodes + root
+    >>> positions, mask = verification_inputs(tree, prefix_len=len(context))
+
+A context shorter than two tokens is allowed: the level-0 candidates are then scored with
+the bigram (then unigram) statistics of its one token. Only the last two context tokens
+are ever read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dartcore import _native
+from dartcore.errors import TreeError
+
+__all__ = [
+    "Tree",
+    "verification_inputs",
+    "topk_logprobs",
+    "beam_search",
+    "beam_search_batch",
+    "ngram_tree",
+    "top_b",
+    "best_first",
+    "chain",
+    "random_tree",
+]
+
+
+@dataclass(eq=False)
+class Tree:
+    """A draft tree in depth order: node 0 is the root (the last committed token, parent −1,
+    depth 0, score 0); every other node comes after its parent (``parents[i] < i``) and the
+    depths never decrease. Within a depth, nodes are in the order the builder chose them
+    (best first).
+
+    ``tokens``, ``parents``, ``depths`` are int64[n]; ``scores`` float64[n] (the builder's
+    cumulative path score)."""
+
+    tokens: np.ndarray
+    parents: np.ndarray
+    depths: np.ndarray
+    scores: np.ndarray
+
+    def __post_init__(self) -> None:
+        self.tokens = np.asarray(self.tokens, dtype=np.int64)
+        self.parents = np.asarray(self.parents, dtype=np.int64)
+        self.depths = np.asarray(self.depths, dtype=np.int64)
+        self.scores = np.asarray(self.scores, dtype=np.float64)
+        n = self.tokens.shape[0]
+        if self.tokens.ndim != 1 or any(a.shape != (n,) for a in (self.parents, self.depths, self.scores)):
+            raise TreeError(
+                f"tree arrays must be 1-D of one length, got tokens {self.tokens.shape}, parents "
+                f"{self.parents.shape}, depths {self.depths.shape}, scores {self.scores.shape}")
+
+    @property
+    def size(self) -> int:
+        """Number of nodes, root included."""
+        return int(self.tokens.shape[0])
+
+    def __len__(self) -> int:
+        return self.size
+
+    def ancestor_bits(self) -> np.ndarray:
+        """uint64[n, ceil(n/64)]: bit j (word j // 64, bit j % 64) of row i is set iff node j
+        is an ancestor of node i or i itself."""
+        return _native.ancestor_bits(np.ascontiguousarray(self.parents, dtype=np.int64))
+
+    def ancestor_mask(self) -> np.ndarray:
+        """bool[n, n]: ``mask[i, j]`` iff node j is an ancestor of node i or i itself (the
+        tree part of the verification attention mask)."""
+        n = self.size
+        bits = self.ancestor_bits().astype("<u8", copy=False)
+        return np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, :n].astype(bool)
+
+    def children(self) -> list[list[int]]:
+        """Child node indices of every node, in node order."""
+        out: list[list[int]] = [[] for _ in range(self.size)]
+        for i, p in enumerate(self.parents.tolist()):
+            if p >= 0:
+                out[p].append(i)
+        return out
+
+    def path(self, node: int) -> np.ndarray:
+        """Node indices from the root (inclusive) to ``node`` (inclusive)."""
+        out = [int(node)]
+        parents = self.parents
+        while parents[out[-1]] >= 0:
+            out.append(int(parents[out[-1]]))
+        return np.asarray(out[::-1], dtype=np.int64)
+
+    def paths(self) -> list[np.ndarray]:
+        """Root-to-leaf paths (node indices, root first), one per leaf, in leaf order;
+        ``tree.tokens[path]`` gives a path's tokens."""
+        has_child = np.zeros(self.size, dtype=bool)
+        has_child[self.parents[self.parents >= 0]] = True
+        return [self.path(i) for i in np.flatnonzero(~has_child)]
+
+
+def verification_inputs(tree: Tree, prefix_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(positions int64[n], mask bool[n, n]) for the target's tree forward: node i sits at
+    position ``prefix_len + depth(i)`` (the root, the bonus token, at ``prefix_len``) and
+    attends to the whole prefix (not in the mask) plus its ancestors and itself."""
+    if prefix_len < 0:
+        raise TreeError(f"prefix_len must be >= 0, got {prefix_len}")
+    return tree.depths + int(prefix_len), tree.ancestor_mask()
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def topk_logprobs(logits: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` tokens of every row of ``logits`` ([d, V] torch tensor or numpy array) and
+    their log-probabilities renormalised inside the top-k: log-softmax over the k logits,
+    computed in float32. Returns (tokens int64[d, k], logprobs float32[d, k]), each row in
+    descending order. This is the one place where Eq. (10)'s p_l is formed."""
+    k = int(k)
+    if _is_torch(logits):
+        import torch
+
+        x = logits.detach()
+        if x.dim() == 1:
+            x = x[None]
+        if x.dim() != 2:
+            raise TreeError(f"logits must be [d, V], got shape {tuple(x.shape)}")
+        if not 1 <= k <= x.shape[-1]:
+            raise TreeError(f"k = {k} must be in 1..={x.shape[-1]} (the vocabulary of the logits)")
+        vals, idx = torch.topk(x.float(), k, dim=-1)
+        lp = torch.log_softmax(vals, dim=-1)
+        return idx.cpu().numpy().astype(np.int64), lp.cpu().numpy().astype(np.float32)
+    x = np.asarray(logits, dtype=np.float32)
+    if x.ndim == 1:
+        x = x[None]
+    if x.ndim != 2:
+        raise TreeError(f"logits must be [d, V], got shape {x.shape}")
+    if not 1 <= k <= x.shape[-1]:
+        raise TreeError(f"k = {k} must be in 1..={x.shape[-1]} (the vocabulary of the logits)")
+    part = np.argpartition(-x, k - 1, axis=-1)[:, :k]
+    vals = np.take_along_axis(x, part, axis=-1)
+    order = np.argsort(-vals, axis=-1, kind="stable")
+    idx = np.take_along_axis(part, order, axis=-1)
+    vals = np.take_along_axis(vals, order, axis=-1)
+    m = vals[:, :1]
+    with np.errstate(invalid="ignore", over="ignore"):
+        lp = vals - m - np.log(np.exp(vals - m).sum(axis=-1, keepdims=True, dtype=np.float32))
+    return idx.astype(np.int64), lp.astype(np.float32)
+
+
+def _native_index(index: Any):
+    if index is None:
+        return None
+    inner = getattr(index, "_inner", index)
+    if not isinstance(inner, _native.NgramIndex):
+        raise TypeError(f"index must be a dartcore.NgramIndex or None, got {type(index).__name__}")
+    return inner
+
+
+def _ids(x: Any, ndim: int, what: str) -> np.ndarray:
+    if _is_torch(x):
+        x = x.detach().cpu().numpy()
+    a = np.asarray(x)
+    if a.dtype.kind not in "iu":
+        if a.size and not np.issubdtype(a.dtype, np.number):
+            raise TreeError(f"{what} must hold integer token ids, got dtype {a.dtype}")
+        if a.size and not np.all(np.mod(a, 1) == 0):
+            raise TreeError(f"{what} must hold integer token ids")
+    a = np.ascontiguousarray(a, dtype=np.int64)
+    if a.ndim != ndim:
+        raise TreeError(f"{what} must be {ndim}-D, got shape {a.shape}")
+    return a
+
+
+def _logprobs(x: Any, ndim: int, what: str) -> np.ndarray:
+    if _is_torch(x):
+        x = x.detach().float().cpu().numpy()
+    a = np.ascontiguousarray(x, dtype=np.float32)
+    if a.ndim != ndim:
+        raise TreeError(f"{what} must be {ndim}-D, got shape {a.shape}")
+    return a
+
+
+def _tail(context: Any) -> np.ndarray:
+    """The last two context tokens as int64[<=2] (all the searches read)."""
+    if _is_torch(context):
+        context = context.detach().reshape(-1)[-2:].cpu().numpy()
+    elif isinstance(context, (list, tuple)):
+        context = context[-2:]
+    return _ids(np.asarray(context).reshape(-1)[-2:], 1, "context")
+
+
+def _params(beam_width, max_nodes, level_decay, ngram_weight, depth_exponent, eps, ngram_first_level,
+            unigram_backoff, eos_token_ids) -> dict[str, Any]:
+    for name, v in (("beam_width", beam_width), ("max_nodes", max_nodes)):
+        if int(v) < 0:
+            raise TreeError(f"{name} must be positive, got {v}")
+    return {
+        "beam_width": int(beam_width), "max_nodes": int(max_nodes), "level_decay": float(level_decay),
+        "ngram_weight": float(ngram_weight), "depth_exponent": float(depth_exponent), "eps": float(eps),
+        "ngram_first_level": bool(ngram_first_level), "unigram_backoff": bool(unigram_backoff),
+        "eos_token_ids": [int(t) for t in (eos_token_ids or ())],
+    }
+
+
+def beam_search(index: Any, context: Any, topk_tokens: Any, topk_logprobs: Any, *, beam_width: int = 20,
+                max_nodes: int = 59, level_decay: float = 0.9, ngram_weight: float = 0.5,
+                depth_exponent: float = 0.7, eps: float = 1e-10, ngram_first_level: bool = True,
+                unigram_backoff: bool = True, eos_token_ids: Sequence[int] = ()) -> Tree:
+    """DART's Eq. (10) beam search; the tree has at most ``max_nodes`` nodes plus the root.
+
+    ``context``: committed tokens (at least one; the last is the root, the last two the
+    trigram context of level 0). ``topk_tokens`` int [d, k] and ``topk_logprobs`` float32
+    [d, k]: row l = top-k of drafter row l with log-probs renormalised in the top-k (see
+    :func:`topk_logprobs`); −inf marks an impossible token (never a candidate). For a node v
+    at level l with trigram context c::
+
+        Δs = (level_decay**l · ln(p_l(v) + ε) + ngram_weight · ln(g(v|c) + ε)) / (l+1)**depth_exponent
+
+    with g backed off per token (trigram, bigram, then unigram if ``unigram_backoff``);
+    ``ngram_first_level=False`` drops the n-gram term at level 0 (DART's official code).
+    Each level expands the ``beam_width`` best non-EOS candidates by row l; every expanded
+    node is a candidate and the tree is picked best-first (ancestor-closed by construction).
+    ``index=None`` is allowed only with ``ngram_weight=0`` (the drafter-only tree);
+    ``beam_width=1`` gives a chain."""
+    params = _params(beam_width, max_nodes, level_decay, ngram_weight, depth_exponent, eps, ngram_first_level,
+                     unigram_backoff, eos_token_ids)
+    arrays = _native.beam_search(_native_index(index), _tail(context), _ids(topk_tokens, 2, "topk_tokens"),
+                                 _logprobs(topk_logprobs, 2, "topk_logprobs"), params)
+    return Tree(*arrays)
+
+
+def beam_search_batch(index: Any, contexts: Any, topk_tokens: Any, topk_logprobs: Any, *, beam_width: int = 20,
+                      max_nodes: int = 59, level_decay: float = 0.9, ngram_weight: float = 0.5,
+                      depth_exponent: float = 0.7, eps: float = 1e-10, ngram_first_level: bool = True,
+                      unigram_backoff: bool = True, eos_token_ids: Sequence[int] = ()) -> list[Tree]:
+    """:func:`beam_search` for B sequences at once on dartcore's thread pool
+    (``dartcore.index.set_num_threads`` / ``DART_NUM_THREADS``): ``contexts`` is a [B, L]
+    array or a sequence of B 1-D token sequences (any lengths ≥ 1); ``topk_tokens`` /
+    ``topk_logprobs`` are [B, d, k]. Returns B trees, equal to B single calls."""
+    params = _params(beam_width, max_nodes, level_decay, ngram_weight, depth_exponent, eps, ngram_first_level,
+                     unigram_backoff, eos_token_ids)
+    tails = [_tail(c) for c in contexts]
+    offsets = np.zeros(len(tails) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([t.shape[0] for t in tails])
+    flat = np.concatenate(tails) if tails else np.zeros(0, dtype=np.int64)
+    out = _native.beam_search_batch(_native_index(index), flat, offsets, _ids(topk_tokens, 3, "topk_tokens"),
+                                    _logprobs(topk_logprobs, 3, "topk_logprobs"), params)
+    return [Tree(*a) for a in out]
+
+
+def ngram_tree(index: Any, context: Any, depth: int = 8, k: int = 25, *, beam_width: int = 20,
+               max_nodes: int = 59, ngram_weight: float = 0.5, depth_exponent: float = 0.7, eps: float = 1e-10,
+               unigram_backoff: bool = True, eos_token_ids: Sequence[int] = (), level_decay: float = 0.9,
+               ngram_first_level: bool = True) -> Tree:
+    """The n-gram-only tree (no drafter): level l expands each beam entry by the index's
+    top-``k`` children of its trigram context (longest suffix with continuations), scored by
+    the n-gram term alone, ``ngram_weight · ln(g + ε) / (l+1)**depth_exponent``; beam and
+    best-first selection as in :func:`beam_search`. ``level_decay`` and
+    ``ngram_first_level`` are accepted for a uniform call signature and do not apply."""
+    if index is None:
+        raise TreeError("ngram_tree needs an n-gram index")
+    if int(depth) < 0 or int(k) < 0:
+        raise TreeError(f"depth and k must be >= 0, got depth={depth}, k={k}")
+    params = _params(beam_width, max_nodes, level_decay, ngram_weight, depth_exponent, eps, ngram_first_level,
+                     unigram_backoff, eos_token_ids)
+    return Tree(*_native.ngram_tree(_native_index(index), _tail(context), int(depth), int(k), params))
+
+
+def top_b(parents: Any, scores: Any, b: int) -> np.ndarray:
+    """DARTree's deferred pruning: the global top-``b`` nodes of a supertree as int64 node
+    indices in rank order (``np.sort`` for topological order). ``parents[i]`` is −1 for a
+    child of the implicit root, else an earlier node. Ranked by score, ties ancestor-first
+    (shallower, then lower index) — by Lemma 1 the best-first heap's pop order when scores
+    never increase along a path (β ≤ 0). Ranks by the path minimum of the scores, so the
+    result is ancestor-closed even when a child outscores its parent."""
+    if int(b) < 0:
+        raise TreeError(f"b must be positive, got {b}")
+    return _native.top_b(_ids(parents, 1, "parents"), np.ascontiguousarray(scores, dtype=np.float64).reshape(-1),
+                         int(b))
+
+
+def best_first(tokens: Any, logprobs: Any, root_token: int, b: int) -> Tree:
+    """DDTree's tree: best-first search over factorised marginals. ``tokens`` int [d, K] and
+    ``logprobs`` [d, K] (row l = candidates for depth l+1); a node's score is the sum of its
+    path's log-probs; the ``b`` best nodes are popped from a heap that starts at the root's
+    children (ties: shallower, then earlier parent, then higher log-prob). −inf = impossible."""
+    if int(b) < 0:
+        raise TreeError(f"b must be positive, got {b}")
+    return Tree(*_native.best_first(_ids(tokens, 2, "tokens"), _logprobs(logprobs, 2, "logprobs"),
+                                    int(root_token), int(b)))
+
+
+def chain(root_token: int, tokens: Any, logprobs: Any = None) -> Tree:
+    """A single path: the root, then ``tokens`` (1-D: one token per level; 2-D [d, k]: the
+    first column, i.e. the top-1 of every drafter row). Scores are the cumulative
+    ``logprobs`` (same shape rules) or 0."""
+    t = _ids(tokens, np.ndim(tokens) if not _is_torch(tokens) else tokens.dim(), "tokens")
+    if t.ndim == 2:
+        t = t[:, 0]
+    elif t.ndim != 1:
+        raise TreeError(f"tokens must be 1-D or [d, k], got shape {t.shape}")
+    n = t.shape[0]
+    if logprobs is None:
+        lp = np.zeros(n, dtype=np.float64)
+    else:
+        lp = np.asarray(_logprobs(logprobs, 2 if np.ndim(logprobs) == 2 else 1, "logprobs"), dtype=np.float64)
+        lp = lp[:, 0] if lp.ndim == 2 else lp
+        if lp.shape != (n,):
+            raise TreeError(f"logprobs must match tokens ({n} levels), got shape {lp.shape}")
+    return Tree(tokens=np.concatenate([[int(root_token)], t]), parents=np.arange(-1, n, dtype=np.int64),
+                depths=np.arange(n + 1, dtype=np.int64), scores=np.concatenate([[0.0], np.cumsum(lp)]))
+
+
+def random_tree(n: int, *, vocab_size: int = 1000, max_depth: int | None = None, root_token: int | None = None,
+                rng: np.random.Generator | int | None = None) -> Tree:
+    """A random valid tree of ``n`` nodes (root included), for tests: depth order, distinct
+    sibling tokens, scores that decrease along every path, depth ≤ ``max_depth``."""
+    if n < 1:
+        raise TreeError(f"a tree has at least its root, got n={n}")
+    g = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    if max_depth is not None and max_depth < 1 and n > 1:
+        raise TreeError("max_depth must be >= 1 for a tree of more than one node")
+    parents = [-1]
+    depths = [0]
+    for i in range(1, n):
+        while True:
+            p = int(g.integers(0, i))
+            if max_depth is None or depths[p] < max_depth:
+                break
+        parents.append(p)
+        depths.append(depths[p] + 1)
+    par = np.asarray(parents)
+    dep = np.asarray(depths)
+    order = np.argsort(dep, kind="stable")
+    remap = np.empty(n, dtype=np.int64)
+    remap[order] = np.arange(n)
+    new_par = np.where(par[order] >= 0, remap[np.maximum(par[order], 0)], -1)
+    tokens = np.empty(n, dtype=np.int64)
+    tokens[0] = int(g.integers(0, vocab_size)) if root_token is None else int(root_token)
+    scores = np.zeros(n, dtype=np.float64)
+    kids: dict[int, list[int]] = {}
+    for i in range(1, n):
+        kids.setdefault(int(new_par[i]), []).append(i)
+    for p, ch in kids.items():
+        if len(ch) > vocab_size:
+            raise TreeError(f"node {p} has {len(ch)} children but the vocabulary has {vocab_size} tokens")
+        tokens[ch] = g.choice(vocab_size, size=len(ch), replace=False)
+    for i in range(1, n):
+        scores[i] = scores[new_par[i]] + float(np.log(g.uniform(0.05, 1.0)))
+    return Tree(tokens=tokens, parents=new_par, depths=dep[order], scores=scores)
