@@ -228,7 +228,7 @@ def train_head(head: CorrectionHead, embed, train: HeadExamples, cfg: HeadTrainC
                                               and time.monotonic() - start > 60 * cfg.max_minutes)
         if valid is not None and ((step + 1) % cfg.eval_every == 0 or last):
             head.eval()
-            metrics = {"step": step + 1, "loss": float(loss), **evaluate_head(head, embed, valid, d)}
+            metrics = {"step": step + 1, "loss": loss.item(), **evaluate_head(head, embed, valid, d)}
             head.train()
             if log is not None:
                 log(metrics)
