@@ -616,6 +616,9 @@ struct IndexWriter {
     blk_large_rank: u64,
     blk_ends: u64,
     blk_ends_rank: u64,
+    blk_deltas: Vec<u32>,
+    n_wide: u64,
+    n_topk_esc: u64,
     // stream state
     cur_a: Option<u32>,
     next_a: u32,
@@ -627,7 +630,7 @@ struct IndexWriter {
     order_scratch: Vec<(u64, u32, u32)>,
 }
 
-const STREAMED: [Sec; 11] = [
+const STREAMED: [Sec; 13] = [
     Sec::L2Nodes,
     Sec::L2EscRank,
     Sec::L2Esc,
@@ -639,6 +642,8 @@ const STREAMED: [Sec; 11] = [
     Sec::Ends,
     Sec::TopK1,
     Sec::TopK2,
+    Sec::TopKEsc,
+    Sec::L3Wide,
 ];
 
 impl IndexWriter {
@@ -684,6 +689,9 @@ impl IndexWriter {
             blk_large_rank: 0,
             blk_ends: 0,
             blk_ends_rank: 0,
+            blk_deltas: Vec::with_capacity(BLOCK),
+            n_wide: 0,
+            n_topk_esc: 0,
             cur_a: None,
             next_a: 0,
             acc: None,
@@ -797,14 +805,29 @@ impl IndexWriter {
             self.large1[a as usize] = self.n_large1 as u32;
             self.n_large1 += 1;
             let kids = std::mem::take(&mut self.a_children);
-            let top = top_positions(&kids, &mut self.order_scratch);
-            for p in top {
-                self.f(Sec::TopK1).u32(p).map_err(|e| self.ioerr(Sec::TopK1, e))?;
-            }
+            self.write_topk_row(Sec::TopK1, &kids)?;
             self.a_children = kids;
         }
         self.cur_a = None;
         Ok(())
+    }
+
+    /// One top-K row: escape base, then the K best children as node words (FORMAT.md).
+    fn write_topk_row(&mut self, sec: Sec, kids: &[(u32, u64)]) -> Result<()> {
+        let top = top_positions(kids, &mut self.order_scratch);
+        let base = self.n_topk_esc;
+        let mut row = [0u8; format::TOPK_ROW];
+        format::put64(&mut row, 0, base);
+        for (i, p) in top.iter().enumerate() {
+            let (t, c) = kids[*p as usize];
+            let (code, esc) = self.code(c);
+            format::put32(&mut row, 8 + 4 * i, (t << self.cb) | code);
+            if esc {
+                self.f(Sec::TopKEsc).u64(c).map_err(|e| Error::io(PathBuf::from("TOPK_ESC"), e))?;
+                self.n_topk_esc += 1;
+            }
+        }
+        self.f(sec).put(&row).map_err(|e| Error::io(PathBuf::from(sec.name()), e))
     }
 
     fn code(&self, count: u64) -> (u32, bool) {
@@ -839,7 +862,7 @@ impl IndexWriter {
             self.f(Sec::L2Esc).u64(count).map_err(io(Sec::L2Esc))?;
             self.n_esc2 += 1;
         }
-        self.f(Sec::L3Delta).u32(delta).map_err(io(Sec::L3Delta))?;
+        self.blk_deltas.push(delta);
         let ends = count - total;
         if ends > 0 {
             self.blk_ends |= bit;
@@ -863,10 +886,7 @@ impl IndexWriter {
         if kids.len() > TOPK_K {
             self.blk_large |= bit;
             self.n_large2 += 1;
-            let top = top_positions(kids, &mut self.order_scratch);
-            for p in top {
-                self.f(Sec::TopK2).u32(p).map_err(io(Sec::TopK2))?;
-            }
+            self.write_topk_row(Sec::TopK2, kids)?;
         }
         self.a_children.push((b, count));
         self.n_bigram += 1;
@@ -893,12 +913,34 @@ impl IndexWriter {
     }
 
     fn flush_block(&mut self) -> Result<()> {
+        // u16 deltas when the block's trigram span allows (nearly always), else a u32 row
+        let io = |e| Error::io(PathBuf::from("L3_DELTA"), e);
+        let deltas = std::mem::take(&mut self.blk_deltas);
+        let wide = if deltas.last().is_some_and(|&d| d > u16::MAX as u32) {
+            let w = self.n_wide;
+            let mut row = [0u8; 4 * BLOCK];
+            for (i, d) in deltas.iter().enumerate() {
+                format::put32(&mut row, 4 * i, *d);
+                self.f(Sec::L3Delta).put(&[0, 0]).map_err(io)?;
+            }
+            self.f(Sec::L3Wide).put(&row).map_err(io)?;
+            self.n_wide += 1;
+            w
+        } else {
+            for d in &deltas {
+                self.f(Sec::L3Delta).put(&(*d as u16).to_le_bytes()).map_err(io)?;
+            }
+            u64::MAX
+        };
+        self.blk_deltas = deltas;
+        self.blk_deltas.clear();
         let mut rec = [0u8; format::BLOCK3_LEN];
         format::put64(&mut rec, 0, self.blk_base);
         format::put64(&mut rec, 8, self.blk_large);
         format::put64(&mut rec, 16, self.blk_large_rank);
         format::put64(&mut rec, 24, self.blk_ends);
         format::put64(&mut rec, 32, self.blk_ends_rank);
+        format::put64(&mut rec, 40, wide);
         self.f(Sec::L3Blocks).put(&rec).map_err(|e| Error::io(PathBuf::from("L3_BLOCKS"), e))
     }
 
@@ -947,6 +989,8 @@ impl IndexWriter {
             n_large2: self.n_large2,
             file_len: 0,
             table_crc: 0,
+            n_wide: self.n_wide,
+            n_topk_esc: self.n_topk_esc,
         };
         // lay out
         let mut secs = vec![Section::default(); SECTIONS.len()];

@@ -20,8 +20,11 @@ pub const SECTION_ENTRY_LEN: usize = 32;
 pub const TOPK_K: usize = 32;
 /// Nodes per rank block (escape ranks, large-context and end-count bitmaps).
 pub const BLOCK: usize = 64;
-/// Bytes of one level-3 block record (see [`Block3`]).
-pub const BLOCK3_LEN: usize = 40;
+/// Bytes of one level-3 block record: base, large_bits, large_rank, ends_bits, ends_rank,
+/// wide (u64 each; wide = u64::MAX when the block's deltas fit u16).
+pub const BLOCK3_LEN: usize = 48;
+/// Bytes of one top-K row: escape base u64 + K node words.
+pub const TOPK_ROW: usize = 8 + 4 * TOPK_K;
 /// The largest token width the builder supports (3 × 21 bits fit one u64 sort key).
 pub const MAX_TOKEN_BITS: u32 = 21;
 
@@ -43,10 +46,12 @@ pub enum Sec {
     Ends = 12,
     TopK1 = 13,
     TopK2 = 14,
+    TopKEsc = 15,
+    L3Wide = 16,
 }
 
 /// All sections in file order.
-pub const SECTIONS: [Sec; 14] = [
+pub const SECTIONS: [Sec; 16] = [
     Sec::Meta,
     Sec::Uni,
     Sec::UniOrder,
@@ -61,6 +66,8 @@ pub const SECTIONS: [Sec; 14] = [
     Sec::Ends,
     Sec::TopK1,
     Sec::TopK2,
+    Sec::TopKEsc,
+    Sec::L3Wide,
 ];
 
 /// Bytes of one UNI record: l2_start u64, count u64, total u64, n_children u32, large u32.
@@ -85,11 +92,16 @@ impl Sec {
             Sec::Ends => "ENDS",
             Sec::TopK1 => "TOPK1",
             Sec::TopK2 => "TOPK2",
+            Sec::TopKEsc => "TOPK_ESC",
+            Sec::L3Wide => "L3_WIDE",
         }
     }
     /// Required alignment of the section's offset.
     pub fn align(self) -> u64 {
-        if self == Sec::Uni { 64 } else { 8 }
+        match self {
+            Sec::Uni => 64,
+            _ => 8,
+        }
     }
 }
 
@@ -110,6 +122,8 @@ pub struct Header {
     pub n_large2: u64,
     pub file_len: u64,
     pub table_crc: u32,
+    pub n_wide: u64,
+    pub n_topk_esc: u64,
 }
 
 /// One section-table entry.
@@ -138,12 +152,14 @@ impl Header {
     /// Exact byte length each section must have.
     pub fn expected_len(&self, s: Sec, meta_len: u64) -> Option<u64> {
         let v = self.vocab_size as u64;
-        let k = TOPK_K as u64;
         let l = match s {
             Sec::Meta => meta_len,
             Sec::Uni => (v + 1).checked_mul(UNI_LEN as u64)?,
             Sec::UniOrder => self.n_unigram.checked_mul(4)?,
-            Sec::L2Nodes | Sec::L3Delta => self.n_bigram.checked_mul(4)?,
+            Sec::L2Nodes => self.n_bigram.checked_mul(4)?,
+            Sec::L3Delta => self.n_bigram.checked_mul(2)?,
+            Sec::L3Wide => self.n_wide.checked_mul(4 * BLOCK as u64)?,
+            Sec::TopKEsc => self.n_topk_esc.checked_mul(8)?,
             Sec::L2EscRank => (blocks(self.n_bigram) + 1).checked_mul(8)?,
             Sec::L2Esc => self.n_esc2.checked_mul(8)?,
             Sec::L3Blocks => (blocks(self.n_bigram) + 1).checked_mul(BLOCK3_LEN as u64)?,
@@ -151,8 +167,8 @@ impl Header {
             Sec::L3EscRank => (blocks(self.n_trigram) + 1).checked_mul(8)?,
             Sec::L3Esc => self.n_esc3.checked_mul(8)?,
             Sec::Ends => self.n_ends.checked_mul(8)?,
-            Sec::TopK1 => self.n_large1.checked_mul(k)?.checked_mul(4)?,
-            Sec::TopK2 => self.n_large2.checked_mul(k)?.checked_mul(4)?,
+            Sec::TopK1 => self.n_large1.checked_mul(TOPK_ROW as u64)?,
+            Sec::TopK2 => self.n_large2.checked_mul(TOPK_ROW as u64)?,
         };
         Some(l)
     }
@@ -181,6 +197,8 @@ impl Header {
         put64(&mut h, 120, self.file_len);
         put32(&mut h, 128, self.table_crc);
         put32(&mut h, 132, BLOCK as u32);
+        put64(&mut h, 136, self.n_wide);
+        put64(&mut h, 144, self.n_topk_esc);
         let crc = crc32fast::hash(&h[..252]);
         put32(&mut h, 252, crc);
         h
@@ -263,6 +281,8 @@ pub fn parse(data: &[u8]) -> Result<(Header, Vec<Section>)> {
         n_large2: g64(112),
         file_len: g64(120),
         table_crc: g32(128),
+        n_wide: g64(136),
+        n_topk_esc: g64(144),
     };
     if hd.token_bits == 0 || hd.token_bits > MAX_TOKEN_BITS {
         return Err(fmt(format!("token width {} bits is outside 1..={MAX_TOKEN_BITS}", hd.token_bits)));
@@ -283,6 +303,8 @@ pub fn parse(data: &[u8]) -> Result<(Header, Vec<Section>)> {
         || hd.n_esc3 > hd.n_trigram
         || hd.n_ends > hd.n_bigram
         || hd.n_large2 > hd.n_bigram
+        || hd.n_wide > blocks(hd.n_bigram)
+        || hd.n_topk_esc > (hd.n_large1 + hd.n_large2).saturating_mul(TOPK_K as u64)
     {
         return Err(fmt("inconsistent node counts in the header"));
     }

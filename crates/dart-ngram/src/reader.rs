@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use memmap2::{Advice, Mmap, MmapOptions};
 
 use crate::error::{Error, Result};
-use crate::format::{self, get32, get64, Header, Sec, BLOCK, BLOCK3_LEN, SECTIONS, TOPK_K, UNI_LEN};
+use crate::format::{self, get32, get64, Header, Sec, BLOCK, BLOCK3_LEN, SECTIONS, TOPK_K, TOPK_ROW, UNI_LEN};
 
 /// Options of [`Index::open_with`].
 #[derive(Clone, Copy, Debug, Default)]
@@ -117,7 +117,7 @@ pub struct Stats {
 pub struct Index<D: AsRef<[u8]>> {
     data: D,
     h: Header,
-    sec: [Range<usize>; 14],
+    sec: [Range<usize>; 16],
     path: Option<PathBuf>,
 }
 
@@ -303,7 +303,7 @@ impl<D: AsRef<[u8]>> Index<D> {
     /// Validate header and section table and wrap the bytes. O(1) in the body size.
     pub fn from_bytes(data: D) -> Result<Self> {
         let (h, secs) = format::parse(data.as_ref())?;
-        let sec: [Range<usize>; 14] = std::array::from_fn(|i| {
+        let sec: [Range<usize>; 16] = std::array::from_fn(|i| {
             let s = secs[i];
             s.offset as usize..(s.offset + s.len) as usize
         });
@@ -386,9 +386,17 @@ impl<D: AsRef<[u8]>> Index<D> {
         if j == n {
             return get64(blocks, format::blocks(n as u64) as usize * BLOCK3_LEN);
         }
-        let base = get64(blocks, (j / BLOCK) * BLOCK3_LEN)?;
-        let d = get32(self.s(Sec::L3Delta), j * 4)?;
-        base.checked_add(d as u64)
+        let bo = (j / BLOCK) * BLOCK3_LEN;
+        let base = get64(blocks, bo)?;
+        let wide = get64(blocks, bo + 40)?;
+        let d = if wide == u64::MAX {
+            let b = self.s(Sec::L3Delta).get(j * 2..j * 2 + 2)?;
+            u16::from_le_bytes([b[0], b[1]]) as u64
+        } else {
+            let w = usize::try_from(wide).ok()?;
+            get32(self.s(Sec::L3Wide), w.checked_mul(BLOCK)?.checked_add(j % BLOCK)?.checked_mul(4)?)? as u64
+        };
+        base.checked_add(d)
     }
 
     /// The trigram context of bigram node `j` (whose word is `w`).
@@ -480,16 +488,28 @@ impl<D: AsRef<[u8]>> Index<D> {
             return Ok(());
         }
         if let (Some(r), true) = (c.large, k <= TOPK_K) {
-            let p = self.s(perm);
+            // a prefix read of the stored top-K row (136 contiguous bytes)
+            let row = r
+                .checked_mul(TOPK_ROW)
+                .and_then(|o| self.s(perm).get(o..o + TOPK_ROW))
+                .ok_or_else(|| Error::format("corrupt top-k table"))?;
+            let esc_base = get64(row, 0).unwrap_or(0);
+            let esc = self.s(Sec::TopKEsc);
             for i in 0..k {
-                let rel = get32(p, (r * TOPK_K + i) * 4).ok_or_else(|| Error::format("corrupt top-k table"))?
-                    as usize;
-                if rel >= n {
-                    return Err(Error::format("corrupt top-k table (index outside its context)"));
-                }
-                let w = lv.word(c.s + rel).ok_or_else(|| Error::format("corrupt node array"))?;
+                let w = get32(row, 8 + i * 4).unwrap_or(0);
+                let code = w & lv.esc_code;
+                let cnt = if code != lv.esc_code {
+                    code as u64
+                } else {
+                    // escaped entries are a prefix of the row (they hold the largest counts)
+                    esc_base
+                        .checked_add(i as u64)
+                        .and_then(|x| usize::try_from(x).ok()?.checked_mul(8))
+                        .and_then(|o| get64(esc, o))
+                        .ok_or_else(|| Error::format("corrupt top-k escape table"))?
+                };
                 out.tokens.push(lv.token_of(w));
-                out.counts.push(lv.count_of(c.s + rel, w));
+                out.counts.push(cnt);
             }
             return Ok(());
         }
@@ -701,6 +721,11 @@ impl<D: AsRef<[u8]>> Index<D> {
     pub(crate) fn decode_all(&self, level: u8, s: usize, e: usize, f: impl FnMut(u32, u64)) {
         let l = if level == 2 { self.l2() } else { self.l3() };
         l.decode(s, e, f)
+    }
+    pub(crate) fn topk_row_pub(&self, sec: Sec, r: usize, out: &mut Children) -> Result<()> {
+        out.clear();
+        let lv = if sec == Sec::TopK1 { self.l2() } else { self.l3() };
+        self.topk(lv, Ctx { s: 0, e: TOPK_K + 1, total: 0, large: Some(r) }, sec, TOPK_K, out)
     }
     pub(crate) fn uni_count_pub(&self, t: u32) -> u64 {
         self.uni_count(t)

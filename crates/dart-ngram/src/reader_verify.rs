@@ -1,7 +1,7 @@
 //! `Index::verify`: the opt-in O(file size) check of everything `open` does not check.
 
 use crate::error::{Error, Result};
-use crate::format::{get32, get64, Sec, BLOCK, SECTIONS, TOPK_K, UNI_LEN};
+use crate::format::{get32, get64, Sec, BLOCK, SECTIONS, TOPK_K, TOPK_ROW, UNI_LEN};
 use crate::reader::Index;
 
 fn bad(msg: impl Into<String>) -> Error {
@@ -156,12 +156,14 @@ fn check_topk<D: AsRef<[u8]>>(
         (true, Some(r)) if r == *next_rank => {
             *next_rank += 1;
             let want = top_positions(kids, TOPK_K, scratch);
-            let p = ix.section(sec);
-            for (i, w) in want.iter().enumerate() {
-                if get32(p, (r * TOPK_K + i) * 4) != Some(*w) {
-                    return Err(bad(format!("{} entry {r} is not the top-{TOPK_K} of its context", sec.name())));
-                }
+            let mut ch = crate::reader::Children::new();
+            ix.topk_row_pub(sec, r, &mut ch)?;
+            let got: Vec<(u32, u64)> = ch.tokens().iter().copied().zip(ch.counts().iter().copied()).collect();
+            let want: Vec<(u32, u64)> = want.iter().map(|&p| kids[p as usize]).collect();
+            if got != want {
+                return Err(bad(format!("{} row {r} is not the top-{TOPK_K} of its context", sec.name())));
             }
+            let _ = TOPK_ROW;
             Ok(())
         }
         _ => Err(bad(format!("{}: large-context flags are inconsistent", sec.name()))),

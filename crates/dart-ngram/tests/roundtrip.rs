@@ -385,3 +385,33 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn wide_delta_blocks() {
+    // One 64-context block whose trigram span exceeds u16: (0,1,*), (0,2,*), (0,3,*) with
+    // 30,000 children each, so the delta of (0,3) is 60,000 and of (0,4) 90,000.
+    let vocab = 30_000u32;
+    let mut docs: Vec<Vec<u32>> = Vec::new();
+    for b in 1..=4u32 {
+        for c in 0..vocab {
+            docs.push(vec![0, b, c]);
+        }
+    }
+    docs.push(vec![0, 5, 7, 7]);
+    let r = Reference::new(&docs, vocab, 1, None);
+    let ix = Index::from_bytes(build(&docs, BuildOptions { vocab_size: vocab, ..Default::default() }, false)).unwrap();
+    assert!(ix.header().n_wide >= 1, "a wide block was written");
+    ix.verify().unwrap();
+    let mut ch = Children::new();
+    for ctx in [[0u32, 1], [0, 2], [0, 3], [0, 4], [0, 5], [5, 7], [7, 7]] {
+        for k in [3usize, 40] {
+            let m = ix.children(&ctx, k, &mut ch).unwrap();
+            let (want, order, total) = r.children(&ctx, k);
+            let got: Vec<(u32, u64)> = ch.tokens().iter().copied().zip(ch.counts().iter().copied()).collect();
+            assert_eq!((got, m.order, m.total), (want, order, total), "{ctx:?}");
+        }
+        for t in [0u32, 7, 29_999] {
+            assert!((ix.prob(&ctx, t, true) - r.prob(&ctx, t, true)).abs() < 1e-15);
+        }
+    }
+}
