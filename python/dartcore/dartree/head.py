@@ -74,6 +74,35 @@ class CorrectionHead(nn.Module):
         x = x.float()
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * gain
 
+    # The up projection is linear, so W_up·[a; b] = W_h·a + W_p·b: the hidden part is
+    # computed once per depth and the parent part once per candidate token, which is what
+    # lets the supertree score a whole depth with one small matmul (see supertree.py).
+
+    def hidden_features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``W_h · RMSNorm(H)`` for hidden ``[..., H]`` -> ``[..., r]``."""
+        if hidden.shape[-1] != self.hidden_size:
+            raise ValueError(f"hidden must be [..., {self.hidden_size}], got {tuple(hidden.shape)}")
+        return self._rms(hidden, self.hidden_gain) @ self.up.weight[:, : self.hidden_size].T
+
+    def parent_features(self, parent_emb: torch.Tensor) -> torch.Tensor:
+        """``W_p · RMSNorm(emb(parent))`` for embeddings ``[..., E]`` -> ``[..., r]``."""
+        if parent_emb.shape[-1] != self.embed_dim:
+            raise ValueError(f"parent_emb must be [..., {self.embed_dim}], got {tuple(parent_emb.shape)}")
+        return self._rms(parent_emb, self.parent_gain) @ self.up.weight[:, self.hidden_size:].T
+
+    def score(self, hidden_feat: torch.Tensor, parent_feat: torch.Tensor, cand_emb: torch.Tensor,
+              base_logits: torch.Tensor) -> torch.Tensor:
+        """``ln q̃`` ``[n, K]`` from precomputed features: hidden_feat ``[n or 1, r]``,
+        parent_feat ``[n, r]``, cand_emb ``[n or 1, K, E]`` or ``[K, E]``, base ``[n or 1, K]`` or ``[K]``."""
+        u = self.down(F.silu(hidden_feat + parent_feat))  # [n, E]
+        cand_emb = cand_emb.float()
+        if cand_emb.dim() == 2:
+            resid = u @ cand_emb.T  # [n, K]
+        else:
+            resid = torch.einsum("ne,nke->nk", u, cand_emb.expand(u.shape[0], -1, -1))
+        logits = self.base_scale * base_logits.float() + resid
+        return torch.log_softmax(logits, dim=-1)
+
     def forward(self, hidden: torch.Tensor, parent_emb: torch.Tensor, cand_emb: torch.Tensor,
                 base_logits: torch.Tensor) -> torch.Tensor:
         """Log-probabilities ``ln q̃`` over the candidates, fp32 ``[n, K]``.
@@ -85,18 +114,10 @@ class CorrectionHead(nn.Module):
             raise ValueError(f"parent_emb must be [n, {self.embed_dim}], got {tuple(parent_emb.shape)}")
         n = parent_emb.shape[0]
         if hidden.dim() == 1:
-            hidden = hidden.unsqueeze(0).expand(n, -1)
-        if hidden.shape != (n, self.hidden_size):
+            hidden = hidden.unsqueeze(0)
+        if hidden.dim() != 2 or hidden.shape[0] not in (1, n) or hidden.shape[1] != self.hidden_size:
             raise ValueError(f"hidden must be [{n}, {self.hidden_size}], got {tuple(hidden.shape)}")
-        x = torch.cat([self._rms(hidden, self.hidden_gain), self._rms(parent_emb, self.parent_gain)], -1)
-        u = self.down(F.silu(self.up(x)))  # [n, E]
-        cand_emb = cand_emb.float()
-        if cand_emb.dim() == 2:
-            resid = u @ cand_emb.T  # [n, K]
-        else:
-            resid = torch.einsum("ne,nke->nk", u, cand_emb)
-        logits = self.base_scale * base_logits.float() + resid
-        return torch.log_softmax(logits, dim=-1)
+        return self.score(self.hidden_features(hidden), self.parent_features(parent_emb), cand_emb, base_logits)
 
     # -- persistence -------------------------------------------------------------------
 

@@ -134,15 +134,22 @@ def build_supertree(base_logits: torch.Tensor, hidden: torch.Tensor, root_token:
     cand_ids, cand_logits = candidates(base_logits[:d], k)
     cand_tgt = to_target(cand_ids) if to_target is not None else cand_ids
     cand_tgt = cand_tgt.to(torch.long)
-    cand_emb = embed(cand_tgt.reshape(-1)).reshape(d, cand_tgt.shape[1], -1)
+    kk = int(cand_tgt.shape[1])
+    cand_emb = embed(cand_tgt.reshape(-1)).float()  # [d*K, E]
     cand_np = cand_tgt.cpu().numpy()
-    hidden = hidden.detach()
+    # The head's hidden part once for all depths; the parent part per depth for the active
+    # branches only (their tokens are earlier candidates, or the root: row 0 of all_emb).
+    hid_feat = head.hidden_features(hidden[:d].detach())  # [d, r]
+    root_emb = embed(torch.as_tensor([int(root_token)], dtype=torch.long)).float()
+    all_emb = torch.cat([root_emb, cand_emb])  # [1 + d*K, E]
+    cand_emb = cand_emb.view(d, kk, -1)
 
     eos = {int(t) for t in eos_token_ids}
     tokens = [int(root_token)]
     parents = [-1]
     depths = [0]
     scores = [0.0]
+    emb_row = [0]  # row of all_emb holding each node's token
     # Path tails for the n-gram context: the last two tokens of committed text + path.
     tails: list[tuple[int, ...]] = [tuple(int(t) for t in context[-1:]) + (int(root_token),)]
     active = np.array([0], dtype=np.int64)
@@ -150,33 +157,44 @@ def build_supertree(base_logits: torch.Tensor, hidden: torch.Tensor, root_token:
     for t in range(d):
         if active.size == 0:
             break
-        act_tokens = torch.as_tensor([tokens[i] for i in active], dtype=torch.long)
-        logq = head(hidden[t], embed(act_tokens), cand_emb[t], cand_logits[t])  # [n, K]
+        rows = torch.as_tensor([emb_row[i] for i in active], dtype=torch.long)
+        par_feat = head.parent_features(all_emb[rows])  # [n, r]
+        logq = head.score(hid_feat[t:t + 1], par_feat, cand_emb[t], cand_logits[t])  # [n, K]
         calls += 1
         inc = logq.double().cpu().numpy() + beta
         if ngram is not None and ngram.weight > 0:
             inc = inc + ngram(t, [tails[i] for i in active], cand_np[t])
-        child = np.asarray(scores, dtype=np.float64)[active][:, None] + inc  # [n, K]
+        child = np.asarray([scores[i] for i in active], dtype=np.float64)[:, None] + inc  # [n, K]
         if np.isnan(child).any():
             raise TreeError(f"NaN score at depth {t + 1}")
-        flat = child.reshape(-1)
-        # Stable: ties go to the earlier parent (better ranked), then the higher base logit.
-        keep = np.argsort(-flat, kind="stable")[:width]
+        keep = _top_w(child.reshape(-1), width)
         new_active = []
-        kk = child.shape[1]
-        for f in keep:
+        for f in keep.tolist():
             p = int(active[f // kk])
-            tok = int(cand_np[t, f % kk])
+            j = f % kk
+            tok = int(cand_np[t, j])
             tokens.append(tok)
             parents.append(p)
             depths.append(t + 1)
-            scores.append(float(flat[f]))
+            scores.append(float(child.flat[f]))
+            emb_row.append(1 + t * kk + j)
             tails.append((tails[p] + (tok,))[-2:])
             if tok not in eos:
                 new_active.append(len(tokens) - 1)
         active = np.asarray(new_active, dtype=np.int64)
     return Supertree(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64),
                      np.asarray(depths, dtype=np.int64), np.asarray(scores, dtype=np.float64), calls)
+
+
+def _top_w(flat: np.ndarray, width: int) -> np.ndarray:
+    """Indices of the ``width`` largest scores, best first; ties go to the lower index (the
+    better-ranked parent, then the higher base logit). argpartition + a sort of the few
+    survivors: a full stable argsort of W·K scores costs ~0.2 ms per depth."""
+    if flat.size <= width:
+        return np.lexsort((np.arange(flat.size), -flat))
+    thr = np.partition(flat, flat.size - width)[flat.size - width]  # the width-th largest
+    cand = np.flatnonzero(flat >= thr)  # ≥ width indices (ties at the threshold included)
+    return cand[np.lexsort((cand, -flat[cand]))][:width]
 
 
 def select_top_b(tree: Supertree, b: int):
