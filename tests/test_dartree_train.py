@@ -73,3 +73,15 @@ def test_training_lowers_the_candidate_loss(setup):
     np.testing.assert_allclose(before["ce_head"], before["ce_base"], rtol=1e-5)
     assert np.mean(after["ce_head"]) < 0.9 * np.mean(before["ce_head"])
     assert after["hit1_head_mean"] >= before["hit1_head_mean"]
+
+
+def test_drafter_fingerprint_survives_fp16_export(setup, tmp_path):
+    from dartcore.dartree.train import drafter_fingerprint
+    from dartcore.drafter import DartDrafter
+
+    target, drafter, _ = setup
+    drafter.save_pretrained(tmp_path / "fp16", dtype=torch.float16)
+    again = DartDrafter.from_pretrained(tmp_path / "fp16", target)
+    assert drafter_fingerprint(again) == drafter_fingerprint(drafter)
+    other = DartDrafter.from_target(target, d=4)
+    assert drafter_fingerprint(other) != drafter_fingerprint(drafter)

@@ -72,9 +72,11 @@ class HeadExamples:
 def drafter_fingerprint(drafter) -> str:
     """A short hash of a drafter's config and weights (which drafter a head was trained on)."""
     h = hashlib.sha256(drafter.config.to_json().encode())
+    state = drafter.state_dict()
     for name in ("fc.weight", "lm_head.weight", "mask_hidden"):
-        t = drafter.state_dict()[name].detach().float().cpu().contiguous()
-        h.update(t.numpy().tobytes())
+        # fp16-rounded, so a checkpoint and its fp16 export have the same fingerprint.
+        t = state[name].detach().cpu().to(torch.float16).contiguous()
+        h.update(t.view(torch.int16).numpy().tobytes())
     return h.hexdigest()[:16]
 
 
