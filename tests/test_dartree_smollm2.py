@@ -42,6 +42,5 @@ def test_greedy_equals_hf_on_smollm2(smollm2, drafter, tree):
                          pad_token_id=tok.eos_token_id)[0, len(ids):].tolist()
     dec = DartDecoder(model, tok, drafter, tree=tree)
     res = dec.generate(ids, max_new_tokens=40)
-    assert res.tokens == ref[: len(res.tokens)]
-    assert len(res.tokens) == len(ref) or res.stats.finish_reason == "eos"
+    assert res.tokens == ref
     assert res.stats.tau >= 1.0
