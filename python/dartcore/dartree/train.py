@@ -61,6 +61,9 @@ class HeadExamples:
     def __len__(self) -> int:
         return int(self.parent.shape[0])
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
     def subset(self, idx) -> HeadExamples:
         return HeadExamples(*(getattr(self, f)[idx] for f in self.__dataclass_fields__))
 
@@ -263,6 +266,9 @@ def _parse(argv) -> argparse.Namespace:
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--cache", default=None,
+                    help="save the collected examples here, or load them if the file exists "
+                         "(retrain without re-running the frozen models; must match --drafter)")
     ap.add_argument("--quiet", action="store_true")
     return ap.parse_args(argv)
 
@@ -299,11 +305,24 @@ def _run(args: argparse.Namespace) -> int:
 
     progress = not args.quiet
     t0 = time.monotonic()
-    valid = collect_examples(model, drafter, tokenised(valid_docs), k=args.k, stride=args.stride,
-                             max_len=args.max_len, progress=progress)
-    train = collect_examples(model, drafter, tokenised(train_docs), k=args.k, stride=args.stride,
-                             max_len=args.max_len, max_examples=args.max_examples,
-                             deadline=t0 + 60 * args.collect_minutes, progress=progress)
+    fingerprint = drafter_fingerprint(drafter)
+    cache = Path(args.cache) if args.cache else None
+    if cache is not None and cache.is_file():
+        saved = torch.load(cache, weights_only=False)
+        if saved.get("drafter_fingerprint") != fingerprint:
+            raise DartError(f"{cache} was collected with drafter {saved.get('drafter_fingerprint')}, "
+                            f"not {fingerprint}: delete it or pass another --cache")
+        valid, train = HeadExamples(**saved["valid"]), HeadExamples(**saved["train"])
+    else:
+        valid = collect_examples(model, drafter, tokenised(valid_docs), k=args.k, stride=args.stride,
+                                 max_len=args.max_len, progress=progress)
+        train = collect_examples(model, drafter, tokenised(train_docs), k=args.k, stride=args.stride,
+                                 max_len=args.max_len, max_examples=args.max_examples,
+                                 deadline=t0 + 60 * args.collect_minutes, progress=progress)
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"drafter_fingerprint": fingerprint, "valid": valid.tensors(), "train": train.tensors()},
+                       cache)
     collect_s = time.monotonic() - t0
     embed = drafter.embed
     hidden_size = int(train.hidden.shape[1])
@@ -314,7 +333,7 @@ def _run(args: argparse.Namespace) -> int:
     meta = {
         "target": args.target,
         "drafter": str(args.drafter),
-        "drafter_fingerprint": drafter_fingerprint(drafter),
+        "drafter_fingerprint": fingerprint,
         "k": args.k,
         "d": drafter.d,
         "data": [str(p) for p in args.data],
