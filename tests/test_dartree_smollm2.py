@@ -11,12 +11,12 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def drafter(smollm2):
+def drafter(request):
     from dartcore.drafter import BUILTIN_DRAFTERS, DartDrafter
 
     if not (BUILTIN_DRAFTERS["smollm2"] / "config.json").is_file():
         pytest.skip("the built-in SmolLM2 drafter is not in this checkout")
-    model, tok = smollm2
+    model, tok = request.getfixturevalue("smollm2")
     return DartDrafter.from_pretrained("smollm2", model, tokenizer=tok)
 
 
