@@ -175,3 +175,16 @@ def test_unsupported_family_is_refused():
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32))
     with pytest.raises(DartError, match="unsupported target family"):
         TargetModel(model)
+
+
+def test_long_prefill_uses_fused_causal_path_and_matches_hf():
+    from dartcore.kernels import tree_attention as ta
+
+    model = tiny_model("qwen3", max_positions=512)
+    target = TargetModel(model)
+    n = ta._SDPA_CAUSAL_MIN + 44
+    ids = torch.randint(3, 64, (n,), generator=torch.Generator().manual_seed(5))
+    ref = _hf_forward(model, ids.tolist()).logits[0]
+    cache = target.new_cache(n)
+    out = target.forward(cache, ids, torch.arange(n))
+    assert torch.allclose(out.logits, ref, atol=1e-4 * ref.abs().max(), rtol=0)

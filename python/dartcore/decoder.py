@@ -392,13 +392,13 @@ def _batch_error():
 
 
 def _eos_ids(model, tokenizer) -> tuple[int, ...]:
-    ids: set[int] = set()
+    """EOS ids as HF ``generate`` sees them: the generation config's, else the
+    model config's, else the tokenizer's."""
     for source in (getattr(model, "generation_config", None), getattr(model, "config", None), tokenizer):
         value = getattr(source, "eos_token_id", None)
-        if value is None:
-            continue
-        ids.update(int(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
-    return tuple(sorted(ids))
+        if value is not None:
+            return tuple(sorted({int(v) for v in (value if isinstance(value, (list, tuple)) else [value])}))
+    return ()
 
 
 def _check_drafter(drafter, target: TargetModel, tokenizer) -> None:

@@ -22,6 +22,7 @@ import os
 from collections.abc import Iterator
 
 import torch
+import torch.nn.functional as F
 
 __all__ = ["tree_attention", "tree_attention_reference", "pack_block_mask", "force_backend", "backend_for"]
 
@@ -58,19 +59,32 @@ def backend_for(device: torch.device) -> str:
 
 
 def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int,
-                   block_mask: torch.Tensor, *, scale: float) -> torch.Tensor:
+                   block_mask: torch.Tensor | None, *, scale: float) -> torch.Tensor:
     """Attention of a block of new rows over prefix + block.
 
     q: ``[heads, n, D]``; k, v: ``[kv_heads, prefix_len + n, D]`` (the block's
     own keys already appended); ``heads`` a multiple of ``kv_heads`` (GQA).
-    block_mask: bool ``[n, n]``, ``block_mask[i, j]`` = row i sees new key j;
-    every row must see itself. Returns ``[heads, n, D]`` in q's dtype.
+    block_mask: bool ``[n, n]``, ``block_mask[i, j]`` = row i sees new key j
+    (every row must see itself), or None for a causal block. Returns
+    ``[heads, n, D]`` in q's dtype.
     """
+    n = q.shape[1]
+    if block_mask is None and prefix_len == 0 and n >= _SDPA_CAUSAL_MIN:
+        # Long causal prefill: SDPA's fused causal kernel never builds the
+        # [n, n] scores (an 8k-token prompt would need GBs for them).
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                              enable_gqa=q.shape[0] != k.shape[0])
+    if block_mask is None:
+        block_mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril_()
     if backend_for(q.device) == "triton":
         from dartcore.kernels.triton_tree import tree_attention_triton
 
         return tree_attention_triton(q, k, v, prefix_len, pack_block_mask(block_mask), scale=scale)
     return tree_attention_reference(q, k, v, prefix_len, block_mask, scale=scale)
+
+
+# Below this many rows the plain reference is faster on CPU than SDPA's dispatch.
+_SDPA_CAUSAL_MIN = 256
 
 
 def tree_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int,

@@ -135,9 +135,7 @@ class TargetModel:
         dev = self.device
         tokens = tokens.to(dev)
         positions = positions.to(dev)
-        if block_mask is None:
-            block_mask = torch.ones(n, n, dtype=torch.bool, device=dev).tril_()
-        else:
+        if block_mask is not None:
             block_mask = block_mask.to(dev)
         cos, sin = self._rope(positions)
         tap_set = {int(t) for t in taps}
