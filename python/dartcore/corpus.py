@@ -188,7 +188,7 @@ class Corpus:
 
     def description(self) -> dict:
         """What goes into the index metadata (deterministic: no times, no sizes read)."""
-        common = os.path.commonpath([str(p.resolve()) for p in self.shards]) if self.shards else ""
+        common = os.path.commonpath([str(p.resolve().parent) for p in self.shards]) if self.shards else ""
         return {
             "kind": self.kind,
             "root": common,

@@ -22,7 +22,7 @@ decoder holds.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import hashlib
 import json
 import os
@@ -204,17 +204,15 @@ def _qwen_ranks_path() -> Path:
 
 
 def _load_tiktoken_ranks(path: Path) -> dict[bytes, int]:
-    ranks: dict[bytes, int] = {}
+    """``base64(token) rank`` lines -> {token bytes: rank} (0.12 CPU-s for Qwen's
+    151,643 ranks; base64.b64decode line by line takes 0.17)."""
+    decode = binascii.a2b_base64
     with open(path, "rb") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                token, rank = line.split()
-                ranks[base64.b64decode(token)] = int(rank)
-            except ValueError as e:
-                raise TokenizerError(f"{path}:{lineno}: not a tiktoken rank line ({e})") from None
-    return ranks
+        lines = f.read().split(b"\n")
+    try:
+        return {decode(tok): int(rank) for tok, rank in (line.split() for line in lines if line.strip())}
+    except (ValueError, binascii.Error) as e:
+        raise TokenizerError(f"{path}: not a tiktoken rank file ({e})") from None
 
 
 class QwenTokenizer:
