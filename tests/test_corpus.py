@@ -125,7 +125,7 @@ def _corrupt_middle(data: bytes) -> bytes:
 
 @pytest.mark.parametrize("codec", ["gzip-truncated", "gzip-garbled", "zstd-garbled"])
 def test_corrupt_stream_mid_file(tmp_path, codec):
-    docs = _docs(20000, seed=1)
+    docs = _docs(8000, seed=1)
     payload = _jsonl(docs).encode()
     if codec.startswith("gzip"):
         blob = gzip.compress(payload)

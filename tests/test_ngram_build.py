@@ -382,3 +382,17 @@ def test_work_dir_cleanup_keeps_user_files(tmp_path):
     assert run("--corpus-dir", corpus, "--output", out, "--work-dir", work, "--quiet") == 0
     assert out.is_file()
     assert sorted(p.name for p in work.iterdir()) == ["notes.txt"]
+
+
+def test_min_count_reaches_the_index(shared_data, qwen3, tmp_path):
+    out = tmp_path / "mc.idx"
+    assert run("--corpus-dir", shared_data / "dolma-sample", "--output", out, "--min-count", 2, "--quiet") == 0
+    c1, c2, c3 = reference_counts(dolma_docs(shared_data, qwen3))
+    idx = NgramIndex(str(out))
+    s = idx.stats()
+    assert s["unigram_nodes"] == len(c1)  # unigrams are kept
+    assert s["bigram_nodes"] == sum(1 for n in c2.values() if n >= 2)
+    assert s["trigram_nodes"] == sum(1 for n in c3.values() if n >= 2)
+    assert idx.metadata["build"]["min_count"] == 2
+    (a, b, c), n = c3.most_common(1)[0]
+    assert idx.count([a, b], c)[0] == n
