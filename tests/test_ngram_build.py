@@ -396,3 +396,25 @@ def test_min_count_reaches_the_index(shared_data, qwen3, tmp_path):
     assert idx.metadata["build"]["min_count"] == 2
     (a, b, c), n = c3.most_common(1)[0]
     assert idx.count([a, b], c)[0] == n
+
+
+@pytest.mark.slow
+def test_smollm2_index_records_the_hf_fingerprint(shared_data, qwen3, tmp_path):
+    """What the decoder compares: the index's recorded fingerprint and
+    fingerprint() of the target's Hugging Face tokenizer."""
+    from dartcore.models.hub import load_hf_tokenizer
+    from dartcore.tokenizers import fingerprint
+
+    out = tmp_path / "smol.idx"
+    assert run("--corpus-dir", shared_data / "dolma-sample", "--tokenizer", "smollm2", "--output", out,
+               "--max-docs", 5, "--quiet") == 0
+    hf = load_hf_tokenizer("smollm2")
+    meta = NgramIndex(str(out)).metadata["tokenizer"]
+    assert meta["fingerprint"] == fingerprint(hf) != qwen3.fingerprint
+    assert meta["vocab_size"] == len(hf) and meta["eos_id"] == hf.eos_token_id
+    docs = []
+    for path in sorted((shared_data / "dolma-sample" / "documents").iterdir()):
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            docs += [json.loads(line)["text"] for line in f if line.strip()]
+    ref = [np.array(hf.encode(t, add_special_tokens=False) + [hf.eos_token_id], dtype=np.uint32) for t in docs[:5]]
+    assert_index_matches(out, ref)
