@@ -481,6 +481,8 @@ def open_corpus(
         msg = f"no {kind} shards ({', '.join('*' + s for s in suffixes)}) found; searched: {where}"
         if kind == "dolma":
             msg += f". {DOLMA_HELP}"
+        elif files is None:
+            msg += "; use --files GLOB to choose files with other names"
         raise CorpusError(msg)
     return Corpus(
         kind,
