@@ -13,6 +13,7 @@ mod beam;
 mod error;
 mod index_impl;
 mod scorer;
+pub mod timing;
 mod topb;
 mod tree;
 

@@ -234,7 +234,46 @@ fn ancestor_bits<'py>(py: Python<'py>, parents: PyReadonlyArray1<'py, i64>) -> P
     Ok(PyArray1::from_vec(py, bits).reshape([n, n.div_ceil(64)])?)
 }
 
+/// Benchmark helper (tools/bench_tree.py): same inputs as `beam_search_batch`; times every
+/// search alone on the calling thread, replays their index queries, and times batches of
+/// `batch` on the pool. -> (search_ns uint64[B], ngram_total_ns, ngram_queries, batch_ns uint64[*])
+#[pyfunction]
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+fn bench_beam_search<'py>(
+    py: Python<'py>,
+    index: Bound<'py, PyNgramIndex>,
+    ctx_flat: PyReadonlyArray1<'py, i64>,
+    ctx_offsets: PyReadonlyArray1<'py, i64>,
+    topk_tokens: PyReadonlyArray3<'py, i64>,
+    topk_logprobs: PyReadonlyArray3<'py, f32>,
+    params: Params,
+    batch: usize,
+) -> PyResult<(Bound<'py, PyArray1<u64>>, u64, u64, Bound<'py, PyArray1<u64>>)> {
+    let p = params.into_core()?;
+    let ix = index.get().inner.clone();
+    let (b, d, k) = {
+        let s = topk_tokens.shape();
+        (s[0], s[1], s[2])
+    };
+    if topk_logprobs.shape() != topk_tokens.shape() {
+        return Err(errors::tree_msg("topk_tokens and topk_logprobs differ in shape"));
+    }
+    let flat = ids(ctx_flat.as_array().iter(), "contexts")?;
+    let offs: Vec<usize> = ctx_offsets.as_array().iter().map(|&o| o.max(0) as usize).collect();
+    if offs.len() != b + 1 || offs.windows(2).any(|w| w[1] < w[0]) || offs[b] != flat.len() {
+        return Err(errors::tree_msg("context offsets do not match the batch"));
+    }
+    let contexts: Vec<&[u32]> = offs.windows(2).map(|w| &flat[w[0]..w[1]]).collect();
+    let toks = ids(topk_tokens.as_array().iter(), "topk_tokens")?;
+    let lps: Vec<f32> = topk_logprobs.as_array().iter().copied().collect();
+    let t = py
+        .detach(|| dart_tree::timing::time_beam_search(&*ix, &contexts, &toks, &lps, d, k, &p, batch))
+        .map_err(errors::tree)?;
+    Ok((PyArray1::from_vec(py, t.search_ns), t.ngram_total_ns, t.ngram_queries, PyArray1::from_vec(py, t.batch_ns)))
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(bench_beam_search, m)?)?;
     m.add_function(wrap_pyfunction!(beam_search, m)?)?;
     m.add_function(wrap_pyfunction!(beam_search_batch, m)?)?;
     m.add_function(wrap_pyfunction!(ngram_tree, m)?)?;

@@ -1,0 +1,105 @@
+//! Measurement helpers for benchmarks (`tools/bench_tree.py`, criterion): per-search wall
+//! times on the calling thread, the share of that time spent in index lookups, and batched
+//! timings on the pool. Not used by the searches themselves.
+use std::sync::Mutex;
+use std::time::Instant;
+
+use crate::{beam_search, beam_search_batch, NgramScorer, Result, SearchParams};
+
+/// What [`time_beam_search`] measured.
+#[derive(Debug, Clone, Default)]
+pub struct SearchTiming {
+    /// Wall time of every single search (ns), one thread, in input order.
+    pub search_ns: Vec<u64>,
+    /// Sum of `search_ns`.
+    pub search_total_ns: u64,
+    /// Time to replay every `cond_probs` query those searches issued, in one tight loop (ns):
+    /// the index-lookup part of `search_total_ns`.
+    pub ngram_total_ns: u64,
+    /// Number of `cond_probs` queries per search, summed.
+    pub ngram_queries: u64,
+    /// Wall time of each batch of `batch` searches run with [`beam_search_batch`] (ns).
+    pub batch_ns: Vec<u64>,
+}
+
+/// Records the queries a search makes, forwarding them to the real scorer.
+struct Recorder<'a, S: ?Sized> {
+    inner: &'a S,
+    log: Mutex<Vec<(Vec<u32>, Vec<u32>)>>,
+}
+
+impl<S: NgramScorer + ?Sized> NgramScorer for Recorder<'_, S> {
+    fn vocab_size(&self) -> u32 {
+        self.inner.vocab_size()
+    }
+    fn cond_probs(&self, c: &[u32], v: &[u32], u: bool, out: &mut [f64]) {
+        self.log.lock().unwrap_or_else(|p| p.into_inner()).push((c.to_vec(), v.to_vec()));
+        self.inner.cond_probs(c, v, u, out)
+    }
+    fn top_children(&self, c: &[u32], k: usize, u: bool, t: &mut Vec<u32>, p: &mut Vec<f64>) -> Result<()> {
+        self.inner.top_children(c, k, u, t, p)
+    }
+}
+
+/// Time `contexts.len()` searches (inputs laid out as for [`beam_search_batch`]): one warm-up
+/// pass, then each search timed alone; then the n-gram queries of all searches replayed and
+/// timed; then batches of `batch` searches on the pool (0 = skip).
+#[allow(clippy::too_many_arguments)]
+pub fn time_beam_search<S: NgramScorer + ?Sized>(
+    scorer: &S,
+    contexts: &[&[u32]],
+    topk_tokens: &[u32],
+    topk_logprobs: &[f32],
+    d: usize,
+    k: usize,
+    params: &SearchParams,
+    batch: usize,
+) -> Result<SearchTiming> {
+    let per = d * k;
+    let row = |b: usize| (&topk_tokens[b * per..(b + 1) * per], &topk_logprobs[b * per..(b + 1) * per]);
+    // Warm-up (page cache, branch predictors, thread-local buffers) and query log.
+    let rec = Recorder { inner: scorer, log: Mutex::new(Vec::new()) };
+    for b in 0..contexts.len() {
+        let (tk, lp) = row(b);
+        beam_search(&rec, contexts[b], tk, lp, d, k, params)?;
+    }
+    let mut t = SearchTiming::default();
+    for b in 0..contexts.len() {
+        let (tk, lp) = row(b);
+        let t0 = Instant::now();
+        let tree = beam_search(scorer, contexts[b], tk, lp, d, k, params)?;
+        t.search_ns.push(t0.elapsed().as_nanos() as u64);
+        std::hint::black_box(tree);
+    }
+    t.search_total_ns = t.search_ns.iter().sum();
+    let log = rec.log.into_inner().unwrap_or_else(|p| p.into_inner());
+    t.ngram_queries = log.len() as u64;
+    let mut out = vec![0.0; k.max(1)];
+    let t0 = Instant::now();
+    for (c, v) in &log {
+        scorer.cond_probs(c, v, params.unigram_backoff, &mut out[..v.len()]);
+        std::hint::black_box(&out);
+    }
+    t.ngram_total_ns = t0.elapsed().as_nanos() as u64;
+    if batch > 0 {
+        for start in (0..contexts.len()).step_by(batch) {
+            let end = (start + batch).min(contexts.len());
+            if end - start < batch {
+                break;
+            }
+            let t0 = Instant::now();
+            let trees = beam_search_batch(
+                scorer,
+                &contexts[start..end],
+                &topk_tokens[start * per..end * per],
+                &topk_logprobs[start * per..end * per],
+                d,
+                k,
+                params,
+            )?;
+            t.batch_ns.push(t0.elapsed().as_nanos() as u64);
+            std::hint::black_box(trees);
+        }
+    }
+    Ok(t)
+}

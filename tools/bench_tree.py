@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""Benchmark of the Eq. (10) tree search (issue 4): d = 8, k = 25, w = 20, θ = 59.
+
+Index: built from REAL text that ships with the machine — the Python standard library
+(``*.py`` under ``sysconfig.get_paths()["stdlib"]``), text under /usr/share/doc (plain and
+.gz), then site-packages ``*.py`` until ``--corpus-mb`` of text — tokenized with the SmolLM2
+tokenizer (``dartcore.models.hub.load_hf_tokenizer("smollm2")``, 49,152 ids), one document
+per file with EOS appended. Token shards and the index are cached under ``--work``.
+
+Drafter rows: no trained drafter is used here, so the rows are SYNTHETIC but anchored in
+held-out real text. For a held-out position t (context = text up to t, root = x_t), row l
+holds the true token x_{t+1+l} with probability 0.8·0.9^l (at rank 0 with probability
+0.6, else a geometric rank), the index's top children of the true context (x_{t+l-1},
+x_{t+l}) and random ids to fill k = 25; logits are −α_l·ln(rank + 1) + N(0, 0.3²) with α_l
+going linearly from 3.0 (peaked: p_top1 ≈ 0.8) at level 0 to 1.2 (flat: p_top1 ≈ 0.3) at
+level 7, log-softmaxed inside the top-k in float32.
+
+Timings are taken inside Rust (``_native.bench_beam_search``), one thread, warm (one untimed
+pass first). ``ngram_share`` = time to replay every ``cond_probs`` query the searches made,
+in one tight loop / total search time. ``batch8_us`` = one ``beam_search_batch`` of 8 on
+the owned pool (``DART_NUM_THREADS``, default all CPUs). ``python_call_p50_us`` is the
+full ``dartcore.tree.beam_search`` call from Python (argument conversion included).
+
+    python3 tools/bench_tree.py            # table
+    python3 tools/bench_tree.py --json     # one JSON object on stdout
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import gzip
+import json
+import os
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import numpy as np
+
+D, K = 8, 25
+
+
+def corpus_files(limit_bytes: int) -> list[tuple[str, str]]:
+    """(source label, path) of text files, in a fixed order, until ``limit_bytes``."""
+    stdlib = sysconfig.get_paths()["stdlib"]
+    site = sysconfig.get_paths()["purelib"]
+    groups = [
+        ("python-stdlib", sorted(p for p in glob.glob(f"{stdlib}/**/*.py", recursive=True) if "site-packages" not in p)),
+        ("usr-share-doc", sorted(p for p in glob.glob("/usr/share/doc/**/*", recursive=True)
+                                 if os.path.isfile(p) and not os.path.islink(p))),
+        ("site-packages", sorted(glob.glob(f"{site}/**/*.py", recursive=True))),
+    ]
+    out, total = [], 0
+    for label, paths in groups:
+        for p in paths:
+            if total >= limit_bytes:
+                return out
+            try:
+                size = os.path.getsize(p)
+            except OSError:
+                continue
+            if size == 0 or size > 4 << 20:
+                continue
+            out.append((label, p))
+            total += size * (4 if p.endswith(".gz") else 1)
+    return out
+
+
+def read_text(path: str) -> str | None:
+    try:
+        if path.endswith(".gz"):
+            with gzip.open(path, "rb") as f:
+                data = f.read(16 << 20)
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
+    except (OSError, EOFError, gzip.BadGzipFile):
+        return None
+    if b"\0" in data[:4096]:
+        return None  # binary
+    return data.decode("utf-8", errors="replace")
+
+
+def tokenize_corpus(work: Path, corpus_mb: int) -> tuple[list[np.ndarray], dict]:
+    tag = work / f"corpus-smollm2-{corpus_mb}mb"
+    meta_path = tag / "meta.json"
+    if meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        data = np.load(tag / "tokens.npy", mmap_mode="r")
+        cuts = np.load(tag / "cuts.npy")
+        return [np.asarray(data[a:b]) for a, b in zip(cuts[:-1], cuts[1:])], meta
+    from tqdm import tqdm
+
+    from dartcore.models.hub import load_hf_tokenizer
+
+    tok = load_hf_tokenizer("smollm2")
+    eos = int(tok.eos_token_id)
+    backend = tok.backend_tokenizer
+    files = corpus_files(corpus_mb << 20)
+    docs: list[np.ndarray] = []
+    sources: dict[str, int] = {}
+    nbytes = 0
+    batch: list[str] = []
+
+    def flush():
+        for e in backend.encode_batch(batch, add_special_tokens=False):
+            docs.append(np.asarray(e.ids + [eos], dtype=np.uint32))
+        batch.clear()
+
+    for label, p in tqdm(files, desc="tokenize", unit="file", file=sys.stderr):
+        text = read_text(p)
+        if not text:
+            continue
+        batch.append(text)
+        nbytes += len(text)
+        sources[label] = sources.get(label, 0) + 1
+        if len(batch) >= 256:
+            flush()
+    flush()
+    tag.mkdir(parents=True, exist_ok=True)
+    cuts = np.concatenate([[0], np.cumsum([d.size for d in docs])]).astype(np.int64)
+    np.save(tag / "tokens.npy", np.concatenate(docs))
+    np.save(tag / "cuts.npy", cuts)
+    meta = {"tokenizer": "smollm2", "vocab_size": len(tok), "eos": eos, "documents": len(docs),
+            "tokens": int(cuts[-1]), "text_bytes": nbytes, "files_per_source": sources,
+            "sources": ["python stdlib *.py", "/usr/share/doc (text, .gz)", "site-packages *.py"]}
+    meta_path.write_text(json.dumps(meta, indent=1))
+    return docs, meta
+
+
+def make_inputs(index, held: list[np.ndarray], n: int, vocab: int, seed: int):
+    """Contexts and synthetic drafter rows anchored in held-out text (see module docs)."""
+    rng = np.random.default_rng(seed)
+    long_docs = [d for d in held if d.size > D + 3]
+    contexts, toks, lps = [], np.zeros((n, D, K), np.int64), np.zeros((n, D, K), np.float32)
+    for i in range(n):
+        doc = long_docs[int(rng.integers(len(long_docs)))]
+        t = int(rng.integers(1, doc.size - D - 1))
+        contexts.append(np.asarray(doc[max(0, t - 63):t + 1], dtype=np.int64))
+        for lvl in range(D):
+            true = int(doc[t + 1 + lvl])
+            ctx = [int(doc[t - 1 + lvl]), int(doc[t + lvl])]
+            kids = [int(x) for x in index.children(ctx, K)[0]]
+            present = rng.random() < 0.8 * 0.9 ** lvl
+            others: list[int] = []
+            for x in kids:  # plausible continuations get the better ranks, as a drafter would
+                if len(others) >= K - present:
+                    break
+                if x != true and x not in others:
+                    others.append(x)
+            while len(others) < K - present:
+                x = int(rng.integers(vocab))
+                if x != true and x not in others:
+                    others.append(x)
+            if present:
+                r = 0 if rng.random() < 0.6 else min(int(rng.geometric(0.5)), K - 1)
+                others.insert(r, true)
+            row_arr = np.asarray(others, dtype=np.int64)  # rank order
+            alpha = 3.0 - 1.8 * lvl / (D - 1)
+            logits = np.sort(-alpha * np.log(np.arange(1, K + 1)) + rng.normal(0, 0.3, K))[::-1].astype(np.float32)
+            m = logits.max()
+            lp = logits - m - np.log(np.exp(logits - m).sum(dtype=np.float32))
+            toks[i, lvl] = row_arr
+            lps[i, lvl] = lp.astype(np.float32)
+    return contexts, toks, lps
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", type=Path, default=Path(os.environ.get("DARTCORE_CACHE", Path.home() / ".cache" / "dartcore")) / "bench_tree")
+    ap.add_argument("--corpus-mb", type=int, default=80, help="text to tokenize (MiB)")
+    ap.add_argument("--searches", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    ap.add_argument("--out", type=Path, help="also write the JSON here")
+    args = ap.parse_args(argv)
+
+    from dartcore import _native
+    from dartcore import tree as T
+    from dartcore.index import NgramIndex, build_index, num_threads
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    docs, meta = tokenize_corpus(args.work, args.corpus_mb)
+    n_held = max(20, len(docs) // 50)
+    rng = np.random.default_rng(1234)
+    perm = rng.permutation(len(docs))
+    held = [docs[i] for i in perm[:n_held]]
+    train_ids = np.sort(perm[n_held:])
+    idx_path = args.work / f"index-smollm2-{args.corpus_mb}mb.idx"
+    if not idx_path.exists():
+        t0 = time.perf_counter()
+        build_index((docs[i] for i in train_ids), idx_path, vocab_size=meta["vocab_size"],
+                    metadata={"corpus": meta, "held_out_documents": n_held})
+        print(f"built {idx_path} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+    index = NgramIndex(idx_path)
+    stats = index.stats()
+    nodes = {k: v for k, v in stats.items() if "node" in k and isinstance(v, (int, float))}
+
+    contexts, toks, lps = make_inputs(index, held, args.searches, meta["vocab_size"], args.seed)
+    tails = [c[-2:] for c in contexts]
+    offsets = np.concatenate([[0], np.cumsum([t.size for t in tails])]).astype(np.int64)
+    flat = np.concatenate(tails).astype(np.int64)
+    params = T._params(20, 59, 0.9, 0.5, 0.7, 1e-10, True, True, (meta["eos"],))
+    search_ns, ngram_ns, queries, batch_ns = _native.bench_beam_search(index._inner, flat, offsets, toks, lps,
+                                                                       params, 8)
+    p0 = dict(params, ngram_weight=0.0)
+    nong_ns, _, _, _ = _native.bench_beam_search(index._inner, flat, offsets, toks, lps, p0, 0)
+    # Full Python call (wrapper + conversion), 300 calls.
+    py_us = []
+    for i in range(min(300, args.searches)):
+        t0 = time.perf_counter()
+        T.beam_search(index, contexts[i], toks[i], lps[i], eos_token_ids=(meta["eos"],))
+        py_us.append((time.perf_counter() - t0) * 1e6)
+    sizes = [T.beam_search(index, contexts[i], toks[i], lps[i]).size - 1 for i in range(100)]
+
+    us = np.asarray(search_ns, dtype=np.float64) / 1e3
+    result = {
+        "search_p50_us": round(float(np.percentile(us, 50)), 2),
+        "search_p99_us": round(float(np.percentile(us, 99)), 2),
+        "search_mean_us": round(float(us.mean()), 2),
+        "ngram_share": round(float(ngram_ns) / float(np.sum(search_ns)), 3),
+        "ngram_queries_per_search": round(queries / args.searches, 1),
+        "batch8_us": round(float(np.median(np.asarray(batch_ns)) / 1e3), 2) if len(batch_ns) else None,
+        "batch_threads": num_threads(),
+        "no_ngram_p50_us": round(float(np.percentile(np.asarray(nong_ns) / 1e3, 50)), 2),
+        "python_call_p50_us": round(float(np.percentile(py_us, 50)), 2),
+        "tree_nodes_mean": round(float(np.mean(sizes)), 1),
+        "searches": args.searches,
+        "d": D, "k": K, "w": 20, "theta": 59,
+        "index": {"path": str(idx_path), "bytes": stats.get("bytes"), **nodes},
+        "corpus": {k: meta[k] for k in ("tokenizer", "documents", "tokens", "text_bytes", "files_per_source")},
+        "drafter_rows": "synthetic, anchored in held-out real text (see tools/bench_tree.py docstring)",
+    }
+    text = json.dumps(result, indent=1)
+    if args.out:
+        args.out.write_text(text)
+    if args.json:
+        print(text)
+    else:
+        rows = [(k, result[k]) for k in ("search_p50_us", "search_p99_us", "search_mean_us", "ngram_share",
+                                          "ngram_queries_per_search", "batch8_us", "batch_threads",
+                                          "no_ngram_p50_us", "python_call_p50_us", "tree_nodes_mean")]
+        print(f"index: {idx_path.name}, {result['index']}")
+        print(f"corpus: {result['corpus']}")
+        print("| metric | value |\n|---|---|")
+        for k, v in rows:
+            print(f"| {k} | {v} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
