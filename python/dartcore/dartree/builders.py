@@ -28,8 +28,6 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-import torch
 
 from dartcore.builders import CPU_MAX_NODES, TreeInputs, register_tree_builder, root_only
 from dartcore.dartree.head import ASSET_DIR, CorrectionHead
