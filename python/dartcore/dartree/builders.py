@@ -28,7 +28,6 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from dartcore.builders import CPU_MAX_NODES, TreeInputs, register_tree_builder, root_only
 from dartcore.dartree.head import ASSET_DIR, CorrectionHead
 from dartcore.dartree.supertree import NgramTerm, build_supertree, select_top_b
