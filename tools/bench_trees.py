@@ -23,6 +23,17 @@ import time
 from pathlib import Path
 
 METHODS = ("ar", "dart", "dartree", "hybrid", "ddtree")
+# Ablation, registered by this tool only: DARTree's search with the identity head
+# (q̃ = the drafter's marginal renormalised in its top-K), i.e. without the learned correction.
+ABLATIONS = ("dartree-untrained",)
+
+
+def _register_ablations() -> None:
+    from dartcore.builders import register_tree_builder
+    from dartcore.dartree.builders import DartreeBuilder
+
+    register_tree_builder("dartree-untrained",
+                          lambda **kw: DartreeBuilder(**{**kw, "head": "untrained"}), replace=True)
 
 
 def accept_curve(hist: list[int], d: int) -> list[float]:
@@ -82,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drafter", default="smollm2", help="drafter directory or built-in name")
     p.add_argument("--index", help="n-gram index built with the target's tokenizer (dart, hybrid)")
     p.add_argument("--head", help="correction head directory or name (default: the built-in one)")
-    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help=f"comma-separated tree builders (also: {', '.join(ABLATIONS)})")
     p.add_argument("--datasets", default="gsm8k,humaneval")
     p.add_argument("--temperatures", default="0")
     p.add_argument("--n", type=int, default=4, help="prompts per dataset")
@@ -103,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    if any(m in ABLATIONS for m in methods):
+        _register_ablations()
     if not args.index and any(m in ("dart", "hybrid") for m in methods):
         p.error("dart and hybrid need --index (or drop them from --methods)")
     tree_params: dict[str, dict] = {m: {} for m in methods if m != "ar"}
