@@ -13,13 +13,15 @@ __all__ = ["read_log", "plot_curve"]
 
 
 def read_log(path) -> tuple[list[dict], list[dict]]:
-    """(training steps, evaluations) of a log.jsonl."""
-    steps, evals = [], []
+    """(training steps, evaluations) of a log.jsonl, by step. A resumed run repeats the
+    steps after its checkpoint; the later record of a step wins."""
+    steps: dict[int, dict] = {}
+    evals: dict[int, dict] = {}
     for line in Path(path).read_text().splitlines():
         if line.strip():
             rec = json.loads(line)
-            (evals if rec.get("eval") else steps).append(rec)
-    return steps, evals
+            (evals if rec.get("eval") else steps)[rec["step"]] = rec
+    return [steps[k] for k in sorted(steps)], [evals[k] for k in sorted(evals)]
 
 
 def _smooth(xs: list[float], k: int) -> list[float]:
