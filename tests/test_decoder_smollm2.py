@@ -15,6 +15,10 @@ import torch
 
 pytestmark = pytest.mark.slow
 
+# One intra-op thread: on the shared 2-core box two threads contend with the
+# other jobs and a SmolLM2 step gets ~10x slower (measured 2.7 s vs 0.12 s).
+torch.set_num_threads(1)
+
 MAX_NEW = 32
 
 

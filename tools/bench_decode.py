@@ -74,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", help="shared data directory (default: ../shared/data)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prefix-len", type=int, default=256, help="cached prefix of the verify-cost forwards")
+    p.add_argument("--budgets", default="",
+                   help="comma-separated node budgets at which to measure dart's T=0 tau on --budget-prompts "
+                        "prompts of the first dataset (feeds the budget choice), e.g. 4,8,16,24,32")
+    p.add_argument("--budget-prompts", type=int, default=3)
     p.add_argument("--no-verify-cost", action="store_true")
     p.add_argument("--verify-cost-only", action="store_true")
     p.add_argument("--out", default="artifacts/bench_decode.json")
@@ -122,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
             if r["method"] == "dart" and r["temperature"] == 0.0 and r.get("tau"):
                 budget = args.max_nodes or _default_budget()
                 taus.setdefault(budget, []).append(r["tau"])
+        if args.budgets:
+            report["tau_by_budget"] = _tau_by_budget(args, model, [int(b) for b in args.budgets.split(",")])
+            for row in report["tau_by_budget"]:
+                taus.setdefault(row["max_nodes"], []).append(row["tau"])
         tau_at = {n: statistics.mean(v) for n, v in taus.items()}
         if tau_at:
             tau_at.setdefault(1, 1.0)  # a root-only tree commits exactly one token
@@ -140,6 +148,39 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     return 0
+
+
+def _tau_by_budget(args, model, budgets: list[int]) -> list[dict]:
+    """dart's greedy tau and tokens/s at each node budget (same prompts, same run)."""
+    from transformers import AutoTokenizer
+
+    from dartcore.benchmark.datasets import load_prompts
+    from dartcore.decoder import DartDecoder
+    from dartcore.drafter import DartDrafter
+    from dartcore.index import NgramIndex
+    from dartcore.models.hub import resolve_target
+
+    tok = AutoTokenizer.from_pretrained(resolve_target(args.target))
+    drafter = DartDrafter.from_pretrained(args.drafter, model, tokenizer=tok)
+    index = NgramIndex(args.index)
+    dataset = args.datasets.split(",")[0].strip()
+    prompts = load_prompts(dataset, args.budget_prompts, args.data_dir)
+    rows = []
+    for b in budgets:
+        dec = DartDecoder(model, tok, drafter, index, tree="dart", max_nodes=b)
+        tokens = rounds = committed = 0
+        seconds = 0.0
+        for messages in prompts:
+            res = dec.generate(messages, max_new_tokens=args.max_new_tokens)
+            s = res.stats
+            tokens += s.new_tokens
+            seconds += s.total_s
+            rounds += s.rounds
+            committed += sum((a + 1) * c for a, c in enumerate(s.accept_hist))
+        rows.append({"max_nodes": b, "dataset": dataset, "prompts": len(prompts),
+                     "tau": committed / max(rounds, 1), "tok_per_s": tokens / seconds if seconds else 0.0})
+        print(f"budget {b}: tau {rows[-1]['tau']:.2f}, {rows[-1]['tok_per_s']:.2f} tok/s", file=sys.stderr)
+    return rows
 
 
 def _default_budget() -> int:

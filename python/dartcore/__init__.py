@@ -37,6 +37,8 @@ _LAZY = {
     "DartDrafter": "dartcore.drafter",
     "DartDecoder": "dartcore.decoder",
     "GenerationStats": "dartcore.decoder",
+    "GenerationResult": "dartcore.decoder",
+    "register_tree_builder": "dartcore.builders",
 }
 
 __all__ = [

@@ -145,9 +145,12 @@ class DartDecoder:
         if self.builder.needs_drafter and drafter is None:
             raise ValueError(f"tree builder {tree!r} needs a drafter (or use tree='ngram-only' / 'ar')")
         if self.builder.needs_index and index is None:
-            raise ValueError(f"tree builder {tree!r} needs an n-gram index (or use tree='dart-no-ngram')")
+            raise ValueError(f"tree builder {tree!r} needs an n-gram index built with the target's tokenizer "
+                             "(ngram-build --tokenizer ...)")
         if self.drafter is not None:
             _check_drafter(self.drafter, self.target, tokenizer)
+            if device is not None and hasattr(self.drafter, "to"):
+                self.drafter.to(device)
         if index is not None:
             _check_index(index, tokenizer)
         context = self.target.max_positions or (1 << 31)
@@ -174,7 +177,7 @@ class DartDecoder:
             from dartcore.index import NgramIndex
 
             index_obj = NgramIndex(index)
-        return cls(model, tokenizer, drafter_obj, index_obj, tree=tree, **tree_params)
+        return cls(model, tokenizer, drafter_obj, index_obj, tree=tree, device=device, **tree_params)
 
     # -- public entry points --------------------------------------------------------------
 
