@@ -16,8 +16,10 @@ going linearly from 3.0 (peaked: p_top1 ≈ 0.8) at level 0 to 1.2 (flat: p_top1
 level 7, log-softmaxed inside the top-k in float32.
 
 Timings are taken inside Rust (``_native.bench_beam_search``), one thread, warm (one untimed
-pass first). ``ngram_share`` = time to replay every ``cond_probs`` query the searches made,
-in one tight loop / total search time. ``batch8_us`` = one ``beam_search_batch`` of 8 on
+pass first): wall time (``search_*_us``) and the thread's CPU time (``search_cpu_*_us``,
+which excludes time the thread was descheduled — quote it when the machine is shared; the
+load average is recorded). ``ngram_share`` = CPU time to replay every ``cond_probs`` query
+the searches made, in one tight loop / total search CPU time. ``batch8_us`` = one ``beam_search_batch`` of 8 on
 the owned pool (``DART_NUM_THREADS``, default all CPUs). ``python_call_p50_us`` is the
 full ``dartcore.tree.beam_search`` call from Python (argument conversion included).
 
@@ -203,10 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     offsets = np.concatenate([[0], np.cumsum([t.size for t in tails])]).astype(np.int64)
     flat = np.concatenate(tails).astype(np.int64)
     params = T._params(20, 59, 0.9, 0.5, 0.7, 1e-10, True, True, (meta["eos"],))
-    search_ns, ngram_ns, queries, batch_ns = _native.bench_beam_search(index._inner, flat, offsets, toks, lps,
-                                                                       params, 8)
-    p0 = dict(params, ngram_weight=0.0)
-    nong_ns, _, _, _ = _native.bench_beam_search(index._inner, flat, offsets, toks, lps, p0, 0)
+    r = _native.bench_beam_search(index._inner, flat, offsets, toks, lps, params, 8)
+    r0 = _native.bench_beam_search(index._inner, flat, offsets, toks, lps, dict(params, ngram_weight=0.0), 0)
     # Full Python call (wrapper + conversion), 300 calls.
     py_us = []
     for i in range(min(300, args.searches)):
@@ -215,18 +215,25 @@ def main(argv: list[str] | None = None) -> int:
         py_us.append((time.perf_counter() - t0) * 1e6)
     sizes = [T.beam_search(index, contexts[i], toks[i], lps[i]).size - 1 for i in range(100)]
 
-    us = np.asarray(search_ns, dtype=np.float64) / 1e3
+    us = np.asarray(r["search_ns"], dtype=np.float64) / 1e3
+    cpu = np.asarray(r["search_cpu_ns"], dtype=np.float64) / 1e3
+    pct = lambda a, q: round(float(np.percentile(a, q)), 2)  # noqa: E731
     result = {
-        "search_p50_us": round(float(np.percentile(us, 50)), 2),
-        "search_p99_us": round(float(np.percentile(us, 99)), 2),
+        "search_p50_us": pct(us, 50),
+        "search_p99_us": pct(us, 99),
         "search_mean_us": round(float(us.mean()), 2),
-        "ngram_share": round(float(ngram_ns) / float(np.sum(search_ns)), 3),
-        "ngram_queries_per_search": round(queries / args.searches, 1),
-        "batch8_us": round(float(np.median(np.asarray(batch_ns)) / 1e3), 2) if len(batch_ns) else None,
+        "search_cpu_p50_us": pct(cpu, 50),
+        "search_cpu_p99_us": pct(cpu, 99),
+        "ngram_share": round(r["ngram_total_cpu_ns"] / max(1, r["search_total_cpu_ns"]), 3),
+        "ngram_queries_per_search": round(r["ngram_queries"] / args.searches, 1),
+        "batch8_us": round(float(np.median(r["batch_ns"]) / 1e3), 2) if len(r["batch_ns"]) else None,
         "batch_threads": num_threads(),
-        "no_ngram_p50_us": round(float(np.percentile(np.asarray(nong_ns) / 1e3, 50)), 2),
-        "python_call_p50_us": round(float(np.percentile(py_us, 50)), 2),
+        "no_ngram_p50_us": pct(np.asarray(r0["search_ns"]) / 1e3, 50),
+        "no_ngram_cpu_p50_us": pct(np.asarray(r0["search_cpu_ns"]) / 1e3, 50),
+        "python_call_p50_us": pct(py_us, 50),
         "tree_nodes_mean": round(float(np.mean(sizes)), 1),
+        "load_avg_1min": round(os.getloadavg()[0], 2),
+        "cpus": os.cpu_count(),
         "searches": args.searches,
         "d": D, "k": K, "w": 20, "theta": 59,
         "index": {"path": str(idx_path), "bytes": stats.get("bytes"), **nodes},
@@ -239,9 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(text)
     else:
-        rows = [(k, result[k]) for k in ("search_p50_us", "search_p99_us", "search_mean_us", "ngram_share",
-                                          "ngram_queries_per_search", "batch8_us", "batch_threads",
-                                          "no_ngram_p50_us", "python_call_p50_us", "tree_nodes_mean")]
+        rows = [(k, result[k]) for k in ("search_p50_us", "search_p99_us", "search_mean_us", "search_cpu_p50_us",
+                                          "search_cpu_p99_us", "ngram_share", "ngram_queries_per_search",
+                                          "batch8_us", "batch_threads", "no_ngram_p50_us", "no_ngram_cpu_p50_us",
+                                          "python_call_p50_us", "tree_nodes_mean", "load_avg_1min", "cpus")]
         print(f"index: {idx_path.name}, {result['index']}")
         print(f"corpus: {result['corpus']}")
         print("| metric | value |\n|---|---|")

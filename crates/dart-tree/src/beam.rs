@@ -123,6 +123,7 @@ struct Scratch {
     gbuf: Vec<f64>,
     ngram: Vec<f64>,
     alive: Vec<bool>,
+    memo_ctx: Vec<([u32; 2], usize)>,
     sub_tokens: Vec<u32>,
     sub_cols: Vec<u32>,
     top: TopW,
@@ -349,7 +350,8 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
         let level_start = s.cands.len();
         s.top.clear();
         s.gbuf.resize(nv, 0.0);
-        s.ngram.resize(nv, 0.0);
+        s.ngram.clear();
+        s.memo_ctx.clear();
         s.alive.resize(nv, false);
 
         let n_entries = if l == 0 { 1 } else { s.beam.len() };
@@ -383,31 +385,48 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
             if !any {
                 continue;
             }
-            if use_ngram {
-                // n-gram terms of the surviving columns; the index wants ascending ids.
+            let memo = if use_ngram {
+                // n-gram terms of the surviving columns, memoised per two-token context
+                // within the level (different paths often end in the same two tokens): only
+                // columns not yet known for this context are looked up, in ascending id
+                // order as the index wants.
+                let off = match s.memo_ctx.iter().find(|(c, _)| *c == ctx) {
+                    Some(&(_, off)) => off,
+                    None => {
+                        let off = s.ngram.len();
+                        s.ngram.resize(off + nv, f64::NAN);
+                        s.memo_ctx.push((ctx, off));
+                        off
+                    }
+                };
                 s.sub_tokens.clear();
                 s.sub_cols.clear();
                 for (si, &vi) in s.sorted.iter().enumerate() {
-                    if s.alive[vi as usize] {
+                    if s.alive[vi as usize] && s.ngram[off + vi as usize].is_nan() {
                         s.sub_tokens.push(s.child_tokens[si]);
                         s.sub_cols.push(vi);
                     }
                 }
                 let m = s.sub_tokens.len();
-                let cslice: &[u32] = if ctx[0] == NONE { &ctx[1..] } else { &ctx[..] };
-                scorer.cond_probs(cslice, &s.sub_tokens, params.unigram_backoff, &mut s.gbuf[..m]);
-                for (i, &vi) in s.sub_cols.iter().enumerate() {
-                    s.ngram[vi as usize] = scale * (s.gbuf[i] + params.eps).ln();
+                if m > 0 {
+                    let cslice: &[u32] = if ctx[0] == NONE { &ctx[1..] } else { &ctx[..] };
+                    scorer.cond_probs(cslice, &s.sub_tokens, params.unigram_backoff, &mut s.gbuf[..m]);
+                    for (i, &vi) in s.sub_cols.iter().enumerate() {
+                        s.ngram[off + vi as usize] = scale * (s.gbuf[i] + params.eps).ln();
+                    }
                 }
-            }
+                off
+            } else {
+                usize::MAX
+            };
             let child_start = s.cands.len() as u32;
             for vi in 0..nv {
                 if !s.alive[vi] {
                     continue;
                 }
                 let mut delta = s.drafter[vi];
-                if use_ngram {
-                    delta += s.ngram[vi];
+                if memo != usize::MAX {
+                    delta += s.ngram[memo + vi];
                 }
                 let score = pscore + delta;
                 s.top.push(score, params.beam_width);

@@ -11,6 +11,7 @@ use dart_tree::{NgramScorer, NoNgram, SearchParams, Tree};
 use numpy::ndarray::ArrayView2;
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use crate::errors;
 use crate::index::PyNgramIndex;
@@ -236,7 +237,8 @@ fn ancestor_bits<'py>(py: Python<'py>, parents: PyReadonlyArray1<'py, i64>) -> P
 
 /// Benchmark helper (tools/bench_tree.py): same inputs as `beam_search_batch`; times every
 /// search alone on the calling thread, replays their index queries, and times batches of
-/// `batch` on the pool. -> (search_ns uint64[B], ngram_total_ns, ngram_queries, batch_ns uint64[*])
+/// `batch` on the pool. -> dict(search_ns, search_cpu_ns: uint64[B], search_total_cpu_ns,
+/// ngram_total_cpu_ns, ngram_queries, batch_ns: uint64[*])
 #[pyfunction]
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 fn bench_beam_search<'py>(
@@ -248,7 +250,7 @@ fn bench_beam_search<'py>(
     topk_logprobs: PyReadonlyArray3<'py, f32>,
     params: Params,
     batch: usize,
-) -> PyResult<(Bound<'py, PyArray1<u64>>, u64, u64, Bound<'py, PyArray1<u64>>)> {
+) -> PyResult<Bound<'py, PyDict>> {
     let p = params.into_core()?;
     let ix = index.get().inner.clone();
     let (b, d, k) = {
@@ -269,7 +271,14 @@ fn bench_beam_search<'py>(
     let t = py
         .detach(|| dart_tree::timing::time_beam_search(&*ix, &contexts, &toks, &lps, d, k, &p, batch))
         .map_err(errors::tree)?;
-    Ok((PyArray1::from_vec(py, t.search_ns), t.ngram_total_ns, t.ngram_queries, PyArray1::from_vec(py, t.batch_ns)))
+    let out = PyDict::new(py);
+    out.set_item("search_ns", PyArray1::from_vec(py, t.search_ns))?;
+    out.set_item("search_cpu_ns", PyArray1::from_vec(py, t.search_cpu_ns))?;
+    out.set_item("search_total_cpu_ns", t.search_total_cpu_ns)?;
+    out.set_item("ngram_total_cpu_ns", t.ngram_total_cpu_ns)?;
+    out.set_item("ngram_queries", t.ngram_queries)?;
+    out.set_item("batch_ns", PyArray1::from_vec(py, t.batch_ns))?;
+    Ok(out)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
