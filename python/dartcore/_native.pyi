@@ -80,3 +80,43 @@ def bench_cond_probs(
 
 # ----------------------------------------------------------------------------- tree
 # (appended by the dart-tree bindings, crates/dartcore-py/src/tree.rs)
+
+# ----------------------------------------------------------------------------- tree
+# Trees cross as (tokens int64[n], parents int64[n], depths int64[n], scores float64[n]).
+# ``params`` is a dict with every key: beam_width, max_nodes, level_decay, ngram_weight,
+# depth_exponent, eps, ngram_first_level, unigram_backoff, eos_token_ids (list[int]).
+
+_TreeArrays = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]]
+
+def beam_search(
+    index: NgramIndex | None,
+    context: npt.NDArray[np.int64],
+    topk_tokens: npt.NDArray[np.int64],
+    topk_logprobs: npt.NDArray[np.float32],
+    params: dict[str, Any],
+) -> _TreeArrays: ...
+def beam_search_batch(
+    index: NgramIndex | None,
+    ctx_flat: npt.NDArray[np.int64],
+    ctx_offsets: npt.NDArray[np.int64],
+    topk_tokens: npt.NDArray[np.int64],
+    topk_logprobs: npt.NDArray[np.float32],
+    params: dict[str, Any],
+) -> list[_TreeArrays]: ...
+def ngram_tree(
+    index: NgramIndex, context: npt.NDArray[np.int64], depth: int, k: int, params: dict[str, Any]
+) -> _TreeArrays: ...
+def top_b(parents: npt.NDArray[np.int64], scores: npt.NDArray[np.float64], b: int) -> npt.NDArray[np.int64]: ...
+def best_first(
+    tokens: npt.NDArray[np.int64], logprobs: npt.NDArray[np.float32], root: int, b: int
+) -> _TreeArrays: ...
+def ancestor_bits(parents: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]: ...
+def bench_beam_search(
+    index: NgramIndex,
+    ctx_flat: npt.NDArray[np.int64],
+    ctx_offsets: npt.NDArray[np.int64],
+    topk_tokens: npt.NDArray[np.int64],
+    topk_logprobs: npt.NDArray[np.float32],
+    params: dict[str, Any],
+    batch: int,
+) -> dict[str, Any]: ...
