@@ -80,8 +80,6 @@ def bench_cond_probs(
 
 # ----------------------------------------------------------------------------- tree
 # (appended by the dart-tree bindings, crates/dartcore-py/src/tree.rs)
-
-# ----------------------------------------------------------------------------- tree
 # Trees cross as (tokens int64[n], parents int64[n], depths int64[n], scores float64[n]).
 # ``params`` is a dict with every key: beam_width, max_nodes, level_decay, ngram_weight,
 # depth_exponent, eps, ngram_first_level, unigram_backoff, eos_token_ids (list[int]).
