@@ -13,8 +13,9 @@
 //! own temporary file and finally assembles header + table + sections into a temporary file
 //! next to the output and renames it over the output (a crash never leaves a partial index).
 //!
-//! Memory: the key buffer (memory_limit / 2), a 1 MiB read buffer per run, vocabulary-sized
-//! arrays (28 bytes per vocabulary entry), and the children of one context (with a per-context
+//! Memory: the key buffer and its radix scratch (memory_limit / 4 each), read buffers of the
+//! merge (memory_limit / 4 shared by all runs, at least 64 KiB each), vocabulary-sized arrays
+//! (~60 bytes per vocabulary entry), and the children of one context (with a per-context
 //! cap: of one first token, 16 bytes per trigram child).
 
 use std::cmp::Reverse;
@@ -44,7 +45,8 @@ const RUN_VERSION: u32 = 1;
 pub struct BuildOptions {
     /// Token ids must be below this (at most 2^21 − 1 = 2,097,151).
     pub vocab_size: u32,
-    /// Memory the builder may use for counting (the key buffer takes half; default 2 GiB).
+    /// Memory the builder may use (default 2 GiB): keys + radix scratch take half, merge
+    /// read buffers a quarter; the rest is headroom for vocabulary arrays and one context.
     pub memory_limit_bytes: u64,
     /// Where runs and section files go (default: the output's directory for sections, the
     /// system temp dir for runs).
@@ -416,11 +418,11 @@ struct RunReader {
 }
 
 impl RunReader {
-    fn open(path: &Path) -> Result<Self> {
+    fn open(path: &Path, buf: usize) -> Result<Self> {
         let bad = |reason: String| Error::Run { path: path.to_path_buf(), reason };
         let f = File::open(path).map_err(|e| Error::io(path, e))?;
         let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
-        let mut r = BufReader::with_capacity(1 << 20, f);
+        let mut r = BufReader::with_capacity(buf, f);
         let mut h = [0u8; RUN_HEADER];
         r.read_exact(&mut h).map_err(|_| bad("truncated header".into()))?;
         if h[..8] != RUN_MAGIC {
@@ -476,8 +478,11 @@ pub fn merge_runs(runs: &[PathBuf], output: &Path, options: &BuildOptions, metad
     options.check()?;
     let mut readers = Vec::with_capacity(runs.len());
     let mut documents = 0u64;
+    // Read buffers share a quarter of the memory limit (64 KiB .. 1 MiB each), so the merge
+    // stays within the limit for any number of runs.
+    let buf = ((options.memory_limit_bytes / 4) / runs.len().max(1) as u64).clamp(64 << 10, 1 << 20) as usize;
     for p in runs {
-        let r = RunReader::open(p)?;
+        let r = RunReader::open(p, buf)?;
         if r.vocab != options.vocab_size {
             return Err(Error::Run {
                 path: p.clone(),

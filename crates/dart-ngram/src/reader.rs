@@ -237,7 +237,17 @@ impl<'a> Level<'a> {
     /// Position of token `t` in `s..e`, if present.
     #[inline]
     fn find(&self, s: usize, e: usize, t: u32) -> Option<usize> {
-        let l = self.gallop(s, e, t);
+        // plain binary search: a single lookup has no cursor for galloping to exploit
+        let key = (t as u64) << self.cb;
+        let (mut l, mut h) = (s, e);
+        while l < h {
+            let m = l + (h - l) / 2;
+            if (self.word(m)? as u64) < key {
+                l = m + 1;
+            } else {
+                h = m;
+            }
+        }
         (l < e && self.token_of(self.word(l)?) == t).then_some(l)
     }
 }
