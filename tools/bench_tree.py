@@ -2,8 +2,8 @@
 """Benchmark of the Eq. (10) tree search (issue 4): d = 8, k = 25, w = 20, θ = 59.
 
 Index: built from REAL text that ships with the machine — the Python standard library
-(``*.py`` under ``sysconfig.get_paths()["stdlib"]``), text under /usr/share/doc (plain and
-.gz), then site-packages ``*.py`` until ``--corpus-mb`` of text — tokenized with the SmolLM2
+(``*.py`` under ``sysconfig.get_paths()["stdlib"]``), site-packages ``*.py``, then text
+under /usr/share/doc (plain and .gz) until ``--corpus-mb`` of text — tokenized with the SmolLM2
 tokenizer (``dartcore.models.hub.load_hf_tokenizer("smollm2")``, 49,152 ids), one document
 per file with EOS appended. Token shards and the index are cached under ``--work``.
 
@@ -50,9 +50,9 @@ def corpus_files(limit_bytes: int) -> list[tuple[str, str]]:
     site = sysconfig.get_paths()["purelib"]
     groups = [
         ("python-stdlib", sorted(p for p in glob.glob(f"{stdlib}/**/*.py", recursive=True) if "site-packages" not in p)),
+        ("site-packages", sorted(glob.glob(f"{site}/**/*.py", recursive=True))),
         ("usr-share-doc", sorted(p for p in glob.glob("/usr/share/doc/**/*", recursive=True)
                                  if os.path.isfile(p) and not os.path.islink(p))),
-        ("site-packages", sorted(glob.glob(f"{site}/**/*.py", recursive=True))),
     ]
     out, total = [], 0
     for label, paths in groups:
@@ -86,7 +86,7 @@ def read_text(path: str) -> str | None:
 
 
 def tokenize_corpus(work: Path, corpus_mb: int) -> tuple[list[np.ndarray], dict]:
-    tag = work / f"corpus-smollm2-{corpus_mb}mb"
+    tag = work / f"corpus-smollm2-{corpus_mb}mb-v2"
     meta_path = tag / "meta.json"
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
@@ -127,7 +127,7 @@ def tokenize_corpus(work: Path, corpus_mb: int) -> tuple[list[np.ndarray], dict]
     np.save(tag / "cuts.npy", cuts)
     meta = {"tokenizer": "smollm2", "vocab_size": len(tok), "eos": eos, "documents": len(docs),
             "tokens": int(cuts[-1]), "text_bytes": nbytes, "files_per_source": sources,
-            "sources": ["python stdlib *.py", "/usr/share/doc (text, .gz)", "site-packages *.py"]}
+            "sources": ["python stdlib *.py", "site-packages *.py", "/usr/share/doc (text, .gz)"]}
     meta_path.write_text(json.dumps(meta, indent=1))
     return docs, meta
 
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     perm = rng.permutation(len(docs))
     held = [docs[i] for i in perm[:n_held]]
     train_ids = np.sort(perm[n_held:])
-    idx_path = args.work / f"index-smollm2-{args.corpus_mb}mb.idx"
+    idx_path = args.work / f"index-smollm2-{args.corpus_mb}mb-v2.idx"
     if not idx_path.exists():
         t0 = time.perf_counter()
         build_index((docs[i] for i in train_ids), idx_path, vocab_size=meta["vocab_size"],
