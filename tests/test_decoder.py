@@ -73,6 +73,7 @@ class OracleBuilder:
     nodes: int = 12
     depth: int = 5
     max_nodes: int = 12
+    random_only: bool = False  # sampling runs: no reference path, random trees only
     needs_drafter: bool = False
     needs_hidden: bool = False
     needs_index: bool = False
@@ -82,6 +83,8 @@ class OracleBuilder:
 
     def __call__(self, inputs):
         ctx = [int(t) for t in inputs.context]
+        if self.random_only:
+            return random_tree(self.rng, ctx[-1], self.vocab, self.nodes, self.depth)
         assert ctx == self.reference[:len(ctx)], "decoder committed a token the reference did not produce"
         truth = self.reference[len(ctx):len(ctx) + self.depth]
         mode = self.rng.integers(0, 3)  # 0: random only, 1: whole truth path, 2: truth prefix + wrong token
@@ -264,3 +267,19 @@ def test_bf16_target_runs_and_matches_own_ar(tiny_target):
     dec = DartDecoder(model, tok, tree="test-oracle", reference=prompt + ref, vocab=64, seed=2)
     dec.eos_token_ids = ()
     assert dec.generate(prompt, max_new_tokens=12).tokens == ref
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+def test_lazy_and_batched_lm_head_agree(tiny_target, lazy):
+    tiny_target.generation_config.eos_token_id = None
+    prompt = [1, 21, 22, 23]
+    ref = hf_greedy(tiny_target, prompt, 20)
+    dec = DartDecoder(tiny_target, CharTokenizer(), tree="test-oracle", reference=prompt + ref, vocab=64,
+                      seed=9, eos_token_ids=(), lazy_logits=lazy)
+    assert dec.lazy_logits is lazy
+    assert dec.generate(prompt, max_new_tokens=20).tokens == ref
+    ar = DartDecoder(tiny_target, CharTokenizer(), tree="ar", eos_token_ids=())
+    dec = DartDecoder(tiny_target, CharTokenizer(), tree="test-oracle", reference=[], vocab=64, seed=9,
+                      random_only=True, eos_token_ids=(), lazy_logits=lazy)
+    sampled = dec.generate(prompt, max_new_tokens=20, temperature=1.0, seed=3).tokens
+    assert sampled == ar.generate(prompt, max_new_tokens=20, temperature=1.0, seed=3).tokens

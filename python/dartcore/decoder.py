@@ -49,7 +49,9 @@ class GenerationStats:
     from the prefill forward and is not part of tau. 0.0 when no round ran.
     ``accept_hist[a]`` counts the rounds that accepted ``a`` drafted tokens.
     ``seconds`` holds wall time per stage: prefill, draft, search, verify and
-    accept (acceptance walk, KV compaction, stop checks: everything else).
+    accept (acceptance walk, KV compaction, stop checks: everything else; with
+    lazy logits, the default on CPU, the LM-head rows the walk reads are
+    computed here too).
     """
 
     prompt_tokens: int = 0
@@ -114,6 +116,29 @@ class _Clock:
         self.t = now
 
 
+class _LazyLogits:
+    """Row i of the tree's logits, computed on first use.
+
+    On CPU the LM head dominates a small forward (SmolLM2: a 49152 x 576 fp32
+    matrix, ~20 ms per matrix-vector product on the dev box, while a 16-row
+    matrix product costs ~57 ms because MKL's small-M GEMM runs at ~1/3 of
+    GEMV's bandwidth efficiency). The acceptance walk reads only
+    ``accepted + 1`` rows, so computing those one at a time is cheaper than the
+    whole tree whenever tau is below ~3. On CUDA the batched product is
+    essentially free and the decoder computes all rows at once."""
+
+    def __init__(self, target: TargetModel, hidden: torch.Tensor):
+        self.target = target
+        self.hidden = hidden
+        self.rows: dict[int, torch.Tensor] = {}
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        row = self.rows.get(i)
+        if row is None:
+            row = self.rows[i] = self.target.logits(self.hidden[i:i + 1])[0]
+        return row
+
+
 class DartDecoder:
     """Speculative decoding of a Hugging Face Llama / Qwen3 target.
 
@@ -128,11 +153,14 @@ class DartDecoder:
     ``max_context`` caps the context below the model's
     ``max_position_embeddings``; ``eos_token_ids`` overrides the EOS ids read
     from the generation config and tokenizer (``()`` = never stop on EOS).
+    ``lazy_logits`` (default: on for CPU, off for CUDA) computes the LM head
+    only for the tree nodes the acceptance walk visits.
     """
 
     def __init__(self, model, tokenizer, drafter=None, index=None, *, tree: str = "dart",
                  device=None, dtype=None, max_context: int | None = None,
-                 eos_token_ids: Sequence[int] | None = None, **tree_params):
+                 eos_token_ids: Sequence[int] | None = None, lazy_logits: bool | None = None,
+                 **tree_params):
         if device is not None or dtype is not None:
             model.to(device=device, dtype=dtype)
         model.eval()
@@ -157,6 +185,7 @@ class DartDecoder:
         self.context_length = min(context, max_context) if max_context else context
         self.eos_token_ids = (tuple(int(t) for t in eos_token_ids) if eos_token_ids is not None
                               else _eos_ids(model, tokenizer))
+        self.lazy_logits = self.target.device.type != "cuda" if lazy_logits is None else bool(lazy_logits)
 
     @classmethod
     def from_pretrained(cls, target, drafter=None, index=None, *, tree: str = "dart", device=None,
@@ -301,7 +330,8 @@ class DartDecoder:
             clock.lap("search")
             out = self._verify(cache, flat, prefix, taps)
             clock.lap("verify")
-            acc = accept(flat, out.logits, sampler)
+            rows = _LazyLogits(target, out.hidden) if self.lazy_logits else out.logits
+            acc = accept(flat, rows, sampler)
             cache.compact(acc.path)
             new = [int(t) for t in flat.tokens[acc.path[1:]]] + [acc.bonus]
             stats._count(acc.accepted)
@@ -320,7 +350,8 @@ class DartDecoder:
         tokens = torch.from_numpy(flat.tokens)
         positions = torch.from_numpy(flat.depths + prefix)
         mask = torch.from_numpy(ancestor_mask(flat.parents))
-        return self.target.forward(cache, tokens, positions, mask, taps=taps)
+        rows = slice(0, 0) if self.lazy_logits else None
+        return self.target.forward(cache, tokens, positions, mask, taps=taps, logits_rows=rows)
 
     def _commit(self, generated: list[int], new: list[int], max_new_tokens: int, stops: list[str],
                 stats: GenerationStats, committed_len: int) -> bool:

@@ -38,8 +38,9 @@ _STATIC_ROPE = {"default", "linear", "llama3", "yarn", "longrope"}
 
 @dataclass
 class ForwardOutput:
-    logits: torch.Tensor  # [rows, V] float32
+    logits: torch.Tensor  # [rows, V] float32 (rows chosen by ``logits_rows``)
     taps: torch.Tensor | None  # [n, len(taps) * H] in the model dtype, or None
+    hidden: torch.Tensor  # [n, H] final normed hidden states (the LM head's input)
 
 
 class TargetModel:
@@ -126,7 +127,8 @@ class TargetModel:
         advanced (call ``cache.commit`` or ``cache.compact``).
         taps: HF ``hidden_states`` indices to return (index i < L is the input
         of layer i, L is the final normed state). logits_rows: which rows get
-        logits (default all; prefill passes ``slice(-1, None)``).
+        logits (default all; prefill passes ``slice(-1, None)``, lazy
+        verification ``slice(0, 0)`` and calls :meth:`logits` per row later).
         """
         n = int(tokens.shape[0])
         cache.check_block(n)
@@ -155,9 +157,16 @@ class TargetModel:
         if self.num_layers in tap_set:
             captured[self.num_layers] = h
         rows = h if logits_rows is None else h[logits_rows]
-        logits = self.lm_head(rows).float()
+        logits = self.logits(rows)
         tap_out = torch.cat([captured[int(t)] for t in taps], dim=-1) if len(taps) else None
-        return ForwardOutput(logits=logits, taps=tap_out)
+        return ForwardOutput(logits=logits, taps=tap_out, hidden=h)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """LM head on final normed hidden states ``[m, H]`` -> float32 ``[m, V]``."""
+        if hidden.shape[0] == 0:
+            return torch.empty(0, self.vocab_size, dtype=torch.float32, device=hidden.device)
+        return self.lm_head(hidden).float()
 
     def _attention(self, attn, layer_idx: int, x: torch.Tensor, cos, sin, cache: KVCache,
                    block_mask: torch.Tensor) -> torch.Tensor:
