@@ -84,7 +84,8 @@ fn bench(c: &mut Criterion) {
     };
     let (d, k) = (8, 25);
     let mut rng = Rng(42);
-    let inputs: Vec<(Vec<u32>, (Vec<u32>, Vec<f32>))> = (0..64)
+    type Input = (Vec<u32>, (Vec<u32>, Vec<f32>));
+    let inputs: Vec<Input> = (0..64)
         .map(|_| {
             let ctx = vec![rng.below(V.min(index.vocab_size()) as u64) as u32, rng.below(V.min(index.vocab_size()) as u64) as u32];
             (ctx, rows(&index, &mut rng, d, k))

@@ -378,6 +378,8 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
             }
             let mut any = false;
             for vi in 0..nv {
+                // Negated on purpose: a NaN bound (−inf + inf with ε = 0) must keep the node.
+                #[allow(clippy::neg_cmp_op_on_partial_ord)]
                 let ok = !(pscore + s.drafter[vi] + bmax + margin < floor);
                 s.alive[vi] = ok;
                 any |= ok;

@@ -75,16 +75,16 @@ pub fn time_beam_search<S: NgramScorer + ?Sized>(
     let row = |b: usize| (&topk_tokens[b * per..(b + 1) * per], &topk_logprobs[b * per..(b + 1) * per]);
     // Warm-up (page cache, branch predictors, thread-local buffers) and query log.
     let rec = Recorder { inner: scorer, log: Mutex::new(Vec::new()) };
-    for b in 0..contexts.len() {
+    for (b, ctx) in contexts.iter().enumerate() {
         let (tk, lp) = row(b);
-        beam_search(&rec, contexts[b], tk, lp, d, k, params)?;
+        beam_search(&rec, ctx, tk, lp, d, k, params)?;
     }
     let mut t = SearchTiming::default();
-    for b in 0..contexts.len() {
+    for (b, ctx) in contexts.iter().enumerate() {
         let (tk, lp) = row(b);
         let c0 = thread_cpu_ns();
         let t0 = Instant::now();
-        let tree = beam_search(scorer, contexts[b], tk, lp, d, k, params)?;
+        let tree = beam_search(scorer, ctx, tk, lp, d, k, params)?;
         t.search_ns.push(t0.elapsed().as_nanos() as u64);
         t.search_cpu_ns.push(thread_cpu_ns().saturating_sub(c0));
         std::hint::black_box(tree);

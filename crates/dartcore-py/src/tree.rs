@@ -232,7 +232,7 @@ fn ancestor_bits<'py>(py: Python<'py>, parents: PyReadonlyArray1<'py, i64>) -> P
         .collect::<PyResult<_>>()?;
     let n = par.len();
     let bits = dart_tree::ancestor_bits(&par);
-    Ok(PyArray1::from_vec(py, bits).reshape([n, n.div_ceil(64)])?)
+    PyArray1::from_vec(py, bits).reshape([n, n.div_ceil(64)])
 }
 
 /// Benchmark helper (tools/bench_tree.py): same inputs as `beam_search_batch`; times every
