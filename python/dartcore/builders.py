@@ -41,10 +41,14 @@ __all__ = [
 ]
 
 # Default node budget (root excluded) on CPU. The paper's theta = 59 is a GPU
-# budget; on CPU the verify forward's cost grows with the node count much
-# earlier. Chosen from tools/bench_decode.py's verify-cost curve on SmolLM2-135M
-# (fp32, 2 cores): see the note in README / the issue report.
-CPU_MAX_NODES = 24
+# budget. Measured with tools/bench_decode.py on SmolLM2-135M, fp32, 1 thread of
+# the shared 2-core dev box (median ms per target forward after 256 cached
+# tokens): 1-2 nodes ~87 ms, 4 ~150, 8 ~190, 16 ~180, 24-32 ~230, 64 ~330,
+# 128 ~490. MKL's small-M GEMM makes the step from 1-2 rows to 4 expensive, and
+# 4..32 nodes then cost about the same, so the budget sits on that plateau,
+# where tau still grows (tau 1.54 / 1.57 / 1.64 at 4 / 8 / 16 nodes with the
+# 65-minute CPU drafter checkpoint).
+CPU_MAX_NODES = 16
 
 
 @dataclass
