@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dartcore.builders import TreeInputs, make_tree_builder
+from dartcore.builders import TreeInputs, make_tree_builder, root_only
 from dartcore.errors import ContextLengthError, DrafterMismatchError, TokenizerMismatchError, TreeError
 from dartcore.models.transformer import TargetModel
 from dartcore.sampling import Sampler, SamplingParams
@@ -306,6 +306,7 @@ class DartDecoder:
         clock.lap("prefill")
         done = self._commit(generated, [token], max_new_tokens, stops, stats, len(committed))
         yield list(generated)
+        clock.lap("accept")  # the consumer's time (text decoding, streaming) counts as "other"
         if done:
             return
 
@@ -314,16 +315,20 @@ class DartDecoder:
             max_depth = min(max_new_tokens - len(generated), self.context_length - len(committed)) - 1
             max_nodes = capacity - prefix  # root included
             logits = hidden = None
-            if drafter is not None:
+            # max_depth == 0 only in the last round (one token left): nothing to draft.
+            if drafter is not None and max_depth > 0:
                 drafted = drafter.draft(dstate, new_taps, torch.tensor(new_next, dtype=torch.long),
                                         return_hidden=self.builder.needs_hidden)
                 logits, hidden = drafted if self.builder.needs_hidden else (drafted, None)
             clock.lap("draft")
-            tree = self.builder(TreeInputs(
-                context=np.asarray(committed, dtype=np.int64), logits=logits, hidden=hidden,
-                drafter=drafter, index=self.index, max_depth=max_depth, max_nodes=max_nodes - 1,
-                eos_token_ids=self.eos_token_ids,
-            ))
+            if max_depth > 0:
+                tree = self.builder(TreeInputs(
+                    context=np.asarray(committed, dtype=np.int64), logits=logits, hidden=hidden,
+                    drafter=drafter, index=self.index, max_depth=max_depth, max_nodes=max_nodes - 1,
+                    eos_token_ids=self.eos_token_ids,
+                ))
+            else:
+                tree = root_only(committed[-1])
             flat = prune(flatten(tree), max_depth=max_depth, max_nodes=max_nodes)
             if int(flat.tokens[0]) != committed[-1]:
                 raise TreeError(f"tree root {int(flat.tokens[0])} is not the last committed token {committed[-1]}")
@@ -343,6 +348,7 @@ class DartDecoder:
             done = self._commit(generated, new, max_new_tokens, stops, stats, len(committed))
             clock.lap("accept")
             yield generated[base:]
+            clock.lap("accept")
             if done:
                 return
 
