@@ -226,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         "search_cpu_p99_us": pct(cpu, 99),
         "ngram_share": round(r["ngram_total_cpu_ns"] / max(1, r["search_total_cpu_ns"]), 3),
         "ngram_queries_per_search": round(r["ngram_queries"] / args.searches, 1),
+        "ngram_candidates_per_query": round(r["ngram_candidates"] / max(1, r["ngram_queries"]), 1),
+        "ngram_us_per_query": round(r["ngram_total_cpu_ns"] / max(1, r["ngram_queries"]) / 1e3, 3),
         "batch8_us": round(float(np.median(r["batch_ns"]) / 1e3), 2) if len(r["batch_ns"]) else None,
         "batch_threads": num_threads(),
         "no_ngram_p50_us": pct(np.asarray(r0["search_ns"]) / 1e3, 50),
@@ -248,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         rows = [(k, result[k]) for k in ("search_p50_us", "search_p99_us", "search_mean_us", "search_cpu_p50_us",
                                           "search_cpu_p99_us", "ngram_share", "ngram_queries_per_search",
+                                          "ngram_candidates_per_query", "ngram_us_per_query",
                                           "batch8_us", "batch_threads", "no_ngram_p50_us", "no_ngram_cpu_p50_us",
                                           "python_call_p50_us", "tree_nodes_mean", "load_avg_1min", "cpus")]
         print(f"index: {idx_path.name}, {result['index']}")

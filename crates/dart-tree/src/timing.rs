@@ -23,6 +23,8 @@ pub struct SearchTiming {
     pub ngram_total_cpu_ns: u64,
     /// Number of `cond_probs` queries per search, summed.
     pub ngram_queries: u64,
+    /// Number of candidates in those queries, summed.
+    pub ngram_candidates: u64,
     /// Wall time of each batch of `batch` searches run with [`beam_search_batch`] (ns).
     pub batch_ns: Vec<u64>,
 }
@@ -93,6 +95,7 @@ pub fn time_beam_search<S: NgramScorer + ?Sized>(
     t.search_total_cpu_ns = t.search_cpu_ns.iter().sum();
     let log = rec.log.into_inner().unwrap_or_else(|p| p.into_inner());
     t.ngram_queries = log.len() as u64;
+    t.ngram_candidates = log.iter().map(|(_, v)| v.len() as u64).sum();
     let mut out = vec![0.0; k.max(1)];
     let c0 = thread_cpu_ns();
     for (c, v) in &log {

@@ -277,6 +277,7 @@ fn bench_beam_search<'py>(
     out.set_item("search_total_cpu_ns", t.search_total_cpu_ns)?;
     out.set_item("ngram_total_cpu_ns", t.ngram_total_cpu_ns)?;
     out.set_item("ngram_queries", t.ngram_queries)?;
+    out.set_item("ngram_candidates", t.ngram_candidates)?;
     out.set_item("batch_ns", PyArray1::from_vec(py, t.batch_ns))?;
     Ok(out)
 }
