@@ -283,3 +283,20 @@ def test_lazy_and_batched_lm_head_agree(tiny_target, lazy):
                       random_only=True, eos_token_ids=(), lazy_logits=lazy)
     sampled = dec.generate(prompt, max_new_tokens=20, temperature=1.0, seed=3).tokens
     assert sampled == ar.generate(prompt, max_new_tokens=20, temperature=1.0, seed=3).tokens
+
+
+def test_hf_style_streamer_gets_every_token_then_end(tiny_target):
+    class Recorder:
+        def __init__(self):
+            self.tokens, self.ended = [], False
+
+        def put(self, value):
+            self.tokens.extend(torch.as_tensor(value).reshape(-1).tolist())
+
+        def end(self):
+            self.ended = True
+
+    rec = Recorder()
+    dec = DartDecoder(tiny_target, CharTokenizer(), tree="ar", eos_token_ids=())
+    res = dec.generate([1, 5, 6], max_new_tokens=9, streamer=rec)
+    assert rec.tokens == res.tokens and len(res.tokens) == 9 and rec.ended

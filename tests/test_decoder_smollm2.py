@@ -82,3 +82,16 @@ def test_greedy_identical_to_hf_generate_on_eval_prompts(smollm2, shared_data, d
             mismatches.append((i, tree, ref, res.tokens))
     assert not mismatches, mismatches[:3]
     assert sum(taus) / len(taus) >= 1.0
+
+
+def test_chat_messages_and_text_prompts(smollm2, decoders):
+    model, tok = smollm2
+    dec = decoders["ngram-only"]
+    messages = [{"role": "user", "content": "What is 2 + 3?"}]
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    a = dec.generate(messages, max_new_tokens=12)
+    assert a.tokens == dec.generate(ids, max_new_tokens=12).tokens
+    assert a.text == tok.decode(a.tokens, skip_special_tokens=True)
+    b = dec.generate("def fibonacci(n):", max_new_tokens=8)
+    assert b.stats.prompt_tokens == len(tok("def fibonacci(n):")["input_ids"])
