@@ -105,6 +105,24 @@ for heads, kv_heads, prefix, n, d in [(2, 2, 0, 1, 8), (4, 2, 37, 70, 16), (3, 1
         a = tree_attention(q, k, v, prefix, mask, scale=d ** -0.5)
     b = tree_attention_reference(q, k, v, prefix, mask, scale=d ** -0.5)
     worst = max(worst, float((a - b).abs().max()))
+# the whole target forward (cache slices as k/v, GQA, tree mask) through the kernel
+from transformers import LlamaConfig, AutoModelForCausalLM
+from dartcore.models.transformer import TargetModel
+torch.manual_seed(0)
+cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
+target = TargetModel(AutoModelForCausalLM.from_config(cfg).eval())
+parents = np.array([-1, 0, 0, 1, 1, 2, 4])
+depths = np.array([0, 1, 1, 2, 2, 2, 3])
+outs = []
+for backend in ("triton", "reference"):
+    cache = target.new_cache(40)
+    with force_backend(backend):
+        target.forward(cache, torch.arange(3, 23), torch.arange(20))
+        cache.commit(20)
+        outs.append(target.forward(cache, torch.arange(30, 37), torch.from_numpy(depths + 20),
+                                   torch.from_numpy(ancestor_mask(parents))).logits)
+worst = max(worst, float((outs[0] - outs[1]).abs().max()) / float(outs[1].abs().max()))
 print("MAXDIFF", worst)
 """
 

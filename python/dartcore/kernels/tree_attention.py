@@ -79,8 +79,20 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len
     if backend_for(q.device) == "triton":
         from dartcore.kernels.triton_tree import tree_attention_triton
 
-        return tree_attention_triton(q, k, v, prefix_len, pack_block_mask(block_mask), scale=scale)
+        return tree_attention_triton(q, k, v, prefix_len, _packed(block_mask), scale=scale)
     return tree_attention_reference(q, k, v, prefix_len, block_mask, scale=scale)
+
+
+_LAST_PACKED: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+def _packed(block_mask: torch.Tensor) -> torch.Tensor:
+    """pack_block_mask, reused while the same mask object comes back (every
+    layer of one forward passes the same mask)."""
+    global _LAST_PACKED
+    if _LAST_PACKED is None or _LAST_PACKED[0] is not block_mask:
+        _LAST_PACKED = (block_mask, pack_block_mask(block_mask))
+    return _LAST_PACKED[1]
 
 
 # Below this many rows the plain reference is faster on CPU than SDPA's dispatch.
