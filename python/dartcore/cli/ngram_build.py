@@ -124,7 +124,7 @@ def _default_threads() -> int:
 class MapOptions:
     corpus: str = "dolma"
     corpus_dir: str | None = None
-    files: str | None = None
+    files: str | list[str] | None = None
     text_field: str = "text"
     token_dtype: str | None = None
     tokenizer: str = "qwen3"
@@ -733,7 +733,8 @@ def _add_input_args(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("input")
     g.add_argument("--corpus", default="dolma", help="dolma | jsonl | text | npy (default: dolma)")
     g.add_argument("--corpus-dir", help="corpus directory (dolma: the one holding documents/; default $DOLMA_DIR)")
-    g.add_argument("--files", help="glob of shard files (relative to --corpus-dir if given; ** recurses)")
+    g.add_argument("--files", action="append",
+                   help="glob of shard files (relative to --corpus-dir if given; ** recurses); repeatable")
     g.add_argument("--text-field", default="text", help="JSON field with the text; dotted for nested (default: text)")
     g.add_argument("--token-dtype", choices=["uint16", "uint32"],
                    help="npy: dtype of raw (headerless) token files (default: from the vocabulary size)")
@@ -808,6 +809,28 @@ def _reduce_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _files_arg(args: argparse.Namespace) -> str | list[str] | None:
+    """One --files glob is passed through; several are expanded (each relative to
+    --corpus-dir when given) into one sorted list of shard paths."""
+    globs = args.files
+    if not globs:
+        return None
+    if len(globs) == 1:
+        return globs[0]
+    import glob as globlib
+
+    paths: set[str] = set()
+    for g in globs:
+        pattern = os.path.expanduser(g)
+        if args.corpus_dir and not os.path.isabs(pattern):
+            pattern = os.path.join(os.path.expanduser(args.corpus_dir), pattern)
+        matched = [p for p in globlib.glob(pattern, recursive=True) if os.path.isfile(p)]
+        if not matched:
+            raise CorpusError(f"--files {g!r} matches no file")
+        paths.update(os.path.abspath(p) for p in matched)
+    return sorted(paths)
+
+
 def _map_options(args: argparse.Namespace, work_dir: Path, resume: bool) -> MapOptions:
     from dartcore.corpus import CORPUS_KINDS
 
@@ -821,7 +844,7 @@ def _map_options(args: argparse.Namespace, work_dir: Path, resume: bool) -> MapO
     if part[1] > 1 and (args.max_docs or args.max_tokens):
         raise IndexBuildError("--max-docs/--max-tokens cannot be combined with --part (the limit is global)")
     return MapOptions(
-        corpus=args.corpus, corpus_dir=args.corpus_dir, files=args.files, text_field=args.text_field,
+        corpus=args.corpus, corpus_dir=args.corpus_dir, files=_files_arg(args), text_field=args.text_field,
         token_dtype=args.token_dtype, tokenizer=args.tokenizer, work_dir=work_dir, memory=args.memory,
         threads=args.threads, temp_dir=args.temp_dir, max_docs=args.max_docs, max_tokens=args.max_tokens,
         resume=resume, strict=args.strict, quiet=args.quiet, part=part, batch_bytes=args.batch_bytes,
