@@ -10,7 +10,6 @@ Rerunning reuses the corpus and the index when they are already there.
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import subprocess
 import sys

@@ -635,21 +635,8 @@ struct IndexWriter {
     order_scratch: Vec<(u64, u32, u32)>,
 }
 
-const STREAMED: [Sec; 13] = [
-    Sec::L2Nodes,
-    Sec::L2EscRank,
-    Sec::L2Esc,
-    Sec::L3Blocks,
-    Sec::L3Delta,
-    Sec::L3Nodes,
-    Sec::L3EscRank,
-    Sec::L3Esc,
-    Sec::Ends,
-    Sec::TopK1,
-    Sec::TopK2,
-    Sec::TopKEsc,
-    Sec::L3Wide,
-];
+/// The sections after META, UNI and UNI_ORDER, which are streamed to spill files while merging.
+const STREAMED: &[Sec] = SECTIONS.split_at(3).1;
 
 impl IndexWriter {
     fn new(opts: &BuildOptions, output: &Path) -> Result<Self> {
@@ -661,7 +648,7 @@ impl IndexWriter {
             .tempdir_in(&base)
             .map_err(|e| Error::io(&base, e))?;
         let mut files: Vec<Option<SecFile>> = (0..SECTIONS.len()).map(|_| None).collect();
-        for s in STREAMED {
+        for &s in STREAMED {
             let p = dir.path().join(s.name());
             let f = File::options().read(true).write(true).create_new(true).open(&p).map_err(|e| Error::io(&p, e))?;
             files[s as usize - 1] = Some(SecFile::new(f));
