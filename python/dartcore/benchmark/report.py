@@ -21,7 +21,7 @@ def markdown_table(report: dict) -> str:
         ident = r.get("greedy_identical")
         lines.append(
             f"| {r['dataset']} | {r['method']} | {r['temperature']:g} | {_fmt(r.get('tau'), '.2f')} "
-            f"| {r['tok_per_s']:.1f} | {_fmt(r.get('speedup'), '.2f')}× "
+            f"| {r['tok_per_s']:.1f} | {_fmt(r.get('speedup'), '.2f')}× | "
             + " | ".join(_fmt(r.get(f"{s}_ms_per_round"), ".1f") for s in _STAGES)
             + f" | {'—' if ident is None else ('yes' if ident else 'NO')} |"
         )
