@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--target", default="smollm2")
     p.add_argument("--drafter", default="smollm2")
+    p.add_argument("--tokenizer", help="tokenizer for the index (default: the target's)")
     p.add_argument("--tree", default="dart")
     args = p.parse_args(argv)
     out = Path(args.out)
@@ -45,15 +46,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         step(f"1/4 local corpus: reusing {corpus}")
 
-    index = out / "smollm2.idx"
+    index = out / (Path(args.target).name + ".idx")
     if not index.exists():
         files = [str(corpus / "documents" / "*.json.gz")]
         from dartcore.benchmark.datasets import find_data_dir
         data = find_data_dir()
         if data and (data / "dolma-sample" / "documents").is_dir():
             files.append(str(data / "dolma-sample" / "documents" / "*"))
-        step("2/4 ngram-build: SmolLM2 tokenizer, trigram index -> " + str(index))
-        cmd = [sys.executable, "-m", "dartcore.cli.ngram_build", "--corpus", "dolma", "--tokenizer", "smollm2",
+        step(f"2/4 ngram-build: {args.tokenizer or args.target} tokenizer, trigram index -> {index}")
+        cmd = [sys.executable, "-m", "dartcore.cli.ngram_build", "--corpus", "dolma", "--tokenizer", args.tokenizer or args.target,
                "--output", str(index), "--memory", "4G"]
         for f in files:
             cmd += ["--files", f]
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         step(f"2/4 ngram-build: reusing {index}")
 
-    step("3/4 load target (SmolLM2-135M-Instruct, fp32, CPU), drafter and index")
+    step(f"3/4 load target ({args.target}, fp32, CPU), drafter and index")
     from dartcore import DartDecoder, DartDrafter, NgramIndex
     from dartcore.benchmark.datasets import BUILTIN_PROMPTS
     from dartcore.models.hub import load_target
