@@ -29,6 +29,7 @@ from dartcore import _native
 from dartcore.errors import TreeError
 
 __all__ = [
+    "ancestor_mask",
     "Tree",
     "verification_inputs",
     "topk_logprobs",
@@ -84,9 +85,7 @@ class Tree:
     def ancestor_mask(self) -> np.ndarray:
         """bool[n, n]: ``mask[i, j]`` iff node j is an ancestor of node i or i itself (the
         tree part of the verification attention mask)."""
-        n = self.size
-        bits = self.ancestor_bits().astype("<u8", copy=False)
-        return np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, :n].astype(bool)
+        return ancestor_mask(self.parents)
 
     def children(self) -> list[list[int]]:
         """Child node indices of every node, in node order."""
@@ -110,6 +109,15 @@ class Tree:
         has_child = np.zeros(self.size, dtype=bool)
         has_child[self.parents[self.parents >= 0]] = True
         return [self.path(i) for i in np.flatnonzero(~has_child)]
+
+
+def ancestor_mask(parents: Any) -> np.ndarray:
+    """bool[n, n] from a depth-ordered parent array (root −1): ``mask[i, j]`` iff node j is an
+    ancestor of node i or i itself. Unpacks the native ancestor bitmask words."""
+    parents = np.ascontiguousarray(parents, dtype=np.int64)
+    n = len(parents)
+    bits = _native.ancestor_bits(parents).astype("<u8", copy=False)
+    return np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, :n].astype(bool)
 
 
 def verification_inputs(tree: Tree, prefix_len: int) -> tuple[np.ndarray, np.ndarray]:

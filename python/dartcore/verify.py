@@ -25,6 +25,7 @@ import torch
 
 from dartcore.errors import TreeError
 from dartcore.sampling import Sampler
+from dartcore.tree import ancestor_mask  # re-exported: the decoder's mask comes from the native bits
 
 __all__ = ["FlatTree", "flatten", "ancestor_mask", "accept", "Acceptance", "prune"]
 
@@ -63,18 +64,6 @@ def _check(tokens, parents, depths) -> FlatTree:
 def flatten(tree) -> FlatTree:
     """Validate a tree (anything with ``tokens``, ``parents``, ``depths``)."""
     return _check(tree.tokens, tree.parents, tree.depths)
-
-
-def ancestor_mask(parents: np.ndarray) -> np.ndarray:
-    """bool ``[n, n]``: row i is True at i and at every ancestor of i."""
-    n = len(parents)
-    mask = np.zeros((n, n), dtype=bool)
-    for i in range(n):  # parents come first, so row p is complete before row i
-        p = parents[i]
-        if p >= 0:
-            mask[i] = mask[p]
-        mask[i, i] = True
-    return mask
 
 
 def prune(tree: FlatTree, *, max_depth: int, max_nodes: int) -> FlatTree:

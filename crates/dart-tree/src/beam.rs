@@ -178,6 +178,57 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
+impl Scratch {
+    /// Beam entry `e` of level `l`: (parent candidate, its score, trigram context of its
+    /// children). Level 0 has one entry, the root, whose context is the last two context tokens.
+    fn entry(&self, l: usize, e: usize, context: &[u32]) -> (u32, f64, [u32; 2]) {
+        if l == 0 {
+            let rc = root_context(context);
+            (NONE, 0.0, if rc.len() == 2 { [rc[0], rc[1]] } else { [NONE, rc[0]] })
+        } else {
+            let c = &self.cands[self.beam[e] as usize];
+            (self.beam[e], c.score, [c.prev, c.token])
+        }
+    }
+
+    fn push_cand(&mut self, score: f64, token: u32, prev: u32, parent: u32, level: usize) {
+        push_cand(&mut self.cands, score, token, prev, parent, level);
+    }
+
+    /// Record that `parent`'s children are the candidates created since `child_start`.
+    fn close_children(&mut self, parent: u32, child_start: u32) {
+        if parent != NONE {
+            let end = self.cands.len() as u32;
+            let p = &mut self.cands[parent as usize];
+            p.child_start = child_start;
+            p.child_len = end - child_start;
+        }
+    }
+}
+
+fn push_cand(cands: &mut Vec<Cand>, score: f64, token: u32, prev: u32, parent: u32, level: usize) {
+    cands.push(Cand {
+        score,
+        token,
+        prev,
+        parent,
+        level: level as u16,
+        child_start: 0,
+        child_len: 0,
+        tree_idx: NONE,
+        kept: false,
+    });
+}
+
+/// A trigram context as the index wants it: one token when there is no token before the root.
+fn context_slice(ctx: &[u32; 2]) -> &[u32] {
+    if ctx[0] == NONE {
+        &ctx[1..]
+    } else {
+        &ctx[..]
+    }
+}
+
 fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {
     SCRATCH.with(|cell| match cell.try_borrow_mut() {
         Ok(mut s) => f(&mut s),
@@ -356,13 +407,7 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
 
         let n_entries = if l == 0 { 1 } else { s.beam.len() };
         for e in 0..n_entries {
-            let (parent, pscore, ctx): (u32, f64, [u32; 2]) = if l == 0 {
-                let rc = root_context(context);
-                (NONE, 0.0, if rc.len() == 2 { [rc[0], rc[1]] } else { [NONE, rc[0]] })
-            } else {
-                let c = &s.cands[s.beam[e] as usize];
-                (s.beam[e], c.score, [c.prev, c.token])
-            };
+            let (parent, pscore, ctx) = s.entry(l, e, context);
             // Exact pruning. Only the best `beam_width` expansions of a level are kept, and
             // a later expansion that ties the current w-th best loses on creation order, so
             // an expansion whose score cannot exceed the current w-th best score (`floor`)
@@ -411,7 +456,7 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
                 }
                 let m = s.sub_tokens.len();
                 if m > 0 {
-                    let cslice: &[u32] = if ctx[0] == NONE { &ctx[1..] } else { &ctx[..] };
+                    let cslice = context_slice(&ctx);
                     scorer.cond_probs(cslice, &s.sub_tokens, params.unigram_backoff, &mut s.gbuf[..m]);
                     for (i, &vi) in s.sub_cols.iter().enumerate() {
                         s.ngram[off + vi as usize] = scale * (s.gbuf[i] + params.eps).ln();
@@ -432,24 +477,9 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
                 }
                 let score = pscore + delta;
                 s.top.push(score, params.beam_width);
-                s.cands.push(Cand {
-                    score,
-                    token: row_tokens[s.valid[vi] as usize],
-                    prev: ctx[1],
-                    parent,
-                    level: l as u16,
-                    child_start: 0,
-                    child_len: 0,
-                    tree_idx: NONE,
-                    kept: false,
-                });
+                s.push_cand(score, row_tokens[s.valid[vi] as usize], ctx[1], parent, l);
             }
-            if parent != NONE {
-                let end = s.cands.len() as u32;
-                let p = &mut s.cands[parent as usize];
-                p.child_start = child_start;
-                p.child_len = end - child_start;
-            }
+            s.close_children(parent, child_start);
         }
         select_beam(s, level_start, params);
         if s.beam.is_empty() {
@@ -572,35 +602,14 @@ fn ngram_tree_in<S: NgramScorer + ?Sized>(
         let level_start = s.cands.len();
         let n_entries = if l == 0 { 1 } else { s.beam.len() };
         for e in 0..n_entries {
-            let (parent, pscore, ctx): (u32, f64, [u32; 2]) = if l == 0 {
-                let rc = root_context(context);
-                (NONE, 0.0, if rc.len() == 2 { [rc[0], rc[1]] } else { [NONE, rc[0]] })
-            } else {
-                let c = &s.cands[s.beam[e] as usize];
-                (s.beam[e], c.score, [c.prev, c.token])
-            };
-            let cslice: &[u32] = if ctx[0] == NONE { &ctx[1..] } else { &ctx[..] };
+            let (parent, pscore, ctx) = s.entry(l, e, context);
+            let cslice = context_slice(&ctx);
             scorer.top_children(cslice, k, params.unigram_backoff, &mut s.child_tokens, &mut s.child_probs)?;
             let child_start = s.cands.len() as u32;
             for (&t, &g) in s.child_tokens.iter().zip(&s.child_probs) {
-                s.cands.push(Cand {
-                    score: pscore + scale * (g + params.eps).ln(),
-                    token: t,
-                    prev: ctx[1],
-                    parent,
-                    level: l as u16,
-                    child_start: 0,
-                    child_len: 0,
-                    tree_idx: NONE,
-                    kept: false,
-                });
+                push_cand(&mut s.cands, pscore + scale * (g + params.eps).ln(), t, ctx[1], parent, l);
             }
-            if parent != NONE {
-                let end = s.cands.len() as u32;
-                let p = &mut s.cands[parent as usize];
-                p.child_start = child_start;
-                p.child_len = end - child_start;
-            }
+            s.close_children(parent, child_start);
         }
         select_beam(s, level_start, params);
         if s.beam.is_empty() {

@@ -223,14 +223,18 @@ pub struct PyIndexBuilder {
 }
 
 impl PyIndexBuilder {
+    fn slot(&self) -> PyResult<std::sync::MutexGuard<'_, Option<Builder>>> {
+        self.inner.lock().map_err(|_| errors::dart_error("IndexBuildError", "builder poisoned by an earlier panic".into()))
+    }
+    fn finished() -> PyErr {
+        errors::dart_error("IndexBuildError", "builder already finished".into())
+    }
     fn with<R>(&self, f: impl FnOnce(&mut Builder) -> dart_ngram::Result<R>) -> PyResult<R> {
-        let mut g = self.inner.lock().map_err(|_| errors::dart_error("IndexBuildError", "builder poisoned by an earlier panic".into()))?;
-        let b = g.as_mut().ok_or_else(|| errors::dart_error("IndexBuildError", "builder already finished".into()))?;
-        f(b).map_err(errors::ngram)
+        let mut g = self.slot()?;
+        f(g.as_mut().ok_or_else(Self::finished)?).map_err(errors::ngram)
     }
     fn take(&self) -> PyResult<Builder> {
-        let mut g = self.inner.lock().map_err(|_| errors::dart_error("IndexBuildError", "builder poisoned by an earlier panic".into()))?;
-        g.take().ok_or_else(|| errors::dart_error("IndexBuildError", "builder already finished".into()))
+        self.slot()?.take().ok_or_else(Self::finished)
     }
 }
 

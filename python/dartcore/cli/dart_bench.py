@@ -40,6 +40,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--verify-cost", action="store_true", help="also measure the verify-cost curve")
     p.add_argument("--verify-cost-only", action="store_true", help="only measure the verify-cost curve")
+    p.add_argument("--prefix-len", type=int, default=256, help="cached prefix of the verify-cost forwards")
+    p.add_argument("--budgets", default="",
+                   help="comma-separated node budgets at which to measure dart's T=0 tau on --budget-prompts "
+                        "prompts of the first dataset (feeds the budget choice), e.g. 4,8,16,24,32")
+    p.add_argument("--budget-prompts", type=int, default=3)
     p.add_argument("--out", default="artifacts/bench", help="output directory")
     p.add_argument("--json", action="store_true", help="print the JSON result on stdout")
     p.add_argument("--no-plots", action="store_true")
@@ -87,22 +92,14 @@ def main(argv: list[str] | None = None) -> int:
 
         report = run_benchmark(cfg, progress=progress)
         bar.close()
+    if report.get("results"):
+        from dartcore.benchmark.runner import median_speedups
+        report["median_speedup"] = {f"T={t:g}": median_speedups(report, t) for t in cfg.temperatures}
     if args.verify_cost or args.verify_cost_only:
-        from dartcore.benchmark.verify_cost import choose_budget, measure_verify_cost
-        from dartcore.models.hub import load_target
-        from dartcore.models.transformer import TargetModel
-
-        model, _ = load_target(args.target)
-        curve = measure_verify_cost(TargetModel(model))
-        taus = {}
-        for r in report.get("results", []):
-            if r["method"] == "dart" and r["temperature"] == 0.0 and r.get("tau"):
-                taus.setdefault(args.max_nodes or 0, []).append(r["tau"])
-        choice = choose_budget(curve, {n: sum(v) / len(v) for n, v in taus.items() if n} or None)
-        report["verify_cost"] = choice
+        report["verify_cost"] = _verify_cost(args, report)
         report.setdefault("machine", machine_info())
         if not args.no_plots:
-            plot_verify_cost(choice, out / "verify_cost.png")
+            plot_verify_cost(report["verify_cost"], out / "verify_cost.png")
     (out / "bench.json").write_text(json.dumps(report, indent=2))
     if report.get("results"):
         table = markdown_table(report)
@@ -121,6 +118,64 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report))
     print(f"wrote {out}/bench.json", file=sys.stderr)
     return 0
+
+
+def _verify_cost(args, report: dict) -> dict:
+    """The verify-cost curve and the budget it implies, with τ measured in this run: dart's
+    T = 0 rows at the budget they ran with, plus --budgets sweeps."""
+    import statistics
+
+    from dartcore.benchmark.verify_cost import DEFAULT_SIZES, choose_budget, measure_verify_cost
+    from dartcore.builders import CPU_MAX_NODES
+    from dartcore.models.hub import load_target
+    from dartcore.models.transformer import TargetModel
+
+    model, _ = load_target(args.target)
+    curve = measure_verify_cost(TargetModel(model), prefix_len=args.prefix_len, sizes=DEFAULT_SIZES)
+    taus: dict[int, list[float]] = {}
+    for r in report.get("results", []):
+        if r["method"] == "dart" and r["temperature"] == 0.0 and r.get("tau"):
+            taus.setdefault(args.max_nodes or CPU_MAX_NODES, []).append(r["tau"])
+    if args.budgets:
+        report["tau_by_budget"] = _tau_by_budget(args, model, [int(b) for b in args.budgets.split(",")])
+        for row in report["tau_by_budget"]:
+            taus.setdefault(row["max_nodes"], []).append(row["tau"])
+    tau_at = {n: statistics.mean(v) for n, v in taus.items()}
+    if tau_at:
+        tau_at.setdefault(1, 1.0)  # a root-only tree commits exactly one token
+    return choose_budget(curve, tau_at or None)
+
+
+def _tau_by_budget(args, model, budgets: list[int]) -> list[dict]:
+    """dart's greedy tau and tokens/s at each node budget (same prompts, same run)."""
+    from transformers import AutoTokenizer
+
+    from dartcore.benchmark.datasets import load_prompts
+    from dartcore.decoder import DartDecoder
+    from dartcore.drafter import DartDrafter
+    from dartcore.index import NgramIndex
+    from dartcore.models.hub import resolve_target
+
+    tok = AutoTokenizer.from_pretrained(resolve_target(args.target))
+    drafter = DartDrafter.from_pretrained(args.drafter, model, tokenizer=tok)
+    index = NgramIndex(args.index)
+    dataset = args.datasets.split(",")[0].strip()
+    prompts = load_prompts(dataset, args.budget_prompts, args.data_dir)
+    rows = []
+    for b in budgets:
+        dec = DartDecoder(model, tok, drafter, index, tree="dart", max_nodes=b)
+        tokens = rounds = committed = 0
+        seconds = 0.0
+        for messages in prompts:
+            s = dec.generate(messages, max_new_tokens=args.max_new_tokens).stats
+            tokens += s.new_tokens
+            seconds += s.total_s
+            rounds += s.rounds
+            committed += sum((a + 1) * c for a, c in enumerate(s.accept_hist))
+        rows.append({"max_nodes": b, "dataset": dataset, "prompts": len(prompts),
+                     "tau": committed / max(rounds, 1), "tok_per_s": tokens / seconds if seconds else 0.0})
+        print(f"budget {b}: tau {rows[-1]['tau']:.2f}, {rows[-1]['tok_per_s']:.2f} tok/s", file=sys.stderr)
+    return rows
 
 
 if __name__ == "__main__":
