@@ -253,6 +253,19 @@ impl<'a> Level<'a> {
     }
 }
 
+impl Level<'_> {
+    /// count(c, v)/total(c) if `v` (≥ the token at `*cursor`) is a child of `c` with a
+    /// non-zero count; advances `*cursor` to the first child ≥ `v` (candidates come sorted).
+    #[inline]
+    fn seen(&self, c: Ctx, cursor: &mut usize, v: u32) -> Option<f64> {
+        *cursor = self.gallop(*cursor, c.e, v);
+        let p = *cursor;
+        let w = self.word(p).filter(|&w| p < c.e && self.token_of(w) == v)?;
+        let cnt = self.count_of(p, w);
+        (cnt > 0).then(|| cnt as f64 / c.total as f64)
+    }
+}
+
 /// A resolved context: its node range at one level and its total.
 #[derive(Clone, Copy)]
 struct Ctx {
@@ -589,29 +602,42 @@ impl<D: AsRef<[u8]>> Index<D> {
         let utot = self.h.tokens as f64;
         for (v, o) in candidates_sorted.iter().zip(out.iter_mut()) {
             let v = *v;
-            *o = 0.0;
-            if let Some(c) = c3 {
-                p3 = l3.gallop(p3, c.e, v);
-                if let Some(w) = l3.word(p3).filter(|&w| p3 < c.e && l3.token_of(w) == v) {
-                    let cnt = l3.count_of(p3, w);
-                    if cnt > 0 {
-                        *o = cnt as f64 / c.total as f64;
-                        continue;
-                    }
-                }
+            if let Some(g) = c3.and_then(|c| l3.seen(c, &mut p3, v)) {
+                *o = g;
+            } else if let Some(g) = c2.and_then(|c| l2.seen(c, &mut p2, v)) {
+                *o = g;
+            } else {
+                *o = if uni {
+                    self.uni_count(v) as f64 / utot
+                } else {
+                    0.0
+                };
             }
-            if let Some(c) = c2 {
-                p2 = l2.gallop(p2, c.e, v);
-                if let Some(w) = l2.word(p2).filter(|&w| p2 < c.e && l2.token_of(w) == v) {
-                    let cnt = l2.count_of(p2, w);
-                    if cnt > 0 {
-                        *o = cnt as f64 / c.total as f64;
-                        continue;
-                    }
-                }
-            }
-            if uni {
-                *o = self.uni_count(v) as f64 / utot;
+        }
+    }
+
+    /// The two-token level of [`Index::cond_probs`] alone: `out[i]` = count(a, b, v)/total(a, b)
+    /// for v = `candidates_sorted[i]` (ascending) when v has followed (a, b), NaN otherwise.
+    /// Where it is NaN, `cond_probs(&[a, b], ..)` backs off to exactly `cond_probs(&[b], ..)`,
+    /// so a caller can memoise that one-token column per `b` and share it between contexts.
+    ///
+    /// # Panics
+    /// If `out.len() != candidates_sorted.len()` (a programming error of the caller).
+    pub fn trigram_probs(&self, a: u32, b: u32, candidates_sorted: &[u32], out: &mut [f64]) {
+        assert_eq!(
+            out.len(),
+            candidates_sorted.len(),
+            "trigram_probs: out and candidates differ in length"
+        );
+        out.fill(f64::NAN);
+        let Some(c) = self.ctx2_of(a, b).filter(|c| c.e > c.s && c.total > 0) else {
+            return;
+        };
+        let l3 = self.l3();
+        let mut p = c.s;
+        for (&v, o) in candidates_sorted.iter().zip(out.iter_mut()) {
+            if let Some(g) = l3.seen(c, &mut p, v) {
+                *o = g;
             }
         }
     }

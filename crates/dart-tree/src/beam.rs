@@ -124,6 +124,12 @@ struct Scratch {
     ngram: Vec<f64>,
     alive: Vec<bool>,
     memo_ctx: Vec<([u32; 2], usize)>,
+    known: Vec<bool>,
+    g1: Vec<f64>,
+    known1: Vec<bool>,
+    memo_b: Vec<(u32, usize)>,
+    sub1_tokens: Vec<u32>,
+    sub1_cols: Vec<u32>,
     sub_tokens: Vec<u32>,
     sub_cols: Vec<u32>,
     top: TopW,
@@ -402,7 +408,11 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
         s.top.clear();
         s.gbuf.resize(nv, 0.0);
         s.ngram.clear();
+        s.known.clear();
         s.memo_ctx.clear();
+        s.g1.clear();
+        s.known1.clear();
+        s.memo_b.clear();
         s.alive.resize(nv, false);
 
         let n_entries = if l == 0 { 1 } else { s.beam.len() };
@@ -415,7 +425,9 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
             // lookup. Beam entries come in descending score, so once a whole entry is out of
             // reach, so are all after it. The margin absorbs rounding (the bound adds terms
             // in another order than the score). Measured on the real-text benchmark index
-            // (tools/bench_tree.py): ~4x fewer cond_probs candidates and ln() calls.
+            // (tools/bench_tree.py): ~4x fewer cond_probs candidates and ln() calls. (Taking
+            // the pairs of a level in best-bound-first order instead saved under 10% of the
+            // lookups there: the bound is loose, real n-gram terms are far below it.)
             let floor = s.top.floor(params.beam_width);
             let margin = 1e-9 * (1.0 + floor.abs());
             if pscore + amax + bmax + margin < floor {
@@ -433,35 +445,8 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
                 continue;
             }
             let memo = if use_ngram {
-                // n-gram terms of the surviving columns, memoised per two-token context
-                // within the level (different paths often end in the same two tokens): only
-                // columns not yet known for this context are looked up, in ascending id
-                // order as the index wants.
-                let off = match s.memo_ctx.iter().find(|(c, _)| *c == ctx) {
-                    Some(&(_, off)) => off,
-                    None => {
-                        let off = s.ngram.len();
-                        s.ngram.resize(off + nv, f64::NAN);
-                        s.memo_ctx.push((ctx, off));
-                        off
-                    }
-                };
-                s.sub_tokens.clear();
-                s.sub_cols.clear();
-                for (si, &vi) in s.sorted.iter().enumerate() {
-                    if s.alive[vi as usize] && s.ngram[off + vi as usize].is_nan() {
-                        s.sub_tokens.push(s.child_tokens[si]);
-                        s.sub_cols.push(vi);
-                    }
-                }
-                let m = s.sub_tokens.len();
-                if m > 0 {
-                    let cslice = context_slice(&ctx);
-                    scorer.cond_probs(cslice, &s.sub_tokens, params.unigram_backoff, &mut s.gbuf[..m]);
-                    for (i, &vi) in s.sub_cols.iter().enumerate() {
-                        s.ngram[off + vi as usize] = scale * (s.gbuf[i] + params.eps).ln();
-                    }
-                }
+                let off = memo_offset(s, ctx, nv);
+                ngram_terms(s, scorer, ctx, off, nv, scale, params);
                 off
             } else {
                 usize::MAX
@@ -487,6 +472,108 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
         }
     }
     Ok(select_tree(s, root, params.max_nodes))
+}
+
+/// Offset of two-token context `ctx`'s terms in `s.ngram` / `s.known`, added if new.
+fn memo_offset(s: &mut Scratch, ctx: [u32; 2], nv: usize) -> usize {
+    match s.memo_ctx.iter().find(|(c, _)| *c == ctx) {
+        Some(&(_, off)) => off,
+        None => {
+            let off = s.ngram.len();
+            s.ngram.resize(off + nv, 0.0);
+            s.known.resize(off + nv, false);
+            s.memo_ctx.push((ctx, off));
+            off
+        }
+    }
+}
+
+/// The n-gram terms `ngram_weight · ln(g(v|ctx) + ε) / (l + 1)^depth_exponent` (`scale` is
+/// the weight over the divisor) of the level's columns marked in `s.alive`, into `s.ngram[off
+/// + column]` (`off` from [`memo_offset`]), marking them in `s.known`.
+///
+/// Two memos, both per level. Terms are kept per two-token context (different paths often
+/// end in the same two tokens): only columns not yet known for `ctx` are looked up. And the
+/// term of the backoff below the two-token level, g(v | b) for the last token b (then the
+/// unigram), is kept per b in `s.g1`: the beams of a level end in few distinct tokens, whose
+/// child lists are the long ones (thousands of children), so each is searched once per level
+/// (on the real-text benchmark: 54 one-token queries per search instead of about 80). The
+/// combination equals `cond_probs(ctx, ..)` bit for bit, as [`NgramScorer::trigram_probs`]
+/// requires.
+fn ngram_terms<S: NgramScorer + ?Sized>(
+    s: &mut Scratch,
+    scorer: &S,
+    ctx: [u32; 2],
+    off: usize,
+    nv: usize,
+    scale: f64,
+    params: &SearchParams,
+) {
+    // Columns wanted and not yet known for ctx, in ascending token order.
+    s.sub_tokens.clear();
+    s.sub_cols.clear();
+    for (si, &vi) in s.sorted.iter().enumerate() {
+        if s.alive[vi as usize] && !s.known[off + vi as usize] {
+            s.sub_tokens.push(s.child_tokens[si]);
+            s.sub_cols.push(vi);
+        }
+    }
+    let m = s.sub_tokens.len();
+    if m == 0 {
+        return;
+    }
+    if ctx[0] == NONE {
+        s.gbuf[..m].fill(f64::NAN);
+    } else {
+        scorer.trigram_probs(ctx, &s.sub_tokens, &mut s.gbuf[..m]);
+    }
+    let b = ctx[1];
+    let boff = match s.memo_b.iter().find(|(t, _)| *t == b) {
+        Some(&(_, boff)) => boff,
+        None => {
+            let boff = s.g1.len();
+            s.g1.resize(boff + nv, 0.0);
+            s.known1.resize(boff + nv, false);
+            s.memo_b.push((b, boff));
+            boff
+        }
+    };
+    // Columns seen after both tokens get their term now; the others (compacted to the front
+    // of sub_cols) back off to the one-token column of b, looked up for those not yet known.
+    let mut n1 = 0;
+    s.sub1_tokens.clear();
+    s.sub1_cols.clear();
+    for i in 0..m {
+        let vi = s.sub_cols[i];
+        let g = s.gbuf[i];
+        s.known[off + vi as usize] = true;
+        if !g.is_nan() {
+            s.ngram[off + vi as usize] = scale * (g + params.eps).ln();
+            continue;
+        }
+        s.sub_cols[n1] = vi;
+        n1 += 1;
+        if !s.known1[boff + vi as usize] {
+            s.sub1_tokens.push(s.sub_tokens[i]);
+            s.sub1_cols.push(vi);
+        }
+    }
+    let m1 = s.sub1_tokens.len();
+    if m1 > 0 {
+        scorer.cond_probs(
+            &[b],
+            &s.sub1_tokens,
+            params.unigram_backoff,
+            &mut s.gbuf[..m1],
+        );
+        for (i, &vi) in s.sub1_cols.iter().enumerate() {
+            s.g1[boff + vi as usize] = scale * (s.gbuf[i] + params.eps).ln();
+            s.known1[boff + vi as usize] = true;
+        }
+    }
+    for &vi in &s.sub_cols[..n1] {
+        s.ngram[off + vi as usize] = s.g1[boff + vi as usize];
+    }
 }
 
 /// Keep the best `beam_width` nodes created since `level_start` (score descending, then

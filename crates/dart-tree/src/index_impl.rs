@@ -18,6 +18,10 @@ impl<D: AsRef<[u8]> + Sync> NgramScorer for Index<D> {
         Index::cond_probs(self, context, candidates_sorted, unigram_backoff, out)
     }
 
+    fn trigram_probs(&self, context: [u32; 2], candidates_sorted: &[u32], out: &mut [f64]) {
+        Index::trigram_probs(self, context[0], context[1], candidates_sorted, out)
+    }
+
     fn top_children(
         &self,
         context: &[u32],

@@ -22,6 +22,13 @@ pub trait NgramScorer: Sync {
         out: &mut [f64],
     );
 
+    /// The two-token level of [`NgramScorer::cond_probs`] alone: `out[i]` = count(c,v)/count(c)
+    /// for the context c = `context` (both tokens) when v has been seen after it, NaN
+    /// otherwise. Where it is NaN, `cond_probs(context, ..)` must equal `cond_probs(&context[1..],
+    /// ..)` (the backoff); the search relies on that to share the one-token column between
+    /// contexts that end in the same token.
+    fn trigram_probs(&self, context: [u32; 2], candidates_sorted: &[u32], out: &mut [f64]);
+
     /// The (at most) `k` most frequent continuations of the longest suffix of `context` that
     /// has any, in descending count order, with their probabilities count(c,v)/count(c).
     /// Without `unigram_backoff` the empty context is not tried (no children is a valid answer).
@@ -47,6 +54,9 @@ impl NgramScorer for NoNgram {
     fn cond_probs(&self, _: &[u32], _: &[u32], _: bool, out: &mut [f64]) {
         out.fill(0.0);
     }
+    fn trigram_probs(&self, _: [u32; 2], _: &[u32], out: &mut [f64]) {
+        out.fill(f64::NAN);
+    }
     fn top_children(&self, _: &[u32], _: usize, _: bool, t: &mut Vec<u32>, p: &mut Vec<f64>) -> Result<()> {
         t.clear();
         p.clear();
@@ -60,6 +70,9 @@ impl<S: NgramScorer + ?Sized> NgramScorer for &S {
     }
     fn cond_probs(&self, c: &[u32], v: &[u32], u: bool, out: &mut [f64]) {
         (**self).cond_probs(c, v, u, out)
+    }
+    fn trigram_probs(&self, c: [u32; 2], v: &[u32], out: &mut [f64]) {
+        (**self).trigram_probs(c, v, out)
     }
     fn top_children(&self, c: &[u32], k: usize, u: bool, t: &mut Vec<u32>, p: &mut Vec<f64>) -> Result<()> {
         (**self).top_children(c, k, u, t, p)

@@ -18,10 +18,10 @@ pub struct SearchTiming {
     pub search_total_ns: u64,
     /// Sum of `search_cpu_ns`.
     pub search_total_cpu_ns: u64,
-    /// Thread CPU time to replay every `cond_probs` query those searches issued, in one
-    /// tight loop (ns): the index-lookup part of `search_total_cpu_ns`.
+    /// Thread CPU time to replay every index query (`cond_probs`, `trigram_probs`) those
+    /// searches issued, in one tight loop (ns): the index-lookup part of `search_total_cpu_ns`.
     pub ngram_total_cpu_ns: u64,
-    /// Number of `cond_probs` queries per search, summed.
+    /// Number of index queries (`cond_probs` and `trigram_probs`) per search, summed.
     pub ngram_queries: u64,
     /// Number of candidates in those queries, summed.
     pub ngram_candidates: u64,
@@ -43,7 +43,8 @@ pub fn thread_cpu_ns() -> u64 {
 /// Records the queries a search makes, forwarding them to the real scorer.
 struct Recorder<'a, S: ?Sized> {
     inner: &'a S,
-    log: Mutex<Vec<(Vec<u32>, Vec<u32>)>>,
+    /// (context, candidates, whether it was a `trigram_probs` query).
+    log: Mutex<Vec<(Vec<u32>, Vec<u32>, bool)>>,
 }
 
 impl<S: NgramScorer + ?Sized> NgramScorer for Recorder<'_, S> {
@@ -51,8 +52,12 @@ impl<S: NgramScorer + ?Sized> NgramScorer for Recorder<'_, S> {
         self.inner.vocab_size()
     }
     fn cond_probs(&self, c: &[u32], v: &[u32], u: bool, out: &mut [f64]) {
-        self.log.lock().unwrap_or_else(|p| p.into_inner()).push((c.to_vec(), v.to_vec()));
+        self.log.lock().unwrap_or_else(|p| p.into_inner()).push((c.to_vec(), v.to_vec(), false));
         self.inner.cond_probs(c, v, u, out)
+    }
+    fn trigram_probs(&self, c: [u32; 2], v: &[u32], out: &mut [f64]) {
+        self.log.lock().unwrap_or_else(|p| p.into_inner()).push((c.to_vec(), v.to_vec(), true));
+        self.inner.trigram_probs(c, v, out)
     }
     fn top_children(&self, c: &[u32], k: usize, u: bool, t: &mut Vec<u32>, p: &mut Vec<f64>) -> Result<()> {
         self.inner.top_children(c, k, u, t, p)
@@ -95,11 +100,14 @@ pub fn time_beam_search<S: NgramScorer + ?Sized>(
     t.search_total_cpu_ns = t.search_cpu_ns.iter().sum();
     let log = rec.log.into_inner().unwrap_or_else(|p| p.into_inner());
     t.ngram_queries = log.len() as u64;
-    t.ngram_candidates = log.iter().map(|(_, v)| v.len() as u64).sum();
+    t.ngram_candidates = log.iter().map(|(_, v, _)| v.len() as u64).sum();
     let mut out = vec![0.0; k.max(1)];
     let c0 = thread_cpu_ns();
-    for (c, v) in &log {
-        scorer.cond_probs(c, v, params.unigram_backoff, &mut out[..v.len()]);
+    for (c, v, tri) in &log {
+        match (tri, c.as_slice()) {
+            (true, &[a, b]) => scorer.trigram_probs([a, b], v, &mut out[..v.len()]),
+            _ => scorer.cond_probs(c, v, params.unigram_backoff, &mut out[..v.len()]),
+        }
         std::hint::black_box(&out);
     }
     t.ngram_total_cpu_ns = thread_cpu_ns().saturating_sub(c0);

@@ -3,7 +3,7 @@ mod common;
 
 use common::{check_tree, Model};
 use dart_ngram::{BuildOptions, Builder, Index};
-use dart_tree::{beam_search, beam_search_batch, ngram_tree, Error, SearchParams};
+use dart_tree::{beam_search, beam_search_batch, ngram_tree, Error, NgramScorer, SearchParams};
 use proptest::prelude::*;
 
 const V: u32 = 12;
@@ -56,4 +56,34 @@ fn out_of_vocabulary_ids_are_errors() {
     assert!(matches!(beam_search(&index, &[1, V], &[1], &[0.0], 1, 1, &p), Err(Error::TokenOutOfVocab { .. })));
     assert!(matches!(beam_search(&index, &[1], &[V + 5], &[0.0], 1, 1, &p), Err(Error::TokenOutOfVocab { .. })));
     assert!(matches!(ngram_tree(&index, &[V], 2, 2, &p), Err(Error::TokenOutOfVocab { .. })));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// The search's split of g(v | a, b) — `trigram_probs`, then the one-token column of b
+    /// (memoised per b and shared between contexts) where it is NaN — equals the two-token
+    /// `cond_probs` bit for bit, on the index and on the model.
+    #[test]
+    fn trigram_level_plus_one_token_backoff_is_cond_probs(
+        seq in prop::collection::vec(0..V, 1..300),
+        a in 0..V, b in 0..V,
+        cands in prop::collection::btree_set(0..V, 1..V as usize),
+        ub in any::<bool>(),
+    ) {
+        let (_dir, index) = build(&seq);
+        let model = Model::new(seq.clone(), V);
+        let cands: Vec<u32> = cands.into_iter().collect();
+        let n = cands.len();
+        for scorer in [&index as &dyn NgramScorer, &model] {
+            let (mut want, mut tri, mut one) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+            scorer.cond_probs(&[a, b], &cands, ub, &mut want);
+            scorer.trigram_probs([a, b], &cands, &mut tri);
+            scorer.cond_probs(&[b], &cands, ub, &mut one);
+            for i in 0..n {
+                let got = if tri[i].is_nan() { one[i] } else { tri[i] };
+                prop_assert_eq!(got.to_bits(), want[i].to_bits(), "candidate {}", cands[i]);
+            }
+        }
+    }
 }

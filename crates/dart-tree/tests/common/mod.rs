@@ -60,6 +60,17 @@ impl NgramScorer for Model {
             }
         }
     }
+    fn trigram_probs(&self, context: [u32; 2], cands: &[u32], out: &mut [f64]) {
+        assert!(cands.windows(2).all(|w| w[0] < w[1]), "candidates must be sorted");
+        for (o, &v) in out.iter_mut().zip(cands) {
+            *o = f64::NAN;
+            if let Some(d) = self.dist(&context) {
+                if let Some(&c) = d.get(&v) {
+                    *o = c as f64 / d.values().sum::<u64>() as f64;
+                }
+            }
+        }
+    }
     fn top_children(&self, context: &[u32], k: usize, ub: bool, t: &mut Vec<u32>, p: &mut Vec<f64>) -> Result<()> {
         t.clear();
         p.clear();
