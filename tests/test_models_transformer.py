@@ -188,3 +188,46 @@ def test_long_prefill_uses_fused_causal_path_and_matches_hf():
     cache = target.new_cache(n)
     out = target.forward(cache, ids, torch.arange(n))
     assert torch.allclose(out.logits, ref, atol=1e-4 * ref.abs().max(), rtol=0)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "llama-bias"])
+def test_fused_cpu_weights_keep_values_memory_and_outputs(family):
+    """The CPU relayout (fused column-major q|k|v, o, gate|up, down) changes no value, shares
+    one copy with the HF modules, and both forwards agree with an untouched twin model."""
+    import copy
+
+    from dartcore.models.transformer import column_major_linears_
+
+    model = tiny_model("llama" if family == "llama-bias" else family, layers=3)
+    if family == "llama-bias":  # Qwen2-style q/k/v/o biases
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj):
+                proj.bias = torch.nn.Parameter(torch.randn(proj.out_features))
+    twin = copy.deepcopy(model)
+    fused = TargetModel(model)  # CPU: fused by default
+    plain = TargetModel(twin, fuse_cpu_weights=False)
+    assert fused._fused is not None and plain._fused is None
+    for (name, a), b in zip(model.state_dict().items(), twin.state_dict().values()):
+        assert torch.equal(a, b), name
+    attn = model.model.layers[0].self_attn
+    assert attn.q_proj.weight.untyped_storage().data_ptr() == attn.v_proj.weight.untyped_storage().data_ptr()
+    assert not attn.q_proj.weight.is_contiguous() and attn.o_proj.weight.t().is_contiguous()
+    ids = torch.randint(3, 64, (19,), generator=torch.Generator().manual_seed(3))
+    mask = torch.from_numpy(ancestor_mask(np.array([-1, 0, 0, 1, 1, 2])))
+    outs = []
+    for target in (fused, plain):
+        cache = target.new_cache(32)
+        target.forward(cache, ids[:13], torch.arange(13))
+        cache.commit(13)
+        outs.append(target.forward(cache, ids[13:], torch.tensor([13, 14, 14, 15, 15, 15]), mask).logits)
+    scale = outs[1].abs().max()
+    assert torch.allclose(outs[0], outs[1], atol=1e-5 * scale, rtol=0)
+    ref, got = _hf_forward(twin, ids.tolist()).logits, _hf_forward(model, ids.tolist()).logits
+    assert torch.allclose(got, ref, atol=1e-5 * ref.abs().max(), rtol=0)
+    # the generic helper (used for the drafter) likewise keeps values and outputs
+    lin = torch.nn.Linear(8, 5)
+    x = torch.randn(6, 8)
+    before, w = lin(x), lin.weight.detach().clone()
+    column_major_linears_(lin)
+    assert torch.equal(lin.weight, w) and lin.weight.t().is_contiguous()
+    assert torch.allclose(lin(x), before, atol=1e-6)
