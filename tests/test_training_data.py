@@ -84,6 +84,8 @@ def test_chat_template_response_mask(smollm2):
 
 @pytest.mark.slow
 def test_cli_train_resume_export_eval(tmp_path, shared_data, smollm2):
+    import torch
+
     from dartcore.cli.dart_train import main
     from dartcore.drafter import DartDrafter
 
@@ -105,3 +107,13 @@ def test_cli_train_resume_export_eval(tmp_path, shared_data, smollm2):
     res = json.loads((out / "eval_data.json").read_text())
     assert len(res["hit1"]) == 8 and res["responses"] == "taken from the data"
     assert main(["--target", "smollm2", "--data", str(tmp_path / "missing.jsonl")]) == 2
+    # --init: fine-tuning starts from the given drafter (lr 0 leaves it unchanged) and keeps its
+    # draft vocabulary whatever --draft-vocab says
+    tuned = ["--out", str(tmp_path / "tuned"), "--init", str(tmp_path / "exp"), "--lr", "0", "--max-steps", "1",
+             "--export", str(tmp_path / "exp2")]
+    assert main(common[:4] + common[6:] + tuned) == 0
+    dr2 = DartDrafter.from_pretrained(tmp_path / "exp2", model, tokenizer=tok)
+    assert dr2.config.draft_vocab_size == 2048
+    assert torch.equal(dr2.draft_to_target, dr.draft_to_target)
+    for (k, a), b in zip(dr.state_dict().items(), dr2.state_dict().values()):
+        assert torch.equal(a, b), k

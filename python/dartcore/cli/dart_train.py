@@ -61,6 +61,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--correction-head", action="store_true",
                    help="train DARTree's correction head on a frozen drafter instead "
                         "(see `dart-train --correction-head --help`)")
+    p.add_argument("--init", default=None,
+                   help="start from this drafter (path or built-in name) instead of a fresh one: fine-tuning, "
+                        "e.g. on the target's own responses (tools/generate_target_responses.py); its draft "
+                        "vocabulary is kept and --draft-vocab / --d are ignored")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument("--eval-only", action="store_true", help="only evaluate --drafter (or OUT/drafter)")
     p.add_argument("--drafter", default=None, help="drafter to evaluate (path or built-in name)")
@@ -183,7 +187,12 @@ def _run(args) -> int:
           f"{args.ctx_len}; {len(held)} held-out documents (responses {source}); prepared in {time.time() - t0:.1f} s",
           file=sys.stderr)
     draft_vocab = None
-    if args.draft_vocab and args.draft_vocab < target.config.vocab_size:
+    if args.init:
+        drafter = DartDrafter.from_pretrained(args.init, target, tokenizer=tok).to(device)
+        args.d = drafter.d
+        print(f"fine-tuning {args.init} (d = {drafter.d}, draft vocabulary {drafter.config.draft_vocab_size})",
+              file=sys.stderr)
+    elif args.draft_vocab and args.draft_vocab < target.config.vocab_size:
         draft_vocab = build_draft_vocab((t for t, _ in train_tok), args.draft_vocab, target.config.vocab_size,
                                         always=tok.all_special_ids)
         ids = set(draft_vocab.tolist())
@@ -194,8 +203,9 @@ def _run(args) -> int:
         print(f"draft vocabulary: {len(ids)} ids; coverage of training tokens {cov}", file=sys.stderr)
         out.mkdir(parents=True, exist_ok=True)
         (out / "draft_vocab.json").write_text(json.dumps({"size": len(ids), "coverage": cov}) + "\n")
-    drafter = DartDrafter.from_target(target, d=args.d, draft_vocab=draft_vocab, target_name=args.target,
-                                      tokenizer=tok).to(device)
+    if not args.init:
+        drafter = DartDrafter.from_target(target, d=args.d, draft_vocab=draft_vocab, target_name=args.target,
+                                          tokenizer=tok).to(device)
     cfg = TrainConfig(ctx_len=args.ctx_len, batch_size=args.batch_size, anchors_per_seq=args.anchors, d=args.d,
                       gamma=args.gamma, lr=args.lr, betas=(args.beta1, args.beta2), weight_decay=args.weight_decay,
                       grad_clip=args.grad_clip, warmup_steps=args.warmup, max_steps=args.max_steps,
