@@ -54,7 +54,7 @@ def setup(tmp_path_factory):
     return model, tok, drafter, index, prompts, refs
 
 
-@pytest.mark.parametrize("tree", ["dart", "dart-no-ngram", "dart-chain", "ngram-only", "ar"])
+@pytest.mark.parametrize("tree", ["dart", "dart-no-ngram", "dart-chain", "ngram-only", "dart+ngram", "ar"])
 def test_every_builder_is_lossless_under_greedy(setup, tree):
     model, tok, drafter, index, prompts, refs = setup
     dec = DartDecoder(model, tok, drafter, index, tree=tree, max_nodes=8, eos_token_ids=()) if tree not in (
@@ -64,7 +64,7 @@ def test_every_builder_is_lossless_under_greedy(setup, tree):
         res = dec.generate(prompt, max_new_tokens=24)
         assert res.tokens == ref
         taus.append(res.stats.tau)
-    if tree in ("dart", "ngram-only"):
+    if tree in ("dart", "ngram-only", "dart+ngram"):
         # the index knows two of the continuations: whole paths get accepted
         assert max(taus) > 1.3  # measured 1.44 (dart); random trees give ~1.1
 
@@ -87,3 +87,41 @@ def test_index_of_another_tokenizer_is_refused(setup, tmp_path):
                 metadata={"tokenizer": {"name": "qwen3", "fingerprint": "0123456789abcdef"}})
     with pytest.raises(TokenizerMismatchError, match="rebuild the index"):
         DartDecoder(model, tok, drafter, NgramIndex(path), tree="dart")
+
+
+def _paths(tree):
+    """Every node as its token path from the root."""
+    out = []
+    for i in range(len(tree.tokens)):
+        path, node = [], i
+        while node >= 0:
+            path.append(int(tree.tokens[node]))
+            node = int(tree.parents[node])
+        out.append(tuple(path[::-1]))
+    return out
+
+
+def test_merge_trees_is_a_budgeted_union_in_depth_order():
+    from dartcore.builders import merge_trees
+    from dartcore.verify import FlatTree, flatten
+
+    def tree(tokens, parents):
+        parents = np.array(parents)
+        depths = np.zeros(len(parents), dtype=np.int64)
+        for i in range(1, len(parents)):
+            depths[i] = depths[parents[i]] + 1
+        return FlatTree(np.array(tokens), parents, depths)
+
+    a = tree([7, 1, 2, 3], [-1, 0, 0, 1])  # paths 7-1, 7-2, 7-1-3
+    b = tree([7, 1, 5, 3, 6, 9], [-1, 0, 0, 1, 1, 4])  # 7-1, 7-5, 7-1-3, 7-1-6, 7-1-6-9
+    for budget, want_new in ((3, []), (4, [(7, 5)]), (5, [(7, 5), (7, 1, 6)]), (9, [(7, 5), (7, 1, 6), (7, 1, 6, 9)])):
+        m = merge_trees(a, b, budget)
+        flatten(m)  # valid: parents first, depth order
+        paths = _paths(m)
+        assert len(paths) == len(set(paths)) == len(_paths(a)) + len(want_new)
+        assert set(_paths(a)) <= set(paths) and set(paths) - set(_paths(a)) == set(want_new)
+    # a node of b whose parent did not fit is dropped with its subtree
+    m = merge_trees(a, tree([7, 4, 8], [-1, 0, 1]), 3)
+    assert set(_paths(m)) == set(_paths(a))
+    with pytest.raises(ValueError, match="roots differ"):
+        merge_trees(a, tree([8], [-1]), 5)

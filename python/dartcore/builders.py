@@ -25,7 +25,7 @@ Others (DARTree "dartree", "hybrid", DDTree "ddtree") register themselves with
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -217,6 +217,64 @@ class NgramBuilder:
                           max_nodes=min(self.max_nodes, inputs.max_nodes), **self.search_params)
 
 
+def merge_trees(first, second, max_nodes: int):
+    """Union of two trees with the same root: every node of ``first``, then the
+    nodes of ``second`` (in its order, so a node comes after its parent) whose
+    path is new, until ``max_nodes`` nodes besides the root. Returned in depth
+    order (a FlatTree)."""
+    from dartcore.verify import FlatTree, flatten
+
+    a, b = flatten(first), flatten(second)
+    if int(a.tokens[0]) != int(b.tokens[0]):
+        raise ValueError(f"merge_trees: roots differ ({int(a.tokens[0])} vs {int(b.tokens[0])})")
+    tokens, parents, depths = [int(t) for t in a.tokens], [int(p) for p in a.parents], [int(d) for d in a.depths]
+    child = {(parents[i], tokens[i]): i for i in range(1, len(tokens))}
+    where = [0] * len(b)  # node of b -> merged node
+    for j in range(1, len(b)):
+        parent = where[int(b.parents[j])]
+        if parent < 0:  # its parent did not fit
+            where[j] = -1
+            continue
+        key = (parent, int(b.tokens[j]))
+        if key in child:
+            where[j] = child[key]
+        elif len(tokens) - 1 < max_nodes:
+            where[j] = child[key] = len(tokens)
+            tokens.append(key[1])
+            parents.append(parent)
+            depths.append(depths[parent] + 1)
+        else:
+            where[j] = -1
+    order = sorted(range(len(tokens)), key=lambda i: (depths[i], i))  # stable: parents stay first
+    remap = {old: new for new, old in enumerate(order)}
+    return FlatTree(tokens=np.array([tokens[i] for i in order], dtype=np.int64),
+                    parents=np.array([remap[parents[i]] if parents[i] >= 0 else -1 for i in order], dtype=np.int64),
+                    depths=np.array([depths[i] for i in order], dtype=np.int64))
+
+
+@dataclass
+class UnionBuilder:
+    """DART's Eq. (10) tree with ``max_nodes - ngram_nodes`` nodes, completed up to
+    ``max_nodes`` by the n-gram-only tree's best new paths. Eq. (10) only re-weights
+    the drafter's top-k tokens, so a continuation the index is sure of but the
+    drafter ranks below k never enters a DART tree; with a domain-matched index
+    the n-gram-only tree alone matches DART's tau on this CPU (see README)."""
+
+    dart: BeamBuilder
+    ngram: NgramBuilder
+    max_nodes: int = CPU_MAX_NODES
+    ngram_nodes: int = CPU_MAX_NODES // 3
+    needs_drafter: bool = True
+    needs_hidden: bool = False
+    needs_index: bool = True
+
+    def __call__(self, inputs: TreeInputs):
+        budget = min(self.max_nodes, inputs.max_nodes)
+        first = self.dart(replace(inputs, max_nodes=max(1, budget - self.ngram_nodes)))
+        second = self.ngram(replace(inputs, max_nodes=budget))
+        return merge_trees(first, second, budget)
+
+
 def _split(params: dict[str, Any], known: set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     own = {k: v for k, v in params.items() if k in known}
     rest = {k: v for k, v in params.items() if k not in known}
@@ -247,6 +305,16 @@ def _ngram_only(**params) -> NgramBuilder:
     return NgramBuilder(**own, search_params=rest)
 
 
+def _dart_union(max_nodes: int = CPU_MAX_NODES, ngram_nodes: int | None = None, depth: int = 8,
+                **params) -> UnionBuilder:
+    ngram_nodes = max(1, max_nodes // 3) if ngram_nodes is None else int(ngram_nodes)
+    if not 0 < ngram_nodes < max_nodes:
+        raise ValueError(f"ngram_nodes must be in [1, max_nodes), got {ngram_nodes} of {max_nodes}")
+    return UnionBuilder(dart=_dart(max_nodes=max_nodes - ngram_nodes, **params),
+                        ngram=NgramBuilder(depth=depth, max_nodes=max_nodes), max_nodes=max_nodes,
+                        ngram_nodes=ngram_nodes)
+
+
 def _ar(**params) -> ArBuilder:
     if params:
         raise ValueError(f"the 'ar' tree builder takes no parameters, got {sorted(params)}")
@@ -257,4 +325,5 @@ register_tree_builder("dart", _dart)
 register_tree_builder("dart-no-ngram", _dart_no_ngram)
 register_tree_builder("dart-chain", _dart_chain)
 register_tree_builder("ngram-only", _ngram_only)
+register_tree_builder("dart+ngram", _dart_union)
 register_tree_builder("ar", _ar)
