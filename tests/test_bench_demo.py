@@ -76,7 +76,7 @@ def test_demo_steps_end_to_end(tiny_dirs, tmp_path, capsys):
     assert code == 0, printed  # 0 only when every DART output equals the AR output
     assert list((out / "corpus" / "documents").glob("*.json.gz"))
     assert (out / "tiny-llama.idx").stat().st_size > 0
-    for step in ("1/4", "2/4", "3/4", "4/4", "== summary"):
+    for step in ("1/4", "1b/4", "2/4", "3/4", "4/4", "== summary"):
         assert step in printed
     assert "greedy outputs identical: True" in printed
 

@@ -23,6 +23,42 @@ def step(msg: str) -> None:
     print(f"\n== {msg}", flush=True)
 
 
+TARGET_RESPONSES = REPO / "python" / "dartcore" / "assets" / "corpus" / "smollm2_responses.jsonl.gz"
+
+
+def write_task_responses(path: Path) -> int:
+    """Domain text for the index, as Dolma documents: the responses of the shared training
+    sets (GSM8K train solutions, CodeAlpaca answers; never the eval sets) and SmolLM2's own
+    greedy responses to training prompts (shipped, made by tools/generate_target_responses.py).
+    With it the n-gram-only tree's tau rises from 1.38 to 1.67 on GSM8K and 1.46 to 1.65 on
+    CodeAlpaca (3 prompts each, 8 nodes; README). Written to a temp file, then renamed."""
+    import gzip
+    import json
+
+    from dartcore.benchmark.datasets import find_data_dir
+    from dartcore.training.data import read_documents
+
+    sources = []
+    data = find_data_dir()
+    if data is not None:
+        sources += [("shared-train", f) for f in sorted((data / "train").glob("*.json*"))]
+    if TARGET_RESPONSES.is_file():
+        sources.append(("smollm2-responses", TARGET_RESPONSES))
+    n = 0
+    tmp = path.with_suffix(".tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(tmp, "wt", encoding="utf-8") as f:
+        for source, file in sources:
+            for i, doc in enumerate(read_documents(file)):
+                if not doc.messages or doc.messages[-1]["role"] != "assistant":
+                    continue
+                f.write(json.dumps({"id": f"{file.name}:{i}", "text": doc.messages[-1]["content"], "source": source,
+                                    "metadata": {"path": str(file), "record": i}}) + "\n")
+                n += 1
+    os.replace(tmp, path)
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(REPO / "artifacts" / "demo"))
@@ -33,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drafter", default="smollm2")
     p.add_argument("--tokenizer", help="tokenizer for the index (default: the target's)")
     p.add_argument("--tree", default="dart")
+    p.add_argument("--no-task-text", dest="task_text", action="store_false",
+                   help="index only the local text (not the training responses, see write_task_responses)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -45,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
                         "--max-bytes", args.corpus_bytes], check=True)
     else:
         step(f"1/4 local corpus: reusing {corpus}")
+
+    task_file = corpus / "documents" / "task-responses.json.gz"
+    if args.task_text and not task_file.exists():
+        n = write_task_responses(task_file)
+        step(f"1b/4 task-domain text: {n} responses (shared training data + the shipped target responses) -> {task_file}")
 
     index = out / (Path(args.target).name + ".idx")
     if not index.exists():
