@@ -25,8 +25,9 @@ level 7, log-softmaxed inside the top-k in float32.
 Timings are taken inside Rust (``_native.bench_beam_search``), one thread, warm (one untimed
 pass first): wall time (``search_*_us``) and the thread's CPU time (``search_cpu_*_us``,
 which excludes time the thread was descheduled — quote it when the machine is shared; the
-load average is recorded). ``ngram_share`` = CPU time to replay every ``cond_probs`` query
-the searches made, in one tight loop / total search CPU time. ``batch8_us`` = one ``beam_search_batch`` of 8 on
+load average is recorded). ``ngram_share`` = CPU time to replay every index query the
+searches made (``cond_probs``, ``trigram_context``, ``trigram_probs_at``, ``backoff_bound``), in
+one tight loop / total search CPU time. ``batch8_us`` = one ``beam_search_batch`` of 8 on
 the owned pool (``DART_NUM_THREADS``, default all CPUs). ``python_call_p50_us`` is the
 full ``dartcore.tree.beam_search`` call from Python (argument conversion included).
 

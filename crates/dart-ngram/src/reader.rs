@@ -450,10 +450,38 @@ impl<D: AsRef<[u8]>> Index<D> {
     /// The trigram context (a, b): bigram node index, and the context.
     #[inline]
     fn ctx2_of(&self, a: u32, b: u32) -> Option<Ctx> {
+        let j = self.node2_of(a, b)?;
+        self.ctx2(j, self.l2().word(j)?)
+    }
+
+    /// The bigram node of b after a.
+    #[inline]
+    fn node2_of(&self, a: u32, b: u32) -> Option<usize> {
         let c1 = self.ctx1(a)?;
-        let l2 = self.l2();
-        let j = l2.find(c1.s, c1.e, b)?;
-        self.ctx2(j, l2.word(j)?)
+        self.l2().find(c1.s, c1.e, b)
+    }
+
+    /// The largest count among the children of `c` (nodes of `lv`, top-k rows in `perm`):
+    /// the first entry of its stored top-k row, or a scan of at most `TOPK_K` children.
+    fn max_count(&self, lv: Level<'_>, c: Ctx, perm: Sec) -> Option<u64> {
+        match c.large {
+            Some(r) => {
+                let row = self.s(perm).get(r.checked_mul(TOPK_ROW)?..)?.get(..TOPK_ROW)?;
+                let w = get32(row, 8)?;
+                if w & lv.esc_code != lv.esc_code {
+                    Some((w & lv.esc_code) as u64)
+                } else {
+                    // escaped entries are a prefix of the row: the first is at the row's base
+                    get64(self.s(Sec::TopKEsc), usize::try_from(get64(row, 0)?).ok()?.checked_mul(8)?)
+                }
+            }
+            None if c.e - c.s <= TOPK_K => {
+                let mut m = 0u64;
+                lv.decode(c.s, c.e, |_, cnt| m = m.max(cnt));
+                Some(m)
+            }
+            None => None,
+        }
     }
 
     fn check_tokens(&self, ts: &[u32]) -> Result<()> {
@@ -631,6 +659,61 @@ impl<D: AsRef<[u8]>> Index<D> {
         );
         out.fill(f64::NAN);
         let Some(c) = self.ctx2_of(a, b).filter(|c| c.e > c.s && c.total > 0) else {
+            return;
+        };
+        let l3 = self.l3();
+        let mut p = c.s;
+        for (&v, o) in candidates_sorted.iter().zip(out.iter_mut()) {
+            if let Some(g) = l3.seen(c, &mut p, v) {
+                *o = g;
+            }
+        }
+    }
+
+    /// An upper bound of `cond_probs(&[b], [v], unigram_backoff)` over every token v: the
+    /// largest of count(b, v)/total(b) (b's most frequent child) and, where the query would back
+    /// off to it, the largest unigram probability. O(1) for contexts with a stored top-k row,
+    /// else a scan of at most `TOPK_K` children. 1.0 where the body cannot be read.
+    pub fn max_backoff_prob(&self, b: u32, unigram_backoff: bool) -> f64 {
+        let mut best = 0.0f64;
+        if unigram_backoff && self.h.tokens > 0 {
+            let Some(top) = get32(self.s(Sec::UniOrder), 0) else { return 1.0 };
+            best = self.uni_count(top) as f64 / self.h.tokens as f64;
+        }
+        let Some(c) = self.ctx1(b).filter(|c| c.e > c.s && c.total > 0) else { return best };
+        match self.max_count(self.l2(), c, Sec::TopK1) {
+            Some(m) => best.max(m as f64 / c.total as f64),
+            None => 1.0,
+        }
+    }
+
+    /// Resolve the two-token context (a, b) once for [`Index::trigram_probs_at`]: returns its
+    /// handle (the bigram node of b after a; `u64::MAX` when (a, b) has no children, where
+    /// every [`Index::trigram_probs`] value is NaN) and an upper bound of those values, the
+    /// largest count(a, b, v)/total(a, b) (1.0 where the body cannot be read).
+    pub fn trigram_context(&self, a: u32, b: u32) -> (u64, f64) {
+        let Some(j) = self.node2_of(a, b) else { return (u64::MAX, 0.0) };
+        let Some(c) = self.l2().word(j).and_then(|w| self.ctx2(j, w)).filter(|c| c.e > c.s && c.total > 0) else {
+            return (u64::MAX, 0.0);
+        };
+        let bound = self.max_count(self.l3(), c, Sec::TopK2).map_or(1.0, |m| m as f64 / c.total as f64);
+        (j as u64, bound)
+    }
+
+    /// [`Index::trigram_probs`] of the context resolved by [`Index::trigram_context`]
+    /// (`node` is its handle): the same values, without searching the context again.
+    ///
+    /// # Panics
+    /// If `out.len() != candidates_sorted.len()` (a programming error of the caller).
+    pub fn trigram_probs_at(&self, node: u64, candidates_sorted: &[u32], out: &mut [f64]) {
+        assert_eq!(
+            out.len(),
+            candidates_sorted.len(),
+            "trigram_probs_at: out and candidates differ in length"
+        );
+        out.fill(f64::NAN);
+        let Some(j) = usize::try_from(node).ok().filter(|&j| (j as u64) < self.h.n_bigram) else { return };
+        let Some(c) = self.l2().word(j).and_then(|w| self.ctx2(j, w)).filter(|c| c.e > c.s && c.total > 0) else {
             return;
         };
         let l3 = self.l3();

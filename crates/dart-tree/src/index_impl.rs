@@ -22,6 +22,18 @@ impl<D: AsRef<[u8]> + Sync> NgramScorer for Index<D> {
         Index::trigram_probs(self, context[0], context[1], candidates_sorted, out)
     }
 
+    fn trigram_context(&self, context: [u32; 2]) -> (u64, f64) {
+        Index::trigram_context(self, context[0], context[1])
+    }
+
+    fn trigram_probs_at(&self, _context: [u32; 2], handle: u64, candidates_sorted: &[u32], out: &mut [f64]) {
+        Index::trigram_probs_at(self, handle, candidates_sorted, out)
+    }
+
+    fn backoff_bound(&self, b: u32, unigram_backoff: bool) -> f64 {
+        Index::max_backoff_prob(self, b, unigram_backoff)
+    }
+
     fn top_children(
         &self,
         context: &[u32],

@@ -29,6 +29,30 @@ pub trait NgramScorer: Sync {
     /// contexts that end in the same token.
     fn trigram_probs(&self, context: [u32; 2], candidates_sorted: &[u32], out: &mut [f64]);
 
+    /// Resolve the two-token context once, for [`NgramScorer::trigram_probs_at`]: a handle
+    /// and an upper bound of every non-NaN [`NgramScorer::trigram_probs`] value of the
+    /// context (the search skips lookups that cannot change the tree with it). The default
+    /// (no handle, bound 1.0) is always valid; a bound must never be below a real value.
+    fn trigram_context(&self, context: [u32; 2]) -> (u64, f64) {
+        let _ = context;
+        (u64::MAX, 1.0)
+    }
+
+    /// [`NgramScorer::trigram_probs`] of `context`, whose [`NgramScorer::trigram_context`]
+    /// returned `handle`: the same values (the default ignores the handle).
+    fn trigram_probs_at(&self, context: [u32; 2], handle: u64, candidates_sorted: &[u32], out: &mut [f64]) {
+        let _ = handle;
+        self.trigram_probs(context, candidates_sorted, out)
+    }
+
+    /// An upper bound of g(v | b) = `cond_probs(&[b], [v], unigram_backoff)` over every token
+    /// v: the search skips backoff lookups that cannot change the tree. 1.0 (the default) is
+    /// always valid; a tighter bound only saves work. It must never be below a real value.
+    fn backoff_bound(&self, b: u32, unigram_backoff: bool) -> f64 {
+        let _ = (b, unigram_backoff);
+        1.0
+    }
+
     /// The (at most) `k` most frequent continuations of the longest suffix of `context` that
     /// has any, in descending count order, with their probabilities count(c,v)/count(c).
     /// Without `unigram_backoff` the empty context is not tried (no children is a valid answer).
@@ -73,6 +97,15 @@ impl<S: NgramScorer + ?Sized> NgramScorer for &S {
     }
     fn trigram_probs(&self, c: [u32; 2], v: &[u32], out: &mut [f64]) {
         (**self).trigram_probs(c, v, out)
+    }
+    fn trigram_context(&self, c: [u32; 2]) -> (u64, f64) {
+        (**self).trigram_context(c)
+    }
+    fn trigram_probs_at(&self, c: [u32; 2], h: u64, v: &[u32], out: &mut [f64]) {
+        (**self).trigram_probs_at(c, h, v, out)
+    }
+    fn backoff_bound(&self, b: u32, u: bool) -> f64 {
+        (**self).backoff_bound(b, u)
     }
     fn top_children(&self, c: &[u32], k: usize, u: bool, t: &mut Vec<u32>, p: &mut Vec<f64>) -> Result<()> {
         (**self).top_children(c, k, u, t, p)

@@ -18,10 +18,11 @@ pub struct SearchTiming {
     pub search_total_ns: u64,
     /// Sum of `search_cpu_ns`.
     pub search_total_cpu_ns: u64,
-    /// Thread CPU time to replay every index query (`cond_probs`, `trigram_probs`) those
-    /// searches issued, in one tight loop (ns): the index-lookup part of `search_total_cpu_ns`.
+    /// Thread CPU time to replay every index query (`cond_probs`, `trigram_probs`,
+    /// `trigram_context`, `trigram_probs_at`, `backoff_bound`) those searches issued, in one
+    /// tight loop (ns): the index-lookup part of `search_total_cpu_ns`.
     pub ngram_total_cpu_ns: u64,
-    /// Number of index queries (`cond_probs` and `trigram_probs`) per search, summed.
+    /// Number of index queries (all the kinds above) per search, summed.
     pub ngram_queries: u64,
     /// Number of candidates in those queries, summed.
     pub ngram_candidates: u64,
@@ -40,11 +41,25 @@ pub fn thread_cpu_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// One index query of a search, as recorded for the replay.
+enum Query {
+    Cond(Vec<u32>, Vec<u32>),
+    Trigram([u32; 2], Vec<u32>),
+    TrigramContext([u32; 2]),
+    TrigramAt([u32; 2], u64, Vec<u32>),
+    BackoffBound(u32),
+}
+
 /// Records the queries a search makes, forwarding them to the real scorer.
 struct Recorder<'a, S: ?Sized> {
     inner: &'a S,
-    /// (context, candidates, whether it was a `trigram_probs` query).
-    log: Mutex<Vec<(Vec<u32>, Vec<u32>, bool)>>,
+    log: Mutex<Vec<Query>>,
+}
+
+impl<S: ?Sized> Recorder<'_, S> {
+    fn push(&self, q: Query) {
+        self.log.lock().unwrap_or_else(|p| p.into_inner()).push(q);
+    }
 }
 
 impl<S: NgramScorer + ?Sized> NgramScorer for Recorder<'_, S> {
@@ -52,12 +67,24 @@ impl<S: NgramScorer + ?Sized> NgramScorer for Recorder<'_, S> {
         self.inner.vocab_size()
     }
     fn cond_probs(&self, c: &[u32], v: &[u32], u: bool, out: &mut [f64]) {
-        self.log.lock().unwrap_or_else(|p| p.into_inner()).push((c.to_vec(), v.to_vec(), false));
+        self.push(Query::Cond(c.to_vec(), v.to_vec()));
         self.inner.cond_probs(c, v, u, out)
     }
     fn trigram_probs(&self, c: [u32; 2], v: &[u32], out: &mut [f64]) {
-        self.log.lock().unwrap_or_else(|p| p.into_inner()).push((c.to_vec(), v.to_vec(), true));
+        self.push(Query::Trigram(c, v.to_vec()));
         self.inner.trigram_probs(c, v, out)
+    }
+    fn trigram_context(&self, c: [u32; 2]) -> (u64, f64) {
+        self.push(Query::TrigramContext(c));
+        self.inner.trigram_context(c)
+    }
+    fn trigram_probs_at(&self, c: [u32; 2], h: u64, v: &[u32], out: &mut [f64]) {
+        self.push(Query::TrigramAt(c, h, v.to_vec()));
+        self.inner.trigram_probs_at(c, h, v, out)
+    }
+    fn backoff_bound(&self, b: u32, u: bool) -> f64 {
+        self.push(Query::BackoffBound(b));
+        self.inner.backoff_bound(b, u)
     }
     fn top_children(&self, c: &[u32], k: usize, u: bool, t: &mut Vec<u32>, p: &mut Vec<f64>) -> Result<()> {
         self.inner.top_children(c, k, u, t, p)
@@ -100,13 +127,22 @@ pub fn time_beam_search<S: NgramScorer + ?Sized>(
     t.search_total_cpu_ns = t.search_cpu_ns.iter().sum();
     let log = rec.log.into_inner().unwrap_or_else(|p| p.into_inner());
     t.ngram_queries = log.len() as u64;
-    t.ngram_candidates = log.iter().map(|(_, v, _)| v.len() as u64).sum();
+    t.ngram_candidates = log
+        .iter()
+        .map(|q| match q {
+            Query::Cond(_, v) | Query::Trigram(_, v) | Query::TrigramAt(_, _, v) => v.len() as u64,
+            Query::TrigramContext(_) | Query::BackoffBound(_) => 0,
+        })
+        .sum();
     let mut out = vec![0.0; k.max(1)];
     let c0 = thread_cpu_ns();
-    for (c, v, tri) in &log {
-        match (tri, c.as_slice()) {
-            (true, &[a, b]) => scorer.trigram_probs([a, b], v, &mut out[..v.len()]),
-            _ => scorer.cond_probs(c, v, params.unigram_backoff, &mut out[..v.len()]),
+    for q in &log {
+        match q {
+            Query::Cond(c, v) => scorer.cond_probs(c, v, params.unigram_backoff, &mut out[..v.len()]),
+            Query::Trigram(c, v) => scorer.trigram_probs(*c, v, &mut out[..v.len()]),
+            Query::TrigramContext(c) => out[0] = scorer.trigram_context(*c).1,
+            Query::TrigramAt(c, h, v) => scorer.trigram_probs_at(*c, *h, v, &mut out[..v.len()]),
+            Query::BackoffBound(b) => out[0] = scorer.backoff_bound(*b, params.unigram_backoff),
         }
         std::hint::black_box(&out);
     }

@@ -87,3 +87,54 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// `backoff_bound(b)` and the bound of `trigram_context` (the search prunes lookups with
+    /// them) are never below a real probability, on contexts with and without a stored top-k
+    /// row (over 32 children) and with large (escaped) counts; `trigram_probs_at` equals
+    /// `trigram_probs`.
+    #[test]
+    fn pruning_bounds_are_upper_bounds(
+        tail in prop::collection::vec(0..400u32, 2..400),
+        repeats in 0..3000usize,
+        ub in any::<bool>(),
+    ) {
+        const W: u32 = 400;
+        // token 0 is followed by many distinct tokens and by token 1 `repeats` times; so is
+        // the pair (1, 0)
+        let mut seq = Vec::new();
+        for &t in &tail {
+            seq.extend([0, t, 1]);
+        }
+        seq.extend(std::iter::repeat_n([0, 1], repeats).flatten());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.idx");
+        let mut bld = Builder::new(BuildOptions { vocab_size: W, threads: Some(1), temp_dir: Some(dir.path().to_path_buf()), ..BuildOptions::default() }).unwrap();
+        bld.add_document(&seq).unwrap();
+        bld.finish(&path, "{}").unwrap();
+        let index = Index::from_bytes(std::fs::read(&path).unwrap()).unwrap();
+        let cands: Vec<u32> = (0..W).collect();
+        let mut out = vec![0.0f64; W as usize];
+        let mut at = vec![0.0f64; W as usize];
+        for b in [0, 1, tail[0], tail[1], W - 1] {
+            let bound = index.backoff_bound(b, ub);
+            index.cond_probs(&[b], &cands, ub, &mut out);
+            let max = out.iter().copied().fold(0.0, f64::max);
+            prop_assert!(bound >= max && bound <= 1.0, "b = {}: bound {} < max {}", b, bound, max);
+            // the two-token context (x, b): its handle gives trigram_probs bit for bit, and
+            // its bound is never below a value
+            for x in [0, 1, tail[0], W - 1] {
+                let (handle, bound) = NgramScorer::trigram_context(&index, [x, b]);
+                NgramScorer::trigram_probs(&index, [x, b], &cands, &mut out);
+                NgramScorer::trigram_probs_at(&index, [x, b], handle, &cands, &mut at);
+                for (o, a) in out.iter().zip(&at) {
+                    prop_assert_eq!(o.to_bits(), a.to_bits());
+                }
+                let max = out.iter().copied().filter(|g| !g.is_nan()).fold(0.0, f64::max);
+                prop_assert!(bound >= max && bound <= 1.0, "({}, {}): bound {} < max {}", x, b, bound, max);
+            }
+        }
+    }
+}

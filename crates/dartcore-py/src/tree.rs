@@ -96,7 +96,7 @@ fn scorer(index: Option<&Bound<'_, PyNgramIndex>>, p: &SearchParams) -> PyResult
 }
 
 /// Run `f` on the index, or on the absent model. Dynamic dispatch costs one indirect call per
-/// `cond_probs` (160 per search), not measurable next to the search itself.
+/// index query (about 200 per search), not measurable next to the search itself.
 fn run<T>(ix: &Option<Arc<Index<Mmap>>>, f: impl FnOnce(&dyn NgramScorer) -> T) -> T {
     match ix {
         Some(i) => f(&**i),
