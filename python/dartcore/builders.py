@@ -41,14 +41,14 @@ __all__ = [
 ]
 
 # Default node budget (root excluded) on CPU. The paper's theta = 59 is a GPU
-# budget. Measured with tools/bench_decode.py on SmolLM2-135M, fp32, 1 thread of
-# the shared 2-core dev box (median ms per target forward after 256 cached
-# tokens): 1-2 nodes ~87 ms, 4 ~150, 8 ~190, 16 ~180, 24-32 ~230, 64 ~330,
-# 128 ~490. MKL's small-M GEMM makes the step from 1-2 rows to 4 expensive, and
-# 4..32 nodes then cost about the same, so the budget sits on that plateau,
-# where tau still grows (tau 1.54 / 1.57 / 1.64 at 4 / 8 / 16 nodes with the
-# 65-minute CPU drafter checkpoint).
-CPU_MAX_NODES = 16
+# budget. Chosen from dart-bench --verify-cost --budgets on SmolLM2-135M, fp32,
+# 2 threads of the 2-core dev box, fused column-major CPU weights, stage-2
+# drafter, demo index (artifacts/bench_s2): target forward after 256 cached
+# tokens 49 ms for 1 node, 57 / 68 / 97 / 103 ms for 2 / 4 / 8 / 16, while
+# tau grows only 1.69 / 1.80 / 1.85 at 4 / 8 / 16 nodes. Decoding 9 eval prompts
+# x 64 tokens at T = 0 in one run: median speedup over AR 1.16x at 4 nodes,
+# 1.08x at 6, 0.97x at 8 (tau 1.74 / 1.82 / 1.87).
+CPU_MAX_NODES = 4
 
 
 @dataclass
