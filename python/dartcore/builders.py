@@ -46,7 +46,7 @@ __all__ = [
 # drafter, demo index (artifacts/bench_s2): target forward after 256 cached
 # tokens 49 ms for 1 node, 57 / 68 / 97 / 103 ms for 2 / 4 / 8 / 16, while
 # tau grows only 1.69 / 1.80 / 1.85 at 4 / 8 / 16 nodes. Decoding 9 eval prompts
-# x 64 tokens at T = 0 in one run: median speedup over AR 1.16x at 4 nodes,
+# x 64 tokens at T = 0 (tools/bench_budgets.py): median speedup over AR 1.16x at 4 nodes,
 # 1.08x at 6, 0.97x at 8 (tau 1.74 / 1.82 / 1.87).
 CPU_MAX_NODES = 4
 
