@@ -46,7 +46,7 @@ def main(argv=None) -> int:
 
     from dartcore.cli.dart_train import _split
     from dartcore.models.hub import load_target
-    from dartcore.training.data import read_documents
+    from dartcore.training.data import _chat_ids, read_documents
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -66,11 +66,9 @@ def main(argv=None) -> int:
         if not d.messages:
             continue
         msgs = [m for m in d.messages if m["role"] != "assistant"]
-        ids = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)
-        if hasattr(ids, "keys"):
-            ids = ids["input_ids"]
+        ids = _chat_ids(tok, msgs, add_generation_prompt=True)
         if len(ids) <= args.max_prompt_tokens:
-            prompts.append((msgs, list(ids)))
+            prompts.append((msgs, ids.tolist()))
     random.Random(args.seed + 1).shuffle(prompts)
     gen_path = out / "generated.jsonl"
     seen = set()

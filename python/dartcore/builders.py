@@ -262,8 +262,8 @@ class UnionBuilder:
 
     dart: BeamBuilder
     ngram: NgramBuilder
+    ngram_nodes: int  # chosen once, in the registered factory
     max_nodes: int = CPU_MAX_NODES
-    ngram_nodes: int = CPU_MAX_NODES // 3
     needs_drafter: bool = True
     needs_hidden: bool = False
     needs_index: bool = True
