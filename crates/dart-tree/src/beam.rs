@@ -122,17 +122,31 @@ struct Scratch {
     eos: Vec<bool>,
     gbuf: Vec<f64>,
     ngram: Vec<f64>,
-    alive: Vec<bool>,
+    /// Column sets of the level are bitsets of `wn = nv.div_ceil(64)` words (column vi is bit
+    /// vi % 64 of word vi / 64): the passes of an entry visit only the set bits (trailing
+    /// zeros), where per-column `bool`/`u8` arrays cost a data-dependent branch per column in
+    /// each of five passes over the row. On tools/bench_tree.py (real rows: ~117 entries per
+    /// search, ~15 of 25 columns alive after the first bound, ~10 after the n-gram bounds)
+    /// search CPU p50 138 -> 125 µs (min of 8 interleaved runs), trees bit-identical.
+    /// `alive`: the current entry's columns still in reach of the level's best w.
+    alive: Vec<u64>,
+    /// Scratch column set: the columns to look up next.
+    want: Vec<u64>,
+    /// Scratch set of token ranks (positions in `sorted`).
+    tmask: Vec<u64>,
+    /// Token rank of each column: `sorted[rank[vi]] == vi`.
+    rank: Vec<u32>,
     memo_ctx: Vec<CtxMemo>,
-    /// Per (two-token context, column): 0 not looked up, 1 term known, 2 not seen after
-    /// both tokens (the term is the one-token column of the last token, maybe not known yet).
-    known: Vec<u8>,
+    /// Per two-token context (`wn` words from `slot * wn`): columns whose term is known
+    /// (`known`), and columns not seen after both tokens whose term is the one-token term of
+    /// the last token, not known yet for this context (`pending`).
+    known: Vec<u64>,
+    pending: Vec<u64>,
     g1: Vec<f64>,
-    known1: Vec<bool>,
-    /// Per last token b: (b, offset in g1/known1, upper bound of its backoff term).
+    /// Per last token (`wn` words from its memo index `* wn`): columns whose term is in `g1`.
+    known1: Vec<u64>,
+    /// Per last token b: (b, offset in g1, upper bound of its backoff term).
     memo_b: Vec<(u32, usize, f64)>,
-    sub1_tokens: Vec<u32>,
-    sub1_cols: Vec<u32>,
     sub_tokens: Vec<u32>,
     sub_cols: Vec<u32>,
     top: TopW,
@@ -407,14 +421,24 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
         };
         let amax = s.drafter.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         s.top.clear();
+        let wn = nv.div_ceil(64);
         s.gbuf.resize(nv, 0.0);
+        s.sub_tokens.resize(nv, 0);
+        s.sub_cols.resize(nv, 0);
         s.ngram.clear();
         s.known.clear();
+        s.pending.clear();
         s.memo_ctx.clear();
         s.g1.clear();
         s.known1.clear();
         s.memo_b.clear();
-        s.alive.resize(nv, false);
+        s.alive.resize(wn, 0);
+        s.want.resize(wn, 0);
+        s.tmask.resize(wn, 0);
+        s.rank.resize(nv, 0);
+        for (si, &vi) in s.sorted.iter().enumerate() {
+            s.rank[vi as usize] = si as u32;
+        }
 
         let n_entries = if l == 0 { 1 } else { s.beam.len() };
         for e in 0..n_entries {
@@ -434,41 +458,48 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
             if pscore + amax + bmax + margin < floor {
                 break;
             }
-            let mut any = false;
-            for vi in 0..nv {
-                // Negated on purpose: a NaN bound (−inf + inf with ε = 0) must keep the node.
-                #[allow(clippy::neg_cmp_op_on_partial_ord)]
-                let ok = !(pscore + s.drafter[vi] + bmax + margin < floor);
-                s.alive[vi] = ok;
-                any |= ok;
+            let mut any = 0u64;
+            for (wi, word) in s.alive.iter_mut().enumerate() {
+                let cols = &s.drafter[wi * 64..nv.min(wi * 64 + 64)];
+                let mut m = 0u64;
+                for (bit, &a) in cols.iter().enumerate() {
+                    // Negated on purpose: a NaN bound (−inf + inf with ε = 0) must keep the node.
+                    #[allow(clippy::neg_cmp_op_on_partial_ord)]
+                    let ok = !(pscore + a + bmax + margin < floor);
+                    m |= (ok as u64) << bit;
+                }
+                *word = m;
+                any |= m;
             }
-            if !any {
+            if any == 0 {
                 continue;
             }
             let memo = if use_ngram {
-                let slot = memo_offset(s, ctx, nv);
-                ngram_terms(s, scorer, slot, nv, scale, params, pscore - floor + margin);
+                let slot = memo_offset(s, ctx, nv, wn);
+                ngram_terms(s, scorer, slot, nv, wn, scale, params, pscore - floor + margin);
                 s.memo_ctx[slot].off
             } else {
                 usize::MAX
             };
             let child_start = s.cands.len() as u32;
-            for vi in 0..nv {
-                if !s.alive[vi] {
-                    continue;
-                }
-                let mut delta = s.drafter[vi];
-                if memo != usize::MAX {
-                    delta += s.ngram[memo + vi];
-                }
-                let score = pscore + delta;
-                // Only expansions that enter the level's best w so far are stored: the others
-                // are never kept, so never in the tree nor expanded. Skipping them keeps the
-                // creation order of the stored ones, the tie-breaker everywhere.
-                if s.top.admits(score, params.beam_width) {
-                    let idx = s.cands.len() as u32;
-                    s.top.insert(score, idx, params.beam_width);
-                    s.push_cand(score, row_tokens[s.valid[vi] as usize], ctx[1], parent, l);
+            for wi in 0..wn {
+                let mut m = s.alive[wi];
+                while m != 0 {
+                    let vi = wi * 64 + m.trailing_zeros() as usize;
+                    m &= m - 1;
+                    let mut delta = s.drafter[vi];
+                    if memo != usize::MAX {
+                        delta += s.ngram[memo + vi];
+                    }
+                    let score = pscore + delta;
+                    // Only expansions that enter the level's best w so far are stored: the
+                    // others are never kept, so never in the tree nor expanded. Skipping them
+                    // keeps the creation order of the stored ones, the tie-breaker everywhere.
+                    if s.top.admits(score, params.beam_width) {
+                        let idx = s.cands.len() as u32;
+                        s.top.insert(score, idx, params.beam_width);
+                        s.push_cand(score, row_tokens[s.valid[vi] as usize], ctx[1], parent, l);
+                    }
                 }
             }
             s.close_children(parent, child_start);
@@ -481,14 +512,16 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
     Ok(select_tree(s, root, params.max_nodes))
 }
 
-/// Offset of two-token context `ctx`'s terms in `s.ngram` / `s.known`, added if new.
-fn memo_offset(s: &mut Scratch, ctx: [u32; 2], nv: usize) -> usize {
+/// Slot of two-token context `ctx` in `s.memo_ctx` (its terms in `s.ngram`, its column sets
+/// in `s.known` / `s.pending`), added if new.
+fn memo_offset(s: &mut Scratch, ctx: [u32; 2], nv: usize, wn: usize) -> usize {
     match s.memo_ctx.iter().position(|m| m.ctx == ctx) {
         Some(i) => i,
         None => {
             let off = s.ngram.len();
             s.ngram.resize(off + nv, 0.0);
-            s.known.resize(off + nv, 0);
+            s.known.resize(s.known.len() + wn, 0);
+            s.pending.resize(s.pending.len() + wn, 0);
             s.memo_ctx.push(CtxMemo { ctx, off, handle: u64::MAX, bound: f64::NAN });
             s.memo_ctx.len() - 1
         }
@@ -506,9 +539,10 @@ struct CtxMemo {
 }
 
 /// The n-gram terms `ngram_weight · ln(g(v|ctx) + ε) / (l + 1)^depth_exponent` (`scale` is
-/// the weight over the divisor) of the level's columns marked in `s.alive`, into `s.ngram[off
-/// + column]` (`off` from [`memo_offset`]), marking them in `s.known`. A column whose term
-/// turns out to be too small for the level's best w is unmarked in `s.alive` instead (below).
+/// the weight over the divisor) of the level's columns set in `s.alive`, into
+/// `s.ngram[off + column]` (`off` from [`memo_offset`]), setting them in the context's
+/// `s.known`. A column whose term turns out to be too small for the level's best w is
+/// cleared in `s.alive` instead (below).
 ///
 /// Two memos, both per level. Terms are kept per two-token context (different paths often
 /// end in the same two tokens): only columns not yet known for `ctx` are looked up. And the
@@ -531,53 +565,47 @@ struct CtxMemo {
 /// one-token lookups from 497 to 309; with synthetic rows from 1,166 to 967 and 620 to 501.
 /// The context is resolved once per level (`trigram_context`), and later lookups of the same
 /// context use its handle.
+#[allow(clippy::too_many_arguments)]
 fn ngram_terms<S: NgramScorer + ?Sized>(
     s: &mut Scratch,
     scorer: &S,
     slot: usize,
     nv: usize,
+    wn: usize,
     scale: f64,
     params: &SearchParams,
     gap: f64,
 ) {
     let CtxMemo { ctx, off, .. } = s.memo_ctx[slot];
+    let moff = slot * wn;
     // A term as a function of g is monotone (increasing, or decreasing for a negative weight):
     // the bound of the terms of all g in [0, gmax].
     let term_bound = |gmax: f64| (scale * (gmax + params.eps).ln()).max(scale * params.eps.ln());
     let b = ctx[1];
-    let (boff, bound1) = match s.memo_b.iter().find(|(t, _, _)| *t == b) {
-        Some(&(_, boff, bound)) => (boff, bound),
+    let (bi, bound1) = match s.memo_b.iter().position(|(t, _, _)| *t == b) {
+        Some(i) => (i, s.memo_b[i].2),
         None => {
             let boff = s.g1.len();
             s.g1.resize(boff + nv, 0.0);
-            s.known1.resize(boff + nv, false);
+            s.known1.resize(s.known1.len() + wn, 0);
             let bound = term_bound(scorer.backoff_bound(b, params.unigram_backoff));
             s.memo_b.push((b, boff, bound));
-            (boff, bound)
+            (s.memo_b.len() - 1, bound)
         }
     };
-    // Columns wanted and never looked up for ctx, in ascending token order.
-    s.sub_tokens.clear();
-    s.sub_cols.clear();
-    let mut pending = false;
-    for (si, &vi) in s.sorted.iter().enumerate() {
-        if s.alive[vi as usize] {
-            match s.known[off + vi as usize] {
-                0 => {
-                    s.sub_tokens.push(s.child_tokens[si]);
-                    s.sub_cols.push(vi);
-                }
-                2 => pending = true,
-                _ => {}
-            }
-        }
+    let (boff, b1off) = (s.memo_b[bi].1, bi * wn);
+    // Columns wanted and never looked up for ctx.
+    let mut wanted = 0u64;
+    for wi in 0..wn {
+        let w = s.alive[wi] & !(s.known[moff + wi] | s.pending[moff + wi]);
+        s.want[wi] = w;
+        wanted |= w;
     }
-    if !s.sub_tokens.is_empty() {
+    if wanted != 0 {
         if ctx[0] == NONE {
-            for &vi in &s.sub_cols {
-                s.known[off + vi as usize] = 2;
+            for wi in 0..wn {
+                s.pending[moff + wi] |= s.want[wi];
             }
-            pending = true;
         } else {
             if s.memo_ctx[slot].bound.is_nan() {
                 let (handle, gmax) = scorer.trigram_context(ctx);
@@ -588,71 +616,95 @@ fn ngram_terms<S: NgramScorer + ?Sized>(
             // Whether seen after both tokens or backed off, a term is at most `bound`: drop
             // the columns that cannot enter the level's best w even so (left unknown: a later
             // entry with the same context may still want them).
-            let bound = bound3.max(bound1);
-            let mut m = 0;
-            for i in 0..s.sub_cols.len() {
-                let vi = s.sub_cols[i];
-                if s.drafter[vi as usize] + bound + gap < 0.0 {
-                    s.alive[vi as usize] = false;
-                } else {
-                    s.sub_cols[m] = vi;
-                    s.sub_tokens[m] = s.sub_tokens[i];
-                    m += 1;
-                }
-            }
-            s.sub_cols.truncate(m);
-            s.sub_tokens.truncate(m);
+            let m = gather_wanted(s, wn, bound3.max(bound1), gap);
             if m > 0 {
-                scorer.trigram_probs_at(ctx, handle, &s.sub_tokens, &mut s.gbuf[..m]);
+                scorer.trigram_probs_at(ctx, handle, &s.sub_tokens[..m], &mut s.gbuf[..m]);
             }
             // Columns seen after both tokens get their term now; the others back off.
             for i in 0..m {
                 let vi = s.sub_cols[i] as usize;
+                let (wi, bit) = (moff + vi / 64, 1u64 << (vi % 64));
                 let g = s.gbuf[i];
                 if g.is_nan() {
-                    s.known[off + vi] = 2;
-                    pending = true;
+                    s.pending[wi] |= bit;
                 } else {
-                    s.known[off + vi] = 1;
+                    s.known[wi] |= bit;
                     s.ngram[off + vi] = scale * (g + params.eps).ln();
                 }
             }
         }
     }
-    if !pending {
-        return;
-    }
     // Backed-off columns: the known one-token terms are copied, hopeless ones dropped, the
     // rest looked up in b's child list at once.
-    s.sub1_tokens.clear();
-    s.sub1_cols.clear();
-    for (si, &vi) in s.sorted.iter().enumerate() {
-        let v = vi as usize;
-        if !s.alive[v] || s.known[off + v] != 2 {
-            continue;
+    let mut rest = 0u64;
+    for wi in 0..wn {
+        let pend = s.alive[wi] & s.pending[moff + wi];
+        let mut hit = pend & s.known1[b1off + wi];
+        if hit != 0 {
+            s.known[moff + wi] |= hit;
+            s.pending[moff + wi] &= !hit;
+            while hit != 0 {
+                let vi = wi * 64 + hit.trailing_zeros() as usize;
+                hit &= hit - 1;
+                s.ngram[off + vi] = s.g1[boff + vi];
+            }
         }
-        if s.known1[boff + v] {
-            s.ngram[off + v] = s.g1[boff + v];
-            s.known[off + v] = 1;
-        } else if s.drafter[v] + bound1 + gap < 0.0 {
-            s.alive[v] = false;
-        } else {
-            s.sub1_tokens.push(s.child_tokens[si]);
-            s.sub1_cols.push(vi);
-        }
+        s.want[wi] = pend & !s.known1[b1off + wi];
+        rest |= s.want[wi];
     }
-    let m1 = s.sub1_tokens.len();
+    if rest == 0 {
+        return;
+    }
+    let m1 = gather_wanted(s, wn, bound1, gap);
     if m1 > 0 {
-        scorer.cond_probs(&[b], &s.sub1_tokens, params.unigram_backoff, &mut s.gbuf[..m1]);
-        for (i, &vi) in s.sub1_cols.iter().enumerate() {
-            let v = vi as usize;
+        scorer.cond_probs(&[b], &s.sub_tokens[..m1], params.unigram_backoff, &mut s.gbuf[..m1]);
+        for i in 0..m1 {
+            let vi = s.sub_cols[i] as usize;
+            let (wi, bit) = (vi / 64, 1u64 << (vi % 64));
             let t = scale * (s.gbuf[i] + params.eps).ln();
-            s.g1[boff + v] = t;
-            s.known1[boff + v] = true;
-            s.ngram[off + v] = t;
-            s.known[off + v] = 1;
+            s.g1[boff + vi] = t;
+            s.known1[b1off + wi] |= bit;
+            s.ngram[off + vi] = t;
+            s.known[moff + wi] |= bit;
+            s.pending[moff + wi] &= !bit;
         }
     }
+}
+
+/// The columns of `s.want` whose term can still bring them into the level's best w
+/// (`drafter + bound + gap >= 0`), in ascending token order, into `s.sub_tokens[..m]` /
+/// `s.sub_cols[..m]`; returns m. The others are dropped from `s.alive`. The kept columns are
+/// set in a bitset by token rank (`s.rank`), which is then read in order: work in proportion
+/// to the (few) wanted columns, not to the row. (A branch-free pass over all columns in
+/// token order took 10% of the search on the bench; this one: search CPU p50 125 -> 117 µs.)
+fn gather_wanted(s: &mut Scratch, wn: usize, bound: f64, gap: f64) -> usize {
+    s.tmask.fill(0);
+    for wi in 0..wn {
+        let mut w = s.want[wi];
+        while w != 0 {
+            let bit = w.trailing_zeros();
+            w &= w - 1;
+            let vi = wi * 64 + bit as usize;
+            if s.drafter[vi] + bound + gap < 0.0 {
+                s.alive[wi] &= !(1u64 << bit);
+            } else {
+                let r = s.rank[vi] as usize;
+                s.tmask[r / 64] |= 1u64 << (r % 64);
+            }
+        }
+    }
+    let mut m = 0;
+    for wi in 0..wn {
+        let mut t = s.tmask[wi];
+        while t != 0 {
+            let si = wi * 64 + t.trailing_zeros() as usize;
+            t &= t - 1;
+            s.sub_tokens[m] = s.child_tokens[si];
+            s.sub_cols[m] = s.sorted[si];
+            m += 1;
+        }
+    }
+    m
 }
 
 /// Mark the level's best `beam_width` expansions (`s.top`) as candidates; those not ending in
