@@ -202,67 +202,104 @@ impl<'a> Level<'a> {
             f(w >> self.cb, c);
         }
     }
-    /// First position in `lo..hi` whose token is >= `t` (hi if none), galloping from `lo`
-    /// (exponential probe, then binary search). Measured against a branch-free binary search
-    /// on the 55 M-node bench index: galloping is faster for `cond_probs` (sorted candidates
-    /// advance a cursor: 2.0 vs 2.9 µs random contexts, 1.1 vs 1.7 µs hot) and on par for
-    /// single lookups. An interpolation guess before galloping was slower too (hot
-    /// `cond_probs` 1.33 vs 0.87 µs), so this is what `cond_probs` uses.
-    #[inline]
-    fn gallop(&self, mut lo: usize, hi: usize, t: u32) -> usize {
-        let key = (t as u64) << self.cb;
-        let ge = |i: usize| self.word(i).is_none_or(|w| w as u64 >= key);
-        if lo >= hi || ge(lo) {
-            return lo;
-        }
-        let mut step = 1usize;
-        let mut top = lo + 1;
-        while top < hi && !ge(top) {
-            lo = top;
-            step *= 2;
-            top = lo.saturating_add(step);
-        }
-        let mut high = top.min(hi);
-        let mut l = lo + 1;
-        while l < high {
-            let m = l + (high - l) / 2;
-            if ge(m) {
-                high = m;
-            } else {
-                l = m + 1;
-            }
-        }
-        l
-    }
-
     /// Position of token `t` in `s..e`, if present.
     #[inline]
     fn find(&self, s: usize, e: usize, t: u32) -> Option<usize> {
-        // plain binary search: a single lookup has no cursor for galloping to exploit
-        let key = (t as u64) << self.cb;
-        let (mut l, mut h) = (s, e);
-        while l < h {
-            let m = l + (h - l) / 2;
-            if (self.word(m)? as u64) < key {
-                l = m + 1;
-            } else {
-                h = m;
-            }
+        // A single lookup has no cursor for galloping to exploit: a binary search, branch-free
+        // (Khuong & Morin: `base += half` by a conditional move; the answer stays in
+        // base ..= base + len) over the range sliced once. The lists searched are long (the
+        // search's two-token contexts look b up among a's 1k-30k children), and the branches of
+        // a plain bisection are coin flips: ~450 mispredicted per search on tools/bench_tree.py.
+        let words = self.nodes.get(s.checked_mul(4)?..e.checked_mul(4)?)?;
+        let n = words.len() / 4;
+        if n == 0 {
+            return None;
         }
-        (l < e && self.token_of(self.word(l)?) == t).then_some(l)
+        let tok = |i: usize| word_at(words, i) >> self.cb;
+        let (mut base, mut len) = (0usize, n);
+        while len > 1 {
+            let half = len / 2;
+            base += usize::from(tok(base + half) < t) * half;
+            len -= half;
+        }
+        base += usize::from(tok(base) < t);
+        (base < n && tok(base) == t).then_some(s + base)
     }
 }
 
+/// Word `i` of a node range (`i < words.len() / 4`).
+#[inline]
+fn word_at(words: &[u8], i: usize) -> u32 {
+    let b = &words[i * 4..i * 4 + 4];
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
 impl Level<'_> {
-    /// count(c, v)/total(c) if `v` (≥ the token at `*cursor`) is a child of `c` with a
-    /// non-zero count; advances `*cursor` to the first child ≥ `v` (candidates come sorted).
-    #[inline]
-    fn seen(&self, c: Ctx, cursor: &mut usize, v: u32) -> Option<f64> {
-        *cursor = self.gallop(*cursor, c.e, v);
-        let p = *cursor;
-        let w = self.word(p).filter(|&w| p < c.e && self.token_of(w) == v)?;
-        let cnt = self.count_of(p, w);
-        (cnt > 0).then(|| cnt as f64 / c.total as f64)
+    /// count(c, v)/total(c) for every v = `cands[i]` (ascending, repeats allowed) where
+    /// `out[i]` is NaN on entry and v is a child of `c` with a non-zero count, into `out[i]`;
+    /// other entries are left as they are (and not searched).
+    ///
+    /// A galloping merge: each candidate's position is searched from the previous one's, by
+    /// an exponential probe and then a bisection of the bracket. Measured against a branch-free
+    /// binary search on the 55 M-node bench index, galloping was faster (2.0 vs 2.9 µs random
+    /// contexts, 1.1 vs 1.7 µs hot), and so it was again against all candidates' branch-free
+    /// searches advanced in lock step (search CPU p50 124 -> 145 µs on tools/bench_tree.py,
+    /// real rows); an interpolation guess before galloping was slower too (hot 1.33 vs 0.87
+    /// µs). The context's node words are sliced once (a range outside the node array, i.e. a
+    /// corrupt body, is a context without children), so a probe has no `Option` or overflow
+    /// checks, and the bisection is branch-free (`base += half` by a conditional move; its
+    /// probes are coin flips for the branch predictor): search CPU p50 117 -> 110 µs (min of
+    /// 8 interleaved runs, real rows) against the per-candidate `Option`-checked gallop.
+    fn seen_sorted(&self, c: Ctx, cands: &[u32], out: &mut [f64]) {
+        let Some(words) = c.s.checked_mul(4).zip(c.e.checked_mul(4)).and_then(|(a, b)| self.nodes.get(a..b)) else {
+            return;
+        };
+        let n = words.len() / 4;
+        let word = |i: usize| word_at(words, i);
+        let cb = self.cb;
+        let total = c.total as f64;
+        let mut lo = 0usize;
+        for (&v, o) in cands.iter().zip(out.iter_mut()) {
+            if !o.is_nan() {
+                continue;
+            }
+            let lt = |i: usize| (word(i) >> cb) < v;
+            // first position >= lo whose token is >= v: exponential probe from lo ...
+            if lo >= n {
+                break;
+            }
+            if lt(lo) {
+                let mut step = 1usize;
+                let mut top = lo + 1;
+                while top < n && lt(top) {
+                    lo = top;
+                    step *= 2;
+                    top = lo + step;
+                }
+                // ... then the answer is in lo + 1 ..= min(top, n): branch-free bisection.
+                // (Khuong & Morin's form: the answer stays in base ..= base + len.)
+                let mut base = lo + 1;
+                let mut len = top.min(n) - base;
+                if len > 0 {
+                    while len > 1 {
+                        let half = len / 2;
+                        base += usize::from(lt(base + half)) * half;
+                        len -= half;
+                    }
+                    base += usize::from(lt(base));
+                }
+                lo = base;
+            }
+            if lo < n {
+                let w = word(lo);
+                if w >> cb == v {
+                    let cnt = self.count_of(c.s + lo, w);
+                    if cnt > 0 {
+                        *o = cnt as f64 / total;
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -624,22 +661,17 @@ impl<D: AsRef<[u8]>> Index<D> {
         let c2 = if n >= 1 { self.ctx1(context[n - 1]) } else { None };
         let c2 = c2.filter(|c| c.e > c.s && c.total > 0);
         let uni = (unigram_backoff || n == 0) && self.h.tokens > 0;
-        let (l3, l2) = (self.l3(), self.l2());
-        let mut p3 = c3.map_or(0, |c| c.s);
-        let mut p2 = c2.map_or(0, |c| c.s);
+        out.fill(f64::NAN);
+        if let Some(c) = c3 {
+            self.l3().seen_sorted(c, candidates_sorted, out);
+        }
+        if let Some(c) = c2 {
+            self.l2().seen_sorted(c, candidates_sorted, out);
+        }
         let utot = self.h.tokens as f64;
-        for (v, o) in candidates_sorted.iter().zip(out.iter_mut()) {
-            let v = *v;
-            if let Some(g) = c3.and_then(|c| l3.seen(c, &mut p3, v)) {
-                *o = g;
-            } else if let Some(g) = c2.and_then(|c| l2.seen(c, &mut p2, v)) {
-                *o = g;
-            } else {
-                *o = if uni {
-                    self.uni_count(v) as f64 / utot
-                } else {
-                    0.0
-                };
+        for (&v, o) in candidates_sorted.iter().zip(out.iter_mut()) {
+            if o.is_nan() {
+                *o = if uni { self.uni_count(v) as f64 / utot } else { 0.0 };
             }
         }
     }
@@ -661,13 +693,7 @@ impl<D: AsRef<[u8]>> Index<D> {
         let Some(c) = self.ctx2_of(a, b).filter(|c| c.e > c.s && c.total > 0) else {
             return;
         };
-        let l3 = self.l3();
-        let mut p = c.s;
-        for (&v, o) in candidates_sorted.iter().zip(out.iter_mut()) {
-            if let Some(g) = l3.seen(c, &mut p, v) {
-                *o = g;
-            }
-        }
+        self.l3().seen_sorted(c, candidates_sorted, out);
     }
 
     /// An upper bound of `cond_probs(&[b], [v], unigram_backoff)` over every token v: the
@@ -716,13 +742,7 @@ impl<D: AsRef<[u8]>> Index<D> {
         let Some(c) = self.l2().word(j).and_then(|w| self.ctx2(j, w)).filter(|c| c.e > c.s && c.total > 0) else {
             return;
         };
-        let l3 = self.l3();
-        let mut p = c.s;
-        for (&v, o) in candidates_sorted.iter().zip(out.iter_mut()) {
-            if let Some(g) = l3.seen(c, &mut p, v) {
-                *o = g;
-            }
-        }
+        self.l3().seen_sorted(c, candidates_sorted, out);
     }
 
     /// [`Index::children`] for `n` two-token contexts on `pool`; rows padded to `k` with token
