@@ -215,3 +215,22 @@ def test_shipped_smollm2_drafter_loads(smollm2):
     logits = dr.draft(dr.new_state(ids.shape[1] + 8), taps, nxt)
     assert logits.shape == (8, dr.config.draft_vocab_size)
     assert torch.isfinite(logits).all()
+
+
+def test_draft_fewer_rows_equals_the_first_rows_of_the_full_draft():
+    """``draft(rows=r)`` (the decoder asks for min(d, node budget) rows) computes the same
+    first r rows as the full draft; bad ``rows`` is refused."""
+    target = tiny_model("llama", layers=6)
+    dr = _random_drafter(target, d=5, draft_vocab=list(range(0, 64, 2)))
+    torch.manual_seed(2)
+    ids = torch.randint(3, 64, (18,))
+    taps = _taps(target, ids[:17], dr.taps)
+    full, full_h = dr.draft(dr.new_state(64), taps, ids[1:], return_hidden=True)
+    for r in (1, 2, 4, 5):
+        part, part_h = dr.draft(dr.new_state(64), taps, ids[1:], return_hidden=True, rows=r)
+        assert part.shape == (r, full.shape[1])
+        torch.testing.assert_close(part, full[:r], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(part_h, full_h[:r], atol=1e-5, rtol=1e-5)
+    for bad in (0, 6):
+        with pytest.raises(DartError, match="rows must be in"):
+            dr.draft(dr.new_state(64), taps, ids[1:], rows=bad)

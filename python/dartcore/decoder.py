@@ -332,7 +332,8 @@ class DartDecoder:
             # max_depth == 0 only in the last round (one token left): nothing to draft.
             if drafter is not None and max_depth > 0:
                 drafted = drafter.draft(dstate, new_taps, torch.tensor(new_next, dtype=torch.long),
-                                        return_hidden=self.builder.needs_hidden)
+                                        return_hidden=self.builder.needs_hidden,
+                                        rows=min(drafter.d, max_depth, self._node_budget()))
                 logits, hidden = drafted if self.builder.needs_hidden else (drafted, None)
             clock.lap("draft")
             if max_depth > 0:

@@ -462,11 +462,19 @@ class DartDrafter(nn.Module):
         return DrafterState(self.config.num_key_value_heads, self.config.head_dim, max_len, p.dtype, p.device)
 
     @torch.no_grad()
-    def draft(self, state: DrafterState, taps: torch.Tensor, next_tokens: torch.Tensor, *, return_hidden: bool = False):
+    def draft(self, state: DrafterState, taps: torch.Tensor, next_tokens: torch.Tensor, *, return_hidden: bool = False,
+              rows: int | None = None):
         """Append ``n`` real rows to ``state`` and draft ``d`` positions after the last one.
 
         taps: [n, 3H]; next_tokens: [n] (x_{i+1} of each new position i). Returns logits
-        [d, V_draft] (and the final hidden states [d, H] with ``return_hidden``)."""
+        [d, V_draft] (and the final hidden states [d, H] with ``return_hidden``).
+        ``rows`` (1..d, default d): draft only the first ``rows`` positions. Row j attends
+        to the real positions and MASK 1..j only, so the rows computed are exactly those of
+        the full draft (a tree of B nodes is never deeper than B: the decoder asks for
+        ``min(d, B)`` rows and saves the rest of the work)."""
+        nq = self.d if rows is None else int(rows)
+        if not 1 <= nq <= self.d:
+            raise DartError(f"rows must be in [1, {self.d}], got {rows}")
         if taps.dim() != 2 or taps.shape[-1] != 3 * self.config.hidden_size:
             raise DartError(f"taps must be [n, {3 * self.config.hidden_size}], got {tuple(taps.shape)}")
         n = taps.shape[0]
@@ -484,17 +492,18 @@ class DartDrafter(nn.Module):
         last_row, last_g = rows[-1:], g[-1:]
         p = state.length - 1
         m_rows, m_res = self.mask_rows()
-        q_rows = torch.cat((last_row, m_rows), dim=0)  # [d, 2H]
+        m_rows, m_res = m_rows[:nq - 1], m_res[:nq - 1]
+        q_rows = torch.cat((last_row, m_rows), dim=0)  # [nq, 2H]
         resid = torch.cat((last_g, m_res), dim=0)
-        qpos = torch.arange(p, p + self.d, device=dev)
+        qpos = torch.arange(p, p + nq, device=dev)
         cos, sin = self.rope(qpos)
-        q = self.layer.q(q_rows, cos, sin)  # [nh, d, hd]
+        q = self.layer.q(q_rows, cos, sin)  # [nh, nq, hd]
         mk, mv = self.layer.kv(m_rows, cos[1:], sin[1:])
         k = torch.cat((state.k[:, : state.length], mk), dim=1)
         v = torch.cat((state.v[:, : state.length], mv), dim=1)
         # row 0 sees every real position; MASK j additionally sees MASK 1..j
-        mask = torch.ones(self.d, state.length + self.d - 1, dtype=torch.bool, device=dev)
-        mask[:, state.length:] = torch.tril(torch.ones(self.d, self.d - 1, dtype=torch.bool, device=dev), diagonal=-1)
+        mask = torch.ones(nq, state.length + nq - 1, dtype=torch.bool, device=dev)
+        mask[:, state.length:] = torch.tril(torch.ones(nq, nq - 1, dtype=torch.bool, device=dev), diagonal=-1)
         h = resid + self.layer.attend(q, k, v, mask)
         h = self.layer.mlp_block(h)
         logits = self.head(h)
