@@ -54,7 +54,7 @@ def setup(tmp_path_factory):
     return model, tok, drafter, index, prompts, refs
 
 
-@pytest.mark.parametrize("tree", ["dart", "dart-no-ngram", "dart-chain", "ngram-only", "dart+ngram", "ar"])
+@pytest.mark.parametrize("tree", ["dart", "dart-no-ngram", "dart-chain", "ngram-only", "dart+ngram", "dart+ctx", "ar"])
 def test_every_builder_is_lossless_under_greedy(setup, tree):
     model, tok, drafter, index, prompts, refs = setup
     dec = DartDecoder(model, tok, drafter, index, tree=tree, max_nodes=8, eos_token_ids=()) if tree not in (
@@ -125,3 +125,42 @@ def test_merge_trees_is_a_budgeted_union_in_depth_order():
     assert set(_paths(m)) == set(_paths(a))
     with pytest.raises(ValueError, match="roots differ"):
         merge_trees(a, tree([8], [-1]), 5)
+
+
+def _brute_continuation(ctx, max_len, min_match=2, max_match=4):
+    """Plain-loop reference of context_continuation."""
+    for n in range(min(max_match, len(ctx) - 1), min_match - 1, -1):
+        suffix = ctx[len(ctx) - n:]
+        for i in range(len(ctx) - n - 1, -1, -1):  # latest earlier start first
+            if ctx[i:i + n] == suffix:
+                return ctx[i + n:i + n + max_len]
+    return []
+
+
+def test_context_continuation_matches_a_plain_search():
+    from dartcore.builders import context_continuation
+
+    rng = np.random.default_rng(3)
+    for _ in range(400):
+        ctx = rng.integers(0, int(rng.integers(2, 6)), size=int(rng.integers(1, 30))).tolist()
+        max_len = int(rng.integers(1, 6))
+        got = context_continuation(np.array(ctx), max_len=max_len).tolist()
+        assert got == _brute_continuation(ctx, max_len), ctx
+    # the longest recurring suffix wins over a later shorter one
+    assert context_continuation(np.array([1, 2, 3, 9, 5, 2, 3, 7, 1, 2, 3]), max_len=2).tolist() == [9, 5]
+    assert context_continuation(np.array([4, 5, 6]), max_len=3).tolist() == []
+
+
+def test_context_union_keeps_the_budget_and_the_continuation(setup):
+    from dartcore.builders import TreeInputs, make_tree_builder
+    from dartcore.verify import flatten
+
+    model, tok, drafter, index, prompts, _ = setup
+    builder = make_tree_builder("dart+ctx", max_nodes=5, context_nodes=3)
+    ctx = np.array([1, 9, 8, 7, 6, 5, 4, 9, 8], dtype=np.int64)  # suffix (9, 8) recurs: 7, 6, 5, ...
+    logits = torch.randn(4, drafter.config.draft_vocab_size)
+    tree = flatten(builder(TreeInputs(context=ctx, logits=logits, drafter=drafter, index=index)))
+    assert tree.tokens[0] == 8 and len(tree) - 1 <= 5
+    assert {(7,), (7, 6), (7, 6, 5)} <= {p[1:] for p in _paths(tree)}
+    with pytest.raises(ValueError, match="context_nodes"):
+        make_tree_builder("dart+ctx", max_nodes=4, context_nodes=5)

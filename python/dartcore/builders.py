@@ -15,6 +15,8 @@ Built in:
 ``dart-no-ngram``   the same search with ``ngram_weight = 0`` (no index)
 ``dart-chain``      ``beam_width = 1``, ``max_nodes = d``: one drafter chain
 ``ngram-only``      trigram-index tree, no drafter
+``dart+ngram``      ``dart`` completed by the n-gram-only tree's best new paths
+``dart+ctx``        ``dart`` completed by a prompt-lookup chain from the context itself
 ``ar``              no draft: the root alone, i.e. plain autoregressive decoding
 ==================  ==========================================================
 
@@ -120,6 +122,13 @@ def make_tree_builder(name: str, **params) -> TreeBuilder:
     except KeyError:
         raise ValueError(f"unknown tree builder {name!r}; registered: {tree_builders()}") from None
     return factory(**params)
+
+
+def _flat(tokens, parents, depths):
+    from dartcore.verify import FlatTree
+
+    return FlatTree(tokens=np.asarray(tokens, dtype=np.int64), parents=np.asarray(parents, dtype=np.int64),
+                    depths=np.asarray(depths, dtype=np.int64))
 
 
 def root_only(token: int):
@@ -275,6 +284,54 @@ class UnionBuilder:
         return merge_trees(first, second, budget)
 
 
+def context_continuation(context: np.ndarray, *, max_len: int, min_match: int = 2, max_match: int = 4) -> np.ndarray:
+    """Prompt-lookup draft: the tokens that followed the latest earlier occurrence of the
+    context's longest suffix (``max_match`` down to ``min_match`` tokens) inside the context
+    itself, at most ``max_len`` of them; empty when no suffix recurs."""
+    ctx = np.asarray(context, dtype=np.int64)
+    n_ctx = len(ctx)
+    for n in range(min(max_match, n_ctx - 1), min_match - 1, -1):
+        pattern = ctx[n_ctx - n:]
+        # Starts i < n_ctx - n of earlier occurrences (the suffix itself excluded).
+        hits = np.flatnonzero(ctx[:n_ctx - n] == pattern[0])
+        for j in range(1, n):
+            hits = hits[ctx[hits + j] == pattern[j]]
+        if len(hits):
+            start = int(hits[-1]) + n
+            return ctx[start:start + max_len]
+    return ctx[:0]
+
+
+@dataclass
+class ContextUnionBuilder:
+    """DART's Eq. (10) tree completed with a prompt-lookup chain: the continuation of the
+    latest earlier occurrence of the context's last 2-4 tokens in the prompt + output so far
+    (:func:`context_continuation`). The index knows the corpus, not this conversation; code
+    and arithmetic answers repeat names and numbers of their prompt. The chain takes up to
+    ``context_nodes`` of the budget (shared prefix with the DART tree costs nothing); with
+    no recurring suffix the DART tree gets the whole budget."""
+
+    dart: BeamBuilder
+    context_nodes: int
+    max_nodes: int = CPU_MAX_NODES
+    depth: int = 8
+    needs_drafter: bool = True
+    needs_hidden: bool = False
+    needs_index: bool = True
+
+    def __call__(self, inputs: TreeInputs):
+        budget = min(self.max_nodes, inputs.max_nodes)
+        chain = context_continuation(inputs.context, max_len=min(self.depth, inputs.max_depth, budget))
+        if len(chain) == 0:
+            return self.dart(replace(inputs, max_nodes=budget))
+        first = self.dart(replace(inputs, max_nodes=max(1, budget - min(len(chain), self.context_nodes))))
+        n = len(chain)
+        second = _flat(tokens=np.concatenate(([int(inputs.context[-1])], chain)),
+                              parents=np.arange(-1, n, dtype=np.int64),
+                              depths=np.arange(0, n + 1, dtype=np.int64))
+        return merge_trees(first, second, budget)
+
+
 def _split(params: dict[str, Any], known: set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     own = {k: v for k, v in params.items() if k in known}
     rest = {k: v for k, v in params.items() if k not in known}
@@ -315,6 +372,15 @@ def _dart_union(max_nodes: int = CPU_MAX_NODES, ngram_nodes: int | None = None, 
                         ngram_nodes=ngram_nodes)
 
 
+def _dart_context(max_nodes: int = CPU_MAX_NODES, context_nodes: int | None = None, depth: int = 8,
+                  **params) -> ContextUnionBuilder:
+    context_nodes = max(1, max_nodes // 2) if context_nodes is None else int(context_nodes)
+    if not 0 < context_nodes <= max_nodes:
+        raise ValueError(f"context_nodes must be in [1, max_nodes], got {context_nodes} of {max_nodes}")
+    return ContextUnionBuilder(dart=_dart(max_nodes=max_nodes, **params), context_nodes=context_nodes,
+                               max_nodes=max_nodes, depth=depth)
+
+
 def _ar(**params) -> ArBuilder:
     if params:
         raise ValueError(f"the 'ar' tree builder takes no parameters, got {sorted(params)}")
@@ -326,4 +392,5 @@ register_tree_builder("dart-no-ngram", _dart_no_ngram)
 register_tree_builder("dart-chain", _dart_chain)
 register_tree_builder("ngram-only", _ngram_only)
 register_tree_builder("dart+ngram", _dart_union)
+register_tree_builder("dart+ctx", _dart_context)
 register_tree_builder("ar", _ar)

@@ -26,7 +26,8 @@ from dartcore.benchmark.datasets import load_prompts
 __all__ = ["BenchConfig", "HF_METHODS", "DEFAULT_METHODS", "run_benchmark", "machine_info"]
 
 HF_METHODS = ("hf-generate", "hf-prompt-lookup")
-DEFAULT_METHODS = ("ar", "dart", "dart-no-ngram", "dart-chain", "ngram-only", "hf-generate", "hf-prompt-lookup")
+DEFAULT_METHODS = ("ar", "dart", "dart+ctx", "dart-no-ngram", "dart-chain", "ngram-only", "hf-generate",
+                   "hf-prompt-lookup")
 STAGES = ("prefill", "draft", "search", "verify", "accept")
 
 

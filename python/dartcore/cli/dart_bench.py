@@ -63,10 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-    needs_index = any(m in ("dart", "dart-chain", "ngram-only", "hybrid") for m in methods)
+    index_methods = ("dart", "dart-chain", "ngram-only", "hybrid", "dart+ngram", "dart+ctx")
+    needs_index = any(m in index_methods for m in methods)
     if needs_index and not args.index and not args.verify_cost_only:
         print("dart-bench: --index is required for " + ", ".join(
-            m for m in methods if m in ("dart", "dart-chain", "ngram-only", "hybrid"))
+            m for m in methods if m in index_methods)
             + " (build one with: ngram-build --tokenizer smollm2 ...)", file=sys.stderr)
         return 2
     report: dict = {}
