@@ -208,7 +208,7 @@ impl<'a> Level<'a> {
         // A single lookup has no cursor for galloping to exploit: a binary search, branch-free
         // (Khuong & Morin: `base += half` by a conditional move; the answer stays in
         // base ..= base + len) over the range sliced once. The lists searched are long (the
-        // search's two-token contexts look b up among a's 1k-30k children), and the branches of
+        // search's two-token contexts look b up among a's 1k to over 8k children), and the branches of
         // a plain bisection are coin flips: ~450 mispredicted per search on tools/bench_tree.py.
         let words = self.nodes.get(s.checked_mul(4)?..e.checked_mul(4)?)?;
         let n = words.len() / 4;
