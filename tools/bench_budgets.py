@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     p.add_argument("--drafter", default="smollm2")
     p.add_argument("--index", required=True)
     p.add_argument("--budgets", default="4,6,8")
-    p.add_argument("--trees", default="dart,dart+ngram")
+    p.add_argument("--trees", default="dart,dart+ctx,dart+ngram")
     p.add_argument("--datasets", default="humaneval,gsm8k,code_alpaca")
     p.add_argument("--n", type=int, default=3, help="prompts per dataset")
     p.add_argument("--max-new-tokens", type=int, default=64)
