@@ -49,7 +49,10 @@ __all__ = [
 # tokens 49 ms for 1 node, 57 / 68 / 97 / 103 ms for 2 / 4 / 8 / 16, while
 # tau grows only 1.69 / 1.80 / 1.85 at 4 / 8 / 16 nodes. Decoding 9 eval prompts
 # x 64 tokens at T = 0 (tools/bench_budgets.py): median speedup over AR 1.16x at 4 nodes,
-# 1.08x at 6, 0.97x at 8 (tau 1.74 / 1.82 / 1.87).
+# 1.08x at 6, 0.97x at 8 (tau 1.74 / 1.82 / 1.87). Rechecked with the shipped drafter and
+# row-truncated drafting, two runs: dart 1.29 / 1.26 / 1.14 / 1.11x at 3 / 4 / 5 / 6 nodes and
+# 1.16 / 1.01 / 1.14x at 2 / 3 / 4 (dart+ctx 1.41 / 1.32 / 1.30 / 1.22x, 1.20 / 1.21 / 1.29x):
+# 2-5 nodes are alike within the machine's noise; 6 and more cost more than they gain.
 CPU_MAX_NODES = 4
 
 
