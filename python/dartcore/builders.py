@@ -127,13 +127,6 @@ def make_tree_builder(name: str, **params) -> TreeBuilder:
     return factory(**params)
 
 
-def _flat(tokens, parents, depths):
-    from dartcore.verify import FlatTree
-
-    return FlatTree(tokens=np.asarray(tokens, dtype=np.int64), parents=np.asarray(parents, dtype=np.int64),
-                    depths=np.asarray(depths, dtype=np.int64))
-
-
 def root_only(token: int):
     """The one-node tree (the decoder reads only tokens / parents / depths)."""
     from dartcore.verify import FlatTree
@@ -326,15 +319,17 @@ class ContextUnionBuilder:
     needs_index: bool = True
 
     def __call__(self, inputs: TreeInputs):
+        from dartcore.verify import FlatTree
+
         budget = min(self.max_nodes, inputs.max_nodes)
-        chain = context_continuation(inputs.context, max_len=min(self.depth, inputs.max_depth, budget),
+        chain = context_continuation(inputs.context, max_len=min(self.depth, inputs.max_depth, budget,
+                                                                 self.context_nodes),
                                      min_match=self.min_match, max_match=self.max_match)
-        if len(chain) == 0:
+        n = len(chain)
+        if n == 0:
             return self.dart(replace(inputs, max_nodes=budget))
-        n = min(len(chain), self.context_nodes)
-        chain_tree = _flat(tokens=np.concatenate(([int(inputs.context[-1])], chain[:n])),
-                           parents=np.arange(-1, n, dtype=np.int64),
-                           depths=np.arange(0, n + 1, dtype=np.int64))
+        chain_tree = FlatTree(tokens=np.concatenate(([int(inputs.context[-1])], chain)),
+                              parents=np.arange(-1, n, dtype=np.int64), depths=np.arange(n + 1, dtype=np.int64))
         first = self.dart(replace(inputs, max_nodes=max(1, budget - n)))
         return merge_trees(first, chain_tree, budget)
 

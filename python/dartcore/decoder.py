@@ -304,10 +304,13 @@ class DartDecoder:
         target, drafter = self.target, self.drafter
         clock = _Clock(stats, target.device)
         # The cache holds every committed token except the newest (the next root).
-        capacity = min(self.context_length, len(ids) + max_new_tokens + self._node_budget() + 1)
+        budget = self._node_budget()
+        capacity = min(self.context_length, len(ids) + max_new_tokens + budget + 1)
         cache = target.new_cache(capacity)
         capacity = cache.capacity
         taps = tuple(drafter.taps) if drafter is not None else ()
+        # A tree of `budget` nodes is never deeper than `budget`: draft no more rows than that.
+        draft_rows = min(drafter.d, budget) if drafter is not None else 0
         dstate = drafter.new_state(capacity) if drafter is not None else None
 
         # prefill
@@ -333,7 +336,7 @@ class DartDecoder:
             if drafter is not None and max_depth > 0:
                 drafted = drafter.draft(dstate, new_taps, torch.tensor(new_next, dtype=torch.long),
                                         return_hidden=self.builder.needs_hidden,
-                                        rows=min(drafter.d, max_depth, self._node_budget()))
+                                        rows=min(draft_rows, max_depth))
                 logits, hidden = drafted if self.builder.needs_hidden else (drafted, None)
             clock.lap("draft")
             if max_depth > 0:

@@ -57,18 +57,18 @@ def main(argv: list[str] | None = None) -> int:
 
     from dartcore.benchmark.report import markdown_table, plot_all, plot_verify_cost
     from dartcore.benchmark.runner import HF_METHODS, BenchConfig, machine_info, run_benchmark
+    from dartcore.builders import make_tree_builder
 
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-    index_methods = ("dart", "dart-chain", "ngram-only", "hybrid", "dart+ngram", "dart+ctx")
-    needs_index = any(m in index_methods for m in methods)
-    if needs_index and not args.index and not args.verify_cost_only:
-        print("dart-bench: --index is required for " + ", ".join(
-            m for m in methods if m in index_methods)
-            + " (build one with: ngram-build --tokenizer smollm2 ...)", file=sys.stderr)
+    # Which methods read the index: the builders say so themselves (`needs_index`).
+    index_methods = [m for m in methods if m not in HF_METHODS and make_tree_builder(m).needs_index]
+    if index_methods and not args.index and not args.verify_cost_only:
+        print("dart-bench: --index is required for " + ", ".join(index_methods)
+              + " (build one with: ngram-build --tokenizer smollm2 ...)", file=sys.stderr)
         return 2
     report: dict = {}
     if not args.verify_cost_only:
