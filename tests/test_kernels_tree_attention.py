@@ -1,8 +1,8 @@
 """Tree attention: the PyTorch reference against brute-force softmax loops,
 and the Triton kernel against the reference under TRITON_INTERPRET=1 (CPU).
 
-The CUDA path of the Triton kernel is covered by the ``gpu`` test, which
-skips on CPU-only machines (it has not run in this project yet).
+The CUDA path of the Triton kernel is covered by the ``gpu`` tests, which
+skip on CPU-only machines; ``tools/device_check.sh`` runs them on a GPU.
 Tolerance: 1e-5 absolute on unit-scale random inputs (fp32).
 """
 
@@ -145,7 +145,7 @@ def test_triton_kernel_matches_reference_on_cuda():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     rng = np.random.default_rng(1)
-    for dtype, tol in ((torch.float32, 1e-2), (torch.bfloat16, 3e-2)):  # fp32 dots run as TF32
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):  # fp32: IEEE dots, not TF32
         for heads, kv_heads, prefix, n, d in [(9, 3, 300, 60, 64), (16, 8, 1000, 128, 128), (4, 2, 0, 1, 64)]:
             q = torch.randn(heads, n, d, device="cuda", dtype=dtype)
             k = torch.randn(kv_heads, prefix + n, d, device="cuda", dtype=dtype)

@@ -8,8 +8,8 @@ softmax in fp32. Versus the reference this never builds the dense
 ``[n, prefix + n]`` mask, and the prefix loop does no masking work at all.
 
 The PyTorch reference is ``dartcore.kernels.tree_attention.tree_attention_reference``;
-tests compare the two under ``TRITON_INTERPRET=1`` on CPU. The CUDA path has not
-been run on a GPU in this project yet.
+tests compare the two under ``TRITON_INTERPRET=1`` on CPU and on CUDA (``gpu``
+tests, ``tools/device_check.sh``). Float32 inputs use IEEE fp32 dots, not TF32.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ def _tree_attn_kernel(
     n, prefix_len, words, group, scale,
     sq_h, sq_n, sk_h, sk_s, sv_h, sv_s, so_h, so_n,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     head = tl.program_id(1)
@@ -51,13 +52,13 @@ def _tree_attn_kernel(
                     mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
         v = tl.load(v_ptr + kv_head * sv_h + keys[:, None] * sv_s + dims[None, :],
                     mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale
         s = tl.where(key_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
         m_i = m_new
 
     # Tree block: key j (0-based inside the block) is visible to row i iff
@@ -73,13 +74,13 @@ def _tree_attn_kernel(
                     mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
         v = tl.load(v_ptr + kv_head * sv_h + keys[:, None] * sv_s + dims[None, :],
                     mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale
         s = tl.where(visible & key_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
         m_i = m_new
 
     l_i = tl.where(l_i == 0.0, 1.0, l_i)  # padding rows only; real rows see themselves
@@ -117,5 +118,8 @@ def tree_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pre
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        # fp32 stays fp32 (Triton's default for a float32 dot is TF32, ~1e-3 relative
+        # error, enough to flip a greedy argmax against the target's own fp32 forward).
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
     return out
