@@ -102,15 +102,21 @@ register_tree_builder("test-oracle", lambda **kw: OracleBuilder(**kw), replace=T
 
 
 def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=model.device)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                          do_sample=False, pad_token_id=0)
     return out[0, len(prompt):].tolist()
 
 
+CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                       reason="no CUDA device")])
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
-def test_greedy_matches_hf_generate_with_random_trees(family):
-    model = tiny_model(family)
+def test_greedy_matches_hf_generate_with_random_trees(family, device):
+    # On CUDA the tree forwards go through the Triton kernel (IEEE fp32 dots).
+    model = tiny_model(family).to(device)
     model.generation_config.eos_token_id = None  # long outputs: EOS has its own test
     tok = CharTokenizer()
     rng = np.random.default_rng(1)

@@ -69,6 +69,26 @@ def test_every_builder_is_lossless_under_greedy(setup, tree):
         assert max(taus) > 1.3  # measured 1.44 (dart); random trees give ~1.1
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("tree", ["dart", "dart+ctx", "ngram-only"])
+def test_builders_on_cuda_take_the_gpu_budget_and_stay_lossless(setup, tree):
+    import copy
+
+    from dartcore.builders import CPU_MAX_NODES, GPU_MAX_NODES
+
+    model, tok, drafter, index, prompts, _ = setup
+    assert DartDecoder(model, tok, drafter, index, tree=tree)._node_budget() == CPU_MAX_NODES
+    model, drafter = copy.deepcopy(model).cuda(), copy.deepcopy(drafter)  # drafter left on the CPU
+    dec = DartDecoder(model, tok, drafter, index, tree=tree, eos_token_ids=())
+    assert dec._node_budget() == GPU_MAX_NODES
+    assert DartDecoder(model, tok, drafter, index, tree=tree, max_nodes=7)._node_budget() == 7
+    if dec.drafter is not None:
+        assert next(dec.drafter.parameters()).device.type == "cuda"
+    for prompt in prompts:
+        assert dec.generate(prompt, max_new_tokens=24).tokens == hf_greedy(model, prompt, 24)
+
+
 def test_drafter_of_another_target_is_refused(setup):
     from dartcore.drafter import DartDrafter
 

@@ -40,6 +40,7 @@ __all__ = [
     "make_tree_builder",
     "tree_builders",
     "CPU_MAX_NODES",
+    "GPU_MAX_NODES",
 ]
 
 # Default node budget (root excluded) on CPU. The paper's theta = 59 is a GPU
@@ -54,6 +55,11 @@ __all__ = [
 # 1.16 / 1.01 / 1.14x at 2 / 3 / 4 (dart+ctx 1.41 / 1.32 / 1.30 / 1.22x, 1.20 / 1.21 / 1.29x):
 # 2-5 nodes are alike within the machine's noise; 6 and more cost more than they gain.
 CPU_MAX_NODES = 4
+# Default node budget on CUDA (root excluded): the paper's theta = 59. On a GPU a forward of
+# 60 rows costs about what one row costs (launch- and memory-bound), so the budget buys tau
+# nearly for free; tools/device_check.sh measures the verify-cost curve and tau per budget
+# on an H200 (see README, "On a GPU"). DartDecoder uses it for builders left at the CPU default.
+GPU_MAX_NODES = 59
 
 
 @dataclass

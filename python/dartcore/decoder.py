@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dartcore.builders import TreeInputs, make_tree_builder, root_only
+from dartcore.builders import CPU_MAX_NODES, GPU_MAX_NODES, TreeInputs, make_tree_builder, root_only
 from dartcore.errors import ContextLengthError, DrafterMismatchError, TokenizerMismatchError, TreeError
 from dartcore.models.transformer import TargetModel, column_major_linears_
 from dartcore.sampling import Sampler, SamplingParams
@@ -162,6 +162,8 @@ class DartDecoder:
     registered tree builder (``dart``, ``dart-no-ngram``, ``dart-chain``,
     ``ngram-only``, ``ar``, ...; see :mod:`dartcore.builders`) and
     ``tree_params`` its parameters (``max_nodes``, ``beam_width``, ``k``, ...).
+    The node budget defaults to ``CPU_MAX_NODES`` (4) on CPU and to the paper's
+    ``GPU_MAX_NODES`` (59) on CUDA. The drafter is moved to the target's device.
     ``max_context`` caps the context below the model's
     ``max_position_embeddings``; ``eos_token_ids`` overrides the EOS ids read
     from the generation config and tokenizer (``()`` = never stop on EOS).
@@ -180,6 +182,10 @@ class DartDecoder:
         self.tokenizer = tokenizer
         self.tree = tree
         self.builder = make_tree_builder(tree, **tree_params)
+        if (self.target.device.type == "cuda" and "max_nodes" not in tree_params
+                and getattr(self.builder, "max_nodes", None) == CPU_MAX_NODES):
+            # A budget nobody chose: the CPU default is far too small for a GPU.
+            self.builder = make_tree_builder(tree, max_nodes=GPU_MAX_NODES, **tree_params)
         self.drafter = drafter if self.builder.needs_drafter else None
         self.index = index
         if self.builder.needs_drafter and drafter is None:
@@ -189,8 +195,8 @@ class DartDecoder:
                              "(ngram-build --tokenizer ...)")
         if self.drafter is not None:
             _check_drafter(self.drafter, self.target, tokenizer)
-            if device is not None and hasattr(self.drafter, "to"):
-                self.drafter.to(device)
+            if isinstance(self.drafter, torch.nn.Module):
+                self.drafter.to(self.target.device)  # the drafter runs where the target runs
             if self.target.device.type == "cpu" and isinstance(self.drafter, torch.nn.Module):
                 column_major_linears_(self.drafter)  # 2x faster d-row drafting on CPU
         if index is not None:
