@@ -23,7 +23,7 @@ import torch
 from dartcore.benchmark.baselines import hf_generate
 from dartcore.benchmark.datasets import load_prompts
 
-__all__ = ["BenchConfig", "HF_METHODS", "DEFAULT_METHODS", "run_benchmark", "machine_info"]
+__all__ = ["BenchConfig", "HF_METHODS", "DEFAULT_METHODS", "run_benchmark", "machine_info", "torch_dtype"]
 
 HF_METHODS = ("hf-generate", "hf-prompt-lookup")
 DEFAULT_METHODS = ("ar", "dart", "dart+ctx", "dart-no-ngram", "dart-chain", "ngram-only", "hf-generate",
@@ -46,6 +46,18 @@ class BenchConfig:
     data_dir: str | None = None
     tree_params: dict = field(default_factory=dict)
     prompt_lookup_tokens: int = 10
+    device: str = "cpu"
+    dtype: str | None = None  # "float32" (default) | "bfloat16" | "float16"
+
+
+def torch_dtype(name: str | None) -> torch.dtype | None:
+    """``"bfloat16"`` -> ``torch.bfloat16`` (None stays None: the loader's float32)."""
+    if name is None:
+        return None
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"unknown floating dtype {name!r} (float32, bfloat16, float16)")
+    return dtype
 
 
 def machine_info() -> dict:
@@ -119,7 +131,7 @@ def run_benchmark(cfg: BenchConfig, progress=None) -> dict:
     from dartcore.models.hub import load_target
 
     torch.manual_seed(cfg.seed)
-    model, tok = load_target(cfg.target)
+    model, tok = load_target(cfg.target, dtype=torch_dtype(cfg.dtype), device=cfg.device)
     drafter = index = None
     needs_drafter = any(m not in HF_METHODS and m not in ("ar", "ngram-only") for m in cfg.methods)
     if cfg.drafter and needs_drafter:
@@ -163,6 +175,8 @@ def run_benchmark(cfg: BenchConfig, progress=None) -> dict:
             for m in methods:
                 row = _aggregate(per_method[m], ar_row["tok_per_s"])
                 row.update(dataset=dataset, method=m, temperature=temperature)
+                if m in decoders and m != "ar":
+                    row["max_nodes"] = decoders[m]._node_budget()
                 if temperature == 0.0 and m != "ar":
                     row["greedy_identical"] = all(r.get("identical", False) for r in per_method[m])
                 results.append(row)

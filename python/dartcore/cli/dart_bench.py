@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="shared data directory (default: $DARTCORE_DATA or ../shared/data)")
     p.add_argument("--max-nodes", type=int, help="tree budget for every tree method (default: the builder's)")
     p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                   help="target weights (default: float32)")
     p.add_argument("--verify-cost", action="store_true", help="also measure the verify-cost curve")
     p.add_argument("--verify-cost-only", action="store_true", help="only measure the verify-cost curve")
     p.add_argument("--prefix-len", type=int, default=256, help="cached prefix of the verify-cost forwards")
@@ -81,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             datasets=tuple(d.strip() for d in args.datasets.split(",") if d.strip()), n=args.n,
             methods=methods, temperatures=tuple(float(t) for t in args.temperatures.split(",")),
             max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed,
-            data_dir=args.data_dir, tree_params=tree_params,
+            data_dir=args.data_dir, tree_params=tree_params, device=args.device, dtype=args.dtype,
         )
         from tqdm import tqdm
         total = len(cfg.datasets) * len(cfg.temperatures) * cfg.n * len(set(methods) | {"ar"})
@@ -127,16 +130,18 @@ def _verify_cost(args, report: dict) -> dict:
     import statistics
 
     from dartcore.benchmark.verify_cost import DEFAULT_SIZES, choose_budget, measure_verify_cost
-    from dartcore.builders import CPU_MAX_NODES
+    from dartcore.benchmark.runner import torch_dtype
+    from dartcore.builders import CPU_MAX_NODES, GPU_MAX_NODES
     from dartcore.models.hub import load_target
     from dartcore.models.transformer import TargetModel
 
-    model, _ = load_target(args.target)
+    model, _ = load_target(args.target, dtype=torch_dtype(args.dtype), device=args.device)
     curve = measure_verify_cost(TargetModel(model), prefix_len=args.prefix_len, sizes=DEFAULT_SIZES)
     taus: dict[int, list[float]] = {}
     for r in report.get("results", []):
         if r["method"] == "dart" and r["temperature"] == 0.0 and r.get("tau"):
-            taus.setdefault(args.max_nodes or CPU_MAX_NODES, []).append(r["tau"])
+            default = GPU_MAX_NODES if args.device.startswith("cuda") else CPU_MAX_NODES
+            taus.setdefault(r.get("max_nodes") or args.max_nodes or default, []).append(r["tau"])
     if args.budgets:
         report["tau_by_budget"] = _tau_by_budget(args, model, [int(b) for b in args.budgets.split(",")])
         for row in report["tau_by_budget"]:
