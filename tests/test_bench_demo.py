@@ -128,3 +128,34 @@ def test_dart_bench_json_table_and_plots(tiny_dirs, tmp_path, capsys):
     for png in ("stage_times.png", "speedup.png", "acceptance.png", "verify_cost.png"):
         data = (out / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+
+
+def test_sim_tau_replay_equals_the_decoder(tiny_dirs):
+    """tools/sim_tau.py: replaying a builder along a recorded greedy output gives the same
+    acceptance histogram as running DartDecoder with that builder."""
+    from dartcore.benchmark.datasets import load_prompts
+    from dartcore.builders import make_tree_builder
+    from dartcore.decoder import DartDecoder
+    from dartcore.drafter import DartDrafter
+    from dartcore.models.hub import load_target
+
+    sim = _load_tool("sim_tau")
+    target, drafter_dir = tiny_dirs
+    model, tok = load_target(str(target))
+    drafter = DartDrafter.from_pretrained(str(drafter_dir), model, tokenizer=tok)
+    prompts = [("builtin", m) for m in load_prompts("builtin", 3)]
+    recs = sim.record(DartDecoder, model, tok, drafter, prompts, max_new_tokens=16, keep=32)
+    accepted_some = False
+    for tree, params in (("dart-no-ngram", {"max_nodes": 6}), ("dart-no-ngram", {"max_nodes": 3, "beam_width": 1})):
+        dec = DartDecoder(model, tok, drafter, None, tree=tree, **params)
+        builder = make_tree_builder(tree, **params)
+        for rec in recs:
+            real = dec.generate(rec["ids"], max_new_tokens=16)
+            assert real.tokens == rec["tokens"]
+            replayed = sim.replay(builder, rec, drafter, None, dec.eos_token_ids)
+            hist = list(real.stats.accept_hist)
+            assert replayed[:len(hist)] == hist and not any(replayed[len(hist):])
+            accepted_some = accepted_some or any(hist[1:])
+    assert accepted_some, "no round accepted a drafted token: the comparison would be vacuous"
+    assert sim.parse_config("dart:max_nodes=3,ngram_weight=1.5,ngram_first_level=False") == (
+        "dart", {"max_nodes": 3, "ngram_weight": 1.5, "ngram_first_level": False})
