@@ -430,12 +430,7 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
         s.gbuf.resize(nv, 0.0);
         s.sub_tokens.resize(nv, 0);
         s.sub_cols.resize(nv, 0);
-        s.ngram.clear();
-        s.known.clear();
-        s.pending.clear();
         s.memo_ctx.clear();
-        s.g1.clear();
-        s.known1.clear();
         s.memo_b.clear();
         s.alive.resize(wn, 0);
         s.want.resize(wn, 0);
@@ -446,6 +441,24 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
         }
 
         let n_entries = if l == 0 { 1 } else { s.beam.len() };
+        if use_ngram {
+            // Room for one two-token memo and one backoff memo per beam entry, reserved once
+            // per level: the vectors only grow (from search to search), the column sets are
+            // cleared, the terms are read only where set. (A resize per memo cost ~25 k
+            // instructions per search on tools/bench_tree.py.)
+            let (nf, nw) = (n_entries * nv, n_entries * wn);
+            for v in [&mut s.ngram, &mut s.g1] {
+                if v.len() < nf {
+                    v.resize(nf, 0.0);
+                }
+            }
+            for v in [&mut s.known, &mut s.pending, &mut s.known1] {
+                if v.len() < nw {
+                    v.resize(nw, 0);
+                }
+                v[..nw].fill(0);
+            }
+        }
         for e in 0..n_entries {
             let (parent, pscore, ctx) = s.entry(l, e, context);
             // Exact pruning. Only the best `beam_width` expansions of a level are kept, and
@@ -499,7 +512,7 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
                 continue;
             }
             let memo = if use_ngram {
-                let slot = memo_offset(s, ctx, nv, wn);
+                let slot = memo_offset(s, ctx, nv);
                 ngram_terms(s, scorer, slot, nv, wn, scale, params, pscore - floor + margin);
                 s.memo_ctx[slot].off
             } else {
@@ -538,16 +551,13 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
 
 /// Slot of two-token context `ctx` in `s.memo_ctx` (its terms in `s.ngram`, its column sets
 /// in `s.known` / `s.pending`), added if new.
-fn memo_offset(s: &mut Scratch, ctx: [u32; 2], nv: usize, wn: usize) -> usize {
+fn memo_offset(s: &mut Scratch, ctx: [u32; 2], nv: usize) -> usize {
     match s.memo_ctx.iter().position(|m| m.ctx == ctx) {
         Some(i) => i,
         None => {
-            let off = s.ngram.len();
-            s.ngram.resize(off + nv, 0.0);
-            s.known.resize(s.known.len() + wn, 0);
-            s.pending.resize(s.pending.len() + wn, 0);
-            s.memo_ctx.push(CtxMemo { ctx, off, handle: u64::MAX, bound: f64::NAN });
-            s.memo_ctx.len() - 1
+            let slot = s.memo_ctx.len();
+            s.memo_ctx.push(CtxMemo { ctx, off: slot * nv, handle: u64::MAX, bound: f64::NAN });
+            slot
         }
     }
 }
@@ -609,9 +619,7 @@ fn ngram_terms<S: NgramScorer + ?Sized>(
     let (bi, bound1) = match s.memo_b.iter().position(|(t, _, _)| *t == b) {
         Some(i) => (i, s.memo_b[i].2),
         None => {
-            let boff = s.g1.len();
-            s.g1.resize(boff + nv, 0.0);
-            s.known1.resize(s.known1.len() + wn, 0);
+            let boff = s.memo_b.len() * nv;
             let bound = term_bound(scorer.backoff_bound(b, params.unigram_backoff));
             s.memo_b.push((b, boff, bound));
             (s.memo_b.len() - 1, bound)
