@@ -12,6 +12,7 @@
 mod beam;
 mod error;
 mod index_impl;
+mod memo;
 mod scorer;
 pub mod timing;
 mod topb;
