@@ -131,7 +131,6 @@ def _verify_cost(args, report: dict) -> dict:
 
     from dartcore.benchmark.verify_cost import DEFAULT_SIZES, choose_budget, measure_verify_cost
     from dartcore.benchmark.runner import torch_dtype
-    from dartcore.builders import CPU_MAX_NODES, GPU_MAX_NODES
     from dartcore.models.hub import load_target
     from dartcore.models.transformer import TargetModel
 
@@ -140,8 +139,7 @@ def _verify_cost(args, report: dict) -> dict:
     taus: dict[int, list[float]] = {}
     for r in report.get("results", []):
         if r["method"] == "dart" and r["temperature"] == 0.0 and r.get("tau"):
-            default = GPU_MAX_NODES if args.device.startswith("cuda") else CPU_MAX_NODES
-            taus.setdefault(r.get("max_nodes") or args.max_nodes or default, []).append(r["tau"])
+            taus.setdefault(r["max_nodes"], []).append(r["tau"])  # the budget the decoder used
     if args.budgets:
         report["tau_by_budget"] = _tau_by_budget(args, model, [int(b) for b in args.budgets.split(",")])
         for row in report["tau_by_budget"]:
