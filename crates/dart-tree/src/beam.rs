@@ -417,8 +417,10 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
         let use_ngram = params.ngram_weight != 0.0 && (l > 0 || params.ngram_first_level);
         let scale = params.ngram_weight / div;
         // Largest possible n-gram term (g ∈ [0, 1]); an upper bound for pruning below.
+        // The term of g = 0, computed once per level (ln is ~5 % of a search).
+        let scale_ln_eps = scale * params.eps.ln();
         let bmax = if use_ngram {
-            (scale * (1.0 + params.eps).ln()).max(scale * params.eps.ln())
+            (scale * (1.0 + params.eps).ln()).max(scale_ln_eps)
         } else {
             0.0
         };
@@ -512,7 +514,7 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
             }
             let memo = if use_ngram {
                 let slot = memo_offset(s, ctx, nv);
-                ngram_terms(s, scorer, slot, nv, wn, scale, params, pscore - floor + margin);
+                ngram_terms(s, scorer, slot, nv, wn, (scale, scale_ln_eps), params, pscore - floor + margin);
                 s.memo_ctx[slot].off
             } else {
                 usize::MAX
@@ -572,7 +574,7 @@ struct CtxMemo {
 }
 
 /// The n-gram terms `ngram_weight · ln(g(v|ctx) + ε) / (l + 1)^depth_exponent` (`scale` is
-/// the weight over the divisor) of the level's columns set in `s.alive`, into
+/// the weight over the divisor; `scale_ln_eps` = `scale · ln ε`) of the level's columns set in `s.alive`, into
 /// `s.ngram[off + column]` (`off` from [`memo_offset`]), setting them in the context's
 /// `s.known`. A column whose term turns out to be too small for the level's best w is
 /// cleared in `s.alive` instead (below).
@@ -605,7 +607,7 @@ fn ngram_terms<S: NgramScorer + ?Sized>(
     slot: usize,
     nv: usize,
     wn: usize,
-    scale: f64,
+    (scale, scale_ln_eps): (f64, f64),
     params: &SearchParams,
     gap: f64,
 ) {
@@ -613,7 +615,7 @@ fn ngram_terms<S: NgramScorer + ?Sized>(
     let moff = slot * wn;
     // A term as a function of g is monotone (increasing, or decreasing for a negative weight):
     // the bound of the terms of all g in [0, gmax].
-    let term_bound = |gmax: f64| (scale * (gmax + params.eps).ln()).max(scale * params.eps.ln());
+    let term_bound = |gmax: f64| (scale * (gmax + params.eps).ln()).max(scale_ln_eps);
     let b = ctx[1];
     let (bi, bound1) = match s.memo_b.iter().position(|(t, _, _)| *t == b) {
         Some(i) => (i, s.memo_b[i].2),
