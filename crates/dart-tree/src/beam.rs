@@ -149,11 +149,11 @@ struct Scratch {
     /// Per last token b: (b, offset in g1, upper bound of its backoff term).
     memo_b: Vec<(u32, usize, f64)>,
     /// Answers of [`NgramScorer::trigram_context`] (key (a, b, 0)) and
-    /// [`NgramScorer::backoff_bound`] (key (`NONE`, b, 1), handle 0) of the search so far, all
+    /// [`NgramScorer::backoff_bound`] (key (`NONE`, b, 1), handle `[0; 3]`) of the search so far, all
     /// levels: on tools/bench_tree.py with real drafter rows 44 % of a search's context
     /// resolutions repeat one of an earlier level (synthetic rows: ~1 %). (A linear scan of
     /// a list cost ~28 k instructions per search with synthetic rows: ~80 contexts.)
-    resolved: Memo<(u64, f64)>,
+    resolved: Memo<([u64; 3], f64)>,
     sub_tokens: Vec<u32>,
     sub_cols: Vec<u32>,
     top: TopW,
@@ -584,7 +584,7 @@ fn memo_offset(s: &mut Scratch, ctx: [u32; 2], nv: usize) -> usize {
         Some(i) => i,
         None => {
             let slot = s.memo_ctx.len();
-            s.memo_ctx.push(CtxMemo { ctx, off: slot * nv, handle: u64::MAX, bound: f64::NAN });
+            s.memo_ctx.push(CtxMemo { ctx, off: slot * nv, handle: [u64::MAX; 3], bound: f64::NAN });
             slot
         }
     }
@@ -596,7 +596,7 @@ fn memo_offset(s: &mut Scratch, ctx: [u32; 2], nv: usize) -> usize {
 struct CtxMemo {
     ctx: [u32; 2],
     off: usize,
-    handle: u64,
+    handle: [u64; 3],
     bound: f64,
 }
 
@@ -652,7 +652,7 @@ fn ngram_terms<S: NgramScorer + ?Sized>(
                 Some((_, g)) => g,
                 None => {
                     let g = scorer.backoff_bound(b, params.unigram_backoff);
-                    s.resolved.insert([NONE, b, 1], (0, g));
+                    s.resolved.insert([NONE, b, 1], ([0; 3], g));
                     g
                 }
             };

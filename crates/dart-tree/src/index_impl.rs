@@ -22,12 +22,12 @@ impl<D: AsRef<[u8]> + Sync> NgramScorer for Index<D> {
         Index::trigram_probs(self, context[0], context[1], candidates_sorted, out)
     }
 
-    fn trigram_context(&self, context: [u32; 2]) -> (u64, f64) {
-        Index::trigram_context(self, context[0], context[1])
+    fn trigram_context(&self, context: [u32; 2]) -> ([u64; 3], f64) {
+        Index::trigram_context_range(self, context[0], context[1])
     }
 
-    fn trigram_probs_at(&self, _context: [u32; 2], handle: u64, candidates_sorted: &[u32], out: &mut [f64]) {
-        Index::trigram_probs_at(self, handle, candidates_sorted, out)
+    fn trigram_probs_at(&self, _context: [u32; 2], handle: [u64; 3], candidates_sorted: &[u32], out: &mut [f64]) {
+        Index::trigram_probs_in(self, handle, candidates_sorted, out)
     }
 
     fn backoff_bound(&self, b: u32, unigram_backoff: bool) -> f64 {

@@ -33,14 +33,15 @@ pub trait NgramScorer: Sync {
     /// and an upper bound of every non-NaN [`NgramScorer::trigram_probs`] value of the
     /// context (the search skips lookups that cannot change the tree with it). The default
     /// (no handle, bound 1.0) is always valid; a bound must never be below a real value.
-    fn trigram_context(&self, context: [u32; 2]) -> (u64, f64) {
+    /// The handle is the implementation's own (the index: the context's node range and total).
+    fn trigram_context(&self, context: [u32; 2]) -> ([u64; 3], f64) {
         let _ = context;
-        (u64::MAX, 1.0)
+        ([u64::MAX; 3], 1.0)
     }
 
     /// [`NgramScorer::trigram_probs`] of `context`, whose [`NgramScorer::trigram_context`]
     /// returned `handle`: the same values (the default ignores the handle).
-    fn trigram_probs_at(&self, context: [u32; 2], handle: u64, candidates_sorted: &[u32], out: &mut [f64]) {
+    fn trigram_probs_at(&self, context: [u32; 2], handle: [u64; 3], candidates_sorted: &[u32], out: &mut [f64]) {
         let _ = handle;
         self.trigram_probs(context, candidates_sorted, out)
     }
@@ -98,10 +99,10 @@ impl<S: NgramScorer + ?Sized> NgramScorer for &S {
     fn trigram_probs(&self, c: [u32; 2], v: &[u32], out: &mut [f64]) {
         (**self).trigram_probs(c, v, out)
     }
-    fn trigram_context(&self, c: [u32; 2]) -> (u64, f64) {
+    fn trigram_context(&self, c: [u32; 2]) -> ([u64; 3], f64) {
         (**self).trigram_context(c)
     }
-    fn trigram_probs_at(&self, c: [u32; 2], h: u64, v: &[u32], out: &mut [f64]) {
+    fn trigram_probs_at(&self, c: [u32; 2], h: [u64; 3], v: &[u32], out: &mut [f64]) {
         (**self).trigram_probs_at(c, h, v, out)
     }
     fn backoff_bound(&self, b: u32, u: bool) -> f64 {

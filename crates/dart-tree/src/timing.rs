@@ -46,7 +46,7 @@ enum Query {
     Cond(Vec<u32>, Vec<u32>),
     Trigram([u32; 2], Vec<u32>),
     TrigramContext([u32; 2]),
-    TrigramAt([u32; 2], u64, Vec<u32>),
+    TrigramAt([u32; 2], [u64; 3], Vec<u32>),
     BackoffBound(u32),
 }
 
@@ -74,11 +74,11 @@ impl<S: NgramScorer + ?Sized> NgramScorer for Recorder<'_, S> {
         self.push(Query::Trigram(c, v.to_vec()));
         self.inner.trigram_probs(c, v, out)
     }
-    fn trigram_context(&self, c: [u32; 2]) -> (u64, f64) {
+    fn trigram_context(&self, c: [u32; 2]) -> ([u64; 3], f64) {
         self.push(Query::TrigramContext(c));
         self.inner.trigram_context(c)
     }
-    fn trigram_probs_at(&self, c: [u32; 2], h: u64, v: &[u32], out: &mut [f64]) {
+    fn trigram_probs_at(&self, c: [u32; 2], h: [u64; 3], v: &[u32], out: &mut [f64]) {
         self.push(Query::TrigramAt(c, h, v.to_vec()));
         self.inner.trigram_probs_at(c, h, v, out)
     }
