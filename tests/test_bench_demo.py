@@ -162,7 +162,7 @@ def test_sim_tau_replay_equals_the_decoder(tiny_dirs, tmp_path):
         for rec in recs:
             real = dec.generate(rec["ids"], max_new_tokens=24)
             assert real.tokens == rec["tokens"]
-            replayed = sim.replay(builder, rec, drafter, index, dec.eos_token_ids)
+            replayed, _ = sim.replay(builder, rec, drafter, index, dec.eos_token_ids)
             hist = list(real.stats.accept_hist)
             assert replayed[:len(hist)] == hist and not any(replayed[len(hist):])
             accepted_some = accepted_some or any(hist[1:])

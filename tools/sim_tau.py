@@ -76,13 +76,15 @@ def _logits(row) -> torch.Tensor:
     return full.scatter_(1, ids, values)
 
 
-def replay(builder, rec: dict, drafter, index, eos_ids: tuple[int, ...]) -> list[int]:
-    """Acceptance histogram of ``builder`` along one recorded greedy output."""
+def replay(builder, rec: dict, drafter, index, eos_ids: tuple[int, ...]) -> tuple[list[int], int]:
+    """Acceptance histogram of ``builder`` along one recorded greedy output, and the number
+    of tree rows verified (every round's tree, root included)."""
     from dartcore.builders import TreeInputs
     from dartcore.verify import flatten, prune
 
     ids, gen, rows = rec["ids"], rec["tokens"], rec["rows"]
     hist = [0] * 65
+    nodes = 0  # tree nodes verified, roots included (the rows of the target forwards)
     g = 1  # the prefill commits the first token
     while g < len(gen):
         max_depth = len(gen) - g - 1 if g - 1 < len(rows) else 0
@@ -92,6 +94,7 @@ def replay(builder, rec: dict, drafter, index, eos_ids: tuple[int, ...]) -> list
                                       logits=_logits(rows[g - 1]), drafter=drafter, index=index,
                                       max_depth=max_depth, eos_token_ids=eos_ids))
             flat = prune(flatten(tree), max_depth=max_depth, max_nodes=1 << 30)
+            nodes += len(flat.tokens) - 1
             children: dict[tuple[int, int], int] = {}
             for i in range(1, len(flat.tokens)):
                 children[(int(flat.parents[i]), int(flat.tokens[i]))] = i
@@ -100,8 +103,9 @@ def replay(builder, rec: dict, drafter, index, eos_ids: tuple[int, ...]) -> list
                 node = children[(node, gen[g + accepted])]
                 accepted += 1
         hist[accepted] += 1
+        nodes += 1
         g += accepted + 1
-    return hist
+    return hist, nodes
 
 
 def parse_config(text: str) -> tuple[str, dict]:
@@ -171,32 +175,37 @@ def main(argv: list[str] | None = None) -> int:
         builder = make_tree_builder(tree, **params)
         t0 = time.perf_counter()
         by_ds: dict[str, list[int]] = {}
+        rows = 0
         for rec in recs:
-            h = replay(builder, rec, drafter, index, eos)
+            h, n = replay(builder, rec, drafter, index, eos)
+            rows += n
             acc = by_ds.setdefault(rec["dataset"], [0] * len(h))
             for i, c in enumerate(h):
                 acc[i] += c
         taus = {ds: tau(h) for ds, h in by_ds.items()}
+        rounds = sum(sum(h) for h in by_ds.values())
         results.append({"config": text, "tau": taus, "median_tau": statistics.median(taus.values()),
+                        "rows_per_round": rows / rounds if rounds else 0.0,
                         "hist": by_ds, "seconds": time.perf_counter() - t0})
         print(f"{text:50s} " + " ".join(f"{ds} {t:.3f}" for ds, t in taus.items())
-              + f"  median {results[-1]['median_tau']:.3f}", file=sys.stderr)
+              + f"  median {results[-1]['median_tau']:.3f}  rows/round {results[-1]['rows_per_round']:.2f}",
+              file=sys.stderr)
     if args.check:
         tree, params = parse_config(args.configs[0])
         dec = DartDecoder(model, tok, drafter, index, tree=tree, **params)
         builder = make_tree_builder(tree, **params)
         for rec in recs[:args.check]:
             real = dec.generate(rec["ids"], max_new_tokens=args.max_new_tokens)
-            sim = replay(builder, rec, drafter, index, eos)
+            sim, _ = replay(builder, rec, drafter, index, eos)
             hist = list(real.stats.accept_hist)
             same = sim[:len(hist)] == hist and not any(sim[len(hist):])
             print(f"check {rec['dataset']}: tokens identical {real.tokens == rec['tokens']}, "
                   f"histograms equal {same} (decoder {hist}, replay {sim[:max(len(hist), 1)]})", file=sys.stderr)
-    print("| config | " + " | ".join(args.datasets.split(",")) + " | median |")
-    print("|---|" + "---|" * (len(args.datasets.split(",")) + 1))
+    print("| config | " + " | ".join(args.datasets.split(",")) + " | median | rows / round |")
+    print("|---|" + "---|" * (len(args.datasets.split(",")) + 2))
     for r in results:
         print(f"| {r['config']} | " + " | ".join(f"{r['tau'].get(ds, 0):.3f}" for ds in args.datasets.split(","))
-              + f" | {r['median_tau']:.3f} |")
+              + f" | {r['median_tau']:.3f} | {r['rows_per_round']:.2f} |")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0
