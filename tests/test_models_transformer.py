@@ -190,28 +190,36 @@ def test_long_prefill_uses_fused_causal_path_and_matches_hf():
     assert torch.allclose(out.logits, ref, atol=1e-4 * ref.abs().max(), rtol=0)
 
 
+@pytest.mark.parametrize("native", [False, True])
 @pytest.mark.parametrize("family", ["llama", "qwen3", "llama-bias"])
-def test_fused_cpu_weights_keep_values_memory_and_outputs(family):
-    """The CPU relayout (fused column-major q|k|v, o, gate|up, down) changes no value, shares
-    one copy with the HF modules, and both forwards agree with an untouched twin model."""
+def test_fused_cpu_weights_keep_values_memory_and_outputs(family, native):
+    """The CPU relayout (fused q|k|v, o, gate|up, down: column-major for MKL, row-major for
+    the native kernel) changes no value, shares one copy with the HF modules, and both
+    forwards agree with an untouched twin model."""
     import copy
 
+    from dartcore.kernels.linear import native_linear_available
     from dartcore.models.transformer import column_major_linears_
 
+    if native and not native_linear_available():
+        pytest.skip("the native small-batch kernel needs AVX-512F")
     model = tiny_model("llama" if family == "llama-bias" else family, layers=3)
     if family == "llama-bias":  # Qwen2-style q/k/v/o biases
         for layer in model.model.layers:
             for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj):
                 proj.bias = torch.nn.Parameter(torch.randn(proj.out_features))
     twin = copy.deepcopy(model)
-    fused = TargetModel(model)  # CPU: fused by default
+    fused = TargetModel(model, native_linear=native)  # CPU: fused by default
     plain = TargetModel(twin, fuse_cpu_weights=False)
-    assert fused._fused is not None and plain._fused is None
+    assert fused._fused is not None and plain._fused is None and fused.native_linear is native
     for (name, a), b in zip(model.state_dict().items(), twin.state_dict().values()):
         assert torch.equal(a, b), name
     attn = model.model.layers[0].self_attn
     assert attn.q_proj.weight.untyped_storage().data_ptr() == attn.v_proj.weight.untyped_storage().data_ptr()
-    assert not attn.q_proj.weight.is_contiguous() and attn.o_proj.weight.t().is_contiguous()
+    if native:
+        assert attn.q_proj.weight.is_contiguous() and attn.o_proj.weight.is_contiguous()
+    else:
+        assert not attn.q_proj.weight.is_contiguous() and attn.o_proj.weight.t().is_contiguous()
     ids = torch.randint(3, 64, (19,), generator=torch.Generator().manual_seed(3))
     mask = torch.from_numpy(ancestor_mask(np.array([-1, 0, 0, 1, 1, 2])))
     outs = []

@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 
 mod errors;
 mod index;
+mod linear;
 mod tree;
 
 #[pymodule]
@@ -12,5 +13,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     index::register(m)?;
     tree::register(m)?;
+    linear::register(m)?;
     Ok(())
 }

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from dartcore.errors import DartError
+from dartcore.kernels.linear import MAX_ROWS, NativeWeight, native_linear_available
 from dartcore.kernels.tree_attention import tree_attention
 from dartcore.models.cache import KVCache
 
@@ -51,18 +52,24 @@ class TargetModel:
     they are.
 
     ``fuse_cpu_weights`` (default: on when the model is on the CPU) re-lays the
-    decoder layers' projection weights out IN PLACE as column-major fused
-    matrices (q|k|v and gate|up side by side, ``[in, out]`` contiguous) and
-    points the Hugging Face parameters at views of them: no extra memory, the
-    HF forward keeps working (same results), and our forward runs one GEMM per
-    fused group. Why: MKL's fp32 GEMM with a row-major ``[out, in]`` weight
-    falls off a cliff from 4 rows on (a 576 x 4608 product: 0.44 ms for 1-3
-    rows, 0.84 ms for 4, 1.3 ms for 8 on one core of the dev box), while the
-    ``[in, out]`` layout costs 0.45 / 0.54 / 0.59 ms -- tree verification
-    forwards 4-32 rows, plain decoding one. See tools/bench_verify_layout.py.
+    decoder layers' projection weights out IN PLACE as fused matrices (q|k|v and
+    gate|up) and points the Hugging Face parameters at views of them: no extra
+    memory, the HF forward keeps working (same results), and our forward runs one
+    product per fused group.
+
+    ``native_linear`` (default: on for float32 where the kernel runs, i.e. AVX-512F)
+    keeps them row-major (``[out, in]``) and runs every product of up to 8 rows --
+    projections and LM head while decoding -- through dartcore's native small-batch
+    kernel (:mod:`dartcore.kernels.linear`): a tree of 5 rows costs ~1.1x a plain
+    step of 1, where MKL's fp32 GEMM costs ~1.45x (one thread, SmolLM2, dev box).
+    Off (or unavailable), the fused weights are column-major (``[in, out]``) for
+    MKL: with a row-major weight its GEMM falls off a cliff from 4 rows on (a 576 x
+    4608 product: 0.44 ms for 1-3 rows, 0.84 ms for 4, 1.3 ms for 8 on one core of
+    the dev box; ``[in, out]``: 0.45 / 0.54 / 0.59 ms). See
+    tools/bench_verify_layout.py.
     """
 
-    def __init__(self, hf_model, *, fuse_cpu_weights: bool | None = None):
+    def __init__(self, hf_model, *, fuse_cpu_weights: bool | None = None, native_linear: bool | None = None):
         config = hf_model.config
         family = getattr(config, "model_type", None)
         if family not in SUPPORTED_FAMILIES:
@@ -98,7 +105,16 @@ class TargetModel:
         self._rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
         self._fused: list[_FusedLayer] | None = None
         if fuse_cpu_weights if fuse_cpu_weights is not None else self.device.type == "cpu":
-            self._fused = [_FusedLayer.adopt(layer) for layer in self.layers]
+            # Row-major ([out, in]) for the native small-batch kernel, column-major for MKL.
+            rows = self.dtype == torch.float32 and native_linear_available() and native_linear is not False
+            self._fused = [_FusedLayer.adopt(layer, row_major=rows) for layer in self.layers]
+        self._head = (NativeWeight(self.lm_head.weight, self.lm_head.bias)
+                      if self._fused is not None and self._fused[0].row_major else None)
+
+    @property
+    def native_linear(self) -> bool:
+        """Whether decoding-size products run through the native small-batch kernel."""
+        return self._head is not None
 
     @property
     def device(self) -> torch.device:
@@ -180,14 +196,18 @@ class TargetModel:
         """LM head on final normed hidden states ``[m, H]`` -> float32 ``[m, V]``."""
         if hidden.shape[0] == 0:
             return torch.empty(0, self.vocab_size, dtype=torch.float32, device=hidden.device)
-        return self.lm_head(hidden).float()
+        if self._head is None:
+            return self.lm_head(hidden).float()
+        # The native kernel takes MAX_ROWS rows at a time (each pass streams the head once).
+        parts = [self._head(hidden[i:i + MAX_ROWS]) for i in range(0, hidden.shape[0], MAX_ROWS)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _attention(self, attn, layer_idx: int, x: torch.Tensor, cos, sin, cache: KVCache,
                    block_mask: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
         fused = self._fused[layer_idx] if self._fused is not None else None
         if fused is not None:
-            q, k, v = fused.qkv(x)
+            q, k, v = fused.qkv_proj(x)
             q = q.view(n, self.num_heads, self.head_dim)
             k = k.view(n, self.num_kv_heads, self.head_dim)
             v = v.view(n, self.num_kv_heads, self.head_dim)
@@ -230,60 +250,69 @@ class TargetModel:
 
 
 class _FusedLayer:
-    """One decoder layer's projections as column-major fused matrices (see
-    ``TargetModel(fuse_cpu_weights=...)``). ``adopt`` moves the HF Linear weights
-    into the fused storage and leaves the modules holding transposed views of
-    it, so both forwards share one copy."""
+    """One decoder layer's projections as fused matrices (q|k|v and gate|up), see
+    ``TargetModel(fuse_cpu_weights=...)``. ``adopt`` moves the HF Linear weights into the
+    fused storage and leaves the modules holding views of it, so both forwards share one
+    copy. Row-major (``[out, in]``, groups stacked by rows) for the native small-batch kernel
+    (:func:`dartcore.kernels.linear.small_linear`; ``F.linear`` for more rows); column-major
+    (``[in, out]``) where that kernel does not run (MKL's small-M fast path)."""
 
-    def __init__(self, qkv_t, qkv_b, splits, o_t, o_b, gu_t, inter, down_t, down_b, act):
-        self.qkv_t, self.qkv_b, self.splits = qkv_t, qkv_b, splits
-        self.o_t, self.o_b = o_t, o_b
-        self.gu_t, self.inter, self.down_t, self.down_b, self.act = gu_t, inter, down_t, down_b, act
+    def __init__(self, qkv, qkv_b, splits, o, o_b, gu, inter, down, down_b, act, row_major):
+        self.qkv, self.qkv_b, self.splits = qkv, qkv_b, splits
+        self.o_w, self.o_b = o, o_b
+        self.gu, self.inter, self.down, self.down_b, self.act = gu, inter, down, down_b, act
+        self.row_major = row_major
+        if row_major:
+            self._native = {name: NativeWeight(w, b) for name, w, b in
+                            (("qkv", qkv, qkv_b), ("o", o, o_b), ("gu", gu, None), ("down", down, down_b))}
 
     @staticmethod
-    def _fuse(linears):
-        """[in, sum(out)] contiguous; each module's weight becomes a view of its columns."""
+    def _fuse(linears, row_major: bool):
+        """The fused weight ([sum(out), in] or [in, sum(out)] contiguous); each module's
+        weight becomes a view of its rows (columns)."""
         with torch.no_grad():
-            fused_t = torch.cat([m.weight.detach() for m in linears], dim=0).t().contiguous()
+            fused = torch.cat([m.weight.detach() for m in linears], dim=0)
+            fused = fused.contiguous() if row_major else fused.t().contiguous()
             start = 0
             for m in linears:
                 out = m.weight.shape[0]
-                m.weight.data = fused_t[:, start:start + out].t()
+                m.weight.data = fused[start:start + out] if row_major else fused[:, start:start + out].t()
                 start += out
         biases = [m.bias for m in linears]
         bias = None if all(b is None for b in biases) else torch.cat(
-            [b.detach() if b is not None else torch.zeros(m.weight.shape[0], dtype=fused_t.dtype, device=fused_t.device)
+            [b.detach() if b is not None else torch.zeros(m.weight.shape[0], dtype=fused.dtype, device=fused.device)
              for b, m in zip(biases, linears)])
-        return fused_t, bias
+        return fused, bias
 
     @classmethod
-    def adopt(cls, layer) -> "_FusedLayer":
+    def adopt(cls, layer, *, row_major: bool = False) -> "_FusedLayer":
         attn, mlp = layer.self_attn, layer.mlp
         if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
             raise DartError(f"unsupported MLP layout {type(mlp).__name__}: expected gate/up/down projections")
         projs = (attn.q_proj, attn.k_proj, attn.v_proj)
-        qkv_t, qkv_b = cls._fuse(projs)
-        o_t, o_b = cls._fuse((attn.o_proj,))
-        gu_t, _ = cls._fuse((mlp.gate_proj, mlp.up_proj))
+        qkv, qkv_b = cls._fuse(projs, row_major)
+        o, o_b = cls._fuse((attn.o_proj,), row_major)
+        gu, _ = cls._fuse((mlp.gate_proj, mlp.up_proj), row_major)
         if mlp.gate_proj.bias is not None or mlp.up_proj.bias is not None:
             raise DartError("MLP projections with biases are not supported")
-        down_t, down_b = cls._fuse((mlp.down_proj,))
-        return cls(qkv_t, qkv_b, [p.weight.shape[0] for p in projs], o_t, o_b, gu_t,
-                   mlp.gate_proj.weight.shape[0], down_t, down_b, mlp.act_fn)
+        down, down_b = cls._fuse((mlp.down_proj,), row_major)
+        return cls(qkv, qkv_b, [p.weight.shape[0] for p in projs], o, o_b, gu,
+                   mlp.gate_proj.weight.shape[0], down, down_b, mlp.act_fn, row_major)
 
-    @staticmethod
-    def _mm(x, w_t, b):
-        return torch.addmm(b, x, w_t) if b is not None else torch.mm(x, w_t)
+    def _mm(self, name, x, w, b):
+        if self.row_major:
+            return self._native[name](x)
+        return torch.addmm(b, x, w) if b is not None else torch.mm(x, w)
 
-    def qkv(self, x):
-        return self._mm(x, self.qkv_t, self.qkv_b).split(self.splits, dim=-1)
+    def qkv_proj(self, x):
+        return self._mm("qkv", x, self.qkv, self.qkv_b).split(self.splits, dim=-1)
 
     def o(self, x):
-        return self._mm(x, self.o_t, self.o_b)
+        return self._mm("o", x, self.o_w, self.o_b)
 
     def mlp(self, x):
-        gate, up = torch.mm(x, self.gu_t).split(self.inter, dim=-1)
-        return self._mm(self.act(gate) * up, self.down_t, self.down_b)
+        gate, up = self._mm("gu", x, self.gu, None).split(self.inter, dim=-1)
+        return self._mm("down", self.act(gate) * up, self.down, self.down_b)
 
 
 def column_major_linears_(module: torch.nn.Module) -> torch.nn.Module:

@@ -1,0 +1,104 @@
+"""Small-batch fp32 linear layers on the CPU through dartcore's native kernel.
+
+``small_linear(x, weight, bias)`` = ``F.linear(x, weight, bias)`` for the few rows a decoder
+forwards per step (1 ..= :data:`MAX_ROWS`): the weight (``[out, in]``, the ``nn.Linear``
+layout) is streamed once and every row uses each weight from a register, so verifying a
+tree of 5 rows costs little more than a plain step of 1 (MKL's small-M GEMM: ~1.5x). Each
+output row is computed by the same instructions whatever the other rows (bit for bit, see
+crates/dart-linear). It runs on dartcore's thread pool (``DART_NUM_THREADS``), the calling
+thread included.
+
+Elsewhere -- more rows, a non-float32 or non-CPU tensor, autograd, a CPU without AVX-512F,
+``DARTCORE_NATIVE_LINEAR=0`` in the environment at import -- it is ``F.linear``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+__all__ = ["MAX_ROWS", "NativeWeight", "native_linear_available", "native_linears_", "small_linear"]
+
+MAX_ROWS = 8
+
+
+def _probe() -> bool:
+    if os.environ.get("DARTCORE_NATIVE_LINEAR", "1") == "0":
+        return False
+    try:
+        from dartcore import _native
+
+        return bool(_native.linear_available())
+    except (ImportError, AttributeError):
+        return False
+
+
+_AVAILABLE = _probe()
+
+
+def native_linear_available() -> bool:
+    """Whether the native kernel runs here (built, AVX-512F + FMA, not switched off)."""
+    return _AVAILABLE
+
+
+class NativeWeight:
+    """A float32 CPU weight ``[out, in]`` (contiguous) and bias, with the numpy views the
+    kernel reads made once (a view per call costs about as much as a small product)."""
+
+    __slots__ = ("weight", "bias", "ptr", "_w", "_b")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        self.weight, self.bias = weight, bias
+        self.ptr = weight.data_ptr()  # the storage the views were made of
+        self._w = weight.detach().numpy() if _AVAILABLE and _fits(weight) else None
+        self._b = None if bias is None or self._w is None else np.ascontiguousarray(bias.detach().numpy())
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """``F.linear(x, weight, bias)``, natively for 1..MAX_ROWS float32 rows."""
+        if (self._w is None or x.dim() != 2 or not 0 < x.shape[0] <= MAX_ROWS or x.dtype != torch.float32
+                or x.device.type != "cpu"
+                or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
+            return F.linear(x, self.weight, self.bias)
+        from dartcore import _native
+
+        out = torch.empty(x.shape[0], self._w.shape[0])
+        _native.linear_rows(x.detach().contiguous().numpy(), self._w, self._b, out.numpy())
+        return out
+
+
+def _fits(weight: torch.Tensor) -> bool:
+    return (weight.dim() == 2 and weight.dtype == torch.float32 and weight.device.type == "cpu"
+            and weight.is_contiguous())
+
+
+def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` (``F.linear``), natively for a few float32 rows on the CPU.
+    (Prefer a :class:`NativeWeight` for a weight used many times.)"""
+    return NativeWeight(weight, bias)(x)
+
+
+class _NativeLinear(torch.nn.Linear):
+    """An ``nn.Linear`` whose inference forward of a few rows runs natively (see
+    :func:`native_linears_`); same parameters, same state dict."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        native = self.__dict__.get("_native_weight")
+        if native is None or native.weight is not self.weight or native.ptr != self.weight.data_ptr():
+            native = self.__dict__["_native_weight"] = NativeWeight(self.weight, self.bias)
+        return native(x) if x.dim() == 2 else F.linear(x, self.weight, self.bias)
+
+
+def native_linears_(module: torch.nn.Module) -> torch.nn.Module:
+    """Run the float32 CPU ``nn.Linear`` layers of ``module`` (in place) through the native
+    kernel for 2-D inputs of at most :data:`MAX_ROWS` rows; other inputs, autograd and other
+    devices / dtypes take ``F.linear`` as before. The DART drafter forwards a handful of rows
+    per draft. A no-op where the kernel does not run."""
+    if not _AVAILABLE:
+        return module
+    for m in module.modules():
+        if type(m) is torch.nn.Linear and _fits(m.weight):
+            m.__class__ = _NativeLinear
+    return module

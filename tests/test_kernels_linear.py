@@ -1,0 +1,88 @@
+"""The native small-batch linear kernel (dartcore.kernels.linear, crates/dart-linear) against
+float64 products, its fallbacks and bad input, the drafter's module swap, and its row
+independence: a row's result does not depend on the other rows of the product (bit for bit)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import tiny_model
+from dartcore.kernels.linear import MAX_ROWS, NativeWeight, native_linear_available, native_linears_, small_linear
+
+torch.set_num_threads(1)
+
+native = pytest.mark.skipif(not native_linear_available(), reason="the native kernel needs AVX-512F")
+
+
+@native
+@pytest.mark.parametrize("k, n", [(576, 960), (37, 5), (16, 1), (1536, 576)])
+def test_small_linear_equals_a_float64_product_and_rows_are_independent(k, n):
+    g = torch.Generator().manual_seed(k * 31 + n)
+    w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    x = torch.randn(MAX_ROWS, k, generator=g)
+    singles = torch.cat([small_linear(x[i:i + 1], w, b) for i in range(MAX_ROWS)])
+    for rows in range(1, MAX_ROWS + 1):
+        got = small_linear(x[:rows], w, b)
+        ref = F.linear(x[:rows].double(), w.double(), b.double())
+        assert got.dtype == torch.float32 and got.shape == (rows, n)
+        assert torch.allclose(got.double(), ref, atol=1e-5 * (1 + ref.abs().max().item()), rtol=0)
+        assert torch.equal(got, singles[:rows])  # bit for bit, whatever the other rows
+    assert torch.allclose(small_linear(x[:3], w).double(), F.linear(x[:3].double(), w.double()), atol=1e-4)
+
+
+def test_other_inputs_take_f_linear():
+    w, b = torch.randn(7, 16), torch.randn(7)
+    for x in (torch.randn(MAX_ROWS + 1, 16), torch.randn(2, 3, 16), torch.randn(2, 16, dtype=torch.float64)):
+        w_x = w.to(x.dtype)
+        assert torch.allclose(small_linear(x, w_x, b.to(x.dtype)), F.linear(x, w_x, b.to(x.dtype)), atol=1e-5)
+    # autograd: the native path never runs with gradients, so they flow as with F.linear
+    wg = w.clone().requires_grad_()
+    x = torch.randn(2, 16)
+    small_linear(x, wg, b).sum().backward()
+    assert torch.allclose(wg.grad, x.sum(0).expand(7, 16))
+    # a transposed (non-contiguous) weight is fine too
+    wt = torch.randn(16, 7).t()
+    assert torch.allclose(small_linear(x, wt), F.linear(x, wt), atol=1e-5)
+
+
+@native
+def test_bad_shapes_are_errors_not_crashes():
+    from dartcore import _native
+
+    x, w, out = np.zeros((2, 4), np.float32), np.zeros((3, 4), np.float32), np.zeros((2, 3), np.float32)
+    _native.linear_rows(x, w, None, out)
+    with pytest.raises(ValueError, match="do not fit"):
+        _native.linear_rows(x, np.zeros((3, 5), np.float32), None, out)
+    with pytest.raises(ValueError, match="elements"):
+        _native.linear_rows(x, w, np.zeros(2, np.float32), out)
+    with pytest.raises(ValueError, match="at most 8"):
+        _native.linear_rows(np.zeros((9, 4), np.float32), w, None, np.zeros((9, 3), np.float32))
+    with pytest.raises(ValueError, match="contiguous"):
+        _native.linear_rows(np.zeros((4, 2), np.float32).T, w, None, out)
+
+
+@native
+def test_native_linears_keep_parameters_and_outputs():
+    from dartcore.drafter import DartDrafter
+
+    model = tiny_model("llama", layers=6)
+    drafter = DartDrafter.from_target(model, d=4).eval()
+    x = torch.randn(3, drafter.fc.in_features)
+    before_state = {k: v.clone() for k, v in drafter.state_dict().items()}
+    before = drafter.fc(x)
+    native_linears_(drafter)
+    assert type(drafter.fc).__name__ == "_NativeLinear" and isinstance(drafter.fc, torch.nn.Linear)
+    assert all(torch.equal(v, before_state[k]) for k, v in drafter.state_dict().items())
+    with torch.no_grad():
+        assert torch.allclose(drafter.fc(x), before, atol=1e-5)
+    # training still works through F.linear (the native path never sees gradients)
+    drafter.fc(x).sum().backward()
+    assert drafter.fc.weight.grad is not None
+    # a replaced weight storage is picked up (no stale view of the old one)
+    with torch.no_grad():
+        drafter.fc.weight.data = torch.zeros_like(drafter.fc.weight)
+        assert torch.equal(drafter.fc(x), torch.zeros(3, drafter.fc.out_features))
+    assert NativeWeight(torch.randn(4, 4).t())(torch.randn(1, 4)).shape == (1, 4)  # non-contiguous: F.linear
