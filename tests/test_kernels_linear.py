@@ -58,8 +58,8 @@ def test_bad_shapes_are_errors_not_crashes():
         _native.linear_rows(x, np.zeros((3, 5), np.float32), None, out)
     with pytest.raises(ValueError, match="elements"):
         _native.linear_rows(x, w, np.zeros(2, np.float32), out)
-    with pytest.raises(ValueError, match="at most 8"):
-        _native.linear_rows(np.zeros((9, 4), np.float32), w, None, np.zeros((9, 3), np.float32))
+    with pytest.raises(ValueError, match=f"at most {MAX_ROWS}"):
+        _native.linear_rows(np.zeros((MAX_ROWS + 1, 4), np.float32), w, None, np.zeros((MAX_ROWS + 1, 3), np.float32))
     with pytest.raises(ValueError, match="contiguous"):
         _native.linear_rows(np.zeros((4, 2), np.float32).T, w, None, out)
 

@@ -22,8 +22,9 @@
 
 use rayon::ThreadPool;
 
-/// Most rows per call (8 accumulators of 2 weight rows fit the 32 vector registers).
-pub const MAX_ROWS: usize = 8;
+/// Most rows per call (the accumulators of one weight row per row of x, plus the weight and
+/// x vectors, fit the 32 vector registers).
+pub const MAX_ROWS: usize = 16;
 
 /// Why a call was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,6 +156,14 @@ fn run_part(x: &[f32], rows: usize, k: usize, w: &[f32], n: usize, bias: Option<
             6 => go!(6, 2),
             7 => go!(7, 2),
             8 => go!(8, 2),
+            9 => go!(9, 2),
+            10 => go!(10, 2),
+            11 => go!(11, 2),
+            12 => go!(12, 2),
+            13 => go!(13, 1),
+            14 => go!(14, 1),
+            15 => go!(15, 1),
+            16 => go!(16, 1),
             _ => unreachable!("checked: 1..=MAX_ROWS"),
         }
     }
@@ -307,8 +316,8 @@ mod tests {
         assert!(linear(&x, 2, 4, &w, 4, None, &mut y, None).is_err());
         assert!(linear(&x, 2, 3, &w, 3, None, &mut y, None).is_err());
         assert!(linear(&x, 2, 4, &w, 3, Some(&[0.0; 2]), &mut y, None).is_err());
-        let big = vec![0f32; 9 * 4];
-        let mut out = vec![0f32; 9 * 3];
-        assert!(linear(&big, 9, 4, &w, 3, None, &mut out, None).unwrap_err().0.contains("at most"));
+        let big = vec![0f32; (MAX_ROWS + 1) * 4];
+        let mut out = vec![0f32; (MAX_ROWS + 1) * 3];
+        assert!(linear(&big, MAX_ROWS + 1, 4, &w, 3, None, &mut out, None).unwrap_err().0.contains("at most"));
     }
 }

@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use crate::errors;
 
 /// linear_rows(x float32[m, k], w float32[n, k], bias float32[n] | None, out float32[m, n]):
-/// out = x @ w.T + bias, m <= 8, every array C-contiguous; on dartcore's thread pool.
+/// out = x @ w.T + bias, m <= 16, every array C-contiguous; on dartcore's thread pool.
 #[pyfunction]
 #[pyo3(signature = (x, w, bias, out))]
 fn linear_rows(

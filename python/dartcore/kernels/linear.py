@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 __all__ = ["MAX_ROWS", "NativeWeight", "native_linear_available", "native_linears_", "small_linear"]
 
-MAX_ROWS = 8
+MAX_ROWS = 16  # crates/dart-linear's MAX_ROWS
 
 
 def _probe() -> bool:

@@ -58,7 +58,7 @@ class TargetModel:
     product per fused group.
 
     ``native_linear`` (default: on for float32 where the kernel runs, i.e. AVX-512F)
-    keeps them row-major (``[out, in]``) and runs every product of up to 8 rows --
+    keeps them row-major (``[out, in]``) and runs every product of up to 16 rows --
     projections and LM head while decoding -- through dartcore's native small-batch
     kernel (:mod:`dartcore.kernels.linear`): a tree of 5 rows costs ~1.1x a plain
     step of 1, where MKL's fp32 GEMM costs ~1.45x (one thread, SmolLM2, dev box).
