@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
-"""Target forward cost per block size with and without the fused column-major CPU weights
-(``TargetModel(fuse_cpu_weights=...)``), measured side by side in one process.
+"""Target forward cost per block size for the CPU weight layouts, measured side by side in one
+process: the HF layout (``TargetModel(fuse_cpu_weights=False)``), fused column-major for MKL
+(``native_linear=False``) and fused row-major through dartcore's native small-batch kernel
+(``native_linear=True``, where the CPU has AVX-512F).
 
-    python3 tools/bench_verify_layout.py --threads 2 [--json]
+    python3 tools/bench_verify_layout.py --threads 2 [--logits] [--json]
 
-A forward of n new rows after --prefix cached tokens (SmolLM2-135M-Instruct, fp32, CPU, no LM
-head: the decoder's lazy logits compute it per accepted row), median of --repeats after two
-warm-up calls; the two layouts alternate per block size so machine noise hits both alike.
+A forward of n new rows after --prefix cached tokens (SmolLM2-135M-Instruct, fp32, CPU), without
+the LM head unless ``--logits`` (then every row's logits, as the decoder computes them on the
+native path), median of --repeats after two warm-up calls; the layouts alternate per block size
+so machine noise hits them alike. ``--threads`` sets torch's threads; the native kernel runs on
+dartcore's pool (``DART_NUM_THREADS``).
 """
 
 from __future__ import annotations
@@ -28,17 +32,22 @@ def main(argv=None) -> int:
     p.add_argument("--prefix", type=int, default=256)
     p.add_argument("--sizes", default="1,2,3,4,6,8,12,16,24,32")
     p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--logits", action="store_true", help="include every row's LM-head logits")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
     import torch
 
+    from dartcore.kernels.linear import native_linear_available
     from dartcore.models.hub import load_target
     from dartcore.models.transformer import TargetModel
 
     torch.set_num_threads(args.threads)
     models = {"row-major (HF layout)": TargetModel(load_target(args.target)[0], fuse_cpu_weights=False),
-              "fused column-major": TargetModel(load_target(args.target)[0], fuse_cpu_weights=True)}
+              "fused column-major (MKL)": TargetModel(load_target(args.target)[0], native_linear=False)}
+    if native_linear_available():
+        models["fused row-major (native)"] = TargetModel(load_target(args.target)[0], native_linear=True)
+    logits_rows = None if args.logits else slice(0, 0)
     gen = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, 1000, (args.prefix,), generator=gen)
     caches = {}
@@ -56,16 +65,17 @@ def main(argv=None) -> int:
         for r in range(args.repeats + 2):
             for name, tm in models.items():
                 t = time.perf_counter()
-                tm.forward(caches[name], toks, pos, mask, logits_rows=slice(0, 0))
+                tm.forward(caches[name], toks, pos, mask, logits_rows=logits_rows)
                 if r >= 2:
                     times[name].append(time.perf_counter() - t)
         rows.append({"rows": n, **{name: statistics.median(v) * 1e3 for name, v in times.items()}})
     names = list(models)
     base = {name: rows[0][name] for name in names}
     if args.json:
-        print(json.dumps({"threads": args.threads, "prefix": args.prefix, "ms": rows}))
+        print(json.dumps({"threads": args.threads, "prefix": args.prefix, "logits": args.logits, "ms": rows}))
         return 0
-    print(f"target forward ms (prefix {args.prefix}, {args.threads} threads; x = cost / own 1-row cost)")
+    what = "with every row's logits" if args.logits else "without the LM head"
+    print(f"target forward ms {what} (prefix {args.prefix}, {args.threads} torch threads; x = cost / own 1-row cost)")
     print("| rows | " + " | ".join(names) + " |")
     print("|---:|" + "---:|" * len(names))
     for r in rows:
