@@ -132,6 +132,13 @@ proptest! {
                 for (o, a) in out.iter().zip(&at) {
                     prop_assert_eq!(o.to_bits(), a.to_bits());
                 }
+                // the index's node handle (trigram_probs_at) gives the same values
+                let (node, node_bound) = Index::trigram_context(&index, x, b);
+                prop_assert_eq!(node_bound.to_bits(), bound.to_bits());
+                Index::trigram_probs_at(&index, node, &cands, &mut at);
+                for (o, a) in out.iter().zip(&at) {
+                    prop_assert_eq!(o.to_bits(), a.to_bits());
+                }
                 let max = out.iter().copied().filter(|g| !g.is_nan()).fold(0.0, f64::max);
                 prop_assert!(bound >= max && bound <= 1.0, "({}, {}): bound {} < max {}", x, b, bound, max);
             }
