@@ -30,7 +30,7 @@ import torch
 
 from dartcore.builders import CPU_MAX_NODES, GPU_MAX_NODES, TreeInputs, make_tree_builder, root_only
 from dartcore.errors import ContextLengthError, DrafterMismatchError, TokenizerMismatchError, TreeError
-from dartcore.kernels.linear import native_linear_available, native_linears_
+from dartcore.kernels.linear import native_linears_
 from dartcore.models.transformer import TargetModel, column_major_linears_
 from dartcore.sampling import Sampler, SamplingParams
 from dartcore.verify import FlatTree, accept, ancestor_mask, flatten, prune
@@ -199,7 +199,7 @@ class DartDecoder:
             if isinstance(self.drafter, torch.nn.Module):
                 self.drafter.to(self.target.device)  # the drafter runs where the target runs
             if self.target.device.type == "cpu" and isinstance(self.drafter, torch.nn.Module):
-                if native_linear_available():
+                if self.target.native_linear:
                     native_linears_(self.drafter)  # weights streamed once for the d rows
                 else:
                     column_major_linears_(self.drafter)  # 2x faster d-row drafting with MKL

@@ -7,16 +7,18 @@ use pyo3::prelude::*;
 
 use crate::errors;
 
-/// linear_rows(x float32[m, k], w float32[n, k], bias float32[n] | None, out float32[m, n]):
-/// out = x @ w.T + bias, m <= 16, every array C-contiguous; on dartcore's thread pool.
+/// linear_rows(x float32[m, k], w float32[n, k], bias float32[n] | None, out float32[m, n],
+/// threads=1): out = x @ w.T + bias, m <= 16, every array C-contiguous; on the calling thread,
+/// or with `threads > 1` on it and dartcore's thread pool.
 #[pyfunction]
-#[pyo3(signature = (x, w, bias, out))]
+#[pyo3(signature = (x, w, bias, out, threads = 1))]
 fn linear_rows(
     py: Python<'_>,
     x: PyReadonlyArray2<'_, f32>,
     w: PyReadonlyArray2<'_, f32>,
     bias: Option<PyReadonlyArray1<'_, f32>>,
     mut out: PyReadwriteArray2<'_, f32>,
+    threads: usize,
 ) -> PyResult<()> {
     let (rows, k) = (x.shape()[0], x.shape()[1]);
     let n = w.shape()[0];
@@ -41,8 +43,8 @@ fn linear_rows(
         None => None,
     };
     let os = out.as_slice_mut().map_err(|_| errors::value("linear_rows: out must be C-contiguous"))?;
-    let pool = dart_ngram::pool::get();
-    py.detach(|| dart_linear::linear(xs, rows, k, ws, n, bs, os, Some(&pool))).map_err(|e| errors::value(e.0))
+    let pool = (threads > 1).then(dart_ngram::pool::get);
+    py.detach(|| dart_linear::linear(xs, rows, k, ws, n, bs, os, pool.as_deref())).map_err(|e| errors::value(e.0))
 }
 
 /// Whether this CPU runs linear_rows (AVX-512F + FMA).

@@ -1,15 +1,18 @@
 """Small-batch fp32 linear layers on the CPU through dartcore's native kernel.
 
-``small_linear(x, weight, bias)`` = ``F.linear(x, weight, bias)`` for the few rows a decoder
-forwards per step (1 ..= :data:`MAX_ROWS`): the weight (``[out, in]``, the ``nn.Linear``
-layout) is streamed once and every row uses each weight from a register, so verifying a
-tree of 5 rows costs little more than a plain step of 1 (MKL's small-M GEMM: ~1.5x). Each
+``small_linear(x, weight, bias)`` = ``F.linear(x, weight, bias)``, natively for the few rows
+a tree verification forwards (2 ..= :data:`MAX_ROWS`; one row stays with MKL's
+matrix-vector product, as fast as ours): the weight (``[out, in]``, the ``nn.Linear``
+layout) is streamed once and every row uses each weight from a register, so a tree of 5
+rows costs little more than a plain step of 1 (MKL's small-M GEMM: ~1.5x on one thread). It
+runs on as many threads as torch uses (the calling thread, then dartcore's pool). Each
 output row is computed by the same instructions whatever the other rows (bit for bit, see
-crates/dart-linear). It runs on dartcore's thread pool (``DART_NUM_THREADS``), the calling
-thread included.
+crates/dart-linear). :class:`dartcore.models.transformer.TargetModel` says when the decoder
+uses it.
 
-Elsewhere -- more rows, a non-float32 or non-CPU tensor, autograd, a CPU without AVX-512F,
-``DARTCORE_NATIVE_LINEAR=0`` in the environment at import -- it is ``F.linear``.
+Elsewhere -- one row or more than MAX_ROWS, a non-float32 or non-CPU tensor, autograd, a
+CPU without AVX-512F, ``DARTCORE_NATIVE_LINEAR=0`` in the environment at import -- it is
+``F.linear``.
 """
 
 from __future__ import annotations
@@ -57,15 +60,16 @@ class NativeWeight:
         self._b = None if bias is None or self._w is None else np.ascontiguousarray(bias.detach().numpy())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """``F.linear(x, weight, bias)``, natively for 1..MAX_ROWS float32 rows."""
-        if (self._w is None or x.dim() != 2 or not 0 < x.shape[0] <= MAX_ROWS or x.dtype != torch.float32
+        """``F.linear(x, weight, bias)``, natively for 2..MAX_ROWS float32 rows (one row: MKL's
+        matrix-vector product streams the weight as fast, on torch's threads)."""
+        if (self._w is None or x.dim() != 2 or not 1 < x.shape[0] <= MAX_ROWS or x.dtype != torch.float32
                 or x.device.type != "cpu"
                 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
             return F.linear(x, self.weight, self.bias)
         from dartcore import _native
 
         out = torch.empty(x.shape[0], self._w.shape[0])
-        _native.linear_rows(x.detach().contiguous().numpy(), self._w, self._b, out.numpy())
+        _native.linear_rows(x.detach().contiguous().numpy(), self._w, self._b, out.numpy(), torch.get_num_threads())
         return out
 
 
@@ -78,6 +82,18 @@ def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """``x @ weight.T + bias`` (``F.linear``), natively for a few float32 rows on the CPU.
     (Prefer a :class:`NativeWeight` for a weight used many times.)"""
     return NativeWeight(weight, bias)(x)
+
+
+def native_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The native kernel itself for 1..MAX_ROWS rows (no fallback): tests and benchmarks."""
+    from dartcore import _native
+
+    if not (_AVAILABLE and _fits(weight)):
+        raise RuntimeError("the native kernel needs AVX-512F and a contiguous float32 CPU weight")
+    out = torch.empty(x.shape[0], weight.shape[0])
+    _native.linear_rows(x.detach().contiguous().numpy(), weight.detach().numpy(),
+                        None if bias is None else bias.detach().contiguous().numpy(), out.numpy())
+    return out
 
 
 class _NativeLinear(torch.nn.Linear):

@@ -57,11 +57,17 @@ class TargetModel:
     memory, the HF forward keeps working (same results), and our forward runs one
     product per fused group.
 
-    ``native_linear`` (default: on for float32 where the kernel runs, i.e. AVX-512F)
-    keeps them row-major (``[out, in]``) and runs every product of up to 16 rows --
-    projections and LM head while decoding -- through dartcore's native small-batch
-    kernel (:mod:`dartcore.kernels.linear`): a tree of 5 rows costs ~1.1x a plain
-    step of 1, where MKL's fp32 GEMM costs ~1.45x (one thread, SmolLM2, dev box).
+    ``native_linear`` keeps them row-major (``[out, in]``) and runs the products of
+    2-16 rows -- a tree verification's projections and LM head, the drafter's rows
+    -- through dartcore's native small-batch kernel (:mod:`dartcore.kernels.linear`;
+    one row stays with MKL's matrix-vector product). Default: on when torch runs
+    one thread and the kernel runs here (float32, AVX-512F), off otherwise. Measured
+    on the 2-vCPU dev box (SmolLM2, 4 GSM8K prompts x 64 tokens, idle): with one
+    thread, MKL decodes AR / dart / dart+ctx at 18.4 / 21.7 / 23.6 tok/s and the
+    native path at 16.7 / 24.2 / 27.0 (all products native; a 5-row tree forward
+    costs 1.11x a 1-row one instead of 1.67x); with two threads MKL's two threads
+    stream the weights faster than the kernel's (31.0 / 36.9 / 39.6 tok/s against
+    16.9 / 23.7 / 27.0), so two threads keep MKL.
     Off (or unavailable), the fused weights are column-major (``[in, out]``) for
     MKL: with a row-major weight its GEMM falls off a cliff from 4 rows on (a 576 x
     4608 product: 0.44 ms for 1-3 rows, 0.84 ms for 4, 1.3 ms for 8 on one core of
@@ -106,7 +112,9 @@ class TargetModel:
         self._fused: list[_FusedLayer] | None = None
         if fuse_cpu_weights if fuse_cpu_weights is not None else self.device.type == "cpu":
             # Row-major ([out, in]) for the native small-batch kernel, column-major for MKL.
-            rows = self.dtype == torch.float32 and native_linear_available() and native_linear is not False
+            # Default: on with one torch thread (see the class docs for the measurements).
+            want = torch.get_num_threads() == 1 if native_linear is None else bool(native_linear)
+            rows = self.dtype == torch.float32 and native_linear_available() and want
             self._fused = [_FusedLayer.adopt(layer, row_major=rows) for layer in self.layers]
         self._head = (NativeWeight(self.lm_head.weight, self.lm_head.bias)
                       if self._fused is not None and self._fused[0].row_major else None)
