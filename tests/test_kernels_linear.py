@@ -87,3 +87,19 @@ def test_native_linears_keep_parameters_and_outputs():
         drafter.fc.weight.data = torch.zeros_like(drafter.fc.weight)
         assert torch.equal(drafter.fc(x), torch.zeros(3, drafter.fc.out_features))
     assert NativeWeight(torch.randn(4, 4).t())(torch.randn(1, 4)).shape == (1, 4)  # non-contiguous: F.linear
+
+
+@native
+def test_helper_threads_give_the_same_bits():
+    from dartcore import _native
+
+    g = torch.Generator().manual_seed(11)
+    w, b = torch.randn(203, 96, generator=g), torch.randn(203, generator=g)
+    for rows in (1, 5, MAX_ROWS):
+        x = torch.randn(rows, 96, generator=g)
+        outs = []
+        for threads in (1, 2, 3, 1, 2):  # teams of 2 and 3 threads, each reused
+            out = torch.empty(rows, 203)
+            _native.linear_rows(x.numpy(), w.numpy(), b.numpy(), out.numpy(), threads)
+            outs.append(out)
+        assert all(torch.equal(o, outs[0]) for o in outs)

@@ -20,7 +20,9 @@
 //!
 //! The kernel needs AVX-512F ([`available`]); elsewhere callers use their framework's GEMM.
 
-use rayon::ThreadPool;
+mod team;
+
+pub use team::Team;
 
 /// Most rows per call (the accumulators of one weight row per row of x, plus the weight and
 /// x vectors, fit the 32 vector registers).
@@ -51,8 +53,8 @@ pub fn available() -> bool {
 }
 
 /// `out[m, n] = x[m, :] · w[n, :] (+ bias[n])` for `m < rows`; `x` is `[rows, k]`, `w` is
-/// `[n, k]`, `out` is `[rows, n]`, all row-major. The weight rows are split between the
-/// threads of `pool` (None: the calling thread alone).
+/// `[n, k]`, `out` is `[rows, n]`, all row-major. The weight rows are split between
+/// `threads` threads: the calling thread and the spinning helpers of a [`Team`].
 #[allow(clippy::too_many_arguments)]
 pub fn linear(
     x: &[f32],
@@ -62,7 +64,7 @@ pub fn linear(
     n: usize,
     bias: Option<&[f32]>,
     out: &mut [f32],
-    pool: Option<&ThreadPool>,
+    threads: usize,
 ) -> Result<(), ShapeError> {
     check(x, rows, k, w, n, bias, out)?;
     if !available() {
@@ -71,26 +73,20 @@ pub fn linear(
     if rows == 0 || n == 0 {
         return Ok(());
     }
-    let threads = pool.map_or(1, |p| p.current_num_threads()).clamp(1, n.div_ceil(BLOCK));
+    let threads = threads.clamp(1, n.div_ceil(BLOCK));
     if threads == 1 {
         run_part(x, rows, k, w, n, bias, OutPart::new(out), 0, n);
         return Ok(());
     }
-    // Whole blocks of weight rows per thread, so that each thread's prefetches stay in its
-    // part. The calling thread computes the first part itself: one wake-up of a pool thread
-    // per call for two threads, and no thread idles while another works.
+    // Whole blocks of weight rows per thread, so that each thread's prefetches stay in its part.
     let per = n.div_ceil(BLOCK).div_ceil(threads) * BLOCK;
     let part = OutPart::new(out);
-    let pool = pool.expect("threads > 1 only with a pool");
-    pool.in_place_scope(|s| {
-        for t in 1..threads {
-            let (n0, n1) = (t * per, ((t + 1) * per).min(n));
-            if n0 < n1 {
-                let part = part.clone();
-                s.spawn(move |_| run_part(x, rows, k, w, n, bias, part, n0, n1));
-            }
+    let team = Team::get(threads);
+    team.run(&|t| {
+        let (n0, n1) = (t * per, ((t + 1) * per).min(n));
+        if n0 < n1 {
+            run_part(x, rows, k, w, n, bias, part.clone(), n0, n1);
         }
-        run_part(x, rows, k, w, n, bias, part.clone(), 0, per.min(n));
     });
     Ok(())
 }
@@ -125,8 +121,8 @@ struct OutPart {
     len: usize,
 }
 
-// SAFETY: threads write disjoint column ranges `n0..n1` of the rows (see `linear`), and the
-// scope that hands out the copies ends before the `&mut` borrow it came from.
+// SAFETY: threads write disjoint column ranges `n0..n1` of the rows (see `linear`), and
+// `Team::run` returns (every part done) before the `&mut` borrow it came from ends.
 unsafe impl Send for OutPart {}
 unsafe impl Sync for OutPart {}
 
@@ -282,17 +278,16 @@ mod tests {
         if !available() {
             return;
         }
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
         for &(k, n) in &[(576, 960), (33, 7), (16, 4), (1, 1), (100, 13), (1536, 576)] {
             let w = data(n * k, 1);
             let b = data(n, 2);
             let x = data(MAX_ROWS * k, 3);
             let mut single = vec![vec![0f32; n]; MAX_ROWS];
             for (m, row) in single.iter_mut().enumerate() {
-                linear(&x[m * k..(m + 1) * k], 1, k, &w, n, Some(&b), row, None).unwrap();
+                linear(&x[m * k..(m + 1) * k], 1, k, &w, n, Some(&b), row, 1).unwrap();
             }
             for rows in 1..=MAX_ROWS {
-                for p in [None, Some(&pool)] {
+                for p in [1, 2, 3] {
                     let mut y = vec![0f32; rows * n];
                     linear(&x[..rows * k], rows, k, &w, n, Some(&b), &mut y, p).unwrap();
                     let r = reference(&x[..rows * k], rows, k, &w, n, Some(&b));
@@ -303,7 +298,7 @@ mod tests {
                 }
             }
             let mut y = vec![0f32; n];
-            linear(&x[..k], 1, k, &w, n, None, &mut y, None).unwrap();
+            linear(&x[..k], 1, k, &w, n, None, &mut y, 1).unwrap();
             let r = reference(&x[..k], 1, k, &w, n, None);
             assert!(y.iter().zip(&r).all(|(&a, &e)| (a as f64 - e).abs() <= 1e-5 * (1.0 + e.abs())));
         }
@@ -312,12 +307,12 @@ mod tests {
     #[test]
     fn bad_shapes_are_errors() {
         let (x, w, mut y) = (vec![0f32; 8], vec![0f32; 12], vec![0f32; 6]);
-        assert!(linear(&x, 2, 4, &w, 3, None, &mut y, None).is_ok() || !available());
-        assert!(linear(&x, 2, 4, &w, 4, None, &mut y, None).is_err());
-        assert!(linear(&x, 2, 3, &w, 3, None, &mut y, None).is_err());
-        assert!(linear(&x, 2, 4, &w, 3, Some(&[0.0; 2]), &mut y, None).is_err());
+        assert!(linear(&x, 2, 4, &w, 3, None, &mut y, 1).is_ok() || !available());
+        assert!(linear(&x, 2, 4, &w, 4, None, &mut y, 1).is_err());
+        assert!(linear(&x, 2, 3, &w, 3, None, &mut y, 1).is_err());
+        assert!(linear(&x, 2, 4, &w, 3, Some(&[0.0; 2]), &mut y, 1).is_err());
         let big = vec![0f32; (MAX_ROWS + 1) * 4];
         let mut out = vec![0f32; (MAX_ROWS + 1) * 3];
-        assert!(linear(&big, MAX_ROWS + 1, 4, &w, 3, None, &mut out, None).unwrap_err().0.contains("at most"));
+        assert!(linear(&big, MAX_ROWS + 1, 4, &w, 3, None, &mut out, 1).unwrap_err().0.contains("at most"));
     }
 }

@@ -1,6 +1,6 @@
 //! Bindings of dart-linear: the small-batch fp32 linear layer the CPU decoder runs its
 //! projections and LM head through (`dartcore.kernels.linear`). Thin: check, release the
-//! GIL, run on dartcore's pool.
+//! GIL, run on the calling thread (and dart-linear's helper threads).
 
 use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -9,7 +9,7 @@ use crate::errors;
 
 /// linear_rows(x float32[m, k], w float32[n, k], bias float32[n] | None, out float32[m, n],
 /// threads=1): out = x @ w.T + bias, m <= 16, every array C-contiguous; on the calling thread,
-/// or with `threads > 1` on it and dartcore's thread pool.
+/// or with `threads > 1` on it and the spinning helpers of dart-linear's team.
 #[pyfunction]
 #[pyo3(signature = (x, w, bias, out, threads = 1))]
 fn linear_rows(
@@ -43,8 +43,7 @@ fn linear_rows(
         None => None,
     };
     let os = out.as_slice_mut().map_err(|_| errors::value("linear_rows: out must be C-contiguous"))?;
-    let pool = (threads > 1).then(dart_ngram::pool::get);
-    py.detach(|| dart_linear::linear(xs, rows, k, ws, n, bs, os, pool.as_deref())).map_err(|e| errors::value(e.0))
+    py.detach(|| dart_linear::linear(xs, rows, k, ws, n, bs, os, threads)).map_err(|e| errors::value(e.0))
 }
 
 /// Whether this CPU runs linear_rows (AVX-512F + FMA).

@@ -1,17 +1,26 @@
 """Small-batch fp32 linear layers on the CPU through dartcore's native kernel.
 
 ``small_linear(x, weight, bias)`` = ``F.linear(x, weight, bias)``, natively for the few rows
-a tree verification forwards (2 ..= :data:`MAX_ROWS`; one row stays with MKL's
-matrix-vector product, as fast as ours): the weight (``[out, in]``, the ``nn.Linear``
-layout) is streamed once and every row uses each weight from a register, so a tree of 5
-rows costs little more than a plain step of 1 (MKL's small-M GEMM: ~1.5x on one thread). It
-runs on as many threads as torch uses (the calling thread, then dartcore's pool). Each
-output row is computed by the same instructions whatever the other rows (bit for bit, see
-crates/dart-linear). :class:`dartcore.models.transformer.TargetModel` says when the decoder
-uses it.
+a tree verification forwards (up to :data:`MAX_ROWS`): the weight (``[out, in]``, the
+``nn.Linear`` layout) is streamed once and every row uses each weight from a register, so a
+tree of 5 rows costs little more than a plain step of 1 (MKL's small-M GEMM: ~1.5x on one
+thread). Each output row is computed by the same instructions whatever the other rows (bit
+for bit, see crates/dart-linear). :class:`dartcore.models.transformer.TargetModel` says when
+the decoder uses it.
 
-Elsewhere -- one row or more than MAX_ROWS, a non-float32 or non-CPU tensor, autograd, a
-CPU without AVX-512F, ``DARTCORE_NATIVE_LINEAR=0`` in the environment at import -- it is
+Threads: ``DARTCORE_LINEAR_THREADS`` (read at import, default 1) -- the calling thread plus
+helpers that spin between calls (a forward makes ~120 of them; waking a parked thread per
+call cost more than the second thread gained). With 1, one row stays with MKL's
+matrix-vector product (as fast as ours on one thread); with more, every row count from 1
+runs natively. Measured on the 2-vCPU dev box (4 GSM8K prompts, AR / dart / dart+ctx tok/s):
+torch 2 threads + MKL 26.8-27.4 / 33.0-33.3 / 36.6-38.7; ``torch.set_num_threads(1)`` and
+``DARTCORE_LINEAR_THREADS=2`` 24.7-24.8 / 35.2-36.2 / 38.1-38.9 (DART faster, plain AR
+slower: torch's other ops then run on one thread). Keep torch at one thread when the helpers
+spin: torch's own spinning OpenMP workers and these fight over the cores (2-16-row forwards
+took 170-210 ms instead of ~40).
+
+Elsewhere -- more than MAX_ROWS rows, a non-float32 or non-CPU tensor, autograd, a CPU
+without AVX-512F, ``DARTCORE_NATIVE_LINEAR=0`` in the environment at import -- it is
 ``F.linear``.
 """
 
@@ -23,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["MAX_ROWS", "NativeWeight", "native_linear_available", "native_linears_", "small_linear"]
+__all__ = ["LINEAR_THREADS", "MAX_ROWS", "NativeWeight", "native_linear_available", "native_linears_", "small_linear"]
 
 MAX_ROWS = 16  # crates/dart-linear's MAX_ROWS
 
@@ -62,15 +71,29 @@ class NativeWeight:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``F.linear(x, weight, bias)``, natively for 2..MAX_ROWS float32 rows (one row: MKL's
         matrix-vector product streams the weight as fast, on torch's threads)."""
-        if (self._w is None or x.dim() != 2 or not 1 < x.shape[0] <= MAX_ROWS or x.dtype != torch.float32
+        threads = LINEAR_THREADS
+        if (self._w is None or x.dim() != 2 or not (1 if threads > 1 else 2) <= x.shape[0] <= MAX_ROWS
+                or x.dtype != torch.float32
                 or x.device.type != "cpu"
                 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
             return F.linear(x, self.weight, self.bias)
         from dartcore import _native
 
         out = torch.empty(x.shape[0], self._w.shape[0])
-        _native.linear_rows(x.detach().contiguous().numpy(), self._w, self._b, out.numpy(), torch.get_num_threads())
+        _native.linear_rows(x.detach().contiguous().numpy(), self._w, self._b, out.numpy(), threads)
         return out
+
+
+def _linear_threads() -> int:
+    try:
+        return max(1, int(os.environ.get("DARTCORE_LINEAR_THREADS", "1")))
+    except ValueError:
+        return 1
+
+
+# Threads of the native kernel (read at import): the calling thread plus n - 1 helpers that
+# spin between calls (crates/dart-linear/src/team.rs).
+LINEAR_THREADS = _linear_threads()
 
 
 def _fits(weight: torch.Tensor) -> bool:

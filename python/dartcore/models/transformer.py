@@ -67,7 +67,10 @@ class TargetModel:
     native path at 16.7 / 24.2 / 27.0 (all products native; a 5-row tree forward
     costs 1.11x a 1-row one instead of 1.67x); with two threads MKL's two threads
     stream the weights faster than the kernel's (31.0 / 36.9 / 39.6 tok/s against
-    16.9 / 23.7 / 27.0), so two threads keep MKL.
+    16.9 / 23.7 / 27.0), so two threads keep MKL. (With one torch thread and
+    ``DARTCORE_LINEAR_THREADS=2`` -- the kernel on two threads that spin between calls
+    -- DART decodes faster than with MKL's two threads, plain AR slower; see
+    :mod:`dartcore.kernels.linear`.)
     Off (or unavailable), the fused weights are column-major (``[in, out]``) for
     MKL: with a row-major weight its GEMM falls off a cliff from 4 rows on (a 576 x
     4608 product: 0.44 ms for 1-3 rows, 0.84 ms for 4, 1.3 ms for 8 on one core of
