@@ -73,12 +73,12 @@ pub fn linear(
     if rows == 0 || n == 0 {
         return Ok(());
     }
-    let threads = threads.clamp(1, n.div_ceil(BLOCK));
-    if threads == 1 {
+    if threads <= 1 || n <= BLOCK {
         run_part(x, rows, k, w, n, bias, OutPart::new(out), 0, n);
         return Ok(());
     }
-    // Whole blocks of weight rows per thread, so that each thread's prefetches stay in its part.
+    // Whole blocks of weight rows per thread, so that each thread's prefetches stay in its
+    // part; a small product leaves the last threads without a part (one team per size).
     let per = n.div_ceil(BLOCK).div_ceil(threads) * BLOCK;
     let part = OutPart::new(out);
     let team = Team::get(threads);

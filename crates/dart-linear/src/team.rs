@@ -10,7 +10,7 @@
 //! Fork safety: a forked child has none of the helper threads; [`Team::get`] notices the new
 //! pid and starts a fresh team (the old one is leaked, as the pool in dart-ngram does).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -23,21 +23,26 @@ const SPIN: Duration = Duration::from_millis(2);
 #[derive(Clone, Copy)]
 struct Job(Option<&'static (dyn Fn(usize) + Sync)>);
 
-struct Helper {
-    /// Bumped by the caller for each call the helper takes part in.
+/// What the caller hands every helper: the call's generation (one call at a time, see
+/// [`Team::run`]) and its work.
+struct Call {
     gen: AtomicU64,
+    job: Mutex<Job>,
+}
+
+struct Helper {
     /// The last generation the helper finished.
     done: AtomicU64,
-    job: Mutex<Job>,
     sleeping: AtomicBool,
     thread: OnceLock<Thread>,
 }
 
 /// The helpers of a team of `helpers + 1` threads.
 pub struct Team {
+    call: Arc<Call>,
     helpers: Vec<Arc<Helper>>,
     pid: u32,
-    busy: AtomicUsize,
+    busy: AtomicBool,
 }
 
 static TEAMS: Mutex<Vec<&'static Team>> = Mutex::new(Vec::new());
@@ -57,25 +62,20 @@ impl Team {
     }
 
     fn start(helpers: usize, pid: u32) -> Team {
+        let call = Arc::new(Call { gen: AtomicU64::new(0), job: Mutex::new(Job(None)) });
         let helpers: Vec<Arc<Helper>> = (0..helpers)
             .map(|i| {
-                let h = Arc::new(Helper {
-                    gen: AtomicU64::new(0),
-                    done: AtomicU64::new(0),
-                    job: Mutex::new(Job(None)),
-                    sleeping: AtomicBool::new(false),
-                    thread: OnceLock::new(),
-                });
-                let hc = Arc::clone(&h);
+                let h = Arc::new(Helper { done: AtomicU64::new(0), sleeping: AtomicBool::new(false), thread: OnceLock::new() });
+                let (hc, cc) = (Arc::clone(&h), Arc::clone(&call));
                 let handle = std::thread::Builder::new()
                     .name(format!("dart-linear-{}", i + 1))
-                    .spawn(move || helper_loop(&hc, i + 1))
+                    .spawn(move || helper_loop(&cc, &hc, i + 1))
                     .expect("spawn a dart-linear helper thread");
                 let _ = h.thread.set(handle.thread().clone());
                 h
             })
             .collect();
-        Team { helpers, pid, busy: AtomicUsize::new(0) }
+        Team { call, helpers, pid, busy: AtomicBool::new(false) }
     }
 
     /// Threads of the team, the caller included.
@@ -87,7 +87,7 @@ impl Team {
     /// are done. A call made while another is running (another Python thread) runs every
     /// part on the calling thread instead.
     pub fn run(&self, f: &(dyn Fn(usize) + Sync)) {
-        if self.busy.compare_exchange(0, 1, SeqCst, SeqCst).is_err() {
+        if self.busy.swap(true, SeqCst) {
             for part in 0..self.threads() {
                 f(part);
             }
@@ -96,11 +96,9 @@ impl Team {
         // SAFETY: the helpers use `f` only for this generation, and this function returns
         // only after every helper has stored `done` for it (so `f` outlives every use).
         let job = Job(Some(unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(f) }));
-        let mut gens = Vec::with_capacity(self.helpers.len());
+        *self.call.job.lock().unwrap_or_else(|p| p.into_inner()) = job;
+        let g = self.call.gen.fetch_add(1, SeqCst) + 1;
         for h in &self.helpers {
-            *h.job.lock().unwrap_or_else(|p| p.into_inner()) = job;
-            let g = h.gen.fetch_add(1, SeqCst) + 1;
-            gens.push(g);
             if h.sleeping.load(SeqCst) {
                 if let Some(t) = h.thread.get() {
                     t.unpark();
@@ -108,29 +106,29 @@ impl Team {
             }
         }
         f(0);
-        for (h, g) in self.helpers.iter().zip(gens) {
+        for h in &self.helpers {
             while h.done.load(SeqCst) < g {
                 std::hint::spin_loop();
             }
         }
-        self.busy.store(0, SeqCst);
+        self.busy.store(false, SeqCst);
     }
 }
 
-fn helper_loop(h: &Helper, part: usize) {
+fn helper_loop(call: &Call, h: &Helper, part: usize) {
     let mut seen = 0u64;
     loop {
         let mut since = Instant::now();
         let mut spins = 0u32;
         let g = loop {
-            let g = h.gen.load(SeqCst);
+            let g = call.gen.load(SeqCst);
             if g != seen {
                 break g;
             }
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(1024) && since.elapsed() > SPIN {
                 h.sleeping.store(true, SeqCst);
-                if h.gen.load(SeqCst) == seen {
+                if call.gen.load(SeqCst) == seen {
                     std::thread::park();
                 }
                 h.sleeping.store(false, SeqCst);
@@ -138,7 +136,7 @@ fn helper_loop(h: &Helper, part: usize) {
             }
             std::hint::spin_loop();
         };
-        let job = *h.job.lock().unwrap_or_else(|p| p.into_inner());
+        let job = *call.job.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(f) = job.0 {
             // A panicking part must still report done, or the caller would wait forever.
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(part)));

@@ -728,12 +728,16 @@ impl<D: AsRef<[u8]>> Index<D> {
     /// every [`Index::trigram_probs`] value is NaN) and an upper bound of those values, the
     /// largest count(a, b, v)/total(a, b) (1.0 where the body cannot be read).
     pub fn trigram_context(&self, a: u32, b: u32) -> (u64, f64) {
-        let Some(j) = self.node2_of(a, b) else { return (u64::MAX, 0.0) };
-        let Some(c) = self.l2().word(j).and_then(|w| self.ctx2(j, w)).filter(|c| c.e > c.s && c.total > 0) else {
-            return (u64::MAX, 0.0);
-        };
+        self.resolve2(a, b).map_or((u64::MAX, 0.0), |(j, _, bound)| (j as u64, bound))
+    }
+
+    /// The bigram node of b after a, its children at the two-token level (a context with
+    /// some) and the bound of [`Index::trigram_context`].
+    fn resolve2(&self, a: u32, b: u32) -> Option<(usize, Ctx, f64)> {
+        let j = self.node2_of(a, b)?;
+        let c = self.l2().word(j).and_then(|w| self.ctx2(j, w)).filter(|c| c.e > c.s && c.total > 0)?;
         let bound = self.max_count(self.l3(), c, Sec::TopK2).map_or(1.0, |m| m as f64 / c.total as f64);
-        (j as u64, bound)
+        Some((j, c, bound))
     }
 
     /// [`Index::trigram_probs`] of the context resolved by [`Index::trigram_context`]
@@ -742,17 +746,22 @@ impl<D: AsRef<[u8]>> Index<D> {
     /// # Panics
     /// If `out.len() != candidates_sorted.len()` (a programming error of the caller).
     pub fn trigram_probs_at(&self, node: u64, candidates_sorted: &[u32], out: &mut [f64]) {
-        assert_eq!(
-            out.len(),
-            candidates_sorted.len(),
-            "trigram_probs_at: out and candidates differ in length"
-        );
+        let c = usize::try_from(node)
+            .ok()
+            .filter(|&j| (j as u64) < self.h.n_bigram)
+            .and_then(|j| self.l2().word(j).and_then(|w| self.ctx2(j, w)))
+            .filter(|c| c.e > c.s && c.total > 0);
+        self.trigram_probs_of(c, candidates_sorted, out, "trigram_probs_at");
+    }
+
+    /// The two-token level's probabilities of the candidates after the resolved context `c`
+    /// (NaN where not seen, and everywhere for None).
+    fn trigram_probs_of(&self, c: Option<Ctx>, candidates_sorted: &[u32], out: &mut [f64], what: &str) {
+        assert_eq!(out.len(), candidates_sorted.len(), "{what}: out and candidates differ in length");
         out.fill(f64::NAN);
-        let Some(j) = usize::try_from(node).ok().filter(|&j| (j as u64) < self.h.n_bigram) else { return };
-        let Some(c) = self.l2().word(j).and_then(|w| self.ctx2(j, w)).filter(|c| c.e > c.s && c.total > 0) else {
-            return;
-        };
-        self.l3().seen_sorted(c, candidates_sorted, out);
+        if let Some(c) = c {
+            self.l3().seen_sorted(c, candidates_sorted, out);
+        }
     }
 
     /// [`Index::trigram_context`] with the whole resolution as the handle: `[start, end,
@@ -764,12 +773,7 @@ impl<D: AsRef<[u8]>> Index<D> {
     /// cachegrind, ~53 calls); search CPU p50 min 98.0 -> 95.8 µs, median 99.5 -> 97.9 µs over
     /// 16 interleaved runs.)
     pub fn trigram_context_range(&self, a: u32, b: u32) -> ([u64; 3], f64) {
-        let Some(j) = self.node2_of(a, b) else { return ([0; 3], 0.0) };
-        let Some(c) = self.l2().word(j).and_then(|w| self.ctx2(j, w)).filter(|c| c.e > c.s && c.total > 0) else {
-            return ([0; 3], 0.0);
-        };
-        let bound = self.max_count(self.l3(), c, Sec::TopK2).map_or(1.0, |m| m as f64 / c.total as f64);
-        ([c.s as u64, c.e as u64, c.total], bound)
+        self.resolve2(a, b).map_or(([0; 3], 0.0), |(_, c, bound)| ([c.s as u64, c.e as u64, c.total], bound))
     }
 
     /// [`Index::trigram_probs`] of the context whose [`Index::trigram_context_range`] is
@@ -779,18 +783,13 @@ impl<D: AsRef<[u8]>> Index<D> {
     /// # Panics
     /// If `out.len() != candidates_sorted.len()` (a programming error of the caller).
     pub fn trigram_probs_in(&self, range: [u64; 3], candidates_sorted: &[u32], out: &mut [f64]) {
-        assert_eq!(
-            out.len(),
-            candidates_sorted.len(),
-            "trigram_probs_in: out and candidates differ in length"
-        );
-        out.fill(f64::NAN);
         let [s, e, total] = range;
-        let (Ok(s), Ok(e)) = (usize::try_from(s), usize::try_from(e)) else { return };
-        if e <= s || total == 0 {
-            return;
-        }
-        self.l3().seen_sorted(Ctx { s, e, total, large: None }, candidates_sorted, out);
+        let c = usize::try_from(s)
+            .ok()
+            .zip(usize::try_from(e).ok())
+            .filter(|&(s, e)| e > s && total > 0)
+            .map(|(s, e)| Ctx { s, e, total, large: None });
+        self.trigram_probs_of(c, candidates_sorted, out, "trigram_probs_in");
     }
 
     /// [`Index::children`] for `n` two-token contexts on `pool`; rows padded to `k` with token

@@ -2,7 +2,8 @@
 //! projections and LM head through (`dartcore.kernels.linear`). Thin: check, release the
 //! GIL, run on the calling thread (and dart-linear's helper threads).
 
-use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray2, PyUntypedArrayMethods};
+use numpy::ndarray::Dimension;
+use numpy::{PyReadonlyArray, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
 use crate::errors;
@@ -30,20 +31,24 @@ fn linear_rows(
             out.shape()
         )));
     }
-    // as_slice also accepts Fortran order, which the kernel would misread.
-    for (ok, what) in [(x.is_c_contiguous(), "x"), (w.is_c_contiguous(), "w"), (out.is_c_contiguous(), "out")] {
-        if !ok {
-            return Err(errors::value(format!("linear_rows: {what} must be C-contiguous")));
-        }
+    let xs = c_slice(&x, "x")?;
+    let ws = c_slice(&w, "w")?;
+    let bs = bias.as_ref().map(|b| c_slice(b, "bias")).transpose()?;
+    if !out.is_c_contiguous() {
+        return Err(errors::value("linear_rows: out must be C-contiguous"));
     }
-    let xs = x.as_slice().map_err(|_| errors::value("linear_rows: x must be C-contiguous"))?;
-    let ws = w.as_slice().map_err(|_| errors::value("linear_rows: w must be C-contiguous"))?;
-    let bs = match &bias {
-        Some(b) => Some(b.as_slice().map_err(|_| errors::value("linear_rows: bias must be C-contiguous"))?),
-        None => None,
-    };
     let os = out.as_slice_mut().map_err(|_| errors::value("linear_rows: out must be C-contiguous"))?;
     py.detach(|| dart_linear::linear(xs, rows, k, ws, n, bs, os, threads)).map_err(|e| errors::value(e.0))
+}
+
+/// The elements of a C-contiguous array (`as_slice` alone also takes Fortran order, which the
+/// kernel would misread).
+fn c_slice<'a, D: Dimension>(a: &'a PyReadonlyArray<'_, f32, D>, what: &str) -> PyResult<&'a [f32]> {
+    let err = || errors::value(format!("linear_rows: {what} must be C-contiguous"));
+    if !a.is_c_contiguous() {
+        return Err(err());
+    }
+    a.as_slice().map_err(|_| err())
 }
 
 /// Whether this CPU runs linear_rows (AVX-512F + FMA).

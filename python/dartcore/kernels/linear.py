@@ -51,6 +51,30 @@ def _probe() -> bool:
 _AVAILABLE = _probe()
 
 
+def _linear_threads() -> int:
+    try:
+        return max(1, int(os.environ.get("DARTCORE_LINEAR_THREADS", "1")))
+    except ValueError:
+        return 1
+
+
+# Threads of the native kernel (read at import): the calling thread plus n - 1 helpers that
+# spin between calls (crates/dart-linear/src/team.rs).
+LINEAR_THREADS = _linear_threads()
+# Fewest rows taken natively: with one thread a single row stays with MKL's matrix-vector
+# product (as fast as ours there).
+_MIN_ROWS = 1 if LINEAR_THREADS > 1 else 2
+
+
+def _product(x: torch.Tensor, w: np.ndarray, b: np.ndarray | None, threads: int) -> torch.Tensor:
+    """The native call: ``x @ w.T + b`` into a new float32 tensor."""
+    from dartcore import _native
+
+    out = torch.empty(x.shape[0], w.shape[0])
+    _native.linear_rows(x.detach().contiguous().numpy(), w, b, out.numpy(), threads)
+    return out
+
+
 def native_linear_available() -> bool:
     """Whether the native kernel runs here (built, AVX-512F + FMA, not switched off)."""
     return _AVAILABLE
@@ -69,31 +93,13 @@ class NativeWeight:
         self._b = None if bias is None or self._w is None else np.ascontiguousarray(bias.detach().numpy())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """``F.linear(x, weight, bias)``, natively for 2..MAX_ROWS float32 rows (one row: MKL's
-        matrix-vector product streams the weight as fast, on torch's threads)."""
-        threads = LINEAR_THREADS
-        if (self._w is None or x.dim() != 2 or not (1 if threads > 1 else 2) <= x.shape[0] <= MAX_ROWS
-                or x.dtype != torch.float32
-                or x.device.type != "cpu"
+        """``F.linear(x, weight, bias)``, natively for float32 CPU rows in ``_MIN_ROWS ..
+        MAX_ROWS`` (see the module docs)."""
+        if (self._w is None or x.dim() != 2 or not _MIN_ROWS <= x.shape[0] <= MAX_ROWS
+                or x.dtype != torch.float32 or x.device.type != "cpu"
                 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
             return F.linear(x, self.weight, self.bias)
-        from dartcore import _native
-
-        out = torch.empty(x.shape[0], self._w.shape[0])
-        _native.linear_rows(x.detach().contiguous().numpy(), self._w, self._b, out.numpy(), threads)
-        return out
-
-
-def _linear_threads() -> int:
-    try:
-        return max(1, int(os.environ.get("DARTCORE_LINEAR_THREADS", "1")))
-    except ValueError:
-        return 1
-
-
-# Threads of the native kernel (read at import): the calling thread plus n - 1 helpers that
-# spin between calls (crates/dart-linear/src/team.rs).
-LINEAR_THREADS = _linear_threads()
+        return _product(x, self._w, self._b, LINEAR_THREADS)
 
 
 def _fits(weight: torch.Tensor) -> bool:
@@ -109,14 +115,9 @@ def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 def native_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The native kernel itself for 1..MAX_ROWS rows (no fallback): tests and benchmarks."""
-    from dartcore import _native
-
     if not (_AVAILABLE and _fits(weight)):
         raise RuntimeError("the native kernel needs AVX-512F and a contiguous float32 CPU weight")
-    out = torch.empty(x.shape[0], weight.shape[0])
-    _native.linear_rows(x.detach().contiguous().numpy(), weight.detach().numpy(),
-                        None if bias is None else bias.detach().contiguous().numpy(), out.numpy())
-    return out
+    return _product(x, weight.detach().numpy(), None if bias is None else bias.detach().contiguous().numpy(), 1)
 
 
 class _NativeLinear(torch.nn.Linear):

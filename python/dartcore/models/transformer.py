@@ -64,8 +64,8 @@ class TargetModel:
     one thread and the kernel runs here (float32, AVX-512F), off otherwise. Measured
     on the 2-vCPU dev box (SmolLM2, 4 GSM8K prompts x 64 tokens, idle): with one
     thread, MKL decodes AR / dart / dart+ctx at 18.4 / 21.7 / 23.6 tok/s and the
-    native path at 16.7 / 24.2 / 27.0 (all products native; a 5-row tree forward
-    costs 1.11x a 1-row one instead of 1.67x); with two threads MKL's two threads
+    native path at 18.5 / 26.2 / 28.9 (a 5-row tree forward costs 1.11x a 1-row
+    one instead of 1.67x); with two threads MKL's two threads
     stream the weights faster than the kernel's (31.0 / 36.9 / 39.6 tok/s against
     16.9 / 23.7 / 27.0), so two threads keep MKL. (With one torch thread and
     ``DARTCORE_LINEAR_THREADS=2`` -- the kernel on two threads that spin between calls
@@ -265,17 +265,16 @@ class _FusedLayer:
     ``TargetModel(fuse_cpu_weights=...)``. ``adopt`` moves the HF Linear weights into the
     fused storage and leaves the modules holding views of it, so both forwards share one
     copy. Row-major (``[out, in]``, groups stacked by rows) for the native small-batch kernel
-    (:func:`dartcore.kernels.linear.small_linear`; ``F.linear`` for more rows); column-major
+    (:class:`dartcore.kernels.linear.NativeWeight`; ``F.linear`` for more rows); column-major
     (``[in, out]``) where that kernel does not run (MKL's small-M fast path)."""
 
     def __init__(self, qkv, qkv_b, splits, o, o_b, gu, inter, down, down_b, act, row_major):
-        self.qkv, self.qkv_b, self.splits = qkv, qkv_b, splits
-        self.o_w, self.o_b = o, o_b
-        self.gu, self.inter, self.down, self.down_b, self.act = gu, inter, down, down_b, act
+        # One product per fused matrix, chosen once for its layout.
+        product = NativeWeight if row_major else _ColumnMajor
+        self.qkv, self.o, self.gu, self.down = (product(w, b) for w, b in
+                                                 ((qkv, qkv_b), (o, o_b), (gu, None), (down, down_b)))
+        self.splits, self.inter, self.act = splits, inter, act
         self.row_major = row_major
-        if row_major:
-            self._native = {name: NativeWeight(w, b) for name, w, b in
-                            (("qkv", qkv, qkv_b), ("o", o, o_b), ("gu", gu, None), ("down", down, down_b))}
 
     @staticmethod
     def _fuse(linears, row_major: bool):
@@ -310,20 +309,25 @@ class _FusedLayer:
         return cls(qkv, qkv_b, [p.weight.shape[0] for p in projs], o, o_b, gu,
                    mlp.gate_proj.weight.shape[0], down, down_b, mlp.act_fn, row_major)
 
-    def _mm(self, name, x, w, b):
-        if self.row_major:
-            return self._native[name](x)
-        return torch.addmm(b, x, w) if b is not None else torch.mm(x, w)
-
     def qkv_proj(self, x):
-        return self._mm("qkv", x, self.qkv, self.qkv_b).split(self.splits, dim=-1)
-
-    def o(self, x):
-        return self._mm("o", x, self.o_w, self.o_b)
+        return self.qkv(x).split(self.splits, dim=-1)
 
     def mlp(self, x):
-        gate, up = self._mm("gu", x, self.gu, None).split(self.inter, dim=-1)
-        return self._mm("down", self.act(gate) * up, self.down, self.down_b)
+        gate, up = self.gu(x).split(self.inter, dim=-1)
+        return self.down(self.act(gate) * up)
+
+
+class _ColumnMajor:
+    """``x @ w_t + b`` for a column-major (``[in, out]`` contiguous) weight: MKL's small-M
+    fast path (see ``TargetModel``)."""
+
+    __slots__ = ("w_t", "b")
+
+    def __init__(self, w_t: torch.Tensor, b: torch.Tensor | None):
+        self.w_t, self.b = w_t, b
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.addmm(self.b, x, self.w_t) if self.b is not None else torch.mm(x, self.w_t)
 
 
 def column_major_linears_(module: torch.nn.Module) -> torch.nn.Module:
