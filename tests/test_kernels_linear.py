@@ -1,6 +1,7 @@
 """The native small-batch linear kernel (dartcore.kernels.linear, crates/dart-linear) against
-float64 products, its fallbacks and bad input, the drafter's module swap, and its row
-independence: a row's result does not depend on the other rows of the product (bit for bit)."""
+float64 products, its fallbacks and bad input, the drafter's module swap, its row
+independence (a row's result does not depend on the other rows of the product, bit for bit),
+and its narrow weight formats (exactly the results of the float32 values)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_model
-from dartcore.kernels.linear import MAX_ROWS, NativeWeight, native_linear_available, native_linears_, native_rows, small_linear
+from dartcore.kernels.linear import (MAX_ROWS, NativeWeight, exact_narrow, native_linear_available, native_linears_,
+                                     native_rows, small_linear)
 
 torch.set_num_threads(1)
 
@@ -26,7 +28,7 @@ def test_small_linear_equals_a_float64_product_and_rows_are_independent(k, n):
     singles = torch.cat([native_rows(x[i:i + 1], w, b) for i in range(MAX_ROWS)])
     for rows in range(1, MAX_ROWS + 1):
         got = native_rows(x[:rows], w, b)
-        assert torch.equal(small_linear(x[:rows], w, b), got) or rows == 1  # one row: MKL
+        assert torch.equal(small_linear(x[:rows], w, b), got)
         ref = F.linear(x[:rows].double(), w.double(), b.double())
         assert got.dtype == torch.float32 and got.shape == (rows, n)
         assert torch.allclose(got.double(), ref, atol=1e-5 * (1 + ref.abs().max().item()), rtol=0)
@@ -63,6 +65,45 @@ def test_bad_shapes_are_errors_not_crashes():
         _native.linear_rows(np.zeros((MAX_ROWS + 1, 4), np.float32), w, None, np.zeros((MAX_ROWS + 1, 3), np.float32))
     with pytest.raises(ValueError, match="contiguous"):
         _native.linear_rows(np.zeros((4, 2), np.float32).T, w, None, out)
+    with pytest.raises(ValueError, match="unknown weight format"):
+        _native.linear_rows(x, w, None, out, 1, "f8")
+    with pytest.raises(ValueError, match="uint16"):
+        _native.linear_rows(x, w, None, out, 1, "f16")  # float32 data under a 16-bit format
+    with pytest.raises(ValueError, match="float32"):
+        _native.linear_rows(x, w.view(np.uint16), None, out, 1, "f32")
+
+
+def test_exact_narrow_only_takes_exactly_representable_weights():
+    g = torch.Generator().manual_seed(5)
+    half = torch.randn(40, 24, generator=g).half().float()  # an fp16 export, loaded as float32
+    brain = torch.randn(40, 24, generator=g).bfloat16().float()
+    brain[0, 0] = 2.0 ** 100  # beyond float16's range: bfloat16 only (else fp16 holds them too)
+    for w, fmt, dtype in ((half, "f16", torch.float16), (brain, "bf16", torch.bfloat16)):
+        bits, got = exact_narrow(w)
+        assert got == fmt and bits.dtype == np.uint16 and bits.shape == (40, 24)
+        assert torch.equal(torch.from_numpy(bits.view(np.int16)).view(dtype).float(), w)
+    assert exact_narrow(torch.randn(40, 24, generator=g)) is None  # full float32 precision
+    late = half.clone()
+    late[-1, -1] += 1e-4  # the probe of the first elements passes, the whole weight does not
+    assert exact_narrow(late) is None
+    assert exact_narrow(half.double()) is None
+
+
+@native
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_narrow_weights_give_the_float32_results_bit_for_bit(dtype):
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(203, 576, generator=g).to(dtype).float()
+    if dtype == torch.bfloat16:
+        w[7, 3] = 2.0 ** 100  # beyond float16's range (randn's bf16 values are fp16-exact too)
+    b = torch.randn(203, generator=g)
+    wide, narrow = NativeWeight(w, b), NativeWeight(w, b, narrow=True)
+    assert (wide.format, narrow.format) == ("f32", "f16" if dtype == torch.float16 else "bf16")
+    for rows in (1, 2, 5, MAX_ROWS):
+        x = torch.randn(rows, 576, generator=g)
+        assert torch.equal(narrow(x), wide(x))
+    x = torch.randn(MAX_ROWS + 1, 576, generator=g)  # past MAX_ROWS: F.linear on the float32 weight
+    assert torch.equal(narrow(x), F.linear(x, w, b))
 
 
 @native
@@ -86,6 +127,15 @@ def test_native_linears_keep_parameters_and_outputs():
     with torch.no_grad():
         drafter.fc.weight.data = torch.zeros_like(drafter.fc.weight)
         assert torch.equal(drafter.fc(x), torch.zeros(3, drafter.fc.out_features))
+    # narrow copies (fp16-exact weights) follow in-place changes of the parameter
+    native_linears_(drafter, narrow=True)
+    with torch.no_grad():
+        drafter.fc.weight.copy_(torch.randn_like(drafter.fc.weight).half().float())
+        first = drafter.fc(x)
+        assert drafter.fc.__dict__["_native_weight"][0].format == "f16"
+        assert torch.equal(first, NativeWeight(drafter.fc.weight, drafter.fc.bias)(x))
+        drafter.fc.weight.mul_(2)
+        assert torch.equal(drafter.fc(x), NativeWeight(drafter.fc.weight, drafter.fc.bias)(x))
     assert NativeWeight(torch.randn(4, 4).t())(torch.randn(1, 4)).shape == (1, 4)  # non-contiguous: F.linear
 
 

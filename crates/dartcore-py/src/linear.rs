@@ -8,31 +8,50 @@ use pyo3::prelude::*;
 
 use crate::errors;
 
-/// linear_rows(x float32[m, k], w float32[n, k], bias float32[n] | None, out float32[m, n],
-/// threads=1): out = x @ w.T + bias, m <= 16, every array C-contiguous; on the calling thread,
-/// or with `threads > 1` on it and the spinning helpers of dart-linear's team.
+/// linear_rows(x float32[m, k], w [n, k], bias float32[n] | None, out float32[m, n],
+/// threads=1, format="f32"): out = x @ w.T + bias, m <= 16, every array C-contiguous. `w` is
+/// float32 for format "f32", or uint16 bit patterns for "f16" (IEEE half) and "bf16" (each
+/// converted to f32 exactly). On the calling thread, or with `threads > 1` on it and the
+/// spinning helpers of dart-linear's team.
 #[pyfunction]
-#[pyo3(signature = (x, w, bias, out, threads = 1))]
+#[pyo3(signature = (x, w, bias, out, threads = 1, format = "f32"))]
+#[allow(clippy::too_many_arguments)]
 fn linear_rows(
     py: Python<'_>,
     x: PyReadonlyArray2<'_, f32>,
-    w: PyReadonlyArray2<'_, f32>,
+    w: &Bound<'_, PyAny>,
     bias: Option<PyReadonlyArray1<'_, f32>>,
     mut out: PyReadwriteArray2<'_, f32>,
     threads: usize,
+    format: &str,
 ) -> PyResult<()> {
+    let (w32, w16) = match format {
+        "f32" => (Some(w.extract::<PyReadonlyArray2<'_, f32>>().map_err(|_| wrong_w(format))?), None),
+        "f16" | "bf16" => (None, Some(w.extract::<PyReadonlyArray2<'_, u16>>().map_err(|_| wrong_w(format))?)),
+        _ => return Err(errors::value(format!("linear_rows: unknown weight format {format:?} (f32, f16, bf16)"))),
+    };
+    let w_shape = match (&w32, &w16) {
+        (Some(a), _) => a.shape().to_vec(),
+        (_, Some(a)) => a.shape().to_vec(),
+        _ => unreachable!("one of the two weights was extracted"),
+    };
     let (rows, k) = (x.shape()[0], x.shape()[1]);
-    let n = w.shape()[0];
-    if w.shape()[1] != k || out.shape() != [rows, n] {
+    let n = w_shape[0];
+    if w_shape[1] != k || out.shape() != [rows, n] {
         return Err(errors::value(format!(
             "linear_rows: x {:?}, w {:?}, out {:?} do not fit out = x @ w.T",
             x.shape(),
-            w.shape(),
+            w_shape,
             out.shape()
         )));
     }
     let xs = c_slice(&x, "x")?;
-    let ws = c_slice(&w, "w")?;
+    let ws = match (&w32, &w16, format) {
+        (Some(a), _, _) => dart_linear::Weights::F32(c_slice(a, "w")?),
+        (_, Some(a), "f16") => dart_linear::Weights::F16(c_slice(a, "w")?),
+        (_, Some(a), _) => dart_linear::Weights::Bf16(c_slice(a, "w")?),
+        _ => unreachable!("one of the two weights was extracted"),
+    };
     let bs = bias.as_ref().map(|b| c_slice(b, "bias")).transpose()?;
     if !out.is_c_contiguous() {
         return Err(errors::value("linear_rows: out must be C-contiguous"));
@@ -41,9 +60,14 @@ fn linear_rows(
     py.detach(|| dart_linear::linear(xs, rows, k, ws, n, bs, os, threads)).map_err(|e| errors::value(e.0))
 }
 
+fn wrong_w(format: &str) -> PyErr {
+    let dtype = if format == "f32" { "float32" } else { "uint16 (bit patterns)" };
+    errors::value(format!("linear_rows: w must be a 2-D {dtype} array for format {format:?}"))
+}
+
 /// The elements of a C-contiguous array (`as_slice` alone also takes Fortran order, which the
 /// kernel would misread).
-fn c_slice<'a, D: Dimension>(a: &'a PyReadonlyArray<'_, f32, D>, what: &str) -> PyResult<&'a [f32]> {
+fn c_slice<'a, T: numpy::Element, D: Dimension>(a: &'a PyReadonlyArray<'_, T, D>, what: &str) -> PyResult<&'a [T]> {
     let err = || errors::value(format!("linear_rows: {what} must be C-contiguous"));
     if !a.is_c_contiguous() {
         return Err(err());

@@ -4,15 +4,17 @@
 a tree verification forwards (up to :data:`MAX_ROWS`): the weight (``[out, in]``, the
 ``nn.Linear`` layout) is streamed once and every row uses each weight from a register, so a
 tree of 5 rows costs little more than a plain step of 1 (MKL's small-M GEMM: ~1.5x on one
-thread). Each output row is computed by the same instructions whatever the other rows (bit
-for bit, see crates/dart-linear). :class:`dartcore.models.transformer.TargetModel` says when
-the decoder uses it.
+thread), and one row is a little faster than MKL's matrix-vector product (SmolLM2's 30
+layers on one thread: 31.5 against 33.2 ms; 5 rows 35.7 ms). Each output row is computed by
+the same instructions whatever the other rows (bit for bit, see crates/dart-linear).
+:class:`dartcore.models.transformer.TargetModel` says when the decoder uses it. Weights
+exactly representable in float16 / bfloat16 can stream in that format (``narrow``, same
+results).
 
 Threads: ``DARTCORE_LINEAR_THREADS`` (read at import, default 1) -- the calling thread plus
 helpers that spin between calls (a forward makes ~120 of them; waking a parked thread per
-call cost more than the second thread gained). With 1, one row stays with MKL's
-matrix-vector product (as fast as ours on one thread); with more, every row count from 1
-runs natively. Measured on the 2-vCPU dev box (4 GSM8K prompts, AR / dart / dart+ctx tok/s):
+call cost more than the second thread gained). Measured on the 2-vCPU dev box (4 GSM8K
+prompts, AR / dart / dart+ctx tok/s, before the kernel's L1 prefetch and transposed reduction):
 torch 2 threads + MKL 26.8-27.4 / 33.0-33.3 / 36.6-38.7; ``torch.set_num_threads(1)`` and
 ``DARTCORE_LINEAR_THREADS=2`` 24.7-24.8 / 35.2-36.2 / 38.1-38.9 (DART faster, plain AR
 slower: torch's other ops then run on one thread). Keep torch at one thread when the helpers
@@ -32,7 +34,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["LINEAR_THREADS", "MAX_ROWS", "NativeWeight", "native_linear_available", "native_linears_", "small_linear"]
+__all__ = ["LINEAR_THREADS", "MAX_ROWS", "NativeWeight", "exact_narrow", "native_linear_available", "native_linears_",
+           "small_linear"]
 
 MAX_ROWS = 16  # crates/dart-linear's MAX_ROWS
 
@@ -61,18 +64,40 @@ def _linear_threads() -> int:
 # Threads of the native kernel (read at import): the calling thread plus n - 1 helpers that
 # spin between calls (crates/dart-linear/src/team.rs).
 LINEAR_THREADS = _linear_threads()
-# Fewest rows taken natively: with one thread a single row stays with MKL's matrix-vector
-# product (as fast as ours there).
-_MIN_ROWS = 1 if LINEAR_THREADS > 1 else 2
 
 
-def _product(x: torch.Tensor, w: np.ndarray, b: np.ndarray | None, threads: int) -> torch.Tensor:
-    """The native call: ``x @ w.T + b`` into a new float32 tensor."""
+def _product(x: torch.Tensor, w: np.ndarray, b: np.ndarray | None, threads: int, fmt: str = "f32") -> torch.Tensor:
+    """The native call: ``x @ w.T + b`` into a new float32 tensor (``w`` float32, or uint16
+    bit patterns of format ``fmt``)."""
     from dartcore import _native
 
     out = torch.empty(x.shape[0], w.shape[0])
-    _native.linear_rows(x.detach().contiguous().numpy(), w, b, out.numpy(), threads)
+    _native.linear_rows(x.detach().contiguous().numpy(), w, b, out.numpy(), threads, fmt)
     return out
+
+
+# Elements checked before a whole weight is converted (most weights fail within them).
+_NARROW_PROBE = 4096
+
+
+def exact_narrow(weight: torch.Tensor) -> tuple[np.ndarray, str] | None:
+    """``weight`` (float32) as float16 or bfloat16 bit patterns (uint16) with its format name,
+    when every element converts back to exactly its float32 value; else None. The kernel
+    converts them back exactly, so the products are bit for bit those of the float32 weight
+    while half the bytes stream: the DART drafter ships fp16 weights; a bf16-trained model's
+    embedding (tied LM head) is bf16-exact."""
+    w = weight.detach()
+    if w.dtype != torch.float32:
+        return None
+    flat = w.reshape(-1)
+    for dtype, fmt in ((torch.float16, "f16"), (torch.bfloat16, "bf16")):
+        probe = flat[:_NARROW_PROBE]
+        if not torch.equal(probe.to(dtype).float(), probe):
+            continue
+        narrow = w.to(dtype)
+        if torch.equal(narrow.float(), w):
+            return narrow.contiguous().view(torch.int16).numpy().view(np.uint16), fmt
+    return None
 
 
 def native_linear_available() -> bool:
@@ -82,24 +107,30 @@ def native_linear_available() -> bool:
 
 class NativeWeight:
     """A float32 CPU weight ``[out, in]`` (contiguous) and bias, with the numpy views the
-    kernel reads made once (a view per call costs about as much as a small product)."""
+    kernel reads made once (a view per call costs about as much as a small product).
 
-    __slots__ = ("weight", "bias", "ptr", "_w", "_b")
+    ``narrow=True``: where the weight is exactly representable in float16 or bfloat16
+    (:func:`exact_narrow`), the kernel reads a copy in that format -- bit for bit the same
+    products, half the bytes streamed (the float32 weight stays for everything else)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    __slots__ = ("weight", "bias", "ptr", "format", "_w", "_b")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, narrow: bool = False):
         self.weight, self.bias = weight, bias
         self.ptr = weight.data_ptr()  # the storage the views were made of
-        self._w = weight.detach().numpy() if _AVAILABLE and _fits(weight) else None
+        usable = _AVAILABLE and _fits(weight)
+        packed = exact_narrow(weight) if usable and narrow else None
+        self._w, self.format = packed if packed is not None else (weight.detach().numpy() if usable else None, "f32")
         self._b = None if bias is None or self._w is None else np.ascontiguousarray(bias.detach().numpy())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """``F.linear(x, weight, bias)``, natively for float32 CPU rows in ``_MIN_ROWS ..
-        MAX_ROWS`` (see the module docs)."""
-        if (self._w is None or x.dim() != 2 or not _MIN_ROWS <= x.shape[0] <= MAX_ROWS
+        """``F.linear(x, weight, bias)``, natively for 1..MAX_ROWS float32 CPU rows (see the
+        module docs)."""
+        if (self._w is None or x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS
                 or x.dtype != torch.float32 or x.device.type != "cpu"
                 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
             return F.linear(x, self.weight, self.bias)
-        return _product(x, self._w, self._b, LINEAR_THREADS)
+        return _product(x, self._w, self._b, LINEAR_THREADS, self.format)
 
 
 def _fits(weight: torch.Tensor) -> bool:
@@ -122,23 +153,30 @@ def native_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 class _NativeLinear(torch.nn.Linear):
     """An ``nn.Linear`` whose inference forward of a few rows runs natively (see
-    :func:`native_linears_`); same parameters, same state dict."""
+    :func:`native_linears_`); same parameters, same state dict. The kernel's copy of the
+    weight is made on first use and remade when the parameter is replaced or changed in
+    place (its version counter)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        native = self.__dict__.get("_native_weight")
-        if native is None or native.weight is not self.weight or native.ptr != self.weight.data_ptr():
-            native = self.__dict__["_native_weight"] = NativeWeight(self.weight, self.bias)
+        native, version = self.__dict__.get("_native_weight", (None, -1))
+        w = self.weight
+        if native is None or native.weight is not w or native.ptr != w.data_ptr() or version != w._version:
+            native = NativeWeight(w, self.bias, narrow=self.__dict__.get("_narrow", False))
+            self.__dict__["_native_weight"] = (native, w._version)
         return native(x) if x.dim() == 2 else F.linear(x, self.weight, self.bias)
 
 
-def native_linears_(module: torch.nn.Module) -> torch.nn.Module:
+def native_linears_(module: torch.nn.Module, *, narrow: bool = False) -> torch.nn.Module:
     """Run the float32 CPU ``nn.Linear`` layers of ``module`` (in place) through the native
     kernel for 2-D inputs of at most :data:`MAX_ROWS` rows; other inputs, autograd and other
     devices / dtypes take ``F.linear`` as before. The DART drafter forwards a handful of rows
-    per draft. A no-op where the kernel does not run."""
+    per draft. ``narrow``: weights exactly representable in float16 / bfloat16 stream in that
+    format (see :class:`NativeWeight`; same results). A no-op where the kernel does not run."""
     if not _AVAILABLE:
         return module
     for m in module.modules():
-        if type(m) is torch.nn.Linear and _fits(m.weight):
+        if type(m) in (torch.nn.Linear, _NativeLinear) and _fits(m.weight):
             m.__class__ = _NativeLinear
+            m.__dict__["_narrow"] = narrow
+            m.__dict__.pop("_native_weight", None)
     return module
