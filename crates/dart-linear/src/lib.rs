@@ -28,6 +28,7 @@
 //!
 //! The kernel needs AVX-512F ([`available`]); elsewhere callers use their framework's GEMM.
 
+pub mod ops;
 mod team;
 
 pub use team::Team;
@@ -227,7 +228,7 @@ fn run_part(x: &[f32], rows: usize, k: usize, w: Weights<'_>, n: usize, bias: Op
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(crate) mod avx512 {
     use std::arch::x86_64::*;
 
     /// Weight formats (the kernel's const parameter), see [`super::Weights`].
@@ -277,7 +278,7 @@ mod avx512 {
     /// (the reduction was a third of the work of a 5-row product out of cache).
     #[inline]
     #[target_feature(enable = "avx512f")]
-    fn reduce16(v: &[__m512; 16]) -> __m512 {
+    pub(crate) fn reduce16(v: &[__m512; 16]) -> __m512 {
         let s: [__m512; 8] = std::array::from_fn(|i| fold8(v[2 * i], v[2 * i + 1]));
         let t: [__m512; 4] = std::array::from_fn(|i| fold4(s[2 * i], s[2 * i + 1]));
         let f = fold1(fold2(t[0], t[1]), fold2(t[2], t[3]));

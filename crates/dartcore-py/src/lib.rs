@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 mod errors;
 mod index;
 mod linear;
+mod ops;
 mod tree;
 
 #[pymodule]
@@ -14,5 +15,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     index::register(m)?;
     tree::register(m)?;
     linear::register(m)?;
+    ops::register(m)?;
     Ok(())
 }

@@ -121,6 +121,8 @@ class TargetModel:
             self._fused = [_FusedLayer.adopt(layer, row_major=rows) for layer in self.layers]
         self._head = (NativeWeight(self.lm_head.weight, self.lm_head.bias)
                       if self._fused is not None and self._fused[0].row_major else None)
+        # With the native products, the rest of each layer runs natively too (NativeLayerOps).
+        self._ops = NativeLayerOps.adopt(self) if self._head is not None else None
 
     @property
     def native_linear(self) -> bool:
@@ -187,14 +189,17 @@ class TargetModel:
                 raise ValueError(f"tap index {t} out of range for a {self.num_layers}-layer model")
         captured: dict[int, torch.Tensor] = {}
 
-        h = self.embed(tokens)  # [n, H]
-        for i, layer in enumerate(self.layers):
-            if i in tap_set:
-                captured[i] = h
-            h = h + self._attention(layer.self_attn, i, layer.input_layernorm(h), cos, sin,
-                                    cache, block_mask)
-            h = h + self._mlp(i, layer.mlp, layer.post_attention_layernorm(h))
-        h = self.norm(h)
+        if self._ops is not None and n <= MAX_ROWS:
+            h = self._ops.layers(self, cache, tokens, cos, sin, block_mask, tap_set, captured)
+        else:
+            h = self.embed(tokens)  # [n, H]
+            for i, layer in enumerate(self.layers):
+                if i in tap_set:
+                    captured[i] = h
+                h = h + self._attention(layer.self_attn, i, layer.input_layernorm(h), cos, sin,
+                                        cache, block_mask)
+                h = h + self._mlp(i, layer.mlp, layer.post_attention_layernorm(h))
+            h = self.norm(h)
         if self.num_layers in tap_set:
             captured[self.num_layers] = h
         rows = h if logits_rows is None else h[logits_rows]
@@ -315,6 +320,82 @@ class _FusedLayer:
     def mlp(self, x):
         gate, up = self.gu(x).split(self.inter, dim=-1)
         return self.down(self.act(gate) * up)
+
+
+class NativeLayerOps:
+    """The native path's layers for a block of at most MAX_ROWS rows: per layer the residual
+    add + RMSNorm and the block attention (q/k norm, RoPE, cache write, attention under the
+    block mask) each in one native call (``dart_linear::ops``), between the native products --
+    instead of ~60 small torch ops a layer, whose dispatch cost ~17 ms of a 49 ms SmolLM2 step
+    on one core of the dev box. Same arithmetic as the torch path up to float32 rounding of
+    the reductions (tests/test_models_transformer.py compares both with the Hugging Face
+    forward). ``adopt`` returns None where a layer's norms are not the plain RMSNorm it
+    implements (then the torch path runs)."""
+
+    def __init__(self, inputs, posts, final, eps, qk_norms):
+        self.inputs, self.posts, self.final, self.eps, self.qk_norms = inputs, posts, final, eps, qk_norms
+
+    @classmethod
+    def adopt(cls, model: "TargetModel") -> "NativeLayerOps | None":
+        try:
+            from dartcore import _native
+
+            _native.block_attention  # noqa: B018 -- an older build lacks the ops
+        except (ImportError, AttributeError):
+            return None
+        norms = [m for layer in model.layers for m in (layer.input_layernorm, layer.post_attention_layernorm)]
+        norms.append(model.norm)
+        if model.qk_norm:
+            norms += [m for layer in model.layers for m in (layer.self_attn.q_norm, layer.self_attn.k_norm)]
+        if not all(_plain_rms_norm(m) for m in norms) or len({float(m.variance_epsilon) for m in norms}) != 1:
+            return None
+
+        def view(m):
+            return m.weight.detach().numpy()
+
+        qk = ([(view(layer.self_attn.q_norm), view(layer.self_attn.k_norm)) for layer in model.layers]
+              if model.qk_norm else [(None, None)] * model.num_layers)
+        return cls([view(layer.input_layernorm) for layer in model.layers],
+                   [view(layer.post_attention_layernorm) for layer in model.layers],
+                   view(model.norm), float(model.norm.variance_epsilon), qk)
+
+    def layers(self, model: "TargetModel", cache: KVCache, tokens, cos, sin, block_mask, tap_set, captured):
+        """Embedding -> every layer -> final norm for n <= MAX_ROWS rows; the final normed
+        states ``[n, H]``, taps in ``captured``."""
+        from dartcore import _native
+
+        n = tokens.shape[0]
+        h = model.embed(tokens).contiguous()
+        hn = h.numpy()
+        x = torch.empty_like(h)
+        xn = x.numpy()
+        att = torch.empty(n, model.num_heads * model.head_dim)
+        an = att.numpy()
+        cn, sn = cos.contiguous().numpy(), sin.contiguous().numpy()
+        mask = None if block_mask is None else block_mask.contiguous().numpy()
+        kc, vc = cache.k.numpy(), cache.v.numpy()
+        eps, delta = self.eps, None
+        for i, fused in enumerate(model._fused):
+            _native.add_rms_norm(hn, delta, self.inputs[i], eps, xn)
+            if i in tap_set:
+                captured[i] = h.clone()
+            qn, kn = self.qk_norms[i]
+            _native.block_attention(fused.qkv(x).numpy(), model.num_heads, model.num_kv_heads, cn, sn, kc[i], vc[i],
+                                    cache.length, mask, model.scale, an, qn, kn, eps)
+            _native.add_rms_norm(hn, fused.o(att).numpy(), self.posts[i], eps, xn)
+            delta = fused.mlp(x).numpy()
+        out = torch.empty_like(h)
+        _native.add_rms_norm(hn, delta, self.final, eps, out.numpy())
+        return out
+
+
+def _plain_rms_norm(module) -> bool:
+    """Whether ``module`` is a Hugging Face Llama-style RMSNorm (x · rsqrt(mean(x²) + eps) ·
+    weight, float32 CPU weight), the one the native ops implement."""
+    w = getattr(module, "weight", None)
+    return (type(module).__name__ in ("LlamaRMSNorm", "Qwen3RMSNorm", "Qwen2RMSNorm", "MistralRMSNorm")
+            and hasattr(module, "variance_epsilon") and w is not None and w.dtype == torch.float32
+            and w.device.type == "cpu" and w.dim() == 1 and w.is_contiguous())
 
 
 class _ColumnMajor:

@@ -1,0 +1,616 @@
+//! The rest of a decoder layer for a few new rows, so that a decoding forward is a handful of
+//! native calls per layer instead of ~60 small framework ops (each a few microseconds of
+//! dispatch: ~17 ms of a 49 ms SmolLM2 step on one core of the dev box went there).
+//!
+//! * [`add_rms_norm`]: the residual add and the next RMSNorm (Llama / Qwen3 `RMSNorm`).
+//! * [`block_attention`]: q/k RMSNorm (Qwen3), RoPE, the block's keys and values written to
+//!   the layer's cache, and attention of the block over the cached prefix and itself under a
+//!   block mask (a tree's ancestor mask, or causal), with grouped-query heads.
+//!
+//! Same arithmetic as the PyTorch forward where it is elementwise (RoPE: `x·cos + rot(x)·sin`
+//! with separate roundings, the residual add); reductions (sums of squares, dot products,
+//! softmax sums) in a fixed order of their own, so results agree with the framework's to
+//! float32 rounding, and do not depend on the other rows of the block.
+
+use crate::ShapeError;
+
+fn shape_error<T>(msg: String) -> Result<T, ShapeError> {
+    Err(ShapeError(msg))
+}
+
+/// Sum of `a[i] * b[i]` in sixteen interleaved partial sums (vectorisable, fixed order).
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let (ac, at) = a.as_chunks::<16>();
+    let (bc, bt) = b.as_chunks::<16>();
+    for (x, y) in ac.iter().zip(bc) {
+        for l in 0..16 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    for (l, (x, y)) in at.iter().zip(bt).enumerate() {
+        acc[l] += x * y;
+    }
+    fold16(acc)
+}
+
+/// The sixteen partial sums added pairwise: (i, i + 8), (i, i + 4), (i, i + 2), (i, i + 1).
+#[inline(always)]
+fn fold16(mut acc: [f32; 16]) -> f32 {
+    let mut w = 8;
+    while w > 0 {
+        for l in 0..w {
+            acc[l] += acc[l + w];
+        }
+        w /= 2;
+    }
+    acc[0]
+}
+
+/// `out = x · rsqrt(mean(x²) + eps) · weight` for one row (HF `LlamaRMSNorm` in float32).
+#[inline(always)]
+fn rms_norm_row(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let inv = 1.0 / (dot(x, x) / x.len() as f32 + eps).sqrt();
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(weight) {
+        *o = g * (v * inv);
+    }
+}
+
+/// For each row of `h` (`[rows, H]`, `H = weight.len()`): `h += delta` (when given), then
+/// `out = RMSNorm(h) · weight`.
+pub fn add_rms_norm(h: &mut [f32], delta: Option<&[f32]>, weight: &[f32], eps: f32, out: &mut [f32]) -> Result<(), ShapeError> {
+    let width = weight.len();
+    if width == 0 || !h.len().is_multiple_of(width) || out.len() != h.len() || delta.is_some_and(|d| d.len() != h.len()) {
+        return shape_error(format!(
+            "add_rms_norm: h {} / delta {:?} / out {} elements do not fit rows of width {width}",
+            h.len(),
+            delta.map(<[f32]>::len),
+            out.len()
+        ));
+    }
+    for (r, (row, o)) in h.chunks_exact_mut(width).zip(out.chunks_exact_mut(width)).enumerate() {
+        if let Some(d) = delta {
+            for (x, &y) in row.iter_mut().zip(&d[r * width..(r + 1) * width]) {
+                *x += y;
+            }
+        }
+        rms_norm_row(row, weight, eps, o);
+    }
+    Ok(())
+}
+
+/// Head layout of a layer: `heads` query heads sharing `kv_heads` key/value heads (GQA),
+/// `head_dim` each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Heads {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// A layer's attention for a block of `n` new rows after `prefix` cached ones.
+///
+/// * `qkv` `[n, (heads + 2 kv_heads) · head_dim]`: each row's projections, q | k | v.
+/// * `qk_norm`: per-head RMSNorm weights `[head_dim]` of q and k and their eps (Qwen3).
+/// * `cos`, `sin` `[n, head_dim]`: RoPE of each row's position (rotate-half convention).
+/// * `k_cache`, `v_cache` `[kv_heads, capacity, head_dim]`: the layer's cache; slots
+///   `prefix..prefix + n` receive the block's roped keys and its values.
+/// * `mask` `[n, n]`: row i sees new key j where nonzero (the prefix is always visible);
+///   None: causal.
+/// * `out` `[n, heads · head_dim]`: softmax(q kᵀ · scale) v per head.
+#[allow(clippy::too_many_arguments)]
+pub fn block_attention(
+    qkv: &[f32],
+    n: usize,
+    heads: Heads,
+    qk_norm: Option<(&[f32], &[f32], f32)>,
+    cos: &[f32],
+    sin: &[f32],
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+    prefix: usize,
+    mask: Option<&[u8]>,
+    scale: f32,
+    out: &mut [f32],
+) -> Result<(), ShapeError> {
+    let Heads { heads: nh, kv_heads: nkv, head_dim: d } = heads;
+    if n == 0 || nh == 0 || nkv == 0 || d == 0 || d % 2 != 0 || !nh.is_multiple_of(nkv) {
+        return shape_error(format!("block_attention: bad layout: {n} rows, {heads:?} (heads a multiple of kv_heads, head_dim even)"));
+    }
+    let width = (nh + 2 * nkv) * d;
+    let capacity = k_cache.len() / (nkv * d);
+    let wants = [
+        ("qkv", qkv.len(), n * width),
+        ("cos", cos.len(), n * d),
+        ("sin", sin.len(), n * d),
+        ("k_cache", k_cache.len(), nkv * capacity * d),
+        ("v_cache", v_cache.len(), nkv * capacity * d),
+        ("out", out.len(), n * nh * d),
+    ];
+    for (what, got, want) in wants {
+        if got != want {
+            return shape_error(format!("block_attention: {what} has {got} elements, expected {want}"));
+        }
+    }
+    if let Some(m) = mask {
+        if m.len() != n * n {
+            return shape_error(format!("block_attention: mask has {} elements, expected {n} x {n}", m.len()));
+        }
+    }
+    if let Some((qw, kw, _)) = qk_norm {
+        if qw.len() != d || kw.len() != d {
+            return shape_error(format!("block_attention: q/k norm weights need {d} elements"));
+        }
+    }
+    if prefix + n > capacity {
+        return shape_error(format!("block_attention: {n} rows after {prefix} cached exceed the cache's {capacity} slots"));
+    }
+    let call = Call { qkv, n, heads, qk_norm, cos, sin, capacity, prefix, mask, scale };
+    #[cfg(target_arch = "x86_64")]
+    if crate::available() && (d == 64 || d == 128) {
+        // SAFETY: the CPU has AVX-512F and FMA (checked just above).
+        unsafe {
+            match d {
+                64 => fast::attend::<4>(&call, k_cache, v_cache, out),
+                _ => fast::attend::<8>(&call, k_cache, v_cache, out),
+            }
+        }
+        return Ok(());
+    }
+    attend(&call, k_cache, v_cache, out);
+    Ok(())
+}
+
+/// The checked arguments of [`block_attention`] (besides the buffers it writes).
+struct Call<'a> {
+    qkv: &'a [f32],
+    n: usize,
+    heads: Heads,
+    qk_norm: Option<(&'a [f32], &'a [f32], f32)>,
+    cos: &'a [f32],
+    sin: &'a [f32],
+    capacity: usize,
+    prefix: usize,
+    mask: Option<&'a [u8]>,
+    scale: f32,
+}
+
+/// The block's queries `[n, heads, head_dim]`, normed (Qwen3) and roped; its keys (normed,
+/// roped) and values written to cache slots `prefix..prefix + n`.
+#[inline(always)]
+fn prepare(call: &Call<'_>, k_cache: &mut [f32], v_cache: &mut [f32]) -> Vec<f32> {
+    let Call { qkv, n, heads, qk_norm, cos, sin, capacity, prefix, .. } = *call;
+    let Heads { heads: nh, kv_heads: nkv, head_dim: d } = heads;
+    let width = (nh + 2 * nkv) * d;
+    let mut q = vec![0f32; n * nh * d];
+    let mut tmp = vec![0f32; d];
+    for i in 0..n {
+        let row = &qkv[i * width..(i + 1) * width];
+        let (c, s) = (&cos[i * d..(i + 1) * d], &sin[i * d..(i + 1) * d]);
+        for h in 0..nh {
+            let src = &row[h * d..(h + 1) * d];
+            let x: &[f32] = match qk_norm {
+                Some((qw, _, eps)) => {
+                    rms_norm_row(src, qw, eps, &mut tmp);
+                    &tmp
+                }
+                None => src,
+            };
+            rope(x, c, s, &mut q[(i * nh + h) * d..(i * nh + h + 1) * d]);
+        }
+        for g in 0..nkv {
+            let slot = (g * capacity + prefix + i) * d;
+            let src = &row[(nh + g) * d..(nh + g + 1) * d];
+            let x: &[f32] = match qk_norm {
+                Some((_, kw, eps)) => {
+                    rms_norm_row(src, kw, eps, &mut tmp);
+                    &tmp
+                }
+                None => src,
+            };
+            rope(x, c, s, &mut k_cache[slot..slot + d]);
+            v_cache[slot..slot + d].copy_from_slice(&row[(nh + nkv + g) * d..(nh + nkv + g + 1) * d]);
+        }
+    }
+    q
+}
+
+/// Whether row i of the block sees the block's key jj.
+#[inline(always)]
+fn sees(mask: Option<&[u8]>, n: usize, i: usize, jj: usize) -> bool {
+    match mask {
+        Some(m) => m[i * n + jj] != 0,
+        None => jj <= i,
+    }
+}
+
+/// The portable attention (any head size): plain loops in a fixed order.
+fn attend(call: &Call<'_>, k_cache: &mut [f32], v_cache: &mut [f32], out: &mut [f32]) {
+    let q = prepare(call, k_cache, v_cache);
+    let Call { n, heads, capacity, prefix, mask, scale, .. } = *call;
+    let Heads { heads: nh, kv_heads: nkv, head_dim: d } = heads;
+    let total = prefix + n;
+
+    // Attention per kv head over the group's query rows (head-major: row = hg * n + i).
+    let group = nh / nkv;
+    let rows = group * n;
+    let mut scores = vec![0f32; rows * total];
+    let mut acc = vec![0f32; rows * d];
+    for g in 0..nkv {
+        let keys = &k_cache[g * capacity * d..(g * capacity + total) * d];
+        let values = &v_cache[g * capacity * d..(g * capacity + total) * d];
+        for (j, key) in keys.chunks_exact(d).enumerate() {
+            for hg in 0..group {
+                let h = g * group + hg;
+                for i in 0..n {
+                    scores[(hg * n + i) * total + j] = dot(&q[(i * nh + h) * d..(i * nh + h + 1) * d], key) * scale;
+                }
+            }
+        }
+        for r in 0..rows {
+            softmax(&mut scores[r * total..(r + 1) * total], prefix, |jj| sees(mask, n, r % n, jj));
+        }
+        acc.iter_mut().for_each(|a| *a = 0.0);
+        for (j, value) in values.chunks_exact(d).enumerate() {
+            for r in 0..rows {
+                let p = scores[r * total + j]; // 0 for a hidden key: adds exactly nothing
+                for (a, &v) in acc[r * d..(r + 1) * d].iter_mut().zip(value) {
+                    *a += p * v;
+                }
+            }
+        }
+        for hg in 0..group {
+            let h = g * group + hg;
+            for i in 0..n {
+                let r = hg * n + i;
+                out[(i * nh + h) * d..(i * nh + h + 1) * d].copy_from_slice(&acc[r * d..(r + 1) * d]);
+            }
+        }
+    }
+}
+
+/// The attention with AVX-512 for head sizes of 16 · DV: per kv head, the scores of 16 keys
+/// against one query row in 16 accumulators reduced together, a vectorised exp, and P·V
+/// with the row's output in DV registers. Fused multiply-adds: not bit-identical to
+/// [`attend`], both within float32 rounding of the exact result.
+#[cfg(target_arch = "x86_64")]
+mod fast {
+    use super::{prepare, sees, Call, Heads};
+    use crate::avx512::reduce16;
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// AVX-512F and FMA available; `call` checked by [`super::block_attention`], head size 16 · DV.
+    #[target_feature(enable = "avx512f,fma")]
+    pub(super) unsafe fn attend<const DV: usize>(call: &Call<'_>, k_cache: &mut [f32], v_cache: &mut [f32], out: &mut [f32]) {
+        let q = prepare(call, k_cache, v_cache);
+        let Call { n, heads, capacity, prefix, mask, scale, .. } = *call;
+        let Heads { heads: nh, kv_heads: nkv, head_dim: d } = heads;
+        debug_assert_eq!(d, 16 * DV);
+        let total = prefix + n;
+        let group = nh / nkv;
+        let rows = group * n;
+        let stride = total.div_ceil(16) * 16; // a score row, padded to whole vectors
+        let mut scores = vec![0f32; rows * stride];
+        let load = |s: &[f32], at: usize| -> __m512 {
+            debug_assert!(at + 16 <= s.len());
+            // SAFETY: 16 floats at `at` (callers stay inside the slices they index).
+            unsafe { _mm512_loadu_ps(s.as_ptr().add(at)) }
+        };
+        for g in 0..nkv {
+            let keys = &k_cache[g * capacity * d..(g * capacity + total) * d];
+            let values = &v_cache[g * capacity * d..(g * capacity + total) * d];
+            // scores = q kᵀ · scale, sixteen keys at a time
+            for j0 in (0..total).step_by(16) {
+                let m = (total - j0).min(16);
+                for r in 0..rows {
+                    let (hg, i) = (r / n, r % n);
+                    let qo = (i * nh + g * group + hg) * d;
+                    let qv: [__m512; DV] = std::array::from_fn(|t| load(&q, qo + 16 * t));
+                    let mut acc = [_mm512_setzero_ps(); 16];
+                    for (jj, a) in acc.iter_mut().enumerate().take(m) {
+                        let ko = (j0 + jj) * d;
+                        for (t, &qt) in qv.iter().enumerate() {
+                            *a = _mm512_fmadd_ps(qt, load(keys, ko + 16 * t), *a);
+                        }
+                    }
+                    let s = _mm512_mul_ps(reduce16(&acc), _mm512_set1_ps(scale));
+                    // SAFETY: 16 floats inside the padded score row.
+                    unsafe { _mm512_storeu_ps(scores.as_mut_ptr().add(r * stride + j0), s) };
+                }
+            }
+            for r in 0..rows {
+                softmax(&mut scores[r * stride..r * stride + stride], total, prefix, |jj| sees(mask, n, r % n, jj));
+            }
+            // out = P V, one query row at a time
+            for r in 0..rows {
+                let (hg, i) = (r / n, r % n);
+                let p = &scores[r * stride..r * stride + total];
+                let mut acc = [_mm512_setzero_ps(); DV];
+                for (j, &pj) in p.iter().enumerate() {
+                    let pv = _mm512_set1_ps(pj);
+                    for (t, a) in acc.iter_mut().enumerate() {
+                        *a = _mm512_fmadd_ps(pv, load(values, j * d + 16 * t), *a);
+                    }
+                }
+                let oo = (i * nh + g * group + hg) * d;
+                for (t, &a) in acc.iter().enumerate() {
+                    // SAFETY: 16 floats of row i, head h inside out ([n, heads · d]).
+                    unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(oo + 16 * t), a) };
+                }
+            }
+        }
+    }
+
+    /// Softmax over `row[..total]` (`row` padded to whole vectors): the prefix always visible,
+    /// block key jj where `visible(jj)`; everything else, padding included, becomes 0.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn softmax(row: &mut [f32], total: usize, prefix: usize, visible: impl Fn(usize) -> bool) {
+        for jj in 0..total - prefix {
+            if !visible(jj) {
+                row[prefix + jj] = f32::NEG_INFINITY;
+            }
+        }
+        for s in &mut row[total..] {
+            *s = f32::NEG_INFINITY;
+        }
+        let mut mx = _mm512_set1_ps(f32::NEG_INFINITY);
+        for c in row.chunks_exact(16) {
+            // SAFETY: a 16-float chunk.
+            mx = _mm512_max_ps(mx, unsafe { _mm512_loadu_ps(c.as_ptr()) });
+        }
+        let mx = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+        let mut sum = _mm512_setzero_ps();
+        for c in row.chunks_exact_mut(16) {
+            // SAFETY: a 16-float chunk, read then written.
+            unsafe {
+                let e = exp16(_mm512_sub_ps(_mm512_loadu_ps(c.as_ptr()), mx));
+                // hidden keys (-inf) get exactly 0, not e^-87.3
+                let e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(_mm512_loadu_ps(c.as_ptr()), _mm512_set1_ps(f32::NEG_INFINITY)), e);
+                _mm512_storeu_ps(c.as_mut_ptr(), e);
+                sum = _mm512_add_ps(sum, e);
+            }
+        }
+        let inv = _mm512_set1_ps(1.0 / _mm512_reduce_add_ps(sum));
+        for c in row.chunks_exact_mut(16) {
+            // SAFETY: a 16-float chunk.
+            unsafe { _mm512_storeu_ps(c.as_mut_ptr(), _mm512_mul_ps(_mm512_loadu_ps(c.as_ptr()), inv)) };
+        }
+    }
+
+    /// [`super::exp`] on sixteen lanes (same steps, fused multiply-adds in the polynomial).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn exp16(x: __m512) -> __m512 {
+        let x = _mm512_max_ps(x, _mm512_set1_ps(-87.3));
+        let round = _mm512_set1_ps(12_582_912.0);
+        let k = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E), round), round);
+        let r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.121_944_4e-4), _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693_359_4), x));
+        let mut p = _mm512_set1_ps(1.0 / 5040.0);
+        for c in [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+        }
+        let two_k = _mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)));
+        _mm512_mul_ps(p, _mm512_castsi512_ps(two_k))
+    }
+}
+
+/// `out = x · cos + rotate_half(x) · sin`, rotate_half(x) = (-x[d/2..], x[..d/2]); products and
+/// sum rounded separately, as the framework computes them.
+#[inline(always)]
+fn rope(x: &[f32], cos: &[f32], sin: &[f32], out: &mut [f32]) {
+    let half = x.len() / 2;
+    for t in 0..x.len() {
+        let rot = if t < half { -x[t + half] } else { x[t - half] };
+        out[t] = x[t] * cos[t] + rot * sin[t];
+    }
+}
+
+/// Softmax of a row of scores over its first `prefix` entries (always visible) and the block's
+/// entries `prefix + jj` with `visible(jj)`; hidden entries become exactly 0.
+#[inline(always)]
+fn softmax(row: &mut [f32], prefix: usize, visible: impl Fn(usize) -> bool) {
+    let mut max = f32::NEG_INFINITY;
+    for (j, &s) in row.iter().enumerate() {
+        if (j < prefix || visible(j - prefix)) && s > max {
+            max = s;
+        }
+    }
+    for s in row.iter_mut() {
+        *s = exp(*s - max);
+    }
+    for (jj, s) in row[prefix..].iter_mut().enumerate() {
+        if !visible(jj) {
+            *s = 0.0;
+        }
+    }
+    let mut sum = 0f32;
+    for &s in row.iter() {
+        sum += s;
+    }
+    let inv = 1.0 / sum;
+    row.iter_mut().for_each(|s| *s *= inv);
+}
+
+/// e^x for x <= 0 (a score minus its row's maximum), branch-free so that loops of it
+/// vectorise: x = k·ln2 + r with |r| <= ln2 / 2, e^r by its degree-7 Taylor polynomial
+/// (relative error < 2e-8 before rounding), times 2^k. Within 2 ulp of e^x down to x = -87.3;
+/// below that (e^x < 1.2e-38) it returns e^-87.3.
+#[inline(always)]
+fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4; // 355 / 512: k · LN2_HI is exact
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    const ROUND: f32 = 12_582_912.0; // 1.5 · 2^23: adding and subtracting it rounds to an integer
+    let x = x.max(-87.3);
+    let k = (x * LOG2E + ROUND) - ROUND;
+    let r = (x - k * LN2_HI) - k * LN2_LO;
+    let mut p = 1.0 / 5040.0;
+    for c in [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = p * r + c;
+    }
+    // 2^k, k in [-126, 0], as a float's exponent field.
+    p * f32::from_bits(((k as i32 + 127) as u32) << 23)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(len: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            })
+            .collect()
+    }
+
+    #[test]
+    fn exp_is_within_two_ulp_of_f64() {
+        let mut x = 0.0f32;
+        while x > -88.0 {
+            let want = (x as f64).exp();
+            let got = exp(x) as f64;
+            if x >= -87.3 {
+                assert!((got - want).abs() <= 2.0 * f32::EPSILON as f64 * want, "exp({x}) = {got}, want {want}");
+            }
+            x -= 0.001_37;
+        }
+        assert_eq!(exp(0.0), 1.0);
+        assert!(exp(-100.0) < 1.3e-38 && exp(f32::NEG_INFINITY) < 1.3e-38);
+    }
+
+    #[test]
+    fn add_rms_norm_matches_a_float64_reference() {
+        let (rows, width) = (3, 37);
+        let mut h = data(rows * width, 1);
+        let delta = data(rows * width, 2);
+        let weight = data(width, 3);
+        let mut want_h = h.clone();
+        let mut out = vec![0f32; rows * width];
+        add_rms_norm(&mut h, Some(&delta), &weight, 1e-5, &mut out).unwrap();
+        for r in 0..rows {
+            for i in 0..width {
+                want_h[r * width + i] += delta[r * width + i];
+            }
+            let row = &want_h[r * width..(r + 1) * width];
+            let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / width as f64;
+            for i in 0..width {
+                let want = weight[i] as f64 * row[i] as f64 / (ms + 1e-5).sqrt();
+                assert!((out[r * width + i] as f64 - want).abs() < 1e-5, "row {r} [{i}]");
+                assert_eq!(h[r * width + i], want_h[r * width + i]);
+            }
+        }
+        assert!(add_rms_norm(&mut h, None, &weight[..5], 1e-5, &mut out).is_err());
+        assert!(add_rms_norm(&mut h, Some(&delta[1..]), &weight, 1e-5, &mut out).is_err());
+    }
+
+    /// Float64 attention of one block, written out plainly.
+    #[allow(clippy::too_many_arguments)]
+    fn reference(qkv: &[f32], n: usize, hd: Heads, cos: &[f32], sin: &[f32], prefix_k: &[f32], prefix_v: &[f32], prefix: usize, mask: &[u8], scale: f32) -> Vec<f64> {
+        let Heads { heads: nh, kv_heads: nkv, head_dim: d } = hd;
+        let width = (nh + 2 * nkv) * d;
+        let rope64 = |x: &[f32], i: usize| -> Vec<f64> {
+            (0..d)
+                .map(|t| {
+                    let rot = if t < d / 2 { -x[t + d / 2] } else { x[t - d / 2] };
+                    x[t] as f64 * cos[i * d + t] as f64 + rot as f64 * sin[i * d + t] as f64
+                })
+                .collect()
+        };
+        let mut out = vec![0f64; n * nh * d];
+        for i in 0..n {
+            let row = &qkv[i * width..(i + 1) * width];
+            for h in 0..nh {
+                let g = h / (nh / nkv);
+                let q = rope64(&row[h * d..(h + 1) * d], i);
+                let mut keys: Vec<(Vec<f64>, Vec<f64>)> = (0..prefix)
+                    .map(|j| {
+                        let at = (g * prefix + j) * d;
+                        (prefix_k[at..at + d].iter().map(|&v| v as f64).collect(), prefix_v[at..at + d].iter().map(|&v| v as f64).collect())
+                    })
+                    .collect();
+                for j in 0..n {
+                    if mask[i * n + j] != 0 {
+                        let r = &qkv[j * width..(j + 1) * width];
+                        keys.push((rope64(&r[(nh + g) * d..(nh + g + 1) * d], j), r[(nh + nkv + g) * d..(nh + nkv + g + 1) * d].iter().map(|&v| v as f64).collect()));
+                    }
+                }
+                let s: Vec<f64> = keys.iter().map(|(k, _)| k.iter().zip(&q).map(|(a, b)| a * b).sum::<f64>() * scale as f64).collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for (p, (_, v)) in e.iter().zip(&keys) {
+                    for t in 0..d {
+                        out[(i * nh + h) * d + t] += p / z * v[t];
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn block_attention_matches_a_float64_reference_and_fills_the_cache() {
+        // head size 16: the portable loops; 64 and 128: the AVX-512 path where the CPU has it
+        for head_dim in [16, 64, 128] {
+            attention_case(Heads { heads: 6, kv_heads: 2, head_dim }, 5, 21, 40);
+            attention_case(Heads { heads: 4, kv_heads: 4, head_dim }, 3, 0, 8);
+        }
+    }
+
+    fn attention_case(hd: Heads, n: usize, prefix: usize, capacity: usize) {
+        let width = (hd.heads + 2 * hd.kv_heads) * hd.head_dim;
+        let qkv = data(n * width, 4);
+        let cos = data(n * hd.head_dim, 5);
+        let sin = data(n * hd.head_dim, 6);
+        let prefix_k = data(hd.kv_heads * prefix * hd.head_dim, 7);
+        let prefix_v = data(hd.kv_heads * prefix * hd.head_dim, 8);
+        // a tree: 0 <- 1 <- 2, 0 <- 3, 1 <- 4
+        let parents = [usize::MAX, 0, 1, 0, 1];
+        let mut mask = vec![0u8; n * n];
+        for i in 0..n {
+            let mut a = i;
+            loop {
+                mask[i * n + a] = 1;
+                if parents[a] == usize::MAX {
+                    break;
+                }
+                a = parents[a];
+            }
+        }
+        for (m, causal) in [(Some(&mask[..]), false), (None, true)] {
+            let mut kc = vec![0f32; hd.kv_heads * capacity * hd.head_dim];
+            let mut vc = kc.clone();
+            for g in 0..hd.kv_heads {
+                for j in 0..prefix {
+                    let (src, dst) = ((g * prefix + j) * hd.head_dim, (g * capacity + j) * hd.head_dim);
+                    kc[dst..dst + hd.head_dim].copy_from_slice(&prefix_k[src..src + hd.head_dim]);
+                    vc[dst..dst + hd.head_dim].copy_from_slice(&prefix_v[src..src + hd.head_dim]);
+                }
+            }
+            let mut out = vec![0f32; n * hd.heads * hd.head_dim];
+            block_attention(&qkv, n, hd, None, &cos, &sin, &mut kc, &mut vc, prefix, m, 0.25, &mut out).unwrap();
+            let dense: Vec<u8> = if causal { (0..n * n).map(|x| u8::from(x % n <= x / n)).collect() } else { mask.clone() };
+            let want = reference(&qkv, n, hd, &cos, &sin, &prefix_k, &prefix_v, prefix, &dense, 0.25);
+            for (a, b) in out.iter().zip(&want) {
+                assert!((*a as f64 - b).abs() < 1e-5, "{a} vs {b}");
+            }
+            // the block's values landed in their slots
+            let v0 = &qkv[(hd.heads + hd.kv_heads) * hd.head_dim..(hd.heads + hd.kv_heads + 1) * hd.head_dim];
+            assert_eq!(&vc[prefix * hd.head_dim..(prefix + 1) * hd.head_dim], v0);
+        }
+        let mut kc = vec![0f32; hd.kv_heads * capacity * hd.head_dim];
+        let mut vc = kc.clone();
+        let mut out = vec![0f32; n * hd.heads * hd.head_dim];
+        let err = block_attention(&qkv, n, hd, None, &cos, &sin, &mut kc, &mut vc, capacity - 2, None, 0.25, &mut out);
+        assert!(err.unwrap_err().0.contains("exceed"));
+        assert!(block_attention(&qkv[1..], n, hd, None, &cos, &sin, &mut kc, &mut vc, 0, None, 0.25, &mut out).is_err());
+    }
+}
