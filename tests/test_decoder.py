@@ -306,3 +306,30 @@ def test_hf_style_streamer_gets_every_token_then_end(tiny_target):
     dec = DartDecoder(tiny_target, CharTokenizer(), tree="ar", eos_token_ids=())
     res = dec.generate([1, 5, 6], max_new_tokens=9, streamer=rec)
     assert rec.tokens == res.tokens and len(res.tokens) == 9 and rec.ended
+
+
+def test_two_torch_threads_use_the_native_team_and_give_the_same_tokens():
+    # With torch at two threads the native path runs the kernel on a team of two and each
+    # round's small torch ops on one thread; the user's thread count is restored after.
+    from dartcore.kernels.linear import native_linear_available
+
+    if not native_linear_available():
+        pytest.skip("the native kernel needs AVX-512F")
+    model = tiny_model("llama")
+    model.generation_config.eos_token_id = None
+    tok = CharTokenizer()
+    prompt = [1, 5, 9, 4, 22, 7]
+    ref = hf_greedy(model, prompt, 24)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        dec = DartDecoder(model, tok, tree="test-oracle", reference=prompt + ref, vocab=64, seed=3)
+        dec.eos_token_ids = ()
+        assert dec.target.native_linear and dec.target.threads == 2
+        seen = []
+        for chunk in dec.stream(prompt, max_new_tokens=24):
+            seen.append(torch.get_num_threads())  # the consumer runs with the user's threads
+        assert set(seen) == {2} and torch.get_num_threads() == 2
+        assert chunk.result.tokens == ref
+    finally:
+        torch.set_num_threads(before)

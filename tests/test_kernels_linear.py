@@ -153,3 +153,19 @@ def test_helper_threads_give_the_same_bits():
             _native.linear_rows(x.numpy(), w.numpy(), b.numpy(), out.numpy(), threads)
             outs.append(out)
         assert all(torch.equal(o, outs[0]) for o in outs)
+
+
+def test_torch_threads_sets_and_restores_even_on_error():
+    from dartcore.kernels.linear import torch_threads
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with torch_threads(1):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+        with pytest.raises(RuntimeError), torch_threads(1):
+            raise RuntimeError("boom")
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -20,6 +20,7 @@ both).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -30,7 +31,7 @@ import torch
 
 from dartcore.builders import CPU_MAX_NODES, GPU_MAX_NODES, TreeInputs, make_tree_builder, root_only
 from dartcore.errors import ContextLengthError, DrafterMismatchError, TokenizerMismatchError, TreeError
-from dartcore.kernels.linear import native_linears_
+from dartcore.kernels.linear import native_linears_, torch_threads
 from dartcore.models.transformer import TargetModel, column_major_linears_
 from dartcore.sampling import Sampler, SamplingParams
 from dartcore.verify import FlatTree, accept, ancestor_mask, flatten, prune
@@ -202,7 +203,7 @@ class DartDecoder:
                 if self.target.native_linear:
                     # weights streamed once for the d rows, fp16 where they are fp16-exact (the
                     # shipped drafters are stored in fp16: same drafts, half the bytes)
-                    native_linears_(self.drafter, narrow=True)
+                    native_linears_(self.drafter, narrow=True, threads=self.target.threads)
                 else:
                     column_major_linears_(self.drafter)  # 2x faster d-row drafting with MKL
         if index is not None:
@@ -343,42 +344,44 @@ class DartDecoder:
             return
 
         while True:
-            prefix = cache.length  # == len(committed) - 1
-            max_depth = min(max_new_tokens - len(generated), self.context_length - len(committed)) - 1
-            max_nodes = capacity - prefix  # root included
-            logits = hidden = None
-            # max_depth == 0 only in the last round (one token left): nothing to draft.
-            if drafter is not None and max_depth > 0:
-                drafted = drafter.draft(dstate, new_taps, torch.tensor(new_next, dtype=torch.long),
-                                        return_hidden=self.builder.needs_hidden,
-                                        rows=min(draft_rows, max_depth))
-                logits, hidden = drafted if self.builder.needs_hidden else (drafted, None)
-            clock.lap("draft")
-            if max_depth > 0:
-                tree = self.builder(TreeInputs(
-                    context=np.asarray(committed, dtype=np.int64), logits=logits, hidden=hidden,
-                    drafter=drafter, index=self.index, max_depth=max_depth, max_nodes=max_nodes - 1,
-                    eos_token_ids=self.eos_token_ids,
-                ))
-            else:
-                tree = root_only(committed[-1])
-            flat = prune(flatten(tree), max_depth=max_depth, max_nodes=max_nodes)
-            if int(flat.tokens[0]) != committed[-1]:
-                raise TreeError(f"tree root {int(flat.tokens[0])} is not the last committed token {committed[-1]}")
-            clock.lap("search")
-            out = self._verify(cache, flat, prefix, taps)
-            clock.lap("verify")
-            rows = _LazyLogits(target, out.hidden, flat.parents) if self.lazy_logits else out.logits
-            acc = accept(flat, rows, sampler)
-            cache.compact(acc.path)
-            new = [int(t) for t in flat.tokens[acc.path[1:]]] + [acc.bonus]
-            stats._count(acc.accepted)
-            committed.extend(new)
-            if drafter is not None:
-                new_taps = out.taps[torch.as_tensor(acc.path, device=out.taps.device)]
-                new_next = new
-            base = len(generated)
-            done = self._commit(generated, new, max_new_tokens, stops, stats, len(committed))
+            # the round's small torch ops on one thread where the native kernel's helpers spin
+            with self._small_ops():
+                prefix = cache.length  # == len(committed) - 1
+                max_depth = min(max_new_tokens - len(generated), self.context_length - len(committed)) - 1
+                max_nodes = capacity - prefix  # root included
+                logits = hidden = None
+                # max_depth == 0 only in the last round (one token left): nothing to draft.
+                if drafter is not None and max_depth > 0:
+                    drafted = drafter.draft(dstate, new_taps, torch.tensor(new_next, dtype=torch.long),
+                                            return_hidden=self.builder.needs_hidden,
+                                            rows=min(draft_rows, max_depth))
+                    logits, hidden = drafted if self.builder.needs_hidden else (drafted, None)
+                clock.lap("draft")
+                if max_depth > 0:
+                    tree = self.builder(TreeInputs(
+                        context=np.asarray(committed, dtype=np.int64), logits=logits, hidden=hidden,
+                        drafter=drafter, index=self.index, max_depth=max_depth, max_nodes=max_nodes - 1,
+                        eos_token_ids=self.eos_token_ids,
+                    ))
+                else:
+                    tree = root_only(committed[-1])
+                flat = prune(flatten(tree), max_depth=max_depth, max_nodes=max_nodes)
+                if int(flat.tokens[0]) != committed[-1]:
+                    raise TreeError(f"tree root {int(flat.tokens[0])} is not the last committed token {committed[-1]}")
+                clock.lap("search")
+                out = self._verify(cache, flat, prefix, taps)
+                clock.lap("verify")
+                rows = _LazyLogits(target, out.hidden, flat.parents) if self.lazy_logits else out.logits
+                acc = accept(flat, rows, sampler)
+                cache.compact(acc.path)
+                new = [int(t) for t in flat.tokens[acc.path[1:]]] + [acc.bonus]
+                stats._count(acc.accepted)
+                committed.extend(new)
+                if drafter is not None:
+                    new_taps = out.taps[torch.as_tensor(acc.path, device=out.taps.device)]
+                    new_next = new
+                base = len(generated)
+                done = self._commit(generated, new, max_new_tokens, stops, stats, len(committed))
             clock.lap("accept")
             yield generated[base:]
             clock.lap("accept")
@@ -415,6 +418,13 @@ class DartDecoder:
         return False
 
     # -- helpers -------------------------------------------------------------------------------
+
+    def _small_ops(self):
+        """Where the native kernel's helpers spin (the target's native path), a round's small
+        torch ops (drafting, search, acceptance) run on one torch thread: an OpenMP worker
+        woken by, e.g., the argmax over a tree's logits spins next to the helpers (see
+        dartcore.kernels.linear.torch_threads). The prefill keeps torch's threads."""
+        return torch_threads(1) if self.target.native_linear else contextlib.nullcontext()
 
     def _node_budget(self) -> int:
         budget = getattr(self.builder, "max_nodes", None)

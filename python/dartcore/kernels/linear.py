@@ -11,15 +11,14 @@ the same instructions whatever the other rows (bit for bit, see crates/dart-line
 exactly representable in float16 / bfloat16 can stream in that format (``narrow``, same
 results).
 
-Threads: ``DARTCORE_LINEAR_THREADS`` (read at import, default 1) -- the calling thread plus
-helpers that spin between calls (a forward makes ~120 of them; waking a parked thread per
-call cost more than the second thread gained). Measured on the 2-vCPU dev box (4 GSM8K
-prompts, AR / dart / dart+ctx tok/s, before the kernel's L1 prefetch and transposed reduction):
-torch 2 threads + MKL 26.8-27.4 / 33.0-33.3 / 36.6-38.7; ``torch.set_num_threads(1)`` and
-``DARTCORE_LINEAR_THREADS=2`` 24.7-24.8 / 35.2-36.2 / 38.1-38.9 (DART faster, plain AR
-slower: torch's other ops then run on one thread). Keep torch at one thread when the helpers
-spin: torch's own spinning OpenMP workers and these fight over the cores (2-16-row forwards
-took 170-210 ms instead of ~40).
+Threads: the calling thread plus helpers that spin between calls (a forward makes ~120
+calls; waking a parked thread per call cost more than the second thread gained), as many as
+torch's intra-op threads when a weight is adopted, or ``DARTCORE_LINEAR_THREADS`` (read at
+import). Keep torch's own ops on one thread while the helpers spin (:func:`torch_threads`,
+which the decoder does): torch's spinning OpenMP workers and the helpers fight over the cores
+(2-16-row forwards took 170-210 ms instead of ~40). Measured on the 2-vCPU dev box (6 eval
+prompts x 64 tokens, tok/s AR / dart, with the native layer ops): torch 2 threads + MKL 24-31 /
+26-34, the kernel on two threads 31-35 / 38-42.
 
 Elsewhere -- more than MAX_ROWS rows, a non-float32 or non-CPU tensor, autograd, a CPU
 without AVX-512F, ``DARTCORE_NATIVE_LINEAR=0`` in the environment at import -- it is
@@ -28,14 +27,16 @@ without AVX-512F, ``DARTCORE_NATIVE_LINEAR=0`` in the environment at import -- i
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["LINEAR_THREADS", "MAX_ROWS", "NativeWeight", "exact_narrow", "native_linear_available", "native_linears_",
-           "small_linear"]
+__all__ = ["LINEAR_THREADS", "MAX_ROWS", "NativeWeight", "exact_narrow", "linear_threads", "native_linear_available",
+           "native_linears_", "small_linear", "torch_threads"]
 
 MAX_ROWS = 16  # crates/dart-linear's MAX_ROWS
 
@@ -54,16 +55,39 @@ def _probe() -> bool:
 _AVAILABLE = _probe()
 
 
-def _linear_threads() -> int:
+def _env_threads() -> int | None:
     try:
-        return max(1, int(os.environ.get("DARTCORE_LINEAR_THREADS", "1")))
-    except ValueError:
-        return 1
+        return max(1, int(os.environ["DARTCORE_LINEAR_THREADS"]))
+    except (KeyError, ValueError):
+        return None
 
 
-# Threads of the native kernel (read at import): the calling thread plus n - 1 helpers that
-# spin between calls (crates/dart-linear/src/team.rs).
-LINEAR_THREADS = _linear_threads()
+# DARTCORE_LINEAR_THREADS (read at import), or None: the native kernel then runs on as many
+# threads as torch's intra-op pool has when a weight is adopted (see linear_threads).
+LINEAR_THREADS = _env_threads()
+
+
+def linear_threads() -> int:
+    """Threads of the native kernel for weights adopted now: ``DARTCORE_LINEAR_THREADS``, else
+    torch's intra-op thread count -- the calling thread plus helpers that spin between calls
+    (crates/dart-linear/src/team.rs)."""
+    return LINEAR_THREADS or torch.get_num_threads()
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``n`` inside the block (restored after). The decoder
+    runs its small torch ops on one thread while the native kernel's helpers spin: torch's
+    OpenMP workers spinning next to them cost 4-5x (2-16-row forwards took 170-210 ms
+    instead of ~40)."""
+    prev = torch.get_num_threads()
+    if prev != n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if prev != n:
+            torch.set_num_threads(prev)
 
 
 def _product(x: torch.Tensor, w: np.ndarray, b: np.ndarray | None, threads: int, fmt: str = "f32") -> torch.Tensor:
@@ -111,12 +135,15 @@ class NativeWeight:
 
     ``narrow=True``: where the weight is exactly representable in float16 or bfloat16
     (:func:`exact_narrow`), the kernel reads a copy in that format -- bit for bit the same
-    products, half the bytes streamed (the float32 weight stays for everything else)."""
+    products, half the bytes streamed (the float32 weight stays for everything else).
+    ``threads``: the kernel's threads (default :func:`linear_threads` now)."""
 
-    __slots__ = ("weight", "bias", "ptr", "format", "_w", "_b")
+    __slots__ = ("weight", "bias", "ptr", "format", "threads", "_w", "_b")
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, narrow: bool = False):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, narrow: bool = False,
+                 threads: int | None = None):
         self.weight, self.bias = weight, bias
+        self.threads = threads or linear_threads()
         self.ptr = weight.data_ptr()  # the storage the views were made of
         usable = _AVAILABLE and _fits(weight)
         packed = exact_narrow(weight) if usable and narrow else None
@@ -130,7 +157,7 @@ class NativeWeight:
                 or x.dtype != torch.float32 or x.device.type != "cpu"
                 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
             return F.linear(x, self.weight, self.bias)
-        return _product(x, self._w, self._b, LINEAR_THREADS, self.format)
+        return _product(x, self._w, self._b, self.threads, self.format)
 
 
 def _fits(weight: torch.Tensor) -> bool:
@@ -161,22 +188,25 @@ class _NativeLinear(torch.nn.Linear):
         native, version = self.__dict__.get("_native_weight", (None, -1))
         w = self.weight
         if native is None or native.weight is not w or native.ptr != w.data_ptr() or version != w._version:
-            native = NativeWeight(w, self.bias, narrow=self.__dict__.get("_narrow", False))
+            native = NativeWeight(w, self.bias, narrow=self.__dict__.get("_narrow", False),
+                                  threads=self.__dict__.get("_threads"))
             self.__dict__["_native_weight"] = (native, w._version)
         return native(x) if x.dim() == 2 else F.linear(x, self.weight, self.bias)
 
 
-def native_linears_(module: torch.nn.Module, *, narrow: bool = False) -> torch.nn.Module:
+def native_linears_(module: torch.nn.Module, *, narrow: bool = False, threads: int | None = None) -> torch.nn.Module:
     """Run the float32 CPU ``nn.Linear`` layers of ``module`` (in place) through the native
     kernel for 2-D inputs of at most :data:`MAX_ROWS` rows; other inputs, autograd and other
     devices / dtypes take ``F.linear`` as before. The DART drafter forwards a handful of rows
     per draft. ``narrow``: weights exactly representable in float16 / bfloat16 stream in that
-    format (see :class:`NativeWeight`; same results). A no-op where the kernel does not run."""
+    format (see :class:`NativeWeight`; same results). ``threads``: the kernel's (default
+    :func:`linear_threads` at first use). A no-op where the kernel does not run."""
     if not _AVAILABLE:
         return module
     for m in module.modules():
         if type(m) in (torch.nn.Linear, _NativeLinear) and _fits(m.weight):
             m.__class__ = _NativeLinear
             m.__dict__["_narrow"] = narrow
+            m.__dict__["_threads"] = threads
             m.__dict__.pop("_native_weight", None)
     return module

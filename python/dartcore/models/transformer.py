@@ -18,13 +18,14 @@ tests/test_models_transformer.py.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from dartcore.errors import DartError
-from dartcore.kernels.linear import MAX_ROWS, NativeWeight, native_linear_available
+from dartcore.kernels.linear import MAX_ROWS, NativeWeight, linear_threads, native_linear_available, torch_threads
 from dartcore.kernels.tree_attention import tree_attention
 from dartcore.models.cache import KVCache
 
@@ -58,19 +59,18 @@ class TargetModel:
     product per fused group.
 
     ``native_linear`` keeps them row-major (``[out, in]``) and runs the products of
-    2-16 rows -- a tree verification's projections and LM head, the drafter's rows
-    -- through dartcore's native small-batch kernel (:mod:`dartcore.kernels.linear`;
-    one row stays with MKL's matrix-vector product). Default: on when torch runs
-    one thread and the kernel runs here (float32, AVX-512F), off otherwise. Measured
-    on the 2-vCPU dev box (SmolLM2, 4 GSM8K prompts x 64 tokens, idle): with one
-    thread, MKL decodes AR / dart / dart+ctx at 18.4 / 21.7 / 23.6 tok/s and the
-    native path at 18.5 / 26.2 / 28.9 (a 5-row tree forward costs 1.11x a 1-row
-    one instead of 1.67x); with two threads MKL's two threads
-    stream the weights faster than the kernel's (31.0 / 36.9 / 39.6 tok/s against
-    16.9 / 23.7 / 27.0), so two threads keep MKL. (With one torch thread and
-    ``DARTCORE_LINEAR_THREADS=2`` -- the kernel on two threads that spin between calls
-    -- DART decodes faster than with MKL's two threads, plain AR slower; see
-    :mod:`dartcore.kernels.linear`.)
+    1-16 rows -- a decoding step's and a tree verification's projections and LM head, the
+    drafter's rows -- through dartcore's native small-batch kernel, and the rest of each layer
+    (residual + RMSNorm, q/k norm, RoPE, KV write, tree attention) through native layer ops
+    (:mod:`dartcore.kernels.linear`, :class:`NativeLayerOps`). Default: on wherever the kernel
+    runs (float32 CPU weights, AVX-512F). The kernel runs on as many threads as torch has when
+    the model is adopted (the calling thread plus helpers that spin between calls; or
+    ``DARTCORE_LINEAR_THREADS``), and a small forward runs torch's own ops on one thread (its
+    OpenMP workers spinning next to the helpers cost 4-5x). Measured on the 2-vCPU dev box
+    (SmolLM2, 6 eval prompts x 64 tokens, tok/s AR / dart): one thread, MKL 18.4 / 21.7, native
+    products 18.2 / 23.8, with the native layer ops 21.3 / 28.9; two threads, MKL 24-31 / 26-34,
+    native 31-35 / 38-42 (the machine's noise). A prefill longer than 16 rows keeps torch's
+    threads and ops (GEMM-bound).
     Off (or unavailable), the fused weights are column-major (``[in, out]``) for
     MKL: with a row-major weight its GEMM falls off a cliff from 4 rows on (a 576 x
     4608 product: 0.44 ms for 1-3 rows, 0.84 ms for 4, 1.3 ms for 8 on one core of
@@ -113,13 +113,15 @@ class TargetModel:
         self._inv_freq = rotary.inv_freq.detach().float()
         self._rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
         self._fused: list[_FusedLayer] | None = None
+        # The native kernel's threads: torch's now (or DARTCORE_LINEAR_THREADS).
+        self.threads = linear_threads()
         if fuse_cpu_weights if fuse_cpu_weights is not None else self.device.type == "cpu":
             # Row-major ([out, in]) for the native small-batch kernel, column-major for MKL.
-            # Default: on with one torch thread (see the class docs for the measurements).
-            want = torch.get_num_threads() == 1 if native_linear is None else bool(native_linear)
+            # Default: native wherever it runs (see the class docs for the measurements).
+            want = True if native_linear is None else bool(native_linear)
             rows = self.dtype == torch.float32 and native_linear_available() and want
-            self._fused = [_FusedLayer.adopt(layer, row_major=rows) for layer in self.layers]
-        self._head = (NativeWeight(self.lm_head.weight, self.lm_head.bias)
+            self._fused = [_FusedLayer.adopt(layer, row_major=rows, threads=self.threads) for layer in self.layers]
+        self._head = (NativeWeight(self.lm_head.weight, self.lm_head.bias, threads=self.threads)
                       if self._fused is not None and self._fused[0].row_major else None)
         # With the native products, the rest of each layer runs natively too (NativeLayerOps).
         self._ops = NativeLayerOps.adopt(self) if self._head is not None else None
@@ -190,7 +192,8 @@ class TargetModel:
         captured: dict[int, torch.Tensor] = {}
 
         if self._ops is not None and n <= MAX_ROWS:
-            h = self._ops.layers(self, cache, tokens, cos, sin, block_mask, tap_set, captured)
+            with torch_threads(1):  # the kernel's helpers spin; torch's small ops need no pool
+                h = self._ops.layers(self, cache, tokens, cos, sin, block_mask, tap_set, captured)
         else:
             h = self.embed(tokens)  # [n, H]
             for i, layer in enumerate(self.layers):
@@ -273,9 +276,9 @@ class _FusedLayer:
     (:class:`dartcore.kernels.linear.NativeWeight`; ``F.linear`` for more rows); column-major
     (``[in, out]``) where that kernel does not run (MKL's small-M fast path)."""
 
-    def __init__(self, qkv, qkv_b, splits, o, o_b, gu, inter, down, down_b, act, row_major):
+    def __init__(self, qkv, qkv_b, splits, o, o_b, gu, inter, down, down_b, act, row_major, threads=None):
         # One product per fused matrix, chosen once for its layout.
-        product = NativeWeight if row_major else _ColumnMajor
+        product = functools.partial(NativeWeight, threads=threads) if row_major else _ColumnMajor
         self.qkv, self.o, self.gu, self.down = (product(w, b) for w, b in
                                                  ((qkv, qkv_b), (o, o_b), (gu, None), (down, down_b)))
         self.splits, self.inter, self.act = splits, inter, act
@@ -300,7 +303,7 @@ class _FusedLayer:
         return fused, bias
 
     @classmethod
-    def adopt(cls, layer, *, row_major: bool = False) -> "_FusedLayer":
+    def adopt(cls, layer, *, row_major: bool = False, threads: int | None = None) -> "_FusedLayer":
         attn, mlp = layer.self_attn, layer.mlp
         if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
             raise DartError(f"unsupported MLP layout {type(mlp).__name__}: expected gate/up/down projections")
@@ -312,7 +315,7 @@ class _FusedLayer:
             raise DartError("MLP projections with biases are not supported")
         down, down_b = cls._fuse((mlp.down_proj,), row_major)
         return cls(qkv, qkv_b, [p.weight.shape[0] for p in projs], o, o_b, gu,
-                   mlp.gate_proj.weight.shape[0], down, down_b, mlp.act_fn, row_major)
+                   mlp.gate_proj.weight.shape[0], down, down_b, mlp.act_fn, row_major, threads)
 
     def qkv_proj(self, x):
         return self.qkv(x).split(self.splits, dim=-1)
