@@ -54,6 +54,10 @@ __all__ = [
 # row-truncated drafting, two runs: dart 1.29 / 1.26 / 1.14 / 1.11x at 3 / 4 / 5 / 6 nodes and
 # 1.16 / 1.01 / 1.14x at 2 / 3 / 4 (dart+ctx 1.41 / 1.32 / 1.30 / 1.22x, 1.20 / 1.21 / 1.29x):
 # 2-5 nodes are alike within the machine's noise; 6 and more cost more than they gain.
+# Rechecked on the native CPU path (native products and layer ops, stage-3 drafter;
+# tools/bench_budgets.py, 9 prompts x 64 tokens): one thread dart 1.39 / 1.33 / 1.32 / 1.37 /
+# 1.22x at 3 / 4 / 5 / 6 / 8 nodes, two threads 1.30 / 1.27 / 1.31 / 1.29 / 1.28x (tau 1.71 /
+# 1.77 / 1.84 / 1.89 / 1.94): flat from 3 to 6 within the noise, so 4 stays.
 CPU_MAX_NODES = 4
 # Default node budget on CUDA (root excluded): the paper's theta = 59. On a GPU a forward of
 # 60 rows costs about what one row costs (launch- and memory-bound), so the budget buys tau

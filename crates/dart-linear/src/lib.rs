@@ -425,7 +425,8 @@ mod tests {
         y
     }
 
-    fn data(len: usize, seed: u64) -> Vec<f32> {
+    /// Deterministic test values in [-0.5, 0.5) (xorshift).
+    pub(crate) fn data(len: usize, seed: u64) -> Vec<f32> {
         let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         (0..len)
             .map(|_| {

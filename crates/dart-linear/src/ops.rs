@@ -458,18 +458,7 @@ fn exp(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn data(len: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..len)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-            })
-            .collect()
-    }
+    use crate::tests::data;
 
     #[test]
     fn exp_is_within_two_ulp_of_f64() {
