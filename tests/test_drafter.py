@@ -101,6 +101,52 @@ def test_incremental_draft_equals_one_call_and_training_forward(family):
         torch.testing.assert_close(train[0, a], ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_native_draft_equals_the_torch_draft(family):
+    # DartDecoder drafts through the native kernels on CPU (use_native_ops): blocks of <= 16
+    # rows through the native layer ops, longer ones (the prompt) through torch.
+    from dartcore.kernels.linear import native_linear_available
+
+    if not native_linear_available():
+        pytest.skip("the native kernels need AVX-512F")
+    target = tiny_model(family, layers=6)
+    ref = _random_drafter(target, d=4, draft_vocab=list(range(0, 64, 3)))
+    nat = _random_drafter(target, d=4, draft_vocab=list(range(0, 64, 3)))
+    with torch.no_grad():  # fp16-exact weights, as shipped: the native products stream them as fp16
+        for a, b in zip(ref.parameters(), nat.parameters()):
+            a.copy_(a.half().float()), b.copy_(a)
+    assert nat.use_native_ops(threads=1)
+    native_blocks = []
+    inner = nat._native_draft
+
+    def counted(*args):
+        out = inner(*args)
+        native_blocks.append(out is not None)
+        return out
+
+    nat._native_draft = counted
+    torch.manual_seed(2)
+    N = 30
+    ids = torch.randint(3, 64, (N + 1,))
+    taps = _taps(target, ids[:N], ref.taps)
+    nxt = ids[1:]
+    s_ref, s_nat = ref.new_state(40), nat.new_state(40)
+    for a, b, rows in ((0, 20, 4), (20, 21, 4), (21, 24, 2), (24, 29, 1), (29, 30, 3)):
+        want, want_h = ref.draft(s_ref, taps[a:b], nxt[a:b], rows=rows, return_hidden=True)
+        got, got_h = nat.draft(s_nat, taps[a:b], nxt[a:b], rows=rows, return_hidden=True)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got_h, want_h, atol=1e-5, rtol=1e-5)
+        assert s_nat.length == s_ref.length == b
+    assert native_blocks == [False, True, True, True, True]  # the 20-row prompt block: torch
+    torch.testing.assert_close(s_nat.k[:, :N], s_ref.k[:, :N], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(s_nat.v[:, :N], s_ref.v[:, :N])
+    # near the end of the state the torch path takes over (the MASK rows' scratch keys would not fit)
+    s = nat.new_state(N + 1)
+    nat.draft(s, taps[:N - 1], nxt[:N - 1])
+    torch.testing.assert_close(nat.draft(s, taps[N - 1:], nxt[N - 1:], rows=4),
+                               ref.draft(ref.new_state(N + 1), taps, nxt, rows=4), atol=1e-5, rtol=1e-5)
+
+
 def test_state_truncate_and_overflow():
     target = tiny_model("llama", layers=6)
     dr = _random_drafter(target, d=3)

@@ -202,8 +202,11 @@ class DartDecoder:
             if self.target.device.type == "cpu" and isinstance(self.drafter, torch.nn.Module):
                 if self.target.native_linear:
                     # weights streamed once for the d rows, fp16 where they are fp16-exact (the
-                    # shipped drafters are stored in fp16: same drafts, half the bytes)
-                    native_linears_(self.drafter, narrow=True, threads=self.target.threads)
+                    # shipped drafters are stored in fp16: same drafts, half the bytes); the
+                    # layer's own ops native too where the drafter supports it
+                    use = getattr(self.drafter, "use_native_ops", None)
+                    if use is None or not use(threads=self.target.threads):
+                        native_linears_(self.drafter, narrow=True, threads=self.target.threads)
                 else:
                     column_major_linears_(self.drafter)  # 2x faster d-row drafting with MKL
         if index is not None:

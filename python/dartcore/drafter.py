@@ -483,6 +483,10 @@ class DartDrafter(nn.Module):
         if n == 0:
             raise DartError("draft needs at least one new real position (the bonus token's row)")
         dev = self.fc.weight.device
+        native = self._native_draft(state, taps, next_tokens, nq)
+        if native is not None:
+            logits, h = native
+            return (logits, h) if return_hidden else logits
         start = state.length
         rows, g = self.real_rows(taps.to(dev), next_tokens.to(dev))
         pos = torch.arange(start, start + n, device=dev)
@@ -508,6 +512,82 @@ class DartDrafter(nn.Module):
         h = self.layer.mlp_block(h)
         logits = self.head(h)
         return (logits, h) if return_hidden else logits
+
+    def use_native_ops(self, threads: int | None = None) -> bool:
+        """Draft through dartcore's native CPU kernels (float32 on a CPU with AVX-512F): the
+        products through :func:`dartcore.kernels.linear.native_linears_` (fp16-exact weights,
+        as shipped, stream as fp16: same products) and, for a block of at most 16 rows, the
+        layer's norms, RoPE, KV write and attention through the native layer ops -- ~15 calls
+        instead of ~80 small torch ops. Same drafts up to float32 rounding. Training and other
+        devices are unaffected. Returns whether it applies (the DartDecoder calls it)."""
+        from dartcore.kernels.linear import native_linear_available, native_linears_
+
+        w = self.fc.weight
+        if not native_linear_available() or w.device.type != "cpu" or w.dtype != torch.float32:
+            return False
+        native_linears_(self, narrow=True, threads=threads)
+        self.__dict__["_native_ops"] = threads
+        return True
+
+    def _fused_qkv(self):
+        """The layer's q | k | v weights as one native product (a copy, remade when any of
+        them changes)."""
+        from dartcore.kernels.linear import NativeWeight
+
+        projs = (self.layer.q_proj, self.layer.k_proj, self.layer.v_proj)
+        key = tuple((p.weight.data_ptr(), p.weight._version) for p in projs)
+        cached = self.__dict__.get("_qkv")
+        if cached is None or cached[0] != key:
+            with torch.no_grad():
+                w = torch.cat([p.weight.detach() for p in projs]).contiguous()
+                b = None if projs[0].bias is None else torch.cat([p.bias.detach() for p in projs])
+            cached = self.__dict__["_qkv"] = (key, NativeWeight(w, b, narrow=True, threads=self.__dict__["_native_ops"]))
+        return cached[1]
+
+    def _native_draft(self, state: DrafterState, taps: torch.Tensor, next_tokens: torch.Tensor, nq: int):
+        """:meth:`draft` (logits, final hidden) through the native layer ops, or None where they
+        do not apply (not enabled, autograd, more than 16 rows, a full state). The block is the
+        n new real rows then the nq - 1 MASK rows at consecutive positions under a causal mask:
+        the last real row sees the real rows, MASK j the real rows and MASK 1..j, as in
+        :meth:`draft`; the MASK rows' keys land past ``state.length`` (scratch)."""
+        from dartcore.kernels.linear import MAX_ROWS
+
+        if "_native_ops" not in self.__dict__ or torch.is_grad_enabled():
+            return None
+        n = taps.shape[0]
+        rows = n + nq - 1
+        if rows > MAX_ROWS or state.length + rows > state.max_len or state.k.dtype != torch.float32:
+            return None
+        from dartcore import _native
+
+        cfg, layer = self.config, self.layer
+        H, eps = cfg.hidden_size, cfg.rms_norm_eps
+
+        def norm(x: torch.Tensor, module, delta: torch.Tensor | None = None) -> torch.Tensor:
+            out = torch.empty_like(x)
+            _native.add_rms_norm(x.numpy(), None if delta is None else delta.numpy(),
+                                 module.weight.detach().numpy(), eps, out.numpy())
+            return out
+
+        g = self.fc(taps.to(torch.float32).contiguous())
+        emb = self.embed(next_tokens).contiguous()
+        x = torch.cat((torch.cat((norm(emb, self.emb_norm), norm(g, self.hidden_norm)), dim=-1),
+                       torch.cat((norm(self.mask_emb.detach()[:nq - 1].contiguous(), self.emb_norm),
+                                  norm(self.mask_hidden.detach()[:nq - 1].contiguous(), self.hidden_norm)), dim=-1)))
+        start = state.length
+        cos, sin = self.rope(torch.arange(start, start + rows))
+        att = torch.empty(rows, layer.nh * layer.hd)
+        qn = kn = None
+        if layer.qk_norm:
+            qn, kn = layer.q_norm.weight.detach().numpy(), layer.k_norm.weight.detach().numpy()
+        _native.block_attention(self._fused_qkv()(x).numpy(), layer.nh, layer.nkv, cos.contiguous().numpy(),
+                                sin.contiguous().numpy(), state.k.numpy(), state.v.numpy(), start, None,
+                                layer.hd ** -0.5, att.numpy(), qn, kn, eps)
+        state.length += n  # the real rows' keys and values are in place
+        h = torch.cat((g[-1:], self.mask_hidden.detach()[:nq - 1]))  # the residual streams
+        x = norm(h, layer.post_attention_layernorm, layer.o_proj(att[n - 1:]))  # h += attention
+        mlp = layer.down_proj(F.silu(layer.gate_proj(x)) * layer.up_proj(x))
+        return self.lm_head(norm(h, self.norm, mlp)), h  # h += mlp; logits of norm(h)
 
     # -- training ----------------------------------------------------------------------
 
