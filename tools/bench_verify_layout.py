@@ -10,7 +10,7 @@ A forward of n new rows after --prefix cached tokens (SmolLM2-135M-Instruct, fp3
 the LM head unless ``--logits`` (then every row's logits, as the decoder computes them on the
 native path), median of --repeats after two warm-up calls; the layouts alternate per block size
 so machine noise hits them alike. ``--threads`` sets torch's threads; the native kernel runs on
-dartcore's pool (``DART_NUM_THREADS``).
+as many (``DARTCORE_LINEAR_THREADS`` overrides).
 """
 
 from __future__ import annotations

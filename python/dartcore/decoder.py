@@ -204,8 +204,10 @@ class DartDecoder:
                     # weights streamed once for the d rows, fp16 where they are fp16-exact (the
                     # shipped drafters are stored in fp16: same drafts, half the bytes); the
                     # layer's own ops native too where the drafter supports it
-                    use = getattr(self.drafter, "use_native_ops", None)
-                    if use is None or not use(threads=self.target.threads):
+                    use = getattr(self.drafter, "use_native_ops", None)  # a DartDrafter's own
+                    if use is not None:
+                        use(threads=self.target.threads)
+                    else:
                         native_linears_(self.drafter, narrow=True, threads=self.target.threads)
                 else:
                     column_major_linears_(self.drafter)  # 2x faster d-row drafting with MKL

@@ -183,11 +183,12 @@ fn run_part(x: &[f32], rows: usize, k: usize, w: Weights<'_>, n: usize, bias: Op
     #[cfg(target_arch = "x86_64")]
     {
         use avx512::{BF16, F16, F32};
-        let (fmt, wp) = match w {
-            Weights::F32(_) => (F32, w.ptr()),
-            Weights::F16(_) => (F16, w.ptr()),
-            Weights::Bf16(_) => (BF16, w.ptr()),
+        let fmt = match w {
+            Weights::F32(_) => F32,
+            Weights::F16(_) => F16,
+            Weights::Bf16(_) => BF16,
         };
+        let wp = w.ptr();
         macro_rules! go {
             ($m:literal, $r:literal) => {
                 // SAFETY: `available()` was checked by `linear`; shapes by `check` (`wp` holds

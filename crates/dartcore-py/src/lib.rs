@@ -3,6 +3,7 @@
 //! errors are mapped to Python exceptions in `errors.rs` and nowhere else.
 use pyo3::prelude::*;
 
+mod arrays;
 mod errors;
 mod index;
 mod linear;

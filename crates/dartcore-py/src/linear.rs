@@ -2,10 +2,10 @@
 //! projections and LM head through (`dartcore.kernels.linear`). Thin: check, release the
 //! GIL, run on the calling thread (and dart-linear's helper threads).
 
-use numpy::ndarray::Dimension;
-use numpy::{PyReadonlyArray, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray2, PyUntypedArrayMethods};
+use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
+use crate::arrays::{c_slice, c_slice_mut};
 use crate::errors;
 
 /// linear_rows(x float32[m, k], w [n, k], bias float32[n] | None, out float32[m, n],
@@ -45,34 +45,21 @@ fn linear_rows(
             out.shape()
         )));
     }
-    let xs = c_slice(&x, "x")?;
+    let xs = c_slice(&x, "linear_rows: x")?;
     let ws = match (&w32, &w16, format) {
-        (Some(a), _, _) => dart_linear::Weights::F32(c_slice(a, "w")?),
-        (_, Some(a), "f16") => dart_linear::Weights::F16(c_slice(a, "w")?),
-        (_, Some(a), _) => dart_linear::Weights::Bf16(c_slice(a, "w")?),
+        (Some(a), _, _) => dart_linear::Weights::F32(c_slice(a, "linear_rows: w")?),
+        (_, Some(a), "f16") => dart_linear::Weights::F16(c_slice(a, "linear_rows: w")?),
+        (_, Some(a), _) => dart_linear::Weights::Bf16(c_slice(a, "linear_rows: w")?),
         _ => unreachable!("one of the two weights was extracted"),
     };
-    let bs = bias.as_ref().map(|b| c_slice(b, "bias")).transpose()?;
-    if !out.is_c_contiguous() {
-        return Err(errors::value("linear_rows: out must be C-contiguous"));
-    }
-    let os = out.as_slice_mut().map_err(|_| errors::value("linear_rows: out must be C-contiguous"))?;
+    let bs = bias.as_ref().map(|b| c_slice(b, "linear_rows: bias")).transpose()?;
+    let os = c_slice_mut(&mut out, "linear_rows: out")?;
     py.detach(|| dart_linear::linear(xs, rows, k, ws, n, bs, os, threads)).map_err(|e| errors::value(e.0))
 }
 
 fn wrong_w(format: &str) -> PyErr {
     let dtype = if format == "f32" { "float32" } else { "uint16 (bit patterns)" };
     errors::value(format!("linear_rows: w must be a 2-D {dtype} array for format {format:?}"))
-}
-
-/// The elements of a C-contiguous array (`as_slice` alone also takes Fortran order, which the
-/// kernel would misread).
-fn c_slice<'a, T: numpy::Element, D: Dimension>(a: &'a PyReadonlyArray<'_, T, D>, what: &str) -> PyResult<&'a [T]> {
-    let err = || errors::value(format!("linear_rows: {what} must be C-contiguous"));
-    if !a.is_c_contiguous() {
-        return Err(err());
-    }
-    a.as_slice().map_err(|_| err())
 }
 
 /// Whether this CPU runs linear_rows (AVX-512F + FMA).

@@ -2,28 +2,12 @@
 //! and the block attention the CPU decoder runs between its native products
 //! (`dartcore.kernels.layer`). Thin: check C order, release the GIL, call.
 
-use numpy::ndarray::Dimension;
-use numpy::{PyReadonlyArray, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray, PyReadwriteArray2, PyReadwriteArray3, PyUntypedArrayMethods};
+use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray2, PyReadwriteArray3, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
+use crate::arrays::{c_slice, c_slice_mut};
 use crate::errors;
 use dart_linear::ops;
-
-fn slice<'a, T: numpy::Element, D: Dimension>(a: &'a PyReadonlyArray<'_, T, D>, what: &str) -> PyResult<&'a [T]> {
-    let err = || errors::value(format!("{what} must be C-contiguous"));
-    if !a.is_c_contiguous() {
-        return Err(err());
-    }
-    a.as_slice().map_err(|_| err())
-}
-
-fn slice_mut<'a, T: numpy::Element, D: Dimension>(a: &'a mut PyReadwriteArray<'_, T, D>, what: &str) -> PyResult<&'a mut [T]> {
-    let err = || errors::value(format!("{what} must be C-contiguous"));
-    if !a.is_c_contiguous() {
-        return Err(err());
-    }
-    a.as_slice_mut().map_err(|_| err())
-}
 
 /// add_rms_norm(h float32[m, H], delta float32[m, H] | None, weight float32[H], eps, out
 /// float32[m, H]): h += delta (in place), out = RMSNorm(h) * weight.
@@ -36,10 +20,10 @@ fn add_rms_norm(
     eps: f32,
     mut out: PyReadwriteArray2<'_, f32>,
 ) -> PyResult<()> {
-    let d = delta.as_ref().map(|a| slice(a, "delta")).transpose()?;
-    let w = slice(&weight, "weight")?;
-    let hs = slice_mut(&mut h, "h")?;
-    let os = slice_mut(&mut out, "out")?;
+    let d = delta.as_ref().map(|a| c_slice(a, "delta")).transpose()?;
+    let w = c_slice(&weight, "weight")?;
+    let hs = c_slice_mut(&mut h, "h")?;
+    let os = c_slice_mut(&mut out, "out")?;
     py.detach(|| ops::add_rms_norm(hs, d, w, eps, os)).map_err(|e| errors::value(e.0))
 }
 
@@ -79,20 +63,20 @@ fn block_attention(
         )));
     }
     let norms = match (&q_norm, &k_norm) {
-        (Some(q), Some(k)) => Some((slice(q, "q_norm")?, slice(k, "k_norm")?, norm_eps)),
+        (Some(q), Some(k)) => Some((c_slice(q, "q_norm")?, c_slice(k, "k_norm")?, norm_eps)),
         (None, None) => None,
         _ => return Err(errors::value("block_attention: give both q_norm and k_norm, or neither")),
     };
-    let m = mask.as_ref().map(|a| slice(a, "mask")).transpose()?;
+    let m = mask.as_ref().map(|a| c_slice(a, "mask")).transpose()?;
     // bool is one byte, 0 or 1, in numpy and in Rust
     let m: Option<&[u8]> = m.map(|b| {
         // SAFETY: a bool slice reinterpreted as bytes of the same length.
         unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<u8>(), b.len()) }
     });
-    let (q, c, s) = (slice(&qkv, "qkv")?, slice(&cos, "cos")?, slice(&sin, "sin")?);
-    let kc = slice_mut(&mut k_cache, "k_cache")?;
-    let vc = slice_mut(&mut v_cache, "v_cache")?;
-    let o = slice_mut(&mut out, "out")?;
+    let (q, c, s) = (c_slice(&qkv, "qkv")?, c_slice(&cos, "cos")?, c_slice(&sin, "sin")?);
+    let kc = c_slice_mut(&mut k_cache, "k_cache")?;
+    let vc = c_slice_mut(&mut v_cache, "v_cache")?;
+    let o = c_slice_mut(&mut out, "out")?;
     let layout = ops::Heads { heads, kv_heads, head_dim };
     py.detach(|| ops::block_attention(q, n, layout, norms, c, s, kc, vc, prefix, m, scale, o)).map_err(|e| errors::value(e.0))
 }

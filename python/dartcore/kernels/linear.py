@@ -108,8 +108,7 @@ def exact_narrow(weight: torch.Tensor) -> tuple[np.ndarray, str] | None:
     """``weight`` (float32) as float16 or bfloat16 bit patterns (uint16) with its format name,
     when every element converts back to exactly its float32 value; else None. The kernel
     converts them back exactly, so the products are bit for bit those of the float32 weight
-    while half the bytes stream: the DART drafter ships fp16 weights; a bf16-trained model's
-    embedding (tied LM head) is bf16-exact."""
+    while half the bytes stream (the DART drafter ships fp16 weights)."""
     w = weight.detach()
     if w.dtype != torch.float32:
         return None
