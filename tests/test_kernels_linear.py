@@ -155,6 +155,26 @@ def test_helper_threads_give_the_same_bits():
         assert all(torch.equal(o, outs[0]) for o in outs)
 
 
+def test_block_attention_splits_heads_between_threads_with_the_same_bits():
+    from dartcore import _native
+
+    g = torch.Generator().manual_seed(12)
+    heads, kv, d, n, prefix, capacity = 9, 3, 64, 5, 37, 48
+    qkv = torch.randn(n, (heads + 2 * kv) * d, generator=g)
+    cos, sin = torch.randn(n, d, generator=g), torch.randn(n, d, generator=g)
+    mask = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 0, 0, 1, 0], [1, 1, 0, 0, 1]],
+                        dtype=torch.bool)
+    k0, v0 = torch.randn(kv, capacity, d, generator=g), torch.randn(kv, capacity, d, generator=g)
+    results = []
+    for threads in (1, 2, 3, 2):
+        k, v, out = k0.clone(), v0.clone(), torch.empty(n, heads * d)
+        _native.block_attention(qkv.numpy(), heads, kv, cos.numpy(), sin.numpy(), k.numpy(), v.numpy(), prefix,
+                                mask.numpy(), d ** -0.5, out.numpy(), threads=threads)
+        results.append((out, k, v))
+    for out, k, v in results[1:]:
+        assert torch.equal(out, results[0][0]) and torch.equal(k, results[0][1]) and torch.equal(v, results[0][2])
+
+
 def test_torch_threads_sets_and_restores_even_on_error():
     from dartcore.kernels.linear import torch_threads
 

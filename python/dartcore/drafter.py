@@ -529,6 +529,12 @@ class DartDrafter(nn.Module):
         self.__dict__["_native_ops"] = threads
         return True
 
+    def _native_threads(self) -> int:
+        """The native kernels' threads for this drafter (see :meth:`use_native_ops`)."""
+        from dartcore.kernels.linear import linear_threads
+
+        return self.__dict__.get("_native_ops") or linear_threads()
+
     def _fused_qkv(self):
         """The layer's q | k | v weights as one native product (a copy, remade when any of
         them changes)."""
@@ -582,7 +588,7 @@ class DartDrafter(nn.Module):
             qn, kn = layer.q_norm.weight.detach().numpy(), layer.k_norm.weight.detach().numpy()
         _native.block_attention(self._fused_qkv()(x).numpy(), layer.nh, layer.nkv, cos.contiguous().numpy(),
                                 sin.contiguous().numpy(), state.k.numpy(), state.v.numpy(), start, None,
-                                layer.hd ** -0.5, att.numpy(), qn, kn, eps)
+                                layer.hd ** -0.5, att.numpy(), qn, kn, eps, self._native_threads())
         state.length += n  # the real rows' keys and values are in place
         h = torch.cat((g[-1:], self.mask_hidden.detach()[:nq - 1]))  # the residual streams
         x = norm(h, layer.post_attention_layernorm, layer.o_proj(att[n - 1:]))  # h += attention

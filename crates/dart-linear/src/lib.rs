@@ -160,20 +160,22 @@ fn check(x: &[f32], rows: usize, k: usize, w_len: usize, n: usize, bias: Option<
 /// Weight rows per block: the kernel's register tile for up to 4 rows of `x`.
 const BLOCK: usize = 4;
 
-/// The output matrix, shared by threads that write disjoint columns.
+/// An output buffer shared by threads that write disjoint parts of it (columns of a product,
+/// heads of an attention).
 #[derive(Clone)]
-struct OutPart {
-    ptr: *mut f32,
-    len: usize,
+pub(crate) struct OutPart {
+    pub(crate) ptr: *mut f32,
+    pub(crate) len: usize,
 }
 
-// SAFETY: threads write disjoint column ranges `n0..n1` of the rows (see `linear`), and
-// `Team::run` returns (every part done) before the `&mut` borrow it came from ends.
+// SAFETY: threads write disjoint ranges (columns `n0..n1` of the rows in `linear`, heads in
+// `ops::block_attention`), and `Team::run` returns (every part done) before the `&mut` borrow
+// it came from ends.
 unsafe impl Send for OutPart {}
 unsafe impl Sync for OutPart {}
 
 impl OutPart {
-    fn new(out: &mut [f32]) -> Self {
+    pub(crate) fn new(out: &mut [f32]) -> Self {
         OutPart { ptr: out.as_mut_ptr(), len: out.len() }
     }
 }

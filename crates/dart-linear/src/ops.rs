@@ -99,6 +99,10 @@ pub struct Heads {
 /// * `mask` `[n, n]`: row i sees new key j where nonzero (the prefix is always visible);
 ///   None: causal.
 /// * `out` `[n, heads · head_dim]`: softmax(q kᵀ · scale) v per head.
+/// * `threads`: the AVX-512 path (head sizes 64 and 128) splits the query heads between this
+///   many threads -- the calling thread and the spinning helpers of the [`crate::Team`] the
+///   products use (same results whatever the count: each head is computed by one thread, in
+///   one order). The portable path runs on the calling thread.
 #[allow(clippy::too_many_arguments)]
 pub fn block_attention(
     qkv: &[f32],
@@ -113,6 +117,7 @@ pub fn block_attention(
     mask: Option<&[u8]>,
     scale: f32,
     out: &mut [f32],
+    threads: usize,
 ) -> Result<(), ShapeError> {
     let Heads { heads: nh, kv_heads: nkv, head_dim: d } = heads;
     if n == 0 || nh == 0 || nkv == 0 || d == 0 || d % 2 != 0 || !nh.is_multiple_of(nkv) {
@@ -152,8 +157,8 @@ pub fn block_attention(
         // SAFETY: the CPU has AVX-512F and FMA (checked just above).
         unsafe {
             match d {
-                64 => fast::attend::<4>(&call, k_cache, v_cache, out),
-                _ => fast::attend::<8>(&call, k_cache, v_cache, out),
+                64 => fast::attend::<4>(&call, k_cache, v_cache, out, threads),
+                _ => fast::attend::<8>(&call, k_cache, v_cache, out, threads),
             }
         }
         return Ok(());
@@ -278,36 +283,65 @@ fn attend(call: &Call<'_>, k_cache: &mut [f32], v_cache: &mut [f32], out: &mut [
 mod fast {
     use super::{prepare, sees, Call, Heads};
     use crate::avx512::reduce16;
+    use crate::{OutPart, Team};
     use std::arch::x86_64::*;
 
     /// # Safety
     /// AVX-512F and FMA available; `call` checked by [`super::block_attention`], head size 16 · DV.
     #[target_feature(enable = "avx512f,fma")]
-    pub(super) unsafe fn attend<const DV: usize>(call: &Call<'_>, k_cache: &mut [f32], v_cache: &mut [f32], out: &mut [f32]) {
+    pub(super) unsafe fn attend<const DV: usize>(call: &Call<'_>, k_cache: &mut [f32], v_cache: &mut [f32], out: &mut [f32], threads: usize) {
         let q = prepare(call, k_cache, v_cache);
+        let (keys, values): (&[f32], &[f32]) = (k_cache, v_cache);
+        let nh = call.heads.heads;
+        let part = OutPart::new(out);
+        if threads <= 1 {
+            // SAFETY: as for this function; `part` is all of `out`.
+            unsafe { heads::<DV>(call, &q, keys, values, &part, 0, nh) };
+            return;
+        }
+        // Whole heads per thread (the products' team: same size, same spinning helpers).
+        let per = nh.div_ceil(threads);
+        Team::get(threads).run(&|t| {
+            let (h0, h1) = ((t * per).min(nh), ((t + 1) * per).min(nh));
+            // SAFETY: as for this function; the parts write disjoint heads of `out`.
+            unsafe { heads::<DV>(call, &q, keys, values, &part, h0, h1) };
+        });
+    }
+
+    /// Query heads `h0..h1` of the attention (the block's queries `q` prepared, its keys and
+    /// values in the caches): per head, the scores of 16 keys against one query row in 16
+    /// accumulators reduced together, the softmax, and P·V with the row's output in DV
+    /// registers; written to those heads' columns of `out`.
+    ///
+    /// # Safety
+    /// As [`attend`]; `out` is the `[n, heads · d]` output, no other thread writing heads
+    /// `h0..h1`.
+    #[target_feature(enable = "avx512f,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn heads<const DV: usize>(call: &Call<'_>, q: &[f32], k_cache: &[f32], v_cache: &[f32], out: &OutPart, h0: usize, h1: usize) {
         let Call { n, heads, capacity, prefix, mask, scale, .. } = *call;
         let Heads { heads: nh, kv_heads: nkv, head_dim: d } = heads;
         debug_assert_eq!(d, 16 * DV);
+        debug_assert!(out.len >= n * nh * d);
         let total = prefix + n;
         let group = nh / nkv;
-        let rows = group * n;
         let stride = total.div_ceil(16) * 16; // a score row, padded to whole vectors
-        let mut scores = vec![0f32; rows * stride];
+        let mut scores = vec![0f32; n * stride];
         let load = |s: &[f32], at: usize| -> __m512 {
             debug_assert!(at + 16 <= s.len());
             // SAFETY: 16 floats at `at` (callers stay inside the slices they index).
             unsafe { _mm512_loadu_ps(s.as_ptr().add(at)) }
         };
-        for g in 0..nkv {
+        for h in h0..h1 {
+            let g = h / group;
             let keys = &k_cache[g * capacity * d..(g * capacity + total) * d];
             let values = &v_cache[g * capacity * d..(g * capacity + total) * d];
             // scores = q kᵀ · scale, sixteen keys at a time
             for j0 in (0..total).step_by(16) {
                 let m = (total - j0).min(16);
-                for r in 0..rows {
-                    let (hg, i) = (r / n, r % n);
-                    let qo = (i * nh + g * group + hg) * d;
-                    let qv: [__m512; DV] = std::array::from_fn(|t| load(&q, qo + 16 * t));
+                for i in 0..n {
+                    let qo = (i * nh + h) * d;
+                    let qv: [__m512; DV] = std::array::from_fn(|t| load(q, qo + 16 * t));
                     let mut acc = [_mm512_setzero_ps(); 16];
                     for (jj, a) in acc.iter_mut().enumerate().take(m) {
                         let ko = (j0 + jj) * d;
@@ -317,16 +351,15 @@ mod fast {
                     }
                     let s = _mm512_mul_ps(reduce16(&acc), _mm512_set1_ps(scale));
                     // SAFETY: 16 floats inside the padded score row.
-                    unsafe { _mm512_storeu_ps(scores.as_mut_ptr().add(r * stride + j0), s) };
+                    unsafe { _mm512_storeu_ps(scores.as_mut_ptr().add(i * stride + j0), s) };
                 }
             }
-            for r in 0..rows {
-                softmax(&mut scores[r * stride..r * stride + stride], total, prefix, |jj| sees(mask, n, r % n, jj));
+            for i in 0..n {
+                softmax(&mut scores[i * stride..(i + 1) * stride], total, prefix, |jj| sees(mask, n, i, jj));
             }
             // out = P V, one query row at a time
-            for r in 0..rows {
-                let (hg, i) = (r / n, r % n);
-                let p = &scores[r * stride..r * stride + total];
+            for i in 0..n {
+                let p = &scores[i * stride..i * stride + total];
                 let mut acc = [_mm512_setzero_ps(); DV];
                 for (j, &pj) in p.iter().enumerate() {
                     let pv = _mm512_set1_ps(pj);
@@ -334,10 +367,10 @@ mod fast {
                         *a = _mm512_fmadd_ps(pv, load(values, j * d + 16 * t), *a);
                     }
                 }
-                let oo = (i * nh + g * group + hg) * d;
+                let oo = (i * nh + h) * d;
                 for (t, &a) in acc.iter().enumerate() {
-                    // SAFETY: 16 floats of row i, head h inside out ([n, heads · d]).
-                    unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(oo + 16 * t), a) };
+                    // SAFETY: 16 floats of row i, head h inside out ([n, heads · d]; caller).
+                    unsafe { _mm512_storeu_ps(out.ptr.add(oo + 16 * t), a) };
                 }
             }
         }
@@ -585,7 +618,15 @@ mod tests {
                 }
             }
             let mut out = vec![0f32; n * hd.heads * hd.head_dim];
-            block_attention(&qkv, n, hd, None, &cos, &sin, &mut kc, &mut vc, prefix, m, 0.25, &mut out).unwrap();
+            block_attention(&qkv, n, hd, None, &cos, &sin, &mut kc, &mut vc, prefix, m, 0.25, &mut out, 1).unwrap();
+            // heads split between threads (2, or more threads than heads): the same bits
+            for threads in [2, 3, 8] {
+                let (mut kt, mut vt) = (kc.clone(), vc.clone());
+                let mut split = vec![0f32; out.len()];
+                block_attention(&qkv, n, hd, None, &cos, &sin, &mut kt, &mut vt, prefix, m, 0.25, &mut split, threads).unwrap();
+                assert!(split.iter().zip(&out).all(|(a, b)| a.to_bits() == b.to_bits()), "{threads} threads, {hd:?}");
+                assert_eq!((kt, vt), (kc.clone(), vc.clone()));
+            }
             let dense: Vec<u8> = if causal { (0..n * n).map(|x| u8::from(x % n <= x / n)).collect() } else { mask.clone() };
             let want = reference(&qkv, n, hd, &cos, &sin, &prefix_k, &prefix_v, prefix, &dense, 0.25);
             for (a, b) in out.iter().zip(&want) {
@@ -598,8 +639,8 @@ mod tests {
         let mut kc = vec![0f32; hd.kv_heads * capacity * hd.head_dim];
         let mut vc = kc.clone();
         let mut out = vec![0f32; n * hd.heads * hd.head_dim];
-        let err = block_attention(&qkv, n, hd, None, &cos, &sin, &mut kc, &mut vc, capacity - 2, None, 0.25, &mut out);
+        let err = block_attention(&qkv, n, hd, None, &cos, &sin, &mut kc, &mut vc, capacity - 2, None, 0.25, &mut out, 1);
         assert!(err.unwrap_err().0.contains("exceed"));
-        assert!(block_attention(&qkv[1..], n, hd, None, &cos, &sin, &mut kc, &mut vc, 0, None, 0.25, &mut out).is_err());
+        assert!(block_attention(&qkv[1..], n, hd, None, &cos, &sin, &mut kc, &mut vc, 0, None, 0.25, &mut out, 1).is_err());
     }
 }

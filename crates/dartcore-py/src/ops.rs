@@ -30,11 +30,12 @@ fn add_rms_norm(
 /// block_attention(qkv float32[n, (heads + 2 kv) * D], heads, kv_heads, cos float32[n, D],
 /// sin float32[n, D], k_cache float32[kv, capacity, D], v_cache (same), prefix, mask
 /// bool[n, n] | None, scale, out float32[n, heads * D], q_norm float32[D] | None, k_norm
-/// float32[D] | None, norm_eps=1e-6): a layer's attention for a block of n rows after
-/// `prefix` cached ones; writes the block's roped keys and values to the cache slots
-/// prefix..prefix + n (see dart_linear::ops::block_attention).
+/// float32[D] | None, norm_eps=1e-6, threads=1): a layer's attention for a block of n rows
+/// after `prefix` cached ones; writes the block's roped keys and values to the cache slots
+/// prefix..prefix + n; `threads` split the heads (the products' team; see
+/// dart_linear::ops::block_attention).
 #[pyfunction]
-#[pyo3(signature = (qkv, heads, kv_heads, cos, sin, k_cache, v_cache, prefix, mask, scale, out, q_norm=None, k_norm=None, norm_eps=1e-6))]
+#[pyo3(signature = (qkv, heads, kv_heads, cos, sin, k_cache, v_cache, prefix, mask, scale, out, q_norm=None, k_norm=None, norm_eps=1e-6, threads=1))]
 #[allow(clippy::too_many_arguments)]
 fn block_attention(
     py: Python<'_>,
@@ -52,6 +53,7 @@ fn block_attention(
     q_norm: Option<PyReadonlyArray1<'_, f32>>,
     k_norm: Option<PyReadonlyArray1<'_, f32>>,
     norm_eps: f32,
+    threads: usize,
 ) -> PyResult<()> {
     let n = qkv.shape()[0];
     let head_dim = k_cache.shape()[2];
@@ -78,7 +80,7 @@ fn block_attention(
     let vc = c_slice_mut(&mut v_cache, "v_cache")?;
     let o = c_slice_mut(&mut out, "out")?;
     let layout = ops::Heads { heads, kv_heads, head_dim };
-    py.detach(|| ops::block_attention(q, n, layout, norms, c, s, kc, vc, prefix, m, scale, o)).map_err(|e| errors::value(e.0))
+    py.detach(|| ops::block_attention(q, n, layout, norms, c, s, kc, vc, prefix, m, scale, o, threads.max(1))).map_err(|e| errors::value(e.0))
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

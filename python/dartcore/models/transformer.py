@@ -328,7 +328,8 @@ class _FusedLayer:
 class NativeLayerOps:
     """The native path's layers for a block of at most MAX_ROWS rows: per layer the residual
     add + RMSNorm and the block attention (q/k norm, RoPE, cache write, attention under the
-    block mask) each in one native call (``dart_linear::ops``), between the native products --
+    block mask; its heads split between the products' threads) each in one native call
+    (``dart_linear::ops``), between the native products --
     instead of ~60 small torch ops a layer, whose dispatch cost ~17 ms of a 49 ms SmolLM2 step
     on one core of the dev box. Same arithmetic as the torch path up to float32 rounding of
     the reductions (tests/test_models_transformer.py compares both with the Hugging Face
@@ -384,7 +385,7 @@ class NativeLayerOps:
                 captured[i] = h.clone()
             qn, kn = self.qk_norms[i]
             _native.block_attention(fused.qkv(x).numpy(), model.num_heads, model.num_kv_heads, cn, sn, kc[i], vc[i],
-                                    cache.length, mask, model.scale, an, qn, kn, eps)
+                                    cache.length, mask, model.scale, an, qn, kn, eps, model.threads)
             _native.add_rms_norm(hn, fused.o(att).numpy(), self.posts[i], eps, xn)
             delta = fused.mlp(x).numpy()
         out = torch.empty_like(h)
