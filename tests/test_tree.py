@@ -327,6 +327,28 @@ def test_topk_logprobs_torch_and_numpy():
         T.topk_logprobs(logits, 51)
 
 
+def test_topk_logprobs_maps_ids_breaks_ties_by_id_and_refuses_nan():
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 8192, generator=g) * 4
+    id_map = torch.randperm(8192, generator=g) + 100
+    tok, lp = T.topk_logprobs(logits, 25)
+    mapped, lp2 = T.topk_logprobs(logits, 25, id_map=id_map)
+    np.testing.assert_array_equal(mapped, id_map.numpy()[tok])
+    np.testing.assert_array_equal(lp, lp2)
+    vals, idx = torch.topk(logits, 25)  # an independent reference
+    np.testing.assert_array_equal(tok, idx.numpy())
+    np.testing.assert_allclose(lp, torch.log_softmax(vals.double(), -1).numpy(), atol=1e-6)
+    tied = np.array([[0.0, 2.0, 1.0, 2.0, 2.0, -np.inf]], dtype=np.float32)
+    assert T.topk_logprobs(tied, 3)[0].tolist() == [[1, 3, 4]]
+    assert np.all(T.topk_logprobs(np.full((1, 4), -np.inf, dtype=np.float32), 2)[1] == -np.inf)
+    for bad in (np.nan, np.inf):
+        x = logits.clone()
+        x[1, 77] = bad
+        with pytest.raises(TreeError, match=r"\[1, 77\]"):
+            T.topk_logprobs(x, 25)
+
+
 def test_bad_input_raises_tree_error(corpus_index):
     _, index = corpus_index
     toks = np.array([[1, 2], [3, 4]])

@@ -152,11 +152,13 @@ def _target_topk(inputs: TreeInputs, k: int):
 
     if inputs.logits is None:
         raise ValueError("this tree builder needs drafter logits (DartDecoder(..., drafter=...))")
+    id_map = getattr(inputs.drafter, "draft_to_target", None)
+    if isinstance(id_map, torch.Tensor):  # a DartDrafter's reduced vocabulary, mapped in the same pass
+        return topk_logprobs(inputs.logits, k, id_map=id_map)
     tokens, logprobs = topk_logprobs(inputs.logits, k)
-    tokens = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
     if inputs.drafter is not None and hasattr(inputs.drafter, "to_target_ids"):
-        tokens = inputs.drafter.to_target_ids(tokens.to(inputs.logits.device))
-    return tokens.cpu().numpy().astype(np.int64), np.asarray(logprobs, dtype=np.float32)
+        tokens = inputs.drafter.to_target_ids(torch.as_tensor(tokens)).cpu().numpy().astype(np.int64)
+    return tokens, logprobs
 
 
 @dataclass

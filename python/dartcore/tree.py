@@ -111,6 +111,14 @@ class Tree:
         return [self.path(i) for i in np.flatnonzero(~has_child)]
 
 
+def _built(arrays) -> Tree:
+    """A Tree of arrays fresh from dartcore's native searches: valid by construction (depth
+    order, parents before children), so :func:`dartcore.verify.flatten` need not re-check it."""
+    tree = Tree(*arrays)
+    tree._valid = True
+    return tree
+
+
 def ancestor_mask(parents: Any) -> np.ndarray:
     """bool[n, n] from a depth-ordered parent array (root −1): ``mask[i, j]`` iff node j is an
     ancestor of node i or i itself. Unpacks the native ancestor bitmask words."""
@@ -133,41 +141,50 @@ def _is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch")
 
 
-def topk_logprobs(logits: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+def topk_logprobs(logits: Any, k: int, id_map: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` tokens of every row of ``logits`` ([d, V] torch tensor or numpy array) and
-    their log-probabilities renormalised inside the top-k: log-softmax over the k logits,
-    computed in float32. Returns (tokens int64[d, k], logprobs float32[d, k]), each row in
-    descending order. This is the one place where Eq. (10)'s p_l is formed."""
+    their log-probabilities renormalised inside the top-k: log-softmax over the k logits
+    (in float64, rounded to float32 once). Returns (tokens int64[d, k], logprobs float32[d, k]),
+    each row in descending order (equal logits: the lower id first). This is the one place
+    where Eq. (10)'s p_l is formed. ``id_map`` (int64[V]) maps the ids, e.g. a drafter's
+    reduced vocabulary to the target's. CPU inputs take one native pass per row (a few
+    microseconds for 8,192 logits; the framework's top-k took ~100 µs for four such rows on
+    one thread of the dev box); other devices use the framework's top-k. NaN or +inf logits
+    raise :class:`~dartcore.errors.TreeError`."""
     k = int(k)
     if _is_torch(logits):
-        import torch
-
         x = logits.detach()
         if x.dim() == 1:
             x = x[None]
         if x.dim() != 2:
             raise TreeError(f"logits must be [d, V], got shape {tuple(x.shape)}")
-        if not 1 <= k <= x.shape[-1]:
-            raise TreeError(f"k = {k} must be in 1..={x.shape[-1]} (the vocabulary of the logits)")
-        vals, idx = torch.topk(x.float(), k, dim=-1)
-        lp = torch.log_softmax(vals, dim=-1)
-        return idx.cpu().numpy().astype(np.int64), lp.cpu().numpy().astype(np.float32)
-    x = np.asarray(logits, dtype=np.float32)
-    if x.ndim == 1:
-        x = x[None]
-    if x.ndim != 2:
-        raise TreeError(f"logits must be [d, V], got shape {x.shape}")
-    if not 1 <= k <= x.shape[-1]:
-        raise TreeError(f"k = {k} must be in 1..={x.shape[-1]} (the vocabulary of the logits)")
-    part = np.argpartition(-x, k - 1, axis=-1)[:, :k]
-    vals = np.take_along_axis(x, part, axis=-1)
-    order = np.argsort(-vals, axis=-1, kind="stable")
-    idx = np.take_along_axis(part, order, axis=-1)
-    vals = np.take_along_axis(vals, order, axis=-1)
-    m = vals[:, :1]
-    with np.errstate(invalid="ignore", over="ignore"):
-        lp = vals - m - np.log(np.exp(vals - m).sum(axis=-1, keepdims=True, dtype=np.float32))
-    return idx.astype(np.int64), lp.astype(np.float32)
+        if x.device.type != "cpu":
+            import torch
+
+            if not 1 <= k <= x.shape[-1]:
+                raise TreeError(f"k = {k} must be in 1..={x.shape[-1]} (the vocabulary of the logits)")
+            if not bool(torch.isfinite(x).logical_or(x == float("-inf")).all()):
+                raise TreeError("logits hold NaN or +inf (the drafter's logits overflowed?)")
+            vals, idx = torch.topk(x.float(), k, dim=-1)
+            lp = torch.log_softmax(vals.double(), dim=-1).float()
+            tokens = idx.cpu().numpy().astype(np.int64)
+            if id_map is not None:
+                tokens = _id_map(id_map)[tokens]
+            return tokens, lp.cpu().numpy()
+        x = x.float().contiguous().numpy()
+    else:
+        x = np.ascontiguousarray(logits, dtype=np.float32)
+        if x.ndim == 1:
+            x = x[None]
+        if x.ndim != 2:
+            raise TreeError(f"logits must be [d, V], got shape {x.shape}")
+    return _native.topk_logprobs(x, k, None if id_map is None else _id_map(id_map))
+
+
+def _id_map(id_map: Any) -> np.ndarray:
+    if _is_torch(id_map):
+        id_map = id_map.detach().cpu().numpy()
+    return np.ascontiguousarray(id_map, dtype=np.int64)
 
 
 def _native_index(index: Any):
@@ -249,7 +266,7 @@ def beam_search(index: Any, context: Any, topk_tokens: Any, topk_logprobs: Any, 
                      unigram_backoff, eos_token_ids)
     arrays = _native.beam_search(_native_index(index), _tail(context), _ids(topk_tokens, 2, "topk_tokens"),
                                  _logprobs(topk_logprobs, 2, "topk_logprobs"), params)
-    return Tree(*arrays)
+    return _built(arrays)
 
 
 def beam_search_batch(index: Any, contexts: Any, topk_tokens: Any, topk_logprobs: Any, *, beam_width: int = 20,
@@ -268,7 +285,7 @@ def beam_search_batch(index: Any, contexts: Any, topk_tokens: Any, topk_logprobs
     flat = np.concatenate(tails) if tails else np.zeros(0, dtype=np.int64)
     out = _native.beam_search_batch(_native_index(index), flat, offsets, _ids(topk_tokens, 3, "topk_tokens"),
                                     _logprobs(topk_logprobs, 3, "topk_logprobs"), params)
-    return [Tree(*a) for a in out]
+    return [_built(a) for a in out]
 
 
 def ngram_tree(index: Any, context: Any, depth: int = 8, k: int = 25, *, beam_width: int = 20,
@@ -286,7 +303,7 @@ def ngram_tree(index: Any, context: Any, depth: int = 8, k: int = 25, *, beam_wi
         raise TreeError(f"depth and k must be >= 0, got depth={depth}, k={k}")
     params = _params(beam_width, max_nodes, level_decay, ngram_weight, depth_exponent, eps, ngram_first_level,
                      unigram_backoff, eos_token_ids)
-    return Tree(*_native.ngram_tree(_native_index(index), _tail(context), int(depth), int(k), params))
+    return _built(_native.ngram_tree(_native_index(index), _tail(context), int(depth), int(k), params))
 
 
 def top_b(parents: Any, scores: Any, b: int) -> np.ndarray:
@@ -309,7 +326,7 @@ def best_first(tokens: Any, logprobs: Any, root_token: int, b: int) -> Tree:
     children (ties: shallower, then earlier parent, then higher log-prob). −inf = impossible."""
     if int(b) < 0:
         raise TreeError(f"b must be positive, got {b}")
-    return Tree(*_native.best_first(_ids(tokens, 2, "tokens"), _logprobs(logprobs, 2, "logprobs"),
+    return _built(_native.best_first(_ids(tokens, 2, "tokens"), _logprobs(logprobs, 2, "logprobs"),
                                     int(root_token), int(b)))
 
 

@@ -62,7 +62,10 @@ def _check(tokens, parents, depths) -> FlatTree:
 
 
 def flatten(tree) -> FlatTree:
-    """Validate a tree (anything with ``tokens``, ``parents``, ``depths``)."""
+    """Validate a tree (anything with ``tokens``, ``parents``, ``depths``). Trees fresh from
+    dartcore's native searches are valid by construction and pass unchecked."""
+    if getattr(tree, "_valid", False):
+        return FlatTree(tree.tokens, tree.parents, tree.depths)
     return _check(tree.tokens, tree.parents, tree.depths)
 
 
@@ -101,8 +104,8 @@ def accept(tree: FlatTree, logits: torch.Tensor, sampler: Sampler) -> Acceptance
     the first of them) and the longest continuation wins.
     """
     children: dict[int, dict[int, list[int]]] = {}
-    for i in range(1, len(tree)):
-        children.setdefault(int(tree.parents[i]), {}).setdefault(int(tree.tokens[i]), []).append(i)
+    for i, (p, t) in enumerate(zip(tree.parents[1:].tolist(), tree.tokens[1:].tolist()), start=1):
+        children.setdefault(p, {}).setdefault(t, []).append(i)
     current = [0]
     while True:
         token = sampler.choose(logits[current[0]])

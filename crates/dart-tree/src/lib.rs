@@ -6,6 +6,7 @@
 //! * [`top_b`]: DARTree's deferred global top-B with ancestor-first ties.
 //! * [`best_first`]: DDTree's best-first heap over factorised marginals.
 //! * [`beam_search_batch`]: several sequences at once on the crate's named pool.
+//! * [`topk_logprobs`]: the drafter rows' top-k and their log-probabilities (Eq. (10)'s p_l).
 //!
 //! Trees come out as flat arrays in depth order ([`Tree`]) with ancestor bitmasks for the
 //! verification mask.
@@ -16,6 +17,7 @@ mod memo;
 mod scorer;
 pub mod timing;
 mod topb;
+mod topk;
 mod tree;
 
 use rayon::prelude::*;
@@ -24,6 +26,7 @@ pub use beam::{beam_search, ngram_tree, SearchParams};
 pub use error::{Error, Result};
 pub use scorer::{NgramScorer, NoNgram};
 pub use topb::{best_first, top_b};
+pub use topk::topk_logprobs;
 pub use tree::{ancestor_bits, Tree};
 
 /// [`beam_search`] for `contexts.len()` sequences at once: `topk_tokens` / `topk_logprobs`

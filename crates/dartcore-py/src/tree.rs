@@ -13,6 +13,7 @@ use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArra
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::arrays::c_slice;
 use crate::errors;
 use crate::index::PyNgramIndex;
 
@@ -215,6 +216,34 @@ fn best_first<'py>(
     Ok(tree_arrays(py, t))
 }
 
+/// topk_logprobs(logits float32[d, V], k, id_map int64[V] | None) -> (int64[d, k], float32[d, k]):
+/// each row's top-k ids (descending; equal logits: lower id first) and the log-softmax over
+/// those k logits (dart_tree::topk_logprobs); `id_map` maps the ids (a drafter's reduced
+/// vocabulary to the target's).
+#[pyfunction]
+#[pyo3(signature = (logits, k, id_map=None))]
+fn topk_logprobs<'py>(
+    py: Python<'py>,
+    logits: PyReadonlyArray2<'py, f32>,
+    k: usize,
+    id_map: Option<PyReadonlyArray1<'py, i64>>,
+) -> PyResult<(Bound<'py, PyArray2<i64>>, Bound<'py, PyArray2<f32>>)> {
+    let rows = logits.shape()[0];
+    let x = c_slice(&logits, "logits")?;
+    let map = id_map.as_ref().map(|m| c_slice(m, "id_map")).transpose()?;
+    if let Some(m) = map {
+        if m.len() != logits.shape()[1] {
+            return Err(errors::tree_msg(format!("id_map has {} entries for {} logits a row", m.len(), logits.shape()[1])));
+        }
+    }
+    let (ids, lps) = py.detach(|| dart_tree::topk_logprobs(x, rows.max(1), k)).map_err(errors::tree)?;
+    let ids: Vec<i64> = match map {
+        Some(m) => ids.iter().map(|&i| m[i as usize]).collect(),
+        None => ids.into_iter().map(i64::from).collect(),
+    };
+    Ok((PyArray1::from_vec(py, ids).reshape([rows, k])?, PyArray1::from_vec(py, lps).reshape([rows, k])?))
+}
+
 /// ancestor_bits(parents int64[n]) -> uint64[n, ceil(n/64)]; parents must be -1 (root) or earlier.
 #[pyfunction]
 fn ancestor_bits<'py>(py: Python<'py>, parents: PyReadonlyArray1<'py, i64>) -> PyResult<Bound<'py, PyArray2<u64>>> {
@@ -290,5 +319,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(top_b, m)?)?;
     m.add_function(wrap_pyfunction!(best_first, m)?)?;
     m.add_function(wrap_pyfunction!(ancestor_bits, m)?)?;
+    m.add_function(wrap_pyfunction!(topk_logprobs, m)?)?;
     Ok(())
 }
