@@ -336,17 +336,17 @@ mod fast {
             let g = h / group;
             let keys = &k_cache[g * capacity * d..(g * capacity + total) * d];
             let values = &v_cache[g * capacity * d..(g * capacity + total) * d];
-            // scores = q kᵀ · scale, sixteen keys at a time
+            // scores = q kᵀ · scale, sixteen keys at a time (a last partial chunk repeats the
+            // last key in its padding lanes, which the softmax then hides)
             for j0 in (0..total).step_by(16) {
-                let m = (total - j0).min(16);
+                let ko: [usize; 16] = std::array::from_fn(|jj| (j0 + jj).min(total - 1) * d);
                 for i in 0..n {
                     let qo = (i * nh + h) * d;
                     let qv: [__m512; DV] = std::array::from_fn(|t| load(q, qo + 16 * t));
                     let mut acc = [_mm512_setzero_ps(); 16];
-                    for (jj, a) in acc.iter_mut().enumerate().take(m) {
-                        let ko = (j0 + jj) * d;
+                    for (a, &o) in acc.iter_mut().zip(&ko) {
                         for (t, &qt) in qv.iter().enumerate() {
-                            *a = _mm512_fmadd_ps(qt, load(keys, ko + 16 * t), *a);
+                            *a = _mm512_fmadd_ps(qt, load(keys, o + 16 * t), *a);
                         }
                     }
                     let s = _mm512_mul_ps(reduce16(&acc), _mm512_set1_ps(scale));
@@ -357,23 +357,52 @@ mod fast {
             for i in 0..n {
                 softmax(&mut scores[i * stride..(i + 1) * stride], total, prefix, |jj| sees(mask, n, i, jj));
             }
-            // out = P V, one query row at a time
-            for i in 0..n {
-                let p = &scores[i * stride..i * stride + total];
-                let mut acc = [_mm512_setzero_ps(); DV];
-                for (j, &pj) in p.iter().enumerate() {
-                    let pv = _mm512_set1_ps(pj);
-                    for (t, a) in acc.iter_mut().enumerate() {
-                        *a = _mm512_fmadd_ps(pv, load(values, j * d + 16 * t), *a);
-                    }
-                }
-                let oo = (i * nh + h) * d;
-                for (t, &a) in acc.iter().enumerate() {
-                    // SAFETY: 16 floats of row i, head h inside out ([n, heads · d]; caller).
-                    unsafe { _mm512_storeu_ps(out.ptr.add(oo + 16 * t), a) };
+            // out = P V: up to four query rows at a time share each value's loads (every row
+            // still sums over the keys in order, in its own DV registers)
+            let mut i0 = 0;
+            while i0 < n {
+                // SAFETY (all four): as for this function.
+                i0 += match n - i0 {
+                    1 => unsafe { pv::<DV, 1>(&scores, stride, total, values, i0, nh, h, out) },
+                    2 => unsafe { pv::<DV, 2>(&scores, stride, total, values, i0, nh, h, out) },
+                    3 => unsafe { pv::<DV, 3>(&scores, stride, total, values, i0, nh, h, out) },
+                    _ => unsafe { pv::<DV, 4>(&scores, stride, total, values, i0, nh, h, out) },
+                };
+            }
+        }
+    }
+
+    /// Rows `i0..i0 + R` of head `h`: `out = P V` over `total` keys with the values at
+    /// `values` (`[total, 16 · DV]`); returns R.
+    ///
+    /// # Safety
+    /// AVX-512F and FMA available; `scores` holds those rows' probabilities (`stride` apart),
+    /// `out` the `[n, nh · 16 · DV]` output with rows `i0..i0 + R` inside it.
+    #[inline]
+    #[target_feature(enable = "avx512f,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn pv<const DV: usize, const R: usize>(scores: &[f32], stride: usize, total: usize, values: &[f32], i0: usize, nh: usize, h: usize, out: &OutPart) -> usize {
+        let d = 16 * DV;
+        debug_assert!(values.len() >= total * d && scores.len() >= (i0 + R - 1) * stride + total);
+        let mut acc = [[_mm512_setzero_ps(); DV]; R];
+        for j in 0..total {
+            // SAFETY: key j's values inside `values` (checked above).
+            let v: [__m512; DV] = std::array::from_fn(|t| unsafe { _mm512_loadu_ps(values.as_ptr().add(j * d + 16 * t)) });
+            for (r, row) in acc.iter_mut().enumerate() {
+                let p = _mm512_set1_ps(scores[(i0 + r) * stride + j]);
+                for (a, &vt) in row.iter_mut().zip(&v) {
+                    *a = _mm512_fmadd_ps(p, vt, *a);
                 }
             }
         }
+        for (r, row) in acc.iter().enumerate() {
+            let oo = ((i0 + r) * nh + h) * d;
+            for (t, &a) in row.iter().enumerate() {
+                // SAFETY: 16 floats of row i0 + r, head h inside out (caller).
+                unsafe { _mm512_storeu_ps(out.ptr.add(oo + 16 * t), a) };
+            }
+        }
+        R
     }
 
     /// Softmax over `row[..total]` (`row` padded to whole vectors): the prefix always visible,

@@ -28,8 +28,8 @@ pub fn topk_logprobs(logits: &[f32], rows: usize, k: usize) -> Result<(Vec<u32>,
     let mut best: Vec<(f32, u32)> = Vec::new();
     for (r, row) in logits.chunks_exact(v).enumerate() {
         // NaN and +inf are errors (one pass to check, another to find the first).
-        if row.chunks(16).fold(false, |bad, c| bad | c.iter().fold(false, |b, &x| b | !(x < f32::INFINITY))) {
-            let (col, &value) = row.iter().enumerate().find(|(_, x)| !(**x < f32::INFINITY)).expect("found above");
+        if row.chunks(16).fold(false, |bad, c| bad | c.iter().fold(false, |b, &x| b | x.is_nan() | (x == f32::INFINITY))) {
+            let (col, &value) = row.iter().enumerate().find(|(_, x)| x.is_nan() || **x == f32::INFINITY).expect("found above");
             return Err(Error::BadLogprob { what: "logits", row: r, col, value });
         }
         // A threshold no higher than the k-th best logit: the k-th largest of the maxima of

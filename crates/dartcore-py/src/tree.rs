@@ -216,6 +216,9 @@ fn best_first<'py>(
     Ok(tree_arrays(py, t))
 }
 
+/// Top-k ids and their log-probabilities, `[d, k]` each.
+type TopK<'py> = (Bound<'py, PyArray2<i64>>, Bound<'py, PyArray2<f32>>);
+
 /// topk_logprobs(logits float32[d, V], k, id_map int64[V] | None) -> (int64[d, k], float32[d, k]):
 /// each row's top-k ids (descending; equal logits: lower id first) and the log-softmax over
 /// those k logits (dart_tree::topk_logprobs); `id_map` maps the ids (a drafter's reduced
@@ -227,7 +230,7 @@ fn topk_logprobs<'py>(
     logits: PyReadonlyArray2<'py, f32>,
     k: usize,
     id_map: Option<PyReadonlyArray1<'py, i64>>,
-) -> PyResult<(Bound<'py, PyArray2<i64>>, Bound<'py, PyArray2<f32>>)> {
+) -> PyResult<TopK<'py>> {
     let rows = logits.shape()[0];
     let x = c_slice(&logits, "logits")?;
     let map = id_map.as_ref().map(|m| c_slice(m, "id_map")).transpose()?;
