@@ -140,6 +140,15 @@ def test_native_draft_equals_the_torch_draft(family):
     assert native_blocks == [False, True, True, True, True]  # the 20-row prompt block: torch
     torch.testing.assert_close(s_nat.k[:, :N], s_ref.k[:, :N], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(s_nat.v[:, :N], s_ref.v[:, :N])
+    # the native path's derived copies (normed MASK rows, fused gate|up, RoPE table) follow
+    # in-place weight changes
+    with torch.no_grad():
+        for dr in (ref, nat):
+            dr.mask_emb.mul_(0.5), dr.layer.up_proj.weight.mul_(2.0), dr.emb_norm.weight.add_(0.25)
+    s_ref, s_nat = ref.new_state(40), nat.new_state(40)
+    ref.draft(s_ref, taps[:20], nxt[:20]), nat.draft(s_nat, taps[:20], nxt[:20])
+    torch.testing.assert_close(nat.draft(s_nat, taps[20:23], nxt[20:23]), ref.draft(s_ref, taps[20:23], nxt[20:23]),
+                               atol=1e-5, rtol=1e-5)
     # near the end of the state the torch path takes over (the MASK rows' scratch keys would not fit)
     s = nat.new_state(N + 1)
     nat.draft(s, taps[:N - 1], nxt[:N - 1])

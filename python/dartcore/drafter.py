@@ -37,6 +37,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -535,20 +536,45 @@ class DartDrafter(nn.Module):
 
         return self.__dict__.get("_native_ops") or linear_threads()
 
-    def _fused_qkv(self):
-        """The layer's q | k | v weights as one native product (a copy, remade when any of
-        them changes)."""
-        from dartcore.kernels.linear import NativeWeight
-
-        projs = (self.layer.q_proj, self.layer.k_proj, self.layer.v_proj)
-        key = tuple((p.weight.data_ptr(), p.weight._version) for p in projs)
-        cached = self.__dict__.get("_qkv")
+    def _cached(self, name: str, sources, build):
+        """``build()`` made once and remade when any tensor of ``sources`` is replaced or
+        changed in place (the native path's derived copies: fused weights, normed MASK rows)."""
+        key = tuple((t.data_ptr(), t._version) for t in sources)
+        cached = self.__dict__.get(name)
         if cached is None or cached[0] != key:
             with torch.no_grad():
-                w = torch.cat([p.weight.detach() for p in projs]).contiguous()
-                b = None if projs[0].bias is None else torch.cat([p.bias.detach() for p in projs])
-            cached = self.__dict__["_qkv"] = (key, NativeWeight(w, b, narrow=True, threads=self.__dict__["_native_ops"]))
+                cached = self.__dict__[name] = (key, build())
         return cached[1]
+
+    def _fused(self, name: str, projs):
+        """Projections reading the same input as one native product (q | k | v, gate | up)."""
+        from dartcore.kernels.linear import NativeWeight
+
+        def build():
+            w = torch.cat([p.weight.detach() for p in projs]).contiguous()
+            b = None if projs[0].bias is None else torch.cat([p.bias.detach() for p in projs])
+            return NativeWeight(w, b, narrow=True, threads=self.__dict__["_native_ops"])
+
+        return self._cached(name, [t for p in projs for t in (p.weight, p.bias) if t is not None], build)
+
+    def _fused_qkv(self):
+        return self._fused("_qkv", (self.layer.q_proj, self.layer.k_proj, self.layer.v_proj))
+
+    def _mask_inputs(self) -> torch.Tensor:
+        """The MASK rows' layer inputs ``[d - 1, 2H]`` (constant between weight updates)."""
+        return self._cached("_mask_x", (self.mask_emb, self.mask_hidden, self.emb_norm.weight, self.hidden_norm.weight),
+                            lambda: self.mask_rows()[0].detach().float().contiguous())
+
+    def _rope_rows(self, start: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin ``[rows, head_dim]`` of positions ``start..start + rows`` from a table of
+        every position so far (grown by doubling): one slice instead of ~7 small ops a draft."""
+        table = self.__dict__.get("_rope_table")
+        if table is None or table[0] is not self.inv_freq or table[1].shape[0] < start + rows:
+            n = max(256, 2 * (start + rows))
+            cos, sin = self.rope(torch.arange(n))
+            table = self.__dict__["_rope_table"] = (self.inv_freq, cos.float().contiguous().numpy(),
+                                                    sin.float().contiguous().numpy())
+        return table[1][start:start + rows], table[2][start:start + rows]
 
     def _native_draft(self, state: DrafterState, taps: torch.Tensor, next_tokens: torch.Tensor, nq: int):
         """:meth:`draft` (logits, final hidden) through the native layer ops, or None where they
@@ -578,21 +604,21 @@ class DartDrafter(nn.Module):
         g = self.fc(taps.to(torch.float32).contiguous())
         emb = self.embed(next_tokens).contiguous()
         x = torch.cat((torch.cat((norm(emb, self.emb_norm), norm(g, self.hidden_norm)), dim=-1),
-                       torch.cat((norm(self.mask_emb.detach()[:nq - 1].contiguous(), self.emb_norm),
-                                  norm(self.mask_hidden.detach()[:nq - 1].contiguous(), self.hidden_norm)), dim=-1)))
+                       self._mask_inputs()[:nq - 1]))
         start = state.length
-        cos, sin = self.rope(torch.arange(start, start + rows))
+        cos, sin = self._rope_rows(start, rows)
         att = torch.empty(rows, layer.nh * layer.hd)
         qn = kn = None
         if layer.qk_norm:
             qn, kn = layer.q_norm.weight.detach().numpy(), layer.k_norm.weight.detach().numpy()
-        _native.block_attention(self._fused_qkv()(x).numpy(), layer.nh, layer.nkv, cos.contiguous().numpy(),
-                                sin.contiguous().numpy(), state.k.numpy(), state.v.numpy(), start, None,
-                                layer.hd ** -0.5, att.numpy(), qn, kn, eps, self._native_threads())
+        _native.block_attention(self._fused_qkv()(x).numpy(), layer.nh, layer.nkv, cos, sin, state.k.numpy(),
+                                state.v.numpy(), start, None, layer.hd ** -0.5, att.numpy(), qn, kn, eps,
+                                self._native_threads())
         state.length += n  # the real rows' keys and values are in place
         h = torch.cat((g[-1:], self.mask_hidden.detach()[:nq - 1]))  # the residual streams
         x = norm(h, layer.post_attention_layernorm, layer.o_proj(att[n - 1:]))  # h += attention
-        mlp = layer.down_proj(F.silu(layer.gate_proj(x)) * layer.up_proj(x))
+        gate, up = self._fused("_gate_up", (layer.gate_proj, layer.up_proj))(x).split(layer.gate_proj.out_features, -1)
+        mlp = layer.down_proj(F.silu(gate) * up)
         return self.lm_head(norm(h, self.norm, mlp)), h  # h += mlp; logits of norm(h)
 
     # -- training ----------------------------------------------------------------------

@@ -18,6 +18,12 @@ use std::time::{Duration, Instant};
 /// How long a helper spins for the next call before it parks.
 const SPIN: Duration = Duration::from_millis(2);
 
+/// After this long spinning (a helper waiting for a call, the caller waiting for the helpers),
+/// a thread yields its CPU between checks: when the scheduler has put two of the team's threads
+/// on one CPU (a woken helper tends to start on its waker's CPU), a thread that only spins
+/// keeps the other off it until the next scheduler tick (~4 ms).
+const YIELD_AFTER: Duration = Duration::from_micros(50);
+
 /// One call's work, `f(part)`: a `&(dyn Fn(usize) + Sync)` that lives on the caller's stack
 /// until every part is done (its lifetime erased; see [`Team::run`]).
 #[derive(Clone, Copy)]
@@ -106,8 +112,14 @@ impl Team {
             }
         }
         f(0);
+        let since = Instant::now();
+        let mut spins = 0u32;
         for h in &self.helpers {
             while h.done.load(SeqCst) < g {
+                spins = spins.wrapping_add(1);
+                if spins.is_multiple_of(256) && since.elapsed() > YIELD_AFTER {
+                    std::thread::yield_now();
+                }
                 std::hint::spin_loop();
             }
         }
@@ -126,13 +138,18 @@ fn helper_loop(call: &Call, h: &Helper, part: usize) {
                 break g;
             }
             spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(1024) && since.elapsed() > SPIN {
-                h.sleeping.store(true, SeqCst);
-                if call.gen.load(SeqCst) == seen {
-                    std::thread::park();
+            if spins.is_multiple_of(256) {
+                let waited = since.elapsed();
+                if waited > SPIN {
+                    h.sleeping.store(true, SeqCst);
+                    if call.gen.load(SeqCst) == seen {
+                        std::thread::park();
+                    }
+                    h.sleeping.store(false, SeqCst);
+                    since = Instant::now();
+                } else if waited > YIELD_AFTER {
+                    std::thread::yield_now();
                 }
-                h.sleeping.store(false, SeqCst);
-                since = Instant::now();
             }
             std::hint::spin_loop();
         };
