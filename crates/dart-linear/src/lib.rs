@@ -356,6 +356,35 @@ pub(crate) mod avx512 {
             let rr = (n1 - r0).min(R);
             let mut acc = [[_mm512_setzero_ps(); M]; R];
             let mut kb = 0;
+            if rr == R {
+                // A whole block of R rows: the full 16-wide steps without a branch (the generic
+                // loop below then does only the row's last partial step, if any).
+                // SAFETY: rows r0..r0 + R < n1 <= n of w; prefetch addresses are computed with
+                // wrapping arithmetic and only used by prefetches, which never fault.
+                let rows: [*const u8; R] = std::array::from_fn(|r| unsafe { w.add((r0 + r) * row_bytes) });
+                let far_on = r0 + AHEAD * R + R <= n1;
+                let near_on = r0 + 2 * R <= n1;
+                while kb < full {
+                    let off = kb * width(FMT);
+                    let wv: [__m512; R] = std::array::from_fn(|r| unsafe { load16::<FMT>(rows[r].add(off)) });
+                    for r in 0..R {
+                        if far_on {
+                            _mm_prefetch::<_MM_HINT_T1>(rows[r].wrapping_add(AHEAD * R * row_bytes + off) as *const i8);
+                        }
+                        if near_on {
+                            _mm_prefetch::<_MM_HINT_T0>(rows[r].wrapping_add(R * row_bytes + off) as *const i8);
+                        }
+                    }
+                    for m in 0..M {
+                        // SAFETY: row m < M of x, columns kb..kb + 16 <= full <= k.
+                        let xv = unsafe { _mm512_loadu_ps(xp.add(m * k + kb)) };
+                        for r in 0..R {
+                            acc[r][m] = _mm512_fmadd_ps(xv, wv[r], acc[r][m]);
+                        }
+                    }
+                    kb += 16;
+                }
+            }
             while kb < k {
                 let mut wv = [_mm512_setzero_ps(); R];
                 for (r, v) in wv.iter_mut().enumerate() {
