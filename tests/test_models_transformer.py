@@ -135,6 +135,20 @@ def test_kv_compaction_equals_recomputing_the_prefix():
     assert torch.allclose(a, b, atol=1e-4 * b.abs().max(), rtol=0)
 
 
+def test_compacting_a_chain_prefix_keeps_the_block_in_place():
+    from dartcore.models.cache import KVCache
+
+    a, b = (KVCache(2, 3, 4, 16, dtype=torch.float32, device="cpu") for _ in range(2))
+    for c in (a, b):
+        c.commit(5)
+        c.k.copy_(torch.arange(c.k.numel(), dtype=torch.float32).view_as(c.k))
+        c.v.copy_(-c.k)
+    a.compact([0, 1, 2])  # rows already in place: nothing moves
+    b.compact(torch.tensor([0, 1, 2]))  # the general gather
+    assert a.length == b.length == 8
+    assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
+
+
 def test_cache_refuses_to_write_past_its_end():
     target = TargetModel(tiny_model("llama"))
     cache = target.new_cache(10)

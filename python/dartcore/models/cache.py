@@ -66,6 +66,9 @@ class KVCache:
         """Keep only rows ``block_rows`` (indices into the block just written,
         strictly increasing, e.g. an accepted tree path), moved to contiguous
         slots right after the prefix; everything after them is garbage."""
+        if isinstance(block_rows, (list, tuple)) and list(block_rows) == list(range(len(block_rows))):
+            self.commit(len(block_rows))  # rows 0..m-1 are already in place (a plain step, a chain)
+            return
         rows = torch.as_tensor(block_rows, dtype=torch.long, device=self.k.device)
         m = int(rows.numel())
         if m == 0:
