@@ -553,7 +553,7 @@ class DartDrafter(nn.Module):
         def build():
             w = torch.cat([p.weight.detach() for p in projs]).contiguous()
             b = None if projs[0].bias is None else torch.cat([p.bias.detach() for p in projs])
-            return NativeWeight(w, b, narrow=True, threads=self.__dict__["_native_ops"])
+            return NativeWeight(w, b, narrow=True, threads=self._native_threads())
 
         return self._cached(name, [t for p in projs for t in (p.weight, p.bias) if t is not None], build)
 
@@ -592,8 +592,7 @@ class DartDrafter(nn.Module):
             return None
         from dartcore import _native
 
-        cfg, layer = self.config, self.layer
-        H, eps = cfg.hidden_size, cfg.rms_norm_eps
+        layer, eps = self.layer, self.config.rms_norm_eps
 
         def norm(x: torch.Tensor, module, delta: torch.Tensor | None = None) -> torch.Tensor:
             out = torch.empty_like(x)

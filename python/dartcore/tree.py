@@ -20,7 +20,7 @@ are ever read.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -51,12 +51,14 @@ class Tree:
     (best first).
 
     ``tokens``, ``parents``, ``depths`` are int64[n]; ``scores`` float64[n] (the builder's
-    cumulative path score)."""
+    cumulative path score). ``_valid``: made by dartcore's native searches, valid by
+    construction, so :func:`dartcore.verify.flatten` need not re-check it (see ``_built``)."""
 
     tokens: np.ndarray
     parents: np.ndarray
     depths: np.ndarray
     scores: np.ndarray
+    _valid: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.tokens = np.asarray(self.tokens, dtype=np.int64)
@@ -112,8 +114,8 @@ class Tree:
 
 
 def _built(arrays) -> Tree:
-    """A Tree of arrays fresh from dartcore's native searches: valid by construction (depth
-    order, parents before children), so :func:`dartcore.verify.flatten` need not re-check it."""
+    """A Tree of arrays fresh from dartcore's native searches (depth order, parents before
+    children by construction)."""
     tree = Tree(*arrays)
     tree._valid = True
     return tree

@@ -64,7 +64,7 @@ def _check(tokens, parents, depths) -> FlatTree:
 def flatten(tree) -> FlatTree:
     """Validate a tree (anything with ``tokens``, ``parents``, ``depths``). Trees fresh from
     dartcore's native searches are valid by construction and pass unchecked."""
-    if getattr(tree, "_valid", False):
+    if getattr(tree, "_valid", False):  # a dartcore.tree.Tree from the native searches
         return FlatTree(tree.tokens, tree.parents, tree.depths)
     return _check(tree.tokens, tree.parents, tree.depths)
 

@@ -275,10 +275,11 @@ fn attend(call: &Call<'_>, k_cache: &mut [f32], v_cache: &mut [f32], out: &mut [
     }
 }
 
-/// The attention with AVX-512 for head sizes of 16 · DV: per kv head, the scores of 16 keys
-/// against one query row in 16 accumulators reduced together, a vectorised exp, and P·V
-/// with the row's output in DV registers. Fused multiply-adds: not bit-identical to
-/// [`attend`], both within float32 rounding of the exact result.
+/// The attention with AVX-512 for head sizes of 16 · DV, per query head (heads split between
+/// threads): the scores of 16 keys against one query row in 16 accumulators reduced together,
+/// a vectorised exp, and P·V for up to four query rows sharing each value's loads. Fused
+/// multiply-adds: not bit-identical to [`attend`], both within float32 rounding of the exact
+/// result.
 #[cfg(target_arch = "x86_64")]
 mod fast {
     use super::{prepare, sees, Call, Heads};

@@ -1,6 +1,7 @@
 //! Bindings of dart-linear's decoder-layer ops (`dart_linear::ops`): the residual add + RMSNorm
 //! and the block attention the CPU decoder runs between its native products
-//! (`dartcore.kernels.layer`). Thin: check C order, release the GIL, call.
+//! (`TargetModel`'s `NativeLayerOps`, `DartDrafter`'s native draft). Thin: check C order,
+//! release the GIL, call.
 
 use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray2, PyReadwriteArray3, PyUntypedArrayMethods};
 use pyo3::prelude::*;
