@@ -557,9 +557,6 @@ class DartDrafter(nn.Module):
 
         return self._cached(name, [t for p in projs for t in (p.weight, p.bias) if t is not None], build)
 
-    def _fused_qkv(self):
-        return self._fused("_qkv", (self.layer.q_proj, self.layer.k_proj, self.layer.v_proj))
-
     def _mask_inputs(self) -> torch.Tensor:
         """The MASK rows' layer inputs ``[d - 1, 2H]`` (constant between weight updates)."""
         return self._cached("_mask_x", (self.mask_emb, self.mask_hidden, self.emb_norm.weight, self.hidden_norm.weight),
@@ -610,9 +607,9 @@ class DartDrafter(nn.Module):
         qn = kn = None
         if layer.qk_norm:
             qn, kn = layer.q_norm.weight.detach().numpy(), layer.k_norm.weight.detach().numpy()
-        _native.block_attention(self._fused_qkv()(x).numpy(), layer.nh, layer.nkv, cos, sin, state.k.numpy(),
-                                state.v.numpy(), start, None, layer.hd ** -0.5, att.numpy(), qn, kn, eps,
-                                self._native_threads())
+        qkv = self._fused("_qkv", (layer.q_proj, layer.k_proj, layer.v_proj))(x)
+        _native.block_attention(qkv.numpy(), layer.nh, layer.nkv, cos, sin, state.k.numpy(), state.v.numpy(), start,
+                                None, layer.hd ** -0.5, att.numpy(), qn, kn, eps, self._native_threads())
         state.length += n  # the real rows' keys and values are in place
         h = torch.cat((g[-1:], self.mask_hidden.detach()[:nq - 1]))  # the residual streams
         x = norm(h, layer.post_attention_layernorm, layer.o_proj(att[n - 1:]))  # h += attention
