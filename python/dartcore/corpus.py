@@ -197,6 +197,29 @@ class Corpus:
             "text_field": self.text_field if self.kind in ("dolma", "jsonl") else None,
         }
 
+    def check_headers(self) -> None:
+        """Cheap checks of every shard before any long work: for ``npy``, each file's header
+        (dtype, 1-D shape) or raw size; other kinds are checked while they stream."""
+        if self.kind != "npy":
+            return
+        for path in self.shards:
+            with open(path, "rb") as f:
+                magic = f.read(6)
+                if magic == b"\x93NUMPY":
+                    try:  # header only: the data is mapped, not read
+                        a = np.load(path, mmap_mode="r", allow_pickle=False)
+                    except (ValueError, OSError) as e:
+                        raise CorpusError(f"{path}: not a token array ({e})") from None
+                    _check_token_array(path, a.dtype, a.shape)
+                    del a
+                else:
+                    dtype = np.dtype(self.token_dtype or _default_token_dtype(self.vocab_size))
+                    if path.stat().st_size % dtype.itemsize:
+                        raise CorpusError(
+                            f"{path}: {path.stat().st_size} bytes is not a whole number of {dtype.name} tokens "
+                            "(raw memmap); pass the right --token-dtype"
+                        )
+
     # ------------------------------------------------------------------ iteration
 
     def __iter__(self) -> Iterator[str | np.ndarray]:
@@ -366,9 +389,7 @@ class Corpus:
                 tokens = np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
         except (ValueError, OSError) as e:
             raise CorpusError(f"{path}: not a token array ({e})") from None
-        if tokens.dtype not in (np.uint16, np.uint32, np.int32, np.int64, np.uint64):
-            raise CorpusError(f"{path}: token arrays must be uint16 or uint32, got {tokens.dtype}")
-        tokens = tokens.reshape(-1)
+        _check_token_array(path, tokens.dtype, tokens.shape)
         base = self._done_bytes
         chunk = _NPY_WINDOW
         pending: list[np.ndarray] = []
@@ -398,6 +419,18 @@ class Corpus:
             if doc.size:
                 self.stats.documents += 1
                 yield doc
+
+
+def _check_token_array(path: Path, dtype: np.dtype, shape: tuple) -> None:
+    if dtype not in (np.uint16, np.uint32, np.int32, np.int64, np.uint64):
+        raise CorpusError(f"{path}: token arrays must be uint16 or uint32, got {dtype}")
+    if len(shape) != 1:
+        # Rows of a 2-D array are not a document layout this reader can know (padded
+        # rows? one document per row?): flattening would glue n-grams across rows.
+        raise CorpusError(
+            f"{path}: a token file must be 1-D (documents separated by EOS), got shape {shape}; "
+            "write it as one flat array (np.save(path, tokens.reshape(-1)) if the rows already end with EOS)"
+        )
 
 
 def _default_token_dtype(vocab_size: int | None) -> str:
