@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-build-") as tmp:
         e2e = bench_e2e(corpus, args.tokenizer, args.threads, args.memory, args.max_tokens, Path(tmp))
 
-    from dartcore.cli.ngram_build import parse_size
+    from dartcore.index import parse_size
 
     cores = args.threads
     tokens = e2e["tokens"]
