@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from dartcore.build import MapOptions, build, check_output, peak_rss_bytes, print_summary, run_map, run_reduce
+from dartcore.cli._help import HelpFormatter
 from dartcore.errors import CorpusError, DartError
 from dartcore.index import MAX_THREADS, parse_size
 
@@ -45,18 +46,6 @@ it is now. The output never replaces an input (shard, corpus directory, tokenize
 file): such an --output is refused before any work. To replace an index that running
 processes map, build to a new path and use `dart-index install NEW TARGET`.
 """
-
-
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Epilog kept as written; every option's default shown (help texts that explain their
-    default themselves, and flags that default to off, are left as they are)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if ("default" not in text and action.default not in (None, False, argparse.SUPPRESS)
-                and action.option_strings and action.nargs != 0):
-            text += " (default: %(default)s)"
-        return text
 
 
 def _size(flag: str):
@@ -136,7 +125,7 @@ def build_parser(prog: str = "ngram-build") -> argparse.ArgumentParser:
     """The one-command parser (inputs, resources, output)."""
     ap = argparse.ArgumentParser(
         prog=prog, description="Build a trigram index from a corpus (tokenise, count in bounded memory, merge).",
-        epilog=EPILOG, formatter_class=_HelpFormatter,
+        epilog=EPILOG, formatter_class=HelpFormatter,
     )
     _add_input_args(ap)
     _add_resource_args(ap)
@@ -155,7 +144,7 @@ def build_parser(prog: str = "ngram-build") -> argparse.ArgumentParser:
 
 def _map_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ngram-build map", description="Map step: shards -> sorted runs + manifest.",
-                                 formatter_class=_HelpFormatter)
+                                 formatter_class=HelpFormatter)
     _add_input_args(ap)
     _add_resource_args(ap)
     ap.add_argument("--work-dir", type=Path, required=True, help="where runs and manifest.json go")
@@ -168,7 +157,7 @@ def _map_parser() -> argparse.ArgumentParser:
 
 def _reduce_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ngram-build reduce", description="Reduce step: runs -> index.",
-                                 formatter_class=_HelpFormatter)
+                                 formatter_class=HelpFormatter)
     ap.add_argument("--work-dir", type=Path, action="append", required=True,
                     help="a mapped work dir (repeat to merge the parts of several machines)")
     ap.add_argument("-o", "--output", type=Path, required=True, help="index file to write")
