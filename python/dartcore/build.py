@@ -835,7 +835,9 @@ def build(opts: MapOptions, output: str | os.PathLike, *, min_count: int = 1, ma
     tok, corpus = open_inputs(opts)
     files, dirs = _corpus_inputs(corpus, opts.tokenizer)
     check_not_an_input(output, files, dirs)
-    check_not_an_input(output, [], [work])
+    if _inside(_real(output), _real(work)):
+        raise IndexBuildError(f"--output {output} lies inside --work-dir {work}, whose files the build removes; "
+                              "write the index elsewhere or choose another --work-dir")
     t0 = time.monotonic()
     try:
         manifest = run_map(opts, log=log, inputs=(tok, corpus))
