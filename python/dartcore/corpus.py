@@ -203,22 +203,7 @@ class Corpus:
         if self.kind != "npy":
             return
         for path in self.shards:
-            with open(path, "rb") as f:
-                magic = f.read(6)
-                if magic == b"\x93NUMPY":
-                    try:  # header only: the data is mapped, not read
-                        a = np.load(path, mmap_mode="r", allow_pickle=False)
-                    except (ValueError, OSError) as e:
-                        raise CorpusError(f"{path}: not a token array ({e})") from None
-                    _check_token_array(path, a.dtype, a.shape)
-                    del a
-                else:
-                    dtype = np.dtype(self.token_dtype or _default_token_dtype(self.vocab_size))
-                    if path.stat().st_size % dtype.itemsize:
-                        raise CorpusError(
-                            f"{path}: {path.stat().st_size} bytes is not a whole number of {dtype.name} tokens "
-                            "(raw memmap); pass the right --token-dtype"
-                        )
+            self._open_tokens(path)  # header only: the data is mapped, not read
 
     # ------------------------------------------------------------------ iteration
 
@@ -371,9 +356,9 @@ class Corpus:
             self._problem(f"{path}: invalid UTF-8 near line {lineno} (byte {e.start} of the chunk); replaced")
             return data.decode("utf-8", "replace"), True
 
-    def _read_npy(self, path: Path, size: int) -> Iterator[np.ndarray]:
-        if self.eos_id is None:
-            raise CorpusError("the npy corpus needs the tokenizer's EOS id to split documents")
+    def _open_tokens(self, path: Path) -> np.ndarray:
+        """The shard's tokens, memory-mapped (a .npy file, or a raw memmap of
+        ``token_dtype``), with dtype and 1-D shape checked."""
         with open(path, "rb") as f:
             magic = f.read(6)
         try:
@@ -390,6 +375,12 @@ class Corpus:
         except (ValueError, OSError) as e:
             raise CorpusError(f"{path}: not a token array ({e})") from None
         _check_token_array(path, tokens.dtype, tokens.shape)
+        return tokens
+
+    def _read_npy(self, path: Path, size: int) -> Iterator[np.ndarray]:
+        if self.eos_id is None:
+            raise CorpusError("the npy corpus needs the tokenizer's EOS id to split documents")
+        tokens = self._open_tokens(path)
         base = self._done_bytes
         chunk = _NPY_WINDOW
         pending: list[np.ndarray] = []
