@@ -277,7 +277,7 @@ def test_live_lock_is_respected(tmp_path, capsys):
 # ----------------------------------------------------------------------------- arguments
 
 
-def test_thread_counts_are_capped():
+def test_thread_counts_are_capped(tmp_path):
     t0 = time.monotonic()
     for bad in (10**6, 0, -1, 2.5, True):
         with pytest.raises(IndexBuildArgumentError, match="threads") as e:
@@ -285,6 +285,12 @@ def test_thread_counts_are_capped():
         assert "4096" in str(e.value)
     assert time.monotonic() - t0 < 2
     assert not os.path.exists("/tmp/never-written.idx")
+    # The largest valid count runs on at most the CPUs there are (uncapped, 4096 threads on
+    # 2 CPUs took 70 s for this build).
+    t0 = time.monotonic()
+    build_index([np.arange(100, dtype=np.uint32)], tmp_path / "x.idx", vocab_size=200, threads=4096)
+    assert time.monotonic() - t0 < 10
+    assert NgramIndex(str(tmp_path / "x.idx")).count([5], 6) == (1, 1)
 
 
 @pytest.mark.parametrize("kw, name", [

@@ -521,7 +521,9 @@ def open_inputs(opts: MapOptions):
     from dartcore.corpus import open_corpus
     from dartcore.tokenizers import load_tokenizer
 
-    tok = load_tokenizer(opts.tokenizer, threads=opts.threads or None)
+    # Tokenising is CPU-bound like counting: threads beyond the CPUs only contend.
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    tok = load_tokenizer(opts.tokenizer, threads=min(opts.threads, cpus) if opts.threads else None)
     corpus = open_corpus(
         opts.corpus, corpus_dir=opts.corpus_dir, files=opts.files, text_field=opts.text_field,
         strict=opts.strict, eos_id=tok.eos_id, vocab_size=tok.vocab_size, token_dtype=opts.token_dtype,

@@ -32,7 +32,8 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORE
 
 # The cap of every thread count; the same as MAX_THREADS in crates/dart-ngram/src/pool.rs
 # (4096: above the hardware threads of the largest machines, while an unbounded count
-# such as threads=10**6 would keep spawning threads until the OS refuses).
+# such as threads=10**6 would keep spawning threads until the OS refuses). A builder's
+# own pool is further capped at the CPUs the process may use (builder.rs says why).
 MAX_THREADS = 4096
 # Token ids are 21-bit fields in the builder's keys, with 2**21 - 1 reserved as END.
 MAX_VOCAB = (1 << 21) - 2
@@ -205,6 +206,10 @@ class IndexBuilder:
     token) and a quarter their sort scratch; a full buffer is sorted and spilled as a run
     to ``temp_dir`` (default: the system temp dir), and the final merge reads the runs with
     buffers sharing another quarter. Measured peak RSS: 0.58 GB at ``memory_limit="1G"``.
+
+    ``threads``: None uses the owned pool (``num_threads``); a count must be in
+    1..=MAX_THREADS and is capped at the CPUs this process may use (more only contend).
+    Bad arguments raise ``IndexBuildArgumentError`` naming the argument and its range.
     """
 
     def __init__(self, vocab_size: int, *, memory_limit: int | str = "2G", temp_dir: str | os.PathLike | None = None,

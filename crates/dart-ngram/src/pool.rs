@@ -51,7 +51,7 @@ fn configured(st: &State) -> usize {
     if let Some(n) = st.threads {
         return n;
     }
-    let available = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let available = available_cpus();
     match std::env::var("DART_NUM_THREADS") {
         Ok(v) => match parse_env_threads(&v) {
             Ok(Some(n)) => n,
@@ -64,6 +64,11 @@ fn configured(st: &State) -> usize {
         },
         Err(_) => available,
     }
+}
+
+/// CPUs this process may run on (affinity mask and cgroup quota), at least 1.
+pub fn available_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// The rule for `DART_NUM_THREADS`: empty means unset (`Ok(None)`); an integer in
