@@ -5,7 +5,6 @@ counts, builder arguments, DART_NUM_THREADS, and `dart-index install`."""
 from __future__ import annotations
 
 import fcntl
-import gzip
 import json
 import os
 import subprocess

@@ -72,7 +72,7 @@ def _check_int(value: Any, what: str, lo: int, hi: int, hint: str = "") -> int:
 
 
 def _check_threads(threads: Any, what: str = "threads") -> int:
-    return _check_int(threads, what, 1, MAX_THREADS, " (more threads than CPUs only add start-up time)")
+    return _check_int(threads, what, 1, MAX_THREADS)
 
 
 def _builder_options(vocab_size: Any, memory_limit: Any, temp_dir: Any, min_count: Any, max_children: Any,
