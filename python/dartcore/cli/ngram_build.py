@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from dartcore.build import MapOptions, build, check_output, peak_rss_bytes, print_summary, run_map, run_reduce
+from dartcore.build import MapOptions, build, peak_rss_bytes, print_summary, run_map, run_reduce
 from dartcore.cli._help import HelpFormatter
 from dartcore.errors import CorpusError, DartError
 from dartcore.index import MAX_THREADS, parse_size
@@ -218,7 +218,6 @@ def _main_map(argv: list[str]) -> int:
 
 def _main_reduce(argv: list[str]) -> int:
     args = _reduce_parser().parse_args(argv)
-    check_output(args.output)
     t0 = time.monotonic()
     summary = run_reduce(args.work_dir, args.output, min_count=args.min_count, threads=args.threads,
                          memory=args.memory, temp_dir=args.temp_dir, max_children=args.max_children,
