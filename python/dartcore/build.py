@@ -49,7 +49,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from dartcore.errors import CorpusError, IndexBuildError
+from dartcore.errors import CorpusError, DartError, IndexBuildError
 
 MANIFEST = "manifest.json"
 SPILL_PREFIX = "tmp-ngram-build-spill-"
@@ -846,14 +846,17 @@ def build(opts: MapOptions, output: str | os.PathLike, *, min_count: int = 1, ma
     except KeyboardInterrupt:
         raise
     except BaseException as e:
-        m = _read_manifest(work) if work.is_dir() else None
+        try:
+            m = _read_manifest(work) if work.is_dir() else None
+        except IndexBuildError:
+            m = None
         n = len(m["shards"]) if m else 0
-        if n == 0 and (fresh or m is not None):
+        if n == 0 and work.is_dir() and (fresh or m is not None):
             try:
                 with _WorkDirLock(work):  # never another live build's dir
                     _remove_work(work)
-            except IndexBuildError:
-                pass
+            except (IndexBuildError, OSError):
+                pass  # cleaning up must not hide the error itself
         elif isinstance(e, (IndexBuildError, CorpusError)) and n and "--resume" not in str(e):
             e.args = (f"{e} ({n} finished shards are kept in {work}: fix the problem and rerun with "
                       "--resume, or remove that directory)",)
@@ -861,9 +864,13 @@ def build(opts: MapOptions, output: str | os.PathLike, *, min_count: int = 1, ma
     if not manifest["complete"]:
         raise IndexBuildError("map did not finish every shard")
     t1 = time.monotonic()
-    reduce = run_reduce([opts.work_dir], output, min_count=min_count, threads=opts.threads,
-                        memory=opts.memory, temp_dir=opts.temp_dir, max_children=max_children,
-                        log=None if opts.quiet else (lambda s: log(s, file=sys.stderr)))
+    try:
+        reduce = run_reduce([opts.work_dir], output, min_count=min_count, threads=opts.threads,
+                            memory=opts.memory, temp_dir=opts.temp_dir, max_children=max_children,
+                            log=None if opts.quiet else (lambda s: log(s, file=sys.stderr)))
+    except (DartError, ValueError) as e:
+        e.args = (f"{e} (the mapped shards are kept in {work}: rerun with --resume to retry the reduce)",)
+        raise
     t2 = time.monotonic()
     summary = _summary(output, manifest, reduce, wall=t2 - t0, map_s=t1 - t0, reduce_s=t2 - t1, opts=opts)
     if not keep_work:

@@ -259,9 +259,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\nngram-build: interrupted; temporary files removed. Finished shards are kept in the work "
               "dir: rerun the same command with --resume to continue.", file=sys.stderr)
         return 130
-    except (DartError, OSError) as e:
-        # CorpusError / TokenizerError / IndexBuildError / IndexFormatError, or the file
-        # system (disk full, permissions): a message, no traceback.
+    except (DartError, ValueError, OSError) as e:
+        # CorpusError / TokenizerError / IndexBuildError / IndexFormatError, an option the
+        # native builder rejects (ValueError), or the file system (disk full, permissions):
+        # a message, no traceback.
         print(f"ngram-build: error ({type(e).__name__}): {e}", file=sys.stderr)
         return 2
 
