@@ -420,6 +420,10 @@ def test_install_refuses_bad_new_and_keeps_target(tmp_path, capsys):
     other = _index(tmp_path / "o.idx", [[1, 2, 5]], tokenizer="t2")
     assert dart_index(["install", str(other), str(target)]) == 2
     assert "--force" in err_of(capsys)
+    link = tmp_path / "link.idx"
+    link.symlink_to(tmp_path / "b.idx")
+    assert dart_index(["install", str(link), str(target)]) == 2
+    assert "symlink" in err_of(capsys) and (tmp_path / "b.idx").is_file()
     assert target.read_bytes() == before and bad.is_file() and other.is_file()
     assert dart_index(["install", "--force", str(other), str(target)]) == 0
 

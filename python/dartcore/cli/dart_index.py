@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import stat
 import sys
 import tempfile
@@ -31,6 +30,8 @@ renames instead: TARGET becomes a new file (a new inode) in one atomic step, pro
 that mapped the old file keep reading it unchanged (its space is freed when the last one
 unmaps it), and every open after the rename gets the new index. A rename cannot cross
 filesystems: keep NEW next to TARGET (ngram-build --output writes there) or pass --copy.
+A TARGET that is a symlink is itself replaced by the new file (the file it pointed to
+stays as it was).
 
 examples:
   ngram-build --corpus-dir ~/dolma --output /srv/idx/qwen3.idx.new
@@ -59,6 +60,17 @@ def _open_checked(path: Path, what: str):
     return idx, meta
 
 
+def _copy(fin, fout, size: int) -> None:
+    """Copy with a progress bar (rate, ETA) on stderr."""
+    from tqdm import tqdm
+
+    with tqdm(total=size, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr, dynamic_ncols=True,
+              desc="dart-index install: copying", disable=size < 64 << 20) as bar:
+        while chunk := fin.read(1 << 22):
+            fout.write(chunk)
+            bar.update(len(chunk))
+
+
 def _fsync_dir(d: Path) -> None:
     fd = os.open(d, os.O_RDONLY)
     try:
@@ -82,6 +94,9 @@ def install(new: str | os.PathLike, target: str | os.PathLike, *, copy: bool = F
         raise IndexBuildError(f"NEW {new} and TARGET {target} are the same file; nothing to install")
     if target.exists() and not target.is_file():
         raise IndexBuildError(f"TARGET {target} exists and is not a regular file; choose another path")
+    if not copy and new.is_symlink():
+        raise IndexBuildError(f"NEW {new} is a symlink, and a rename would move the link, not the index: "
+                              "give the file itself, or pass --copy")
     if not copy and new.exists() and os.stat(new).st_dev != os.stat(parent).st_dev:
         raise IndexBuildError(
             f"NEW {new} is on another filesystem than TARGET {target}, and a rename cannot cross "
@@ -115,7 +130,7 @@ def install(new: str | os.PathLike, target: str | os.PathLike, *, copy: bool = F
             fd, name = tempfile.mkstemp(prefix=f".{target.name}.install-", dir=parent)
             tmp = Path(name)
             with open(new, "rb") as fin, os.fdopen(fd, "wb") as fout:
-                shutil.copyfileobj(fin, fout, 1 << 22)
+                _copy(fin, fout, size)
                 fout.flush()
                 os.fsync(fout.fileno())
             os.chmod(tmp, stat.S_IMODE(os.stat(new).st_mode))
