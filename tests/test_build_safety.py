@@ -112,6 +112,22 @@ def test_reduce_output_in_the_work_dir_is_refused(tmp_path, capsys):
     assert run("reduce", "--work-dir", work, "--output", tmp_path / "ok.idx", "--quiet") == 0
 
 
+def test_reduce_refuses_shards_changed_since_map(tmp_path, capsys):
+    root = corpus(tmp_path, n_shards=2)
+    work = tmp_path / "w"
+    assert run("map", "--corpus", "jsonl", "--corpus-dir", root, "--work-dir", work, "--quiet") == 0
+    _rewrite_same_size(root / "documents" / "part-000.jsonl", keep_mtime=False)
+    assert run("reduce", "--work-dir", work, "--output", tmp_path / "x.idx", "--quiet") == 2
+    err = err_of(capsys)
+    assert "part-000.jsonl changed" in err and "--resume" in err
+    assert not (tmp_path / "x.idx").exists()
+    assert run("map", "--corpus", "jsonl", "--corpus-dir", root, "--work-dir", work, "--quiet", "--resume") == 0
+    assert run("reduce", "--work-dir", work, "--output", tmp_path / "x.idx", "--quiet") == 0
+    fresh = tmp_path / "fresh.idx"
+    assert run("--corpus", "jsonl", "--corpus-dir", root, "--output", fresh, "--quiet") == 0
+    assert (tmp_path / "x.idx").read_bytes() == fresh.read_bytes()
+
+
 def test_python_build_index_refuses_its_input_and_missing_directories(tmp_path):
     doc = tmp_path / "doc.npy"
     np.save(doc, np.array([1, 2, 3, 1, 2], np.uint32))

@@ -16,6 +16,23 @@ from dartcore.build.workdir import MANIFEST, _read_manifest
 from dartcore.errors import IndexBuildError
 
 
+def _check_unchanged(shard: dict, work: Path) -> None:
+    """A shard file that changed since it was mapped (size or mtime; no hashing here) makes
+    its runs stale. A file that is absent is fine: reduce may run on another machine."""
+    rec, path = shard.get("input"), shard.get("file")
+    if not rec or not path:
+        return
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    if (st.st_size, st.st_mtime_ns) != (rec["size"], rec["mtime_ns"]):
+        raise IndexBuildError(
+            f"{path} changed since it was mapped into {work}; map again with --resume "
+            f"(ngram-build map --resume --work-dir {work} ...) before reduce"
+        )
+
+
 def run_reduce(work_dirs: list[Path], output: Path, *, min_count: int = 1, threads: int = 0,
                memory: int = 8 << 30, temp_dir: str | None = None, max_children: int | None = None,
                log=None) -> dict:
@@ -63,6 +80,7 @@ def run_reduce(work_dirs: list[Path], output: Path, *, min_count: int = 1, threa
     damage = {"bad_lines": 0, "invalid_utf8": 0, "corrupt_streams": 0, "split_documents": 0}
     for k in sorted(shards, key=int):
         w, s = shards[k]
+        _check_unchanged(s, w)
         runs += [str(w / r) for r in s["runs"]]
         docs += s["documents"]
         tokens += s["tokens"]
