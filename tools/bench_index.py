@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of the trigram index (issue 2): size, open time, query latency, build speed.
+"""Benchmark of the trigram index: size, open time, query latency, build speed.
 
 Corpus: SYNTHETIC and Zipf-like (say so when quoting the numbers): token i is
 ``(z_i + H[z_{i-1} mod M]) mod V`` with z ~ Zipf(a) i.i.d. and H a random table, so every
@@ -132,7 +132,12 @@ def main(argv=None) -> int:
     env = dict(os.environ)
     if args.threads:
         env["DART_NUM_THREADS"] = str(args.threads)
-    threads = args.threads or int(env.get("DART_NUM_THREADS", 0)) or len(os.sched_getaffinity(0))
+    if args.threads:
+        threads = args.threads
+    else:  # the pool's own reading of DART_NUM_THREADS (in this process: the child's is the same)
+        from dartcore.index import num_threads
+
+        threads = num_threads()
     cmd = [sys.executable, __file__, "--_child", "--shards", ",".join(map(str, shards)), "--output", str(out),
            "--memory-limit", str(args.memory_limit), "--temp-dir", str(args.work)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss

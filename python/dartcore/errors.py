@@ -7,6 +7,7 @@ __all__ = [
     "DartError",
     "IndexFormatError",
     "IndexBuildError",
+    "IndexBuildArgumentError",
     "CorpusError",
     "TokenizerError",
     "TokenizerMismatchError",
@@ -26,6 +27,10 @@ class IndexFormatError(DartError):
 
 class IndexBuildError(DartError):
     """An index build failed (I/O, memory limit too small, interrupted)."""
+
+
+class IndexBuildArgumentError(IndexBuildError, ValueError):
+    """An argument of an index build is of the wrong type or out of range."""
 
 
 class CorpusError(DartError):

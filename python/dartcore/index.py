@@ -28,20 +28,73 @@ from dartcore import _native
 __all__ = ["NgramIndex", "IndexBuilder", "build_index", "merge_runs", "parse_size", "set_num_threads",
            "num_threads"]
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+
+# The cap of every thread count; the same as MAX_THREADS in crates/dart-ngram/src/pool.rs
+# (4096: above the hardware threads of the largest machines, while an unbounded count
+# such as threads=10**6 would keep spawning threads until the OS refuses). A builder's
+# own pool is further capped at the CPUs the process may use (builder.rs says why).
+MAX_THREADS = 4096
+# Token ids are 21-bit fields in the builder's keys, with 2**21 - 1 reserved as END.
+MAX_VOCAB = (1 << 21) - 2
 
 
-def parse_size(size: int | str) -> int:
-    """``"2G"``, ``"512M"``, ``"1.5GiB"`` or an int of bytes -> bytes (powers of 1024)."""
-    if isinstance(size, (int, np.integer)):
-        if size <= 0:
-            raise ValueError(f"memory size must be positive, got {size}")
-        return int(size)
-    m = _SIZE.match(str(size))
-    if not m:
-        raise ValueError(f"cannot parse memory size {size!r}: use e.g. 512M, 2G or a number of bytes")
-    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
-    return int(float(m.group(1)) * scale)
+def parse_size(size: int | str, *, what: str = "size") -> int:
+    """``"2G"``, ``"512M"``, ``"1.5GiB"`` or an int of bytes -> bytes (powers of 1024).
+
+    The one size parser of the package (the CLIs and tools use it too). Bad input raises
+    ``IndexBuildArgumentError`` (a ``ValueError``) whose message starts with ``what``."""
+    from dartcore.errors import IndexBuildArgumentError as Bad
+
+    if isinstance(size, (bool, np.bool_)) or not isinstance(size, (int, np.integer, str)):
+        raise Bad(f"{what} must be a size such as 512M, 2G or a number of bytes, got {type(size).__name__} {size!r}")
+    if isinstance(size, str):
+        m = _SIZE.match(size)
+        if not m:
+            raise Bad(f"{what}: cannot read {size!r} as a size; use e.g. 512M, 2G, 1.5GiB or a number of bytes")
+        scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
+        value = int(float(m.group(1)) * scale)
+    else:
+        value = int(size)
+    if value <= 0:
+        raise Bad(f"{what} must be positive, got {size!r}")
+    if value >= 1 << 63:
+        raise Bad(f"{what} {size!r} is too large (at most 8 EiB)")
+    return value
+
+
+def _check_int(value: Any, what: str, lo: int, hi: int, hint: str = "") -> int:
+    from dartcore.errors import IndexBuildArgumentError
+
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
+        raise IndexBuildArgumentError(f"{what} must be an integer in {lo}..={hi}{hint}, got {value!r}")
+    return int(value)
+
+
+def _check_threads(threads: Any, what: str = "threads") -> int:
+    return _check_int(threads, what, 1, MAX_THREADS)
+
+
+def _builder_options(vocab_size: Any, memory_limit: Any, temp_dir: Any, min_count: Any, max_children: Any,
+                     threads: Any, token_bits: Any) -> dict:
+    """Checked keyword arguments of the native builder (every range named before any
+    allocation: the native side would report e.g. vocab_size=-5 as a failed conversion)."""
+    from dartcore.errors import IndexBuildArgumentError
+
+    memory = parse_size(memory_limit, what="memory_limit")
+    if memory < 1 << 20:
+        raise IndexBuildArgumentError(f"memory_limit must be at least 1 MiB, got {memory_limit!r}")
+    if temp_dir is not None and not Path(temp_dir).is_dir():
+        raise IndexBuildArgumentError(f"temp_dir {temp_dir} is not a directory; create it or pass None")
+    return dict(
+        vocab_size=_check_int(vocab_size, "vocab_size", 1, MAX_VOCAB),
+        memory_limit=memory,
+        temp_dir=None if temp_dir is None else str(temp_dir),
+        min_count=_check_int(min_count, "min_count", 1, (1 << 64) - 1),
+        max_children=None if max_children is None else _check_int(max_children, "max_children", 1, (1 << 32) - 1),
+        threads=None if threads is None else _check_threads(threads),
+        token_bits=None if token_bits is None else _check_int(token_bits, "token_bits", 1, 21),
+    )
 
 
 def _context(context: Sequence[int] | np.ndarray) -> list[int]:
@@ -130,7 +183,12 @@ def _as_doc(doc: Any, vocab_size: int) -> np.ndarray:
         doc = np.load(doc, mmap_mode="r")
     a = np.asarray(doc)
     if a.ndim != 1:
-        a = a.reshape(-1)
+        from dartcore.errors import IndexBuildArgumentError
+
+        raise IndexBuildArgumentError(
+            f"a document must be a 1-D array of token ids, got shape {a.shape}; pass each row as its own "
+            "document (n-grams never cross documents) or flatten it yourself"
+        )
     if a.dtype == np.uint32:
         return np.ascontiguousarray(a)
     if a.size and not np.issubdtype(a.dtype, np.integer):
@@ -148,18 +206,18 @@ class IndexBuilder:
     token) and a quarter their sort scratch; a full buffer is sorted and spilled as a run
     to ``temp_dir`` (default: the system temp dir), and the final merge reads the runs with
     buffers sharing another quarter. Measured peak RSS: 0.58 GB at ``memory_limit="1G"``.
+
+    ``threads``: None uses the owned pool (``num_threads``); a count must be in
+    1..=MAX_THREADS and is capped at the CPUs this process may use (more only contend).
+    Bad arguments raise ``IndexBuildArgumentError`` naming the argument and its range.
     """
 
     def __init__(self, vocab_size: int, *, memory_limit: int | str = "2G", temp_dir: str | os.PathLike | None = None,
                  min_count: int = 1, max_children: int | None = None, threads: int | None = None,
                  token_bits: int | None = None):
-        self.vocab_size = int(vocab_size)
-        self._inner = _native.IndexBuilder(
-            self.vocab_size, memory_limit=parse_size(memory_limit),
-            temp_dir=None if temp_dir is None else str(temp_dir), min_count=int(min_count),
-            max_children=None if max_children is None else int(max_children),
-            threads=None if threads is None else int(threads), token_bits=token_bits,
-        )
+        kw = _builder_options(vocab_size, memory_limit, temp_dir, min_count, max_children, threads, token_bits)
+        self.vocab_size = kw.pop("vocab_size")
+        self._inner = _native.IndexBuilder(self.vocab_size, **kw)
 
     @property
     def documents(self) -> int:
@@ -179,6 +237,9 @@ class IndexBuilder:
 
     def finish(self, output: str | os.PathLike, metadata: dict | None = None) -> dict:
         """Write the index (temp file + rename; consumes the builder) -> summary dict."""
+        from dartcore.build import check_output
+
+        check_output(output, flag="output")
         return dict(self._inner.finish(str(output), json.dumps(metadata or {}, sort_keys=True)))
 
 
@@ -204,10 +265,17 @@ def build_index(documents: Iterable[Any], output: str | os.PathLike, *, vocab_si
     document yourself if the index should know where documents end. An empty corpus gives a
     valid empty index.
     """
+    from dartcore.build import check_output
+
+    out = check_output(output, flag="output")  # before counting, not after
+    batch_tokens = _check_int(batch_tokens, "batch_tokens", 1, 1 << 40)
     b = IndexBuilder(vocab_size, **builder_opts)
+    paths: list[str | os.PathLike] = []
     batch: list[np.ndarray] = []
     n = 0
     for d in documents:
+        if isinstance(d, (str, os.PathLike)):
+            paths.append(d)
         a = _as_doc(d, b.vocab_size)
         batch.append(a)
         n += a.size
@@ -216,15 +284,23 @@ def build_index(documents: Iterable[Any], output: str | os.PathLike, *, vocab_si
             batch, n = [], 0
     if batch:
         b._inner.add_many(batch)
-    return b.finish(output, metadata)
+    if paths:
+        from dartcore.build import check_not_an_input
+
+        check_not_an_input(out, paths, flag="output")
+    return b.finish(out, metadata)
 
 
 def set_num_threads(n: int) -> None:
-    """Size the owned thread pool (``dart-ngram-N``); default DART_NUM_THREADS or all CPUs."""
-    _native.set_num_threads(int(n))
+    """Size the owned thread pool (``dart-ngram-N``): 1..=MAX_THREADS."""
+    _native.set_num_threads(_check_threads(n, "n"))
 
 
 def num_threads() -> int:
+    """Threads of the owned pool: ``set_num_threads``, else ``DART_NUM_THREADS``, else all
+    CPUs. The pool (crates/dart-ngram/src/pool.rs) is the one reader of the variable: a value
+    that is not an integer in 1..=MAX_THREADS is ignored with one warning on stderr (all
+    CPUs are used), a larger one is capped at MAX_THREADS."""
     return _native.num_threads()
 
 
