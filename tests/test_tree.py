@@ -13,6 +13,7 @@ import pytest
 from dartcore import TreeError
 from dartcore import tree as T
 from dartcore.index import NgramIndex, build_index
+from tree_helpers import random_tree
 
 V = 12
 
@@ -288,7 +289,7 @@ def test_best_first_equals_exhaustive(seed):
 
 @pytest.mark.parametrize("n", [1, 2, 63, 64, 65, 130])
 def test_ancestor_mask_and_verification_inputs(n):
-    t = T.random_tree(n, vocab_size=50, rng=n)
+    t = random_tree(n, vocab_size=50, rng=n)
     check_structure(t, n)
     dense = np.zeros((n, n), dtype=bool)
     for i in range(n):

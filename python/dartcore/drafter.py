@@ -51,6 +51,7 @@ __all__ = [
     "BUILTIN_DRAFTERS",
     "default_taps",
     "tokenizer_fingerprint",
+    "drafter_fingerprint",
 ]
 
 CONFIG_NAME = "config.json"
@@ -77,6 +78,18 @@ def tokenizer_fingerprint(tokenizer) -> str | None:
     for tok, idx in sorted(vocab.items(), key=lambda kv: kv[1]):
         h.update(f"{idx}\t{tok}\n".encode("utf-8", "surrogatepass"))
     return h.hexdigest()[:32]
+
+
+def drafter_fingerprint(drafter) -> str:
+    """A short hash of a drafter's config and weights (which drafter a DARTree correction
+    head was trained on)."""
+    h = hashlib.sha256(drafter.config.to_json().encode())
+    state = drafter.state_dict()
+    for name in ("fc.weight", "lm_head.weight", "mask_hidden"):
+        # fp16-rounded, so a checkpoint and its fp16 export have the same fingerprint.
+        t = state[name].detach().cpu().to(torch.float16).contiguous()
+        h.update(t.view(torch.int16).numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 @dataclass

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import random
 import time
@@ -21,6 +20,7 @@ from dartcore.drafter import DartDrafter
 from dartcore.errors import DartError
 from dartcore.training.data import PackedSequence
 from dartcore.training.loss import DEFAULT_GAMMA, gamma_kl_loss, teacher_logprobs
+from dartcore.training.schedule import warmup_cosine
 
 __all__ = [
     "TrainConfig",
@@ -237,13 +237,9 @@ def lr_factor(cfg: TrainConfig, step: int, elapsed_s: float = 0.0) -> float:
     """Linear warmup over ``warmup_steps``, then cosine from 1 to ``min_lr_ratio``. Progress
     is the larger of steps / max_steps and elapsed / max_minutes, so a time-budgeted run
     (``max_minutes``) still ends its cosine at the minimum whatever the machine's speed."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    prog = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
-    if cfg.max_minutes:
-        prog = max(prog, elapsed_s / (cfg.max_minutes * 60))
-    prog = min(1.0, prog)
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * prog))
+    progress = elapsed_s / (cfg.max_minutes * 60) if cfg.max_minutes else None
+    return warmup_cosine(step, warmup_steps=cfg.warmup_steps, max_steps=cfg.max_steps,
+                         min_ratio=cfg.min_lr_ratio, progress=progress)
 
 
 class Trainer:
