@@ -11,6 +11,7 @@ import torch
 from conftest import tiny_model
 from dartcore.drafter import DartDrafter, DrafterConfig, tokenizer_fingerprint
 from dartcore.errors import DartError, DrafterMismatchError
+from dartcore.training.forward import train_forward
 
 
 class FakeTokenizer:
@@ -94,7 +95,7 @@ def test_incremental_draft_equals_one_call_and_training_forward(family):
     # the training forward's group for anchor t equals drafting after positions 0..t
     anchors = torch.tensor([[N - 1, 4, 11]])
     with torch.no_grad():
-        train = dr.forward_train(taps[None], nxt[None], anchors)
+        train = train_forward(dr, taps[None], nxt[None], anchors)
     torch.testing.assert_close(train[0, 0], one, atol=1e-5, rtol=1e-5)
     for a, t in ((1, 4), (2, 11)):
         ref = dr.draft(dr.new_state(64), taps[: t + 1], nxt[: t + 1])

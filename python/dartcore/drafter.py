@@ -630,47 +630,6 @@ class DartDrafter(nn.Module):
         mlp = layer.down_proj(F.silu(gate) * up)
         return self.lm_head(norm(h, self.norm, mlp)), h  # h += mlp; logits of norm(h)
 
-    # -- training ----------------------------------------------------------------------
-
-    def forward_train(self, taps: torch.Tensor, next_tokens: torch.Tensor, anchors: torch.Tensor,
-                      *, doc_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-                      backend: str = "auto") -> torch.Tensor:
-        """Prefix-shared training forward over packed clean sequences.
-
-        taps [B, N, 3H]; next_tokens [B, N] (x_{i+1} of clean row i); anchors [B, A] (clean
-        row index t of each group, -1 = padding group); doc_ids [B, N] (packed documents never
-        see each other; default one document); position_ids [B, N] (default 0..N-1).
-        Returns logits [B, A, d, V_draft]: [:, a, 0] from the anchor's clean row, [:, a, j]
-        from MASK j of its group (position t+j)."""
-        from dartcore.training.mask import build_layout, prefix_shared_attention
-
-        B, N, _ = taps.shape
-        A, D = anchors.shape[1], self.d
-        dev = taps.device
-        if position_ids is None:
-            position_ids = torch.arange(N, device=dev).expand(B, N)
-        if doc_ids is None:
-            doc_ids = torch.zeros(B, N, dtype=torch.long, device=dev)
-        layout = build_layout(anchors, doc_ids, position_ids, D)
-        rows, g = self.real_rows(taps, next_tokens)  # [B, N, 2H], [B, N, H]
-        m_rows, m_res = self.mask_rows()  # [D-1, 2H]
-        all_rows = torch.cat((rows, m_rows.unsqueeze(0).unsqueeze(0).expand(B, A, D - 1, -1).reshape(B, A * (D - 1), -1)), 1)
-        cos, sin = self.rope(layout.positions)  # [B, R, hd]
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        k, v = self.layer.kv(all_rows, cos, sin)  # [B, nkv, R, hd]
-        # Queries: only rows whose output is used (anchor rows + MASK rows); a single layer
-        # means other clean rows contribute keys/values only.
-        qidx = layout.query_rows  # [B, A*D] indices into the R rows, group-major
-        q_rows = torch.gather(all_rows, 1, qidx[..., None].expand(-1, -1, all_rows.shape[-1]))
-        qcos = torch.gather(cos.squeeze(1), 1, qidx[..., None].expand(-1, -1, cos.shape[-1])).unsqueeze(1)
-        qsin = torch.gather(sin.squeeze(1), 1, qidx[..., None].expand(-1, -1, sin.shape[-1])).unsqueeze(1)
-        q = self.layer.q(q_rows, qcos, qsin)  # [B, nh, A*D, hd]
-        attn = prefix_shared_attention(self.layer, q, k, v, layout, backend=backend)
-        anchor_res = torch.gather(g, 1, anchors.clamp(min=0)[..., None].expand(-1, -1, g.shape[-1]))  # [B, A, H]
-        resid = torch.cat((anchor_res.unsqueeze(2), m_res.expand(B, A, D - 1, -1)), 2).reshape(B, A * D, -1)
-        h = self.layer.mlp_block(resid + attn)
-        return self.head(h).view(B, A, D, -1)
-
 
 def _check_target(cfg: DrafterConfig, target_model, tokenizer, path) -> None:
     tc = target_model.config
