@@ -105,8 +105,42 @@ def test_index_of_another_tokenizer_is_refused(setup, tmp_path):
     path = tmp_path / "other.idx"
     build_index([np.arange(10)], path, vocab_size=64,
                 metadata={"tokenizer": {"name": "qwen3", "fingerprint": "0123456789abcdef"}})
-    with pytest.raises(TokenizerMismatchError, match="rebuild the index"):
+    # names both tokenizers, not only their fingerprints
+    with pytest.raises(TokenizerMismatchError, match=r"tokenizer 'qwen3'.*FingerprintedCharTokenizer.*rebuild the index"):
         DartDecoder(model, tok, drafter, NgramIndex(path), tree="dart")
+
+
+def test_index_without_tokenizer_metadata_warns_and_checks_its_vocabulary(setup, tmp_path):
+    from dartcore.index import NgramIndex, build_index
+
+    model, tok, drafter, *_ = setup
+    bare = tmp_path / "bare.idx"
+    build_index([np.arange(10)], bare, vocab_size=64)
+    with pytest.warns(UserWarning, match="records no tokenizer"):
+        DartDecoder(model, tok, drafter, NgramIndex(bare), tree="dart")
+    wide = tmp_path / "wide.idx"  # more token ids than the target's 64
+    build_index([np.arange(100)], wide, vocab_size=100)
+    with pytest.raises(TokenizerMismatchError, match="vocabulary of 100 tokens but the target only 64"):
+        DartDecoder(model, tok, drafter, NgramIndex(wide), tree="dart")
+
+
+def test_native_cpu_backend_drafts_through_native_draft_and_stays_lossless(setup):
+    """The native CPU backend's routing (drafter -> NativeDraft, one-thread rounds), with the
+    native layer ops and torch products so that it runs on any CPU."""
+    from dartcore.kernels.native_draft import NativeDraft
+    from dartcore.models.backend import NativeCpuBackend
+
+    model, tok, drafter, index, prompts, refs = setup
+    dec = DartDecoder(model, tok, drafter, index, tree="dart", max_nodes=6, eos_token_ids=())
+    dec.backend = NativeCpuBackend(dec.target, lazy_logits=True)
+    native = NativeDraft(drafter, threads=1, product=lambda w, b: (lambda x: torch.nn.functional.linear(x, w, b)))
+    blocks = []
+    inner = native.block
+    native.block = lambda *a: blocks.append(inner(*a)) or blocks[-1]
+    dec.backend.native_drafts[id(drafter)] = native
+    for prompt, ref in zip(prompts, refs):
+        assert dec.generate(prompt, max_new_tokens=24).tokens == ref
+    assert blocks and all(b is not None for b in blocks)  # every round's draft went native
 
 
 def _paths(tree):

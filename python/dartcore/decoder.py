@@ -375,8 +375,8 @@ class DartDecoder:
         # A tree of `budget` nodes is never deeper than `budget`: draft no more rows than that.
         rows = min(drafter.d, self.max_nodes, max_depth)
         want_hidden = self.builder.needs_hidden
-        out = drafter.draft(seq.drafter_state, seq.new_taps, torch.tensor(seq.new_next, dtype=torch.long),
-                            return_hidden=want_hidden, rows=rows)
+        out = self.backend.draft(drafter, seq.drafter_state, seq.new_taps, torch.tensor(seq.new_next, dtype=torch.long),
+                                 rows=rows, return_hidden=want_hidden)
         return _Drafted(*out) if want_hidden else _Drafted(logits=out)
 
     def _search(self, seq: _Sequence, drafted: _Drafted, max_depth: int, budget: int) -> Tree:

@@ -8,7 +8,8 @@ its methods.
   lazily on the CPU (see :class:`LazyLogits`).
 * :class:`NativeCpuBackend` -- a float32 CPU target whose products and layer ops run through
   the native kernels (:class:`~dartcore.models.transformer.TargetModel` decides that when it
-  adopts the model): the drafter drafts through the same kernels, a round's small torch ops
+  adopts the model): the drafter drafts through the same kernels
+  (:class:`~dartcore.kernels.native_draft.NativeDraft`), a round's small torch ops
   run on one thread next to the kernel's spinning helpers, and the LM head takes all of a
   tree's rows (the kernel computes a few rows for about the price of one).
 """
@@ -20,7 +21,9 @@ import contextlib
 import numpy as np
 import torch
 
+from dartcore.drafter import DartDrafter
 from dartcore.kernels.linear import native_linears_, torch_threads
+from dartcore.kernels.native_draft import NativeDraft
 from dartcore.models.transformer import ForwardOutput, TargetModel, column_major_linears_
 
 __all__ = ["TorchBackend", "NativeCpuBackend", "LazyLogits", "backend_for"]
@@ -80,6 +83,11 @@ class TorchBackend:
                 column_major_linears_(drafter)  # 2x faster d-row drafting with MKL
         return drafter
 
+    def draft(self, drafter, state, taps: torch.Tensor, next_tokens: torch.Tensor, *, rows: int,
+              return_hidden: bool):
+        """``drafter.draft(...)`` on this backend."""
+        return drafter.draft(state, taps, next_tokens, return_hidden=return_hidden, rows=rows)
+
     def round_scope(self):
         """Context of one decoding round (draft, search, verify, accept)."""
         return contextlib.nullcontext()
@@ -105,19 +113,28 @@ class NativeCpuBackend(TorchBackend):
 
     def __init__(self, target: TargetModel, lazy_logits: bool | None = None):
         super().__init__(target, lazy_logits=False if lazy_logits is None else lazy_logits)
+        self.native_drafts: dict[int, NativeDraft] = {}  # id(drafter) -> its native draft step
 
     def prepare_drafter(self, drafter):
         if isinstance(drafter, torch.nn.Module):
             drafter.to(self.device)
             # weights streamed once for the d rows, fp16 where they are fp16-exact (the shipped
-            # drafters are stored in fp16: same drafts, half the bytes); the layer's own ops
-            # native too where the drafter supports it
-            use = getattr(drafter, "use_native_ops", None)  # a DartDrafter's own
-            if use is not None:
-                use(threads=self.target.threads)
+            # drafters are stored in fp16: same drafts, half the bytes); a DartDrafter's layer
+            # ops native too
+            native = NativeDraft.adopt(drafter, threads=self.target.threads) if isinstance(drafter, DartDrafter) \
+                else None
+            if native is not None:
+                self.native_drafts[id(drafter)] = native
             else:
                 native_linears_(drafter, narrow=True, threads=self.target.threads)
         return drafter
+
+    def draft(self, drafter, state, taps: torch.Tensor, next_tokens: torch.Tensor, *, rows: int,
+              return_hidden: bool):
+        native = self.native_drafts.get(id(drafter))
+        if native is None or native.drafter is not drafter:
+            return super().draft(drafter, state, taps, next_tokens, rows=rows, return_hidden=return_hidden)
+        return native.draft(state, taps, next_tokens, return_hidden=return_hidden, rows=rows)
 
     def round_scope(self):
         """A round's small torch ops (drafting, search, acceptance) on one torch thread: an
