@@ -245,11 +245,11 @@ def _tail(context: Any) -> np.ndarray:
     return _ids(np.asarray(context).reshape(-1)[-2:], 1, "context")
 
 
-# Largest accepted beam width. A search costs ~width² (10**5: 2.2 s, 10**7: over a minute on
-# the dev box), and width beyond the node budget cannot change the tree: with scores that
-# never increase along a path the tree's nodes of one level are that level's best, so entries
-# ranked below ``max_nodes`` are never in it. 4096 is far above any budget in use (the
-# paper's 59, DARTree's 64).
+# Largest accepted beam width. A search costs ~width² (d = 8, k = 25, 59 nodes on the dev box:
+# 0.5 ms at 20, 8.6 ms at 1,000, 113 ms at 4,096, 2.2 s at 10**5), and width beyond the node
+# budget cannot change the tree: with scores that never increase along a path the tree's
+# nodes of one level are that level's best, so entries ranked below ``max_nodes`` are never
+# in it (tests/test_tree.py). 4096 is far above any budget in use (the paper's 59, DARTree's 64).
 MAX_BEAM_WIDTH = 4096
 # Largest node budget: the native tree indexes nodes with i32.
 MAX_NODES = 2**31 - 2
@@ -384,13 +384,14 @@ def ngram_tree(index: Any, context: Any, depth: int = 8, k: int = 25, params: Se
     top-``k`` children of its trigram context (longest suffix with continuations), scored by
     the n-gram term alone, ``ngram_weight · ln(g + ε) / (l+1)**depth_exponent``; beam and
     best-first selection as in :func:`beam_search`. ``depth`` in [0, MAX_DEPTH], ``k`` in
-    [0, the index's vocabulary]; ``level_decay`` and ``ngram_first_level`` do not apply."""
+    [0, 2**32 - 1] (capped at the index's vocabulary); ``level_decay`` and
+    ``ngram_first_level`` do not apply."""
     if index is None:
         raise TreeError("ngram_tree needs an n-gram index (the index= argument)")
     inner = _native_index(index)
     depth = _int_arg("depth", depth, 0, MAX_DEPTH)
-    vocab = int(getattr(index, "vocab_size", 0) or 0) or 2**32 - 1
-    k = _int_arg("k", k, 0, vocab)
+    # More children than the vocabulary cannot exist: k is capped there (no allocation scales with it).
+    k = min(_int_arg("k", k, 0, 2**32 - 1), int(inner.vocab_size))
     p = _search_params(params, overrides)
     return _built(_native.ngram_tree(inner, _tail(context), depth, k, p.native()))
 
