@@ -562,10 +562,11 @@ def _check_index(index, tokenizer, target: TargetModel) -> None:
             f"the n-gram index has a vocabulary of {int(vocab)} tokens but the target only {target.vocab_size}: it "
             "was built with another tokenizer; rebuild it with the target's (ngram-build --tokenizer ...)")
     if recorded is None:
+        checked = (f"; only its vocabulary size was checked ({int(vocab)} <= {target.vocab_size})"
+                   if vocab is not None else "")
         warnings.warn("the n-gram index records no tokenizer, so dartcore cannot check that it was built with the "
-                      f"target's tokenizer ({_tokenizer_name(tokenizer)}); only its vocabulary size was checked "
-                      f"({vocab} <= {target.vocab_size}). Build indexes with ngram-build --tokenizer ...",
-                      stacklevel=3)
+                      f"target's tokenizer ({_tokenizer_name(tokenizer)}){checked}. Build indexes with ngram-build "
+                      "--tokenizer ...", stacklevel=3)
         return
     from dartcore.errors import TokenizerError
     from dartcore.tokenizers import fingerprint

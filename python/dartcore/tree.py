@@ -35,6 +35,8 @@ __all__ = [
     "verification_inputs",
     "topk_logprobs",
     "SearchParams",
+    "TOP_K",
+    "NGRAM_DEPTH",
     "MAX_BEAM_WIDTH",
     "beam_search",
     "beam_search_batch",
@@ -255,6 +257,10 @@ MAX_BEAM_WIDTH = 4096
 MAX_NODES = 2**31 - 2
 
 _DEFAULTS = _native.search_defaults()  # the one place the defaults are written: dart-tree's SearchParams
+# The tree builders' other two constants: k, the candidates per level (a drafter row's top-k, or
+# a node's top-k index children), and the n-gram-only tree's depth (DART's d = 8 rows).
+TOP_K = 25
+NGRAM_DEPTH = 8
 
 
 def _int_arg(name: str, value: Any, lo: int, hi: int, error=TreeError) -> int:
@@ -378,7 +384,7 @@ def beam_search_batch(index: Any, contexts: Any, topk_tokens: Any, topk_logprobs
 MAX_DEPTH = 2**16 - 1
 
 
-def ngram_tree(index: Any, context: Any, depth: int = 8, k: int = 25, params: SearchParams | None = None,
+def ngram_tree(index: Any, context: Any, depth: int = NGRAM_DEPTH, k: int = TOP_K, params: SearchParams | None = None,
                **overrides: Any) -> Tree:
     """The n-gram-only tree (no drafter): level l expands each beam entry by the index's
     top-``k`` children of its trigram context (longest suffix with continuations), scored by
@@ -403,10 +409,8 @@ def top_b(parents: Any, scores: Any, b: int) -> np.ndarray:
     (shallower, then lower index) — by Lemma 1 the best-first heap's pop order when scores
     never increase along a path (β ≤ 0). Ranks by the path minimum of the scores, so the
     result is ancestor-closed even when a child outscores its parent."""
-    if int(b) < 0:
-        raise TreeError(f"b must be positive, got {b}")
-    return _native.top_b(_ids(parents, 1, "parents"), np.ascontiguousarray(scores, dtype=np.float64).reshape(-1),
-                         int(b))
+    b = _int_arg("b", b, 0, MAX_NODES)
+    return _native.top_b(_ids(parents, 1, "parents"), np.ascontiguousarray(scores, dtype=np.float64).reshape(-1), b)
 
 
 def best_first(tokens: Any, logprobs: Any, root_token: int, b: int) -> Tree:
@@ -414,10 +418,9 @@ def best_first(tokens: Any, logprobs: Any, root_token: int, b: int) -> Tree:
     ``logprobs`` [d, K] (row l = candidates for depth l+1); a node's score is the sum of its
     path's log-probs; the ``b`` best nodes are popped from a heap that starts at the root's
     children (ties: shallower, then earlier parent, then higher log-prob). −inf = impossible."""
-    if int(b) < 0:
-        raise TreeError(f"b must be positive, got {b}")
-    return _built(_native.best_first(_ids(tokens, 2, "tokens"), _logprobs(logprobs, 2, "logprobs"),
-                                    int(root_token), int(b)))
+    b = _int_arg("b", b, 0, MAX_NODES)
+    root = _int_arg("root_token", root_token, 0, 2**32 - 1)
+    return _built(_native.best_first(_ids(tokens, 2, "tokens"), _logprobs(logprobs, 2, "logprobs"), root, b))
 
 
 def chain(root_token: int, tokens: Any, logprobs: Any = None) -> Tree:
