@@ -187,9 +187,10 @@ class DartDecoder:
             raise ValueError(f"tree builder {tree!r} needs a drafter: pass drafter= (--drafter for dart-generate), "
                              "or use tree='ngram-only' / 'ar'")
         if self.builder.needs_index and index is None:
+            other = "tree='dart-no-ngram'" if self.builder.needs_drafter else "tree='ar'"
             raise ValueError(f"tree builder {tree!r} needs an n-gram index built with the target's tokenizer: pass "
                              "index= (--index for dart-generate; build one with ngram-build --tokenizer ...), "
-                             "or use tree='dart-no-ngram'")
+                             f"or use {other}")
         if self.drafter is not None:
             _check_drafter(self.drafter, self.target, tokenizer)
             self.drafter = self.backend.prepare_drafter(self.drafter)
