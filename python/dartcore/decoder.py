@@ -9,6 +9,12 @@ One round of the loop (ARCHITECTURE.md "Data flow")::
     accept  walk the tree with the target's own choices -> path + bonus token;
             keep only the path's KV entries, compacted in place
 
+In the code: ``_rounds`` runs ``_prefill`` once, then per round ``_limits`` (the
+round's depth and node budget, decided there only), ``_draft``, ``_search``,
+``_verify`` and ``_accept``, each on the one ``_Sequence`` that holds the
+sequence's state between rounds (caches, committed tokens, the last round's
+taps). Device and CPU specifics are the backend's (:mod:`dartcore.models.backend`).
+
 The plain autoregressive baseline is the same loop with the ``ar`` builder (the
 tree is the root alone), so speedups compare like with like.
 
