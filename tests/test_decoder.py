@@ -22,7 +22,7 @@ from conftest import tiny_model
 torch.set_num_threads(1)
 from dartcore import ContextLengthError, DartDecoder
 from dartcore.builders import register_tree_builder
-from dartcore.verify import FlatTree
+from dartcore.tree import Tree
 
 
 class CharTokenizer:
@@ -40,7 +40,7 @@ class CharTokenizer:
 
 
 def random_tree(rng: np.random.Generator, root: int, vocab: int, nodes: int, depth: int,
-                path: list[int] | None = None) -> FlatTree:
+                path: list[int] | None = None) -> Tree:
     """A random tree in depth order; if ``path`` is given it is inserted as a
     chain from the root (then the random nodes hang anywhere)."""
     tokens, parents, depths = [root], [-1], [0]
@@ -59,7 +59,7 @@ def random_tree(rng: np.random.Generator, root: int, vocab: int, nodes: int, dep
     t = np.asarray(tokens)[order]
     par = np.asarray(parents)[order]
     par = np.where(par >= 0, new_index[np.maximum(par, 0)], -1)
-    return FlatTree(t.astype(np.int64), par.astype(np.int64), np.asarray(depths)[order].astype(np.int64))
+    return Tree(t.astype(np.int64), par.astype(np.int64), np.asarray(depths)[order].astype(np.int64))
 
 
 @dataclass
@@ -261,6 +261,71 @@ def test_prompt_forms_and_bad_input(tiny_target):
         DartDecoder(tiny_target, tok, tree="ngram-only")
     with pytest.raises(ValueError, match="unknown tree builder"):
         DartDecoder(tiny_target, tok, tree="no-such-tree")
+
+
+BAD_PROMPTS = [
+    ([[1, 2], [3, 4]], TypeError, r"prompt\[0\]"),  # nested: was decoded as [1, 2]
+    ([1.0, 2.0], TypeError, r"prompt\[0\]"),
+    ([1, True], TypeError, r"prompt\[1\]"),
+    ([1, "12"], TypeError, r"prompt\[1\]"),
+    (np.array([1.5, 2.0]), TypeError, "prompt must hold integer"),
+    (torch.tensor([1.0, 2.0]), TypeError, "prompt must hold integer"),
+    (torch.tensor([True, False]), TypeError, "prompt must hold integer"),
+    (np.ones((2, 3), dtype=np.int64), ValueError, "prompt must be 1-D"),
+    (torch.ones(1, 2, 3, dtype=torch.long), ValueError, "prompt must be 1-D"),
+    (3, TypeError, "prompt must be"),
+    ([{"role": "user", "content": "x"}, "oops"], TypeError, "chat messages"),
+]
+
+
+@pytest.mark.parametrize("prompt, error, match", BAD_PROMPTS)
+def test_bad_prompts_are_refused_naming_the_argument(tiny_target, prompt, error, match):
+    dec = DartDecoder(tiny_target, CharTokenizer(), tree="ar")
+    with pytest.raises(error, match=match):
+        dec.generate(prompt, max_new_tokens=2)
+
+
+BAD_ARGUMENTS = [
+    ({"max_new_tokens": True}, TypeError, "max_new_tokens"),
+    ({"max_new_tokens": 2.0}, TypeError, "max_new_tokens"),
+    ({"max_new_tokens": "4"}, TypeError, "max_new_tokens"),
+    ({"max_new_tokens": -1}, ValueError, "max_new_tokens"),
+    ({"temperature": True}, TypeError, "temperature"),
+    ({"temperature": "1"}, TypeError, "temperature"),
+    ({"temperature": -0.1}, ValueError, "temperature"),
+    ({"temperature": float("nan")}, ValueError, "temperature"),
+    ({"temperature": float("inf")}, ValueError, "temperature"),
+    ({"top_p": 1.5}, ValueError, "top_p"),
+    ({"top_k": 2.5}, TypeError, "top_k"),
+    ({"top_k": -3}, ValueError, "top_k"),
+    ({"seed": 2**70}, ValueError, "seed"),  # was "Overflow when unpacking long long"
+    ({"seed": -1}, ValueError, "seed"),
+    ({"seed": 1.5}, TypeError, "seed"),
+]
+
+
+@pytest.mark.parametrize("kwargs, error, match", BAD_ARGUMENTS)
+def test_bad_generate_arguments_are_refused_naming_them(tiny_target, kwargs, error, match):
+    dec = DartDecoder(tiny_target, CharTokenizer(), tree="ar")
+    with pytest.raises(error, match=match):
+        dec.generate([1, 4, 5], **{"max_new_tokens": 2, **kwargs})
+
+
+def test_good_edge_arguments_still_work(tiny_target):
+    dec = DartDecoder(tiny_target, CharTokenizer(), tree="ar", eos_token_ids=())
+    ref = dec.generate([1, 4, 5], max_new_tokens=3).tokens
+    assert dec.generate(np.array([1, 4, 5], dtype=np.int32), max_new_tokens=np.int64(3)).tokens == ref
+    assert dec.generate((1, 4, 5), max_new_tokens=3, temperature=0).tokens == ref
+    assert len(dec.generate([1, 4, 5], max_new_tokens=3, temperature=1, seed=2**64 - 1).tokens) == 3
+
+
+def test_misspelt_tree_builder_suggests_the_name(tiny_target):
+    from dartcore import DartError
+
+    with pytest.raises(DartError, match="did you mean 'ngram-only'"):
+        DartDecoder(tiny_target, CharTokenizer(), tree="ngram-onyl")
+    with pytest.raises(ValueError, match="index="):  # names the argument (and --index)
+        DartDecoder(tiny_target, CharTokenizer(), tree="ngram-only")
 
 
 def test_bf16_target_runs_and_matches_own_ar(tiny_target):

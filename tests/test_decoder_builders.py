@@ -78,11 +78,11 @@ def test_builders_on_cuda_take_the_gpu_budget_and_stay_lossless(setup, tree):
     from dartcore.builders import CPU_MAX_NODES, GPU_MAX_NODES
 
     model, tok, drafter, index, prompts, _ = setup
-    assert DartDecoder(model, tok, drafter, index, tree=tree)._node_budget() == CPU_MAX_NODES
+    assert DartDecoder(model, tok, drafter, index, tree=tree).max_nodes == CPU_MAX_NODES
     model, drafter = copy.deepcopy(model).cuda(), copy.deepcopy(drafter)  # drafter left on the CPU
     dec = DartDecoder(model, tok, drafter, index, tree=tree, eos_token_ids=())
-    assert dec._node_budget() == GPU_MAX_NODES
-    assert DartDecoder(model, tok, drafter, index, tree=tree, max_nodes=7)._node_budget() == 7
+    assert dec.max_nodes == GPU_MAX_NODES
+    assert DartDecoder(model, tok, drafter, index, tree=tree, max_nodes=7).max_nodes == 7
     if dec.drafter is not None:
         assert next(dec.drafter.parameters()).device.type == "cuda"
     for prompt in prompts:
@@ -105,8 +105,42 @@ def test_index_of_another_tokenizer_is_refused(setup, tmp_path):
     path = tmp_path / "other.idx"
     build_index([np.arange(10)], path, vocab_size=64,
                 metadata={"tokenizer": {"name": "qwen3", "fingerprint": "0123456789abcdef"}})
-    with pytest.raises(TokenizerMismatchError, match="rebuild the index"):
+    # names both tokenizers, not only their fingerprints
+    with pytest.raises(TokenizerMismatchError, match=r"tokenizer 'qwen3'.*FingerprintedCharTokenizer.*rebuild the index"):
         DartDecoder(model, tok, drafter, NgramIndex(path), tree="dart")
+
+
+def test_index_without_tokenizer_metadata_warns_and_checks_its_vocabulary(setup, tmp_path):
+    from dartcore.index import NgramIndex, build_index
+
+    model, tok, drafter, *_ = setup
+    bare = tmp_path / "bare.idx"
+    build_index([np.arange(10)], bare, vocab_size=64)
+    with pytest.warns(UserWarning, match="records no tokenizer"):
+        DartDecoder(model, tok, drafter, NgramIndex(bare), tree="dart")
+    wide = tmp_path / "wide.idx"  # more token ids than the target's 64
+    build_index([np.arange(100)], wide, vocab_size=100)
+    with pytest.raises(TokenizerMismatchError, match="vocabulary of 100 tokens but the target only 64"):
+        DartDecoder(model, tok, drafter, NgramIndex(wide), tree="dart")
+
+
+def test_native_cpu_backend_drafts_through_native_draft_and_stays_lossless(setup):
+    """The native CPU backend's routing (drafter -> NativeDraft, one-thread rounds), with the
+    native layer ops and torch products so that it runs on any CPU."""
+    from dartcore.kernels.native_draft import NativeDraft
+    from dartcore.models.backend import NativeCpuBackend
+
+    model, tok, drafter, index, prompts, refs = setup
+    dec = DartDecoder(model, tok, drafter, index, tree="dart", max_nodes=6, eos_token_ids=())
+    dec.backend = NativeCpuBackend(dec.target, lazy_logits=True)
+    native = NativeDraft(drafter, threads=1, product=lambda w, b: (lambda x: torch.nn.functional.linear(x, w, b)))
+    blocks = []
+    inner = native.block
+    native.block = lambda *a: blocks.append(inner(*a)) or blocks[-1]
+    dec.backend.native_drafts[id(drafter)] = native
+    for prompt, ref in zip(prompts, refs):
+        assert dec.generate(prompt, max_new_tokens=24).tokens == ref
+    assert blocks and all(b is not None for b in blocks)  # every round's draft went native
 
 
 def _paths(tree):
@@ -123,14 +157,15 @@ def _paths(tree):
 
 def test_merge_trees_is_a_budgeted_union_in_depth_order():
     from dartcore.builders import merge_trees
-    from dartcore.verify import FlatTree, flatten
+    from dartcore.tree import Tree
+    from dartcore.verify import flatten
 
     def tree(tokens, parents):
         parents = np.array(parents)
         depths = np.zeros(len(parents), dtype=np.int64)
         for i in range(1, len(parents)):
             depths[i] = depths[parents[i]] + 1
-        return FlatTree(np.array(tokens), parents, depths)
+        return Tree(np.array(tokens), parents, depths)
 
     a = tree([7, 1, 2, 3], [-1, 0, 0, 1])  # paths 7-1, 7-2, 7-1-3
     b = tree([7, 1, 5, 3, 6, 9], [-1, 0, 0, 1, 1, 4])  # 7-1, 7-5, 7-1-3, 7-1-6, 7-1-6-9
@@ -172,15 +207,54 @@ def test_context_continuation_matches_a_plain_search():
 
 
 def test_context_union_keeps_the_budget_and_the_continuation(setup):
-    from dartcore.builders import TreeInputs, make_tree_builder
+    from dartcore.builders import TreeInputs, make_tree_builder, node_budget
     from dartcore.verify import flatten
 
     model, tok, drafter, index, prompts, _ = setup
     builder = make_tree_builder("dart+ctx", max_nodes=5, context_nodes=3)
     ctx = np.array([1, 9, 8, 7, 6, 5, 4, 9, 8], dtype=np.int64)  # suffix (9, 8) recurs: 7, 6, 5, ...
     logits = torch.randn(4, drafter.config.draft_vocab_size)
-    tree = flatten(builder(TreeInputs(context=ctx, logits=logits, drafter=drafter, index=index)))
+    budget = node_budget(builder, drafter=drafter)
+    assert budget == 5
+    tree = flatten(builder(TreeInputs(context=ctx, logits=logits, drafter=drafter, index=index, max_nodes=budget)))
     assert tree.tokens[0] == 8 and len(tree) - 1 <= 5
     assert {(7,), (7, 6), (7, 6, 5)} <= {p[1:] for p in _paths(tree)}
     with pytest.raises(ValueError, match="context_nodes"):
         make_tree_builder("dart+ctx", max_nodes=4, context_nodes=5)
+
+
+def test_the_builder_receives_the_rounds_final_budget(setup):
+    """The budget is decided in one place per round (the decoder's max_nodes capped by the
+    room left) and the builder is handed exactly that: every tree it returns fits it, so
+    nothing downstream cuts it again."""
+    from dartcore.builders import CPU_MAX_NODES, make_tree_builder, register_tree_builder
+
+    model, tok, drafter, index, prompts, _ = setup
+    seen = []
+
+    class Spy:
+        def __init__(self, inner):
+            self.inner = inner
+            self.max_nodes, self.needs_drafter = inner.max_nodes, inner.needs_drafter
+            self.needs_hidden, self.needs_index = inner.needs_hidden, inner.needs_index
+
+        def __call__(self, inputs):
+            tree = self.inner(inputs)
+            seen.append((inputs.max_nodes, len(tree) - 1, inputs.max_depth, int(tree.depths.max())))
+            return tree
+
+    register_tree_builder("test-spy", lambda **kw: Spy(make_tree_builder("dart", **kw)), replace=True)
+    for kw, want in (({}, CPU_MAX_NODES), ({"max_nodes": 7}, 7)):
+        seen.clear()
+        dec = DartDecoder(model, tok, drafter, index, tree="test-spy", eos_token_ids=(), **kw)
+        assert dec.max_nodes == want
+        dec.generate(prompts[0], max_new_tokens=12)
+        assert seen and all(budget == want for budget, *_ in seen[:-1])
+        assert all(nodes <= budget and depth <= max_depth for budget, nodes, max_depth, depth in seen)
+    # At the end of the context the room left caps the budget: one place, one value.
+    seen.clear()
+    prompt = list(prompts[0])
+    dec = DartDecoder(model, tok, drafter, index, tree="test-spy", eos_token_ids=(), max_nodes=7,
+                      max_context=len(prompt) + 6)
+    dec.generate(prompt, max_new_tokens=50)
+    assert min(b for b, *_ in seen) < 7 and all(n <= b for b, n, *_ in seen)

@@ -11,6 +11,7 @@ import torch
 from conftest import tiny_model
 from dartcore.drafter import DartDrafter, DrafterConfig, tokenizer_fingerprint
 from dartcore.errors import DartError, DrafterMismatchError
+from dartcore.training.forward import train_forward
 
 
 class FakeTokenizer:
@@ -94,43 +95,57 @@ def test_incremental_draft_equals_one_call_and_training_forward(family):
     # the training forward's group for anchor t equals drafting after positions 0..t
     anchors = torch.tensor([[N - 1, 4, 11]])
     with torch.no_grad():
-        train = dr.forward_train(taps[None], nxt[None], anchors)
+        train = train_forward(dr, taps[None], nxt[None], anchors)
     torch.testing.assert_close(train[0, 0], one, atol=1e-5, rtol=1e-5)
     for a, t in ((1, 4), (2, 11)):
         ref = dr.draft(dr.new_state(64), taps[: t + 1], nxt[: t + 1])
         torch.testing.assert_close(train[0, a], ref, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
-def test_native_draft_equals_the_torch_draft(family):
-    # DartDecoder drafts through the native kernels on CPU (use_native_ops): blocks of <= 16
-    # rows through the native layer ops, longer ones (the prompt) through torch.
-    from dartcore.kernels.linear import native_linear_available
+def _torch_product(w, b):
+    """A fused projection's product in torch: the native layer ops run on any CPU, the
+    native small-batch kernel only with AVX-512F."""
+    return lambda x: torch.nn.functional.linear(x, w, b)
 
-    if not native_linear_available():
-        pytest.skip("the native kernels need AVX-512F")
+
+NATIVE_PRODUCTS = pytest.param("native", marks=pytest.mark.skipif(
+    not __import__("dartcore.kernels.linear", fromlist=["x"]).native_linear_available(),
+    reason="the native kernels need AVX-512F"))
+
+
+@pytest.mark.parametrize("products", [NATIVE_PRODUCTS, "torch"])
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_native_draft_equals_the_torch_draft(family, products):
+    # The decoder's native CPU backend drafts through NativeDraft: blocks of <= 16 rows
+    # through the native layer ops, longer ones (the prompt) through the drafter's torch path.
+    from dartcore.kernels.native_draft import NativeDraft
+
     target = tiny_model(family, layers=6)
     ref = _random_drafter(target, d=4, draft_vocab=list(range(0, 64, 3)))
-    nat = _random_drafter(target, d=4, draft_vocab=list(range(0, 64, 3)))
+    dr = _random_drafter(target, d=4, draft_vocab=list(range(0, 64, 3)))
     with torch.no_grad():  # fp16-exact weights, as shipped: the native products stream them as fp16
-        for a, b in zip(ref.parameters(), nat.parameters()):
+        for a, b in zip(ref.parameters(), dr.parameters()):
             a.copy_(a.half().float()), b.copy_(a)
-    assert nat.use_native_ops(threads=1)
+    if products == "native":
+        nat = NativeDraft.adopt(dr, threads=1)
+        assert nat is not None
+    else:
+        nat = NativeDraft(dr, threads=1, product=_torch_product)
     native_blocks = []
-    inner = nat._native_draft
+    inner = nat.block
 
     def counted(*args):
         out = inner(*args)
         native_blocks.append(out is not None)
         return out
 
-    nat._native_draft = counted
+    nat.block = counted
     torch.manual_seed(2)
     N = 30
     ids = torch.randint(3, 64, (N + 1,))
     taps = _taps(target, ids[:N], ref.taps)
     nxt = ids[1:]
-    s_ref, s_nat = ref.new_state(40), nat.new_state(40)
+    s_ref, s_nat = ref.new_state(40), dr.new_state(40)
     for a, b, rows in ((0, 20, 4), (20, 21, 4), (21, 24, 2), (24, 29, 1), (29, 30, 3)):
         want, want_h = ref.draft(s_ref, taps[a:b], nxt[a:b], rows=rows, return_hidden=True)
         got, got_h = nat.draft(s_nat, taps[a:b], nxt[a:b], rows=rows, return_hidden=True)
@@ -143,14 +158,14 @@ def test_native_draft_equals_the_torch_draft(family):
     # the native path's derived copies (normed MASK rows, fused gate|up, RoPE table) follow
     # in-place weight changes
     with torch.no_grad():
-        for dr in (ref, nat):
-            dr.mask_emb.mul_(0.5), dr.layer.up_proj.weight.mul_(2.0), dr.emb_norm.weight.add_(0.25)
-    s_ref, s_nat = ref.new_state(40), nat.new_state(40)
+        for m in (ref, dr):
+            m.mask_emb.mul_(0.5), m.layer.up_proj.weight.mul_(2.0), m.emb_norm.weight.add_(0.25)
+    s_ref, s_nat = ref.new_state(40), dr.new_state(40)
     ref.draft(s_ref, taps[:20], nxt[:20]), nat.draft(s_nat, taps[:20], nxt[:20])
     torch.testing.assert_close(nat.draft(s_nat, taps[20:23], nxt[20:23]), ref.draft(s_ref, taps[20:23], nxt[20:23]),
                                atol=1e-5, rtol=1e-5)
     # near the end of the state the torch path takes over (the MASK rows' scratch keys would not fit)
-    s = nat.new_state(N + 1)
+    s = dr.new_state(N + 1)
     nat.draft(s, taps[:N - 1], nxt[:N - 1])
     torch.testing.assert_close(nat.draft(s, taps[N - 1:], nxt[N - 1:], rows=4),
                                ref.draft(ref.new_state(N + 1), taps, nxt, rows=4), atol=1e-5, rtol=1e-5)

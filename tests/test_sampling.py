@@ -45,9 +45,12 @@ def test_warpers_match_brute_force(temperature, top_k, top_p):
 
 
 def test_bad_params():
-    for kw in ({"temperature": -1.0}, {"temperature": float("nan")}, {"top_p": 0.0}, {"top_p": 1.5},
-               {"top_k": -1}, {"top_k": 1.5}):
-        with pytest.raises(ValueError):
+    for kw in ({"temperature": -1.0}, {"temperature": float("nan")}, {"temperature": float("inf")},
+               {"top_p": 0.0}, {"top_p": 1.5}, {"top_k": -1}):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            SamplingParams(**kw)
+    for kw in ({"temperature": True}, {"temperature": "0.5"}, {"top_p": None}, {"top_k": 1.5}, {"top_k": True}):
+        with pytest.raises(TypeError, match=next(iter(kw))):
             SamplingParams(**kw)
 
 

@@ -13,6 +13,7 @@ import torch
 from conftest import tiny_model
 from dartcore.drafter import DartDrafter
 from dartcore.training.data import pack_documents
+from dartcore.training.forward import train_forward
 from dartcore.training.loss import gamma_kl_loss, teacher_logprobs
 from dartcore.training.mask import brute_force_mask, build_layout, dense_mask, prefix_shared_attention
 from dartcore.training.trainer import (
@@ -80,9 +81,9 @@ def test_chunked_dense_attention_equals_single_chunk(monkeypatch):
     nxt = torch.randint(0, 64, (2, N))
     anchors = torch.randint(0, N - 1, (2, 9))
     with torch.no_grad():
-        ref = dr.forward_train(taps, nxt, anchors)
+        ref = train_forward(dr, taps, nxt, anchors)
         monkeypatch.setattr(mask_mod, "_DENSE_CHUNK", 5)
-        got = dr.forward_train(taps, nxt, anchors)
+        got = train_forward(dr, taps, nxt, anchors)
     torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-6)
 
 
@@ -98,8 +99,8 @@ def test_flex_attention_equals_dense_on_cuda():
     anchors = torch.randint(0, N - 1, (2, 40), device="cuda")
     doc = (torch.arange(N, device="cuda") >= 120).long().expand(2, N)
     with torch.no_grad():
-        a = dr.forward_train(taps, nxt, anchors, doc_ids=doc, backend="flex")
-        b = dr.forward_train(taps, nxt, anchors, doc_ids=doc, backend="dense")
+        a = train_forward(dr, taps, nxt, anchors, doc_ids=doc, backend="flex")
+        b = train_forward(dr, taps, nxt, anchors, doc_ids=doc, backend="dense")
     torch.testing.assert_close(a, b, atol=2e-4, rtol=2e-4)
 
 
@@ -119,8 +120,8 @@ def _pipeline(target, dr, ids, doc, anchors):
     seq = make_batch([_packed(ids.numpy(), pos.numpy(), doc.numpy())])
     taps, _ = teacher_forward(target, seq, dr.taps)
     with torch.no_grad():
-        return dr.forward_train(taps, next_tokens_of(seq), anchors[None], doc_ids=seq.doc_ids,
-                                position_ids=seq.position_ids)[0]
+        return train_forward(dr, taps, next_tokens_of(seq), anchors[None], doc_ids=seq.doc_ids,
+                                 position_ids=seq.position_ids)[0]
 
 
 def _packed(ids, pos, doc):

@@ -13,6 +13,7 @@ import pytest
 from dartcore import TreeError
 from dartcore import tree as T
 from dartcore.index import NgramIndex, build_index
+from tree_helpers import random_tree
 
 V = 12
 
@@ -288,7 +289,7 @@ def test_best_first_equals_exhaustive(seed):
 
 @pytest.mark.parametrize("n", [1, 2, 63, 64, 65, 130])
 def test_ancestor_mask_and_verification_inputs(n):
-    t = T.random_tree(n, vocab_size=50, rng=n)
+    t = random_tree(n, vocab_size=50, rng=n)
     check_structure(t, n)
     dense = np.zeros((n, n), dtype=bool)
     for i in range(n):
@@ -385,3 +386,103 @@ def test_bad_input_raises_tree_error(corpus_index):
     inf[0, 0] = -np.inf
     t = T.beam_search(index, [1, 2], toks, inf)
     assert 1 not in t.tokens[t.depths == 1].tolist()
+
+
+def test_search_params_defaults_are_the_papers_and_round_trip_to_rust(corpus_index):
+    """SearchParams' defaults come from dart-tree (written once there) and equal the paper's
+    (brute_eq10's signature, stated independently); every field reaches the native struct:
+    a SearchParams with every field off its default gives the brute-force tree."""
+    import inspect
+
+    from dartcore import _native
+
+    p = T.SearchParams()
+    paper = {k: v.default for k, v in inspect.signature(brute_eq10).parameters.items()
+             if v.default is not inspect.Parameter.empty}
+    assert {f: getattr(p, f) for f in T.SearchParams.fields()} == {**paper, "eos_token_ids": ()}
+    assert set(_native.search_defaults()) | {"eos_token_ids"} == T.SearchParams.fields()
+    assert set(p.native()) == T.SearchParams.fields()
+    docs, index = corpus_index
+    counts = Counts(docs)
+    rng = np.random.default_rng(5)
+    toks, lps = random_rows(rng, 4, 5, neg_inf=0.0)
+    context = [3, 1]
+    odd = T.SearchParams(beam_width=3, max_nodes=9, level_decay=0.6, ngram_weight=1.3, depth_exponent=1.1, eps=1e-4,
+                         ngram_first_level=False, unigram_backoff=False, eos_token_ids=(int(toks[0, 0]),))
+    assert all(getattr(odd, f) != getattr(p, f) for f in T.SearchParams.fields())
+    got = tree_dict(T.beam_search(index, context, toks, lps, odd))
+    want = brute_eq10(counts, context, toks, lps, **{f: getattr(odd, f) for f in T.SearchParams.fields()})
+    assert set(got) == set(want)
+    for path, s in want.items():
+        assert got[path] == pytest.approx(s, rel=1e-9, abs=1e-12)
+    # keyword overrides on top of a params object
+    assert tree_dict(T.beam_search(index, context, toks, lps, odd, max_nodes=2)).keys() == \
+        brute_eq10(counts, context, toks, lps, **{**{f: getattr(odd, f) for f in T.SearchParams.fields()},
+                                                   "max_nodes": 2}).keys()
+
+
+BAD_SEARCH_ARGS = [
+    ({"beam_width": 10**5}, TreeError, r"beam_width = 100000 .*\[1, 4096\]"),  # ~2 s of search unchecked
+    ({"beam_width": 10**7}, TreeError, r"beam_width"),
+    ({"beam_width": 0}, TreeError, r"beam_width"),
+    ({"beam_width": -3}, TreeError, r"beam_width"),
+    ({"beam_width": 2.5}, TypeError, r"beam_width"),
+    ({"beam_width": True}, TypeError, r"beam_width"),
+    ({"max_nodes": 2**64}, TreeError, r"max_nodes .*\[1, 2147483646\]"),  # was "failed to extract field"
+    ({"max_nodes": -1}, TreeError, r"max_nodes"),
+    ({"max_nodes": "59"}, TypeError, r"max_nodes"),
+    ({"eps": -1e-3}, TreeError, r"eps"),
+    ({"level_decay": float("nan")}, TreeError, r"level_decay"),
+    ({"ngram_weight": float("inf")}, TreeError, r"ngram_weight"),
+    ({"depth_exponent": None}, TypeError, r"depth_exponent"),
+    ({"ngram_first_level": "yes"}, TypeError, r"ngram_first_level"),
+    ({"eos_token_ids": [2**70]}, TreeError, r"eos_token_ids"),
+    ({"eos_token_ids": [1.5]}, TypeError, r"eos_token_ids"),
+    ({"beam_widht": 3}, TypeError, r"beam_widht"),
+]
+
+
+@pytest.mark.parametrize("kwargs, error, match", BAD_SEARCH_ARGS)
+def test_bad_search_arguments_name_the_argument_and_its_range(corpus_index, kwargs, error, match):
+    _, index = corpus_index
+    toks = np.array([[1, 2], [3, 4]])
+    lps = np.array([[-0.1, -2.0], [-0.5, -1.0]], np.float32)
+    with pytest.raises(error, match=match):
+        T.beam_search(index, [1, 2], toks, lps, **kwargs)
+    with pytest.raises(error, match=match):
+        T.beam_search_batch(index, [[1, 2]], toks[None], lps[None], **kwargs)
+    with pytest.raises(error, match=match):
+        T.SearchParams(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"depth": -1}, TreeError, r"depth"),
+    ({"depth": 2**20}, TreeError, r"depth .*\[0, 65535\]"),
+    ({"depth": 2.0}, TypeError, r"depth"),
+    ({"k": 2**62}, TreeError, r"k = .*\[0, 4294967295\]"),
+    ({"k": -1}, TreeError, r"k"),
+    ({"max_nodes": 2**64}, TreeError, r"max_nodes"),
+])
+def test_bad_ngram_tree_arguments_name_the_argument(corpus_index, kwargs, error, match):
+    _, index = corpus_index
+    with pytest.raises(error, match=match):
+        T.ngram_tree(index, [1, 2], **kwargs)
+    with pytest.raises(TreeError, match="index="):
+        T.ngram_tree(None, [1, 2])
+
+
+def test_ngram_tree_k_is_capped_at_the_vocabulary(corpus_index):
+    _, index = corpus_index
+    a = T.ngram_tree(index, [1, 2], depth=3, k=V, max_nodes=30)
+    b = T.ngram_tree(index, [1, 2], depth=3, k=2**32 - 1, max_nodes=30)
+    assert tree_dict(a) == tree_dict(b)
+
+
+def test_widest_beam_equals_a_beam_as_wide_as_the_budget():
+    """Why MAX_BEAM_WIDTH may cap the width: beyond the node budget the tree does not change."""
+    rng = np.random.default_rng(3)
+    toks, lps = random_rows(rng, 6, 8, vocab=50, neg_inf=0.0)
+    for theta in (4, 20):
+        a = T.beam_search(None, [1, 2], toks, lps, beam_width=theta, max_nodes=theta, ngram_weight=0.0)
+        b = T.beam_search(None, [1, 2], toks, lps, beam_width=T.MAX_BEAM_WIDTH, max_nodes=theta, ngram_weight=0.0)
+        assert tree_dict(a) == tree_dict(b)

@@ -8,7 +8,8 @@ import torch
 
 from dartcore import TreeError
 from dartcore.sampling import Sampler, SamplingParams
-from dartcore.verify import FlatTree, accept, ancestor_mask, flatten, prune
+from dartcore.tree import Tree
+from dartcore.verify import accept, ancestor_mask, flatten, prune
 
 
 def random_tree(rng, n, vocab=6):
@@ -22,7 +23,7 @@ def random_tree(rng, n, vocab=6):
         parents.append(p)
         depths.append(depths[p] + 1)
     tokens = rng.integers(0, vocab, size=n)
-    return FlatTree(tokens.astype(np.int64), np.array(parents, dtype=np.int64), np.array(depths, dtype=np.int64))
+    return Tree(tokens.astype(np.int64), np.array(parents, dtype=np.int64), np.array(depths, dtype=np.int64))
 
 
 def test_ancestor_mask_brute_force():
@@ -40,14 +41,21 @@ def test_ancestor_mask_brute_force():
 
 
 def test_flatten_validates():
+    from types import SimpleNamespace
+
+    with pytest.raises(TreeError, match="parent"):  # any object with the three arrays is checked
+        flatten(SimpleNamespace(tokens=np.array([1, 2, 3]), parents=np.array([-1, 2, 0]), depths=np.array([0, 1, 1])))
+    ok = flatten(SimpleNamespace(tokens=[5, 6], parents=[-1, 0], depths=[0, 1]))
+    assert isinstance(ok, Tree) and ok.scores.tolist() == [0.0, 0.0]
+    assert flatten(ok) is ok
     with pytest.raises(TreeError):
-        flatten(FlatTree(np.array([1, 2]), np.array([0, -1]), np.array([0, 1])))
+        flatten(Tree(np.array([1, 2]), np.array([0, -1]), np.array([0, 1])))
     with pytest.raises(TreeError):
-        flatten(FlatTree(np.array([1, 2, 3]), np.array([-1, 0, 0]), np.array([0, 1, 2])))
+        flatten(Tree(np.array([1, 2, 3]), np.array([-1, 0, 0]), np.array([0, 1, 2])))
     with pytest.raises(TreeError):
-        flatten(FlatTree(np.array([1, 2, 3]), np.array([-1, 2, 0]), np.array([0, 1, 1])))
+        flatten(Tree(np.array([1, 2, 3]), np.array([-1, 2, 0]), np.array([0, 1, 1])))
     with pytest.raises(TreeError):
-        flatten(FlatTree(np.array([], dtype=np.int64), np.array([], dtype=np.int64), np.array([], dtype=np.int64)))
+        flatten(Tree(np.array([], dtype=np.int64), np.array([], dtype=np.int64), np.array([], dtype=np.int64)))
 
 
 def test_prune_keeps_ancestors_and_budgets():

@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     tails = [c[-2:] for c in contexts]
     offsets = np.concatenate([[0], np.cumsum([t.size for t in tails])]).astype(np.int64)
     flat = np.concatenate(tails).astype(np.int64)
-    params = T._params(20, 59, 0.9, 0.5, 0.7, 1e-10, True, True, (meta["eos"],))
+    params = T.SearchParams(eos_token_ids=(meta["eos"],)).native()
     r = _native.bench_beam_search(index._inner, flat, offsets, toks, lps, params, 8)
     r0 = _native.bench_beam_search(index._inner, flat, offsets, toks, lps, dict(params, ngram_weight=0.0), 0)
     # Full Python call (wrapper + conversion), 300 calls.

@@ -79,7 +79,7 @@ def _logits(row) -> torch.Tensor:
 def replay(builder, rec: dict, drafter, index, eos_ids: tuple[int, ...]) -> tuple[list[int], int]:
     """Acceptance histogram of ``builder`` along one recorded greedy output, and the number
     of tree rows verified (every round's tree, root included)."""
-    from dartcore.builders import TreeInputs
+    from dartcore.builders import TreeInputs, node_budget
     from dartcore.verify import flatten, prune
 
     ids, gen, rows = rec["ids"], rec["tokens"], rec["rows"]
@@ -92,7 +92,8 @@ def replay(builder, rec: dict, drafter, index, eos_ids: tuple[int, ...]) -> tupl
         if max_depth > 0:
             tree = builder(TreeInputs(context=np.asarray(ids + gen[:g], dtype=np.int64),
                                       logits=_logits(rows[g - 1]), drafter=drafter, index=index,
-                                      max_depth=max_depth, eos_token_ids=eos_ids))
+                                      max_depth=max_depth, max_nodes=node_budget(builder, drafter=drafter),
+                                      eos_token_ids=eos_ids))
             flat = prune(flatten(tree), max_depth=max_depth, max_nodes=1 << 30)
             nodes += len(flat.tokens) - 1
             children: dict[tuple[int, int], int] = {}

@@ -86,6 +86,7 @@ def bench_cond_probs(
 
 _TreeArrays = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]]
 
+def search_defaults() -> dict[str, Any]: ...
 def beam_search(
     index: NgramIndex | None,
     context: npt.NDArray[np.int64],

@@ -4,9 +4,16 @@ A builder is made once per decoder by a factory, ``factory(**params)``, and is
 then called once per round with a :class:`TreeInputs`; it returns a
 :class:`dartcore.tree.Tree` whose root (node 0) is the last committed token.
 (Any object with int64 ``tokens`` / ``parents`` / ``depths`` in depth
-order is accepted, e.g. :class:`dartcore.verify.FlatTree`.) It declares what it needs, so the decoder skips work nobody reads:
+order is accepted.) It declares what it needs, so the decoder skips work nobody reads:
 ``needs_drafter`` (run the drafter), ``needs_hidden`` (ask the drafter for its
 final hidden states too), ``needs_index``.
+
+The node budget. A builder's ``max_nodes`` is what its user asked for (None: no
+preference); :func:`node_budget` turns that into the decoder's budget once (the user's
+value, one node per drafter row for the chain, else the device's default), and the
+decoder hands each round's final budget (that, capped by the room left in the context)
+to the builder as ``TreeInputs.max_nodes``. Builders build to exactly that budget and
+never clamp it again.
 
 Built in:
 
@@ -33,6 +40,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from dartcore.errors import TreeError
+from dartcore.tree import NGRAM_DEPTH, TOP_K, SearchParams, Tree
+
 __all__ = [
     "TreeInputs",
     "TreeBuilder",
@@ -41,28 +51,20 @@ __all__ = [
     "tree_builders",
     "CPU_MAX_NODES",
     "GPU_MAX_NODES",
+    "node_budget",
 ]
 
-# Default node budget (root excluded) on CPU. The paper's theta = 59 is a GPU
-# budget. Chosen from dart-bench --verify-cost --budgets on SmolLM2-135M, fp32,
-# 2 threads of the 2-core dev box, fused column-major CPU weights, stage-2
-# drafter, demo index (artifacts/bench_s2): target forward after 256 cached
-# tokens 49 ms for 1 node, 57 / 68 / 97 / 103 ms for 2 / 4 / 8 / 16, while
-# tau grows only 1.69 / 1.80 / 1.85 at 4 / 8 / 16 nodes. Decoding 9 eval prompts
-# x 64 tokens at T = 0 (tools/bench_budgets.py): median speedup over AR 1.16x at 4 nodes,
-# 1.08x at 6, 0.97x at 8 (tau 1.74 / 1.82 / 1.87). Rechecked with the shipped drafter and
-# row-truncated drafting, two runs: dart 1.29 / 1.26 / 1.14 / 1.11x at 3 / 4 / 5 / 6 nodes and
-# 1.16 / 1.01 / 1.14x at 2 / 3 / 4 (dart+ctx 1.41 / 1.32 / 1.30 / 1.22x, 1.20 / 1.21 / 1.29x):
-# 2-5 nodes are alike within the machine's noise; 6 and more cost more than they gain.
-# Rechecked on the native CPU path (native products and layer ops, stage-3 drafter;
-# tools/bench_budgets.py, 9 prompts x 64 tokens): one thread dart 1.39 / 1.33 / 1.32 / 1.37 /
-# 1.22x at 3 / 4 / 5 / 6 / 8 nodes, two threads 1.30 / 1.27 / 1.31 / 1.29 / 1.28x (tau 1.71 /
-# 1.77 / 1.84 / 1.89 / 1.94): flat from 3 to 6 within the noise, so 4 stays.
+# Default node budget (root excluded) on CPU. The paper's theta = 59 is a GPU budget; on the
+# CPU the verify forward's cost grows with every node. Measured with tools/bench_budgets.py
+# (SmolLM2-135M, fp32, native CPU path, 9 eval prompts x 64 tokens, T = 0, 2-vCPU box): one
+# thread dart 1.39 / 1.33 / 1.32 / 1.37 / 1.22x over AR at 3 / 4 / 5 / 6 / 8 nodes, two threads
+# 1.30 / 1.27 / 1.31 / 1.29 / 1.28x (tau 1.71 / 1.77 / 1.84 / 1.89 / 1.94): flat from 3 to 6
+# within the noise, more costs more than it gains.
 CPU_MAX_NODES = 4
 # Default node budget on CUDA (root excluded): the paper's theta = 59. On a GPU a forward of
 # 60 rows costs about what one row costs (launch- and memory-bound), so the budget buys tau
 # nearly for free; tools/device_check.sh measures the verify-cost curve and tau per budget
-# on an H200 (see README, "On a GPU"). DartDecoder uses it for builders left at the CPU default.
+# on an H200 (see README, "On a GPU").
 GPU_MAX_NODES = 59
 
 
@@ -76,12 +78,32 @@ class TreeInputs:
     drafter: Any = None  # the DartDrafter (for .to_target_ids), or None
     index: Any = None  # NgramIndex or None
     max_depth: int = 1 << 30  # deepest node the decoder can still use this round
-    max_nodes: int = 1 << 30  # node budget, root excluded
+    max_nodes: int | None = None  # the round's node budget, root excluded (see node_budget)
     eos_token_ids: tuple[int, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def budget(self) -> int:
+        """The round's node budget; the caller decides it (:func:`node_budget`)."""
+        if self.max_nodes is None:
+            raise TreeError("TreeInputs.max_nodes is not set: the caller decides the round's node budget "
+                            "(dartcore.builders.node_budget(builder, ...))")
+        return int(self.max_nodes)
+
+
+def node_budget(builder, *, drafter=None, device: str = "cpu") -> int:
+    """The node budget (root excluded) a decoder gives ``builder``, decided once: the
+    builder's ``max_nodes`` where its user set one; for a chain (``chain = True``) one node
+    per drafter row; else :data:`CPU_MAX_NODES` on CPU and :data:`GPU_MAX_NODES` on CUDA."""
+    asked = getattr(builder, "max_nodes", None)
+    if asked is not None:
+        return int(asked)
+    if getattr(builder, "chain", False):
+        return int(getattr(drafter, "d", 8))
+    return GPU_MAX_NODES if str(device).startswith("cuda") else CPU_MAX_NODES
+
 
 class TreeBuilder(Protocol):
+    max_nodes: int | None  # the user's budget, or None (see node_budget)
     needs_drafter: bool
     needs_hidden: bool
     needs_index: bool
@@ -94,6 +116,8 @@ _REGISTRY: dict[str, Callable[..., TreeBuilder]] = {}
 
 def register_tree_builder(name: str, factory: Callable[..., TreeBuilder], *, replace: bool = False) -> None:
     """Register ``factory(**params) -> builder`` under ``name``."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"tree builder name must be a non-empty string, got {name!r}")
     if not replace and name in _REGISTRY:
         raise ValueError(f"tree builder {name!r} is already registered (pass replace=True)")
     _REGISTRY[name] = factory
@@ -130,19 +154,19 @@ def tree_builders() -> list[str]:
 def make_tree_builder(name: str, **params) -> TreeBuilder:
     if name not in _REGISTRY:
         _load_plugins()
-    try:
-        factory = _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown tree builder {name!r}; registered: {tree_builders()}") from None
+    factory = _REGISTRY.get(name) if isinstance(name, str) else None
+    if factory is None:
+        import difflib
+
+        close = difflib.get_close_matches(str(name), tree_builders(), n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise TreeError(f"unknown tree builder {name!r} (the tree= argument){hint} Registered: {tree_builders()}")
     return factory(**params)
 
 
-def root_only(token: int):
-    """The one-node tree (the decoder reads only tokens / parents / depths)."""
-    from dartcore.verify import FlatTree
-
-    return FlatTree(tokens=np.array([token], dtype=np.int64), parents=np.array([-1], dtype=np.int64),
-                    depths=np.array([0], dtype=np.int64))
+def root_only(token: int) -> Tree:
+    """The one-node tree."""
+    return Tree(tokens=[int(token)], parents=[-1], depths=[0])
 
 
 def _target_topk(inputs: TreeInputs, k: int):
@@ -151,7 +175,7 @@ def _target_topk(inputs: TreeInputs, k: int):
     from dartcore.tree import topk_logprobs
 
     if inputs.logits is None:
-        raise ValueError("this tree builder needs drafter logits (DartDecoder(..., drafter=...))")
+        raise TreeError("this tree builder needs drafter logits (DartDecoder(..., drafter=...))")
     id_map = getattr(inputs.drafter, "draft_to_target", None)
     if isinstance(id_map, torch.Tensor):  # a DartDrafter's reduced vocabulary, mapped in the same pass
         return topk_logprobs(inputs.logits, k, id_map=id_map)
@@ -161,89 +185,102 @@ def _target_topk(inputs: TreeInputs, k: int):
     return tokens, logprobs
 
 
+def _positive(name: str, value, *, optional: bool = False) -> int | None:
+    from dartcore.tree import MAX_NODES, _int_arg
+
+    if value is None and optional:
+        return None
+    return _int_arg(name, value, 1, MAX_NODES)
+
+
 @dataclass
 class ArBuilder:
     """No draft: the tree is the root alone, so every round is one plain
     autoregressive step through the same verify/accept code."""
 
+    max_nodes: int | None = None
     needs_drafter: bool = False
     needs_hidden: bool = False
     needs_index: bool = False
 
-    def __call__(self, inputs: TreeInputs):
+    def __call__(self, inputs: TreeInputs) -> Tree:
         return root_only(int(inputs.context[-1]))
 
 
 @dataclass
 class BeamBuilder:
     """Eq. (10) beam search over the drafter's top-k rows (and the index when
-    ``ngram_weight > 0``)."""
+    ``search.ngram_weight > 0``). ``chain``: one node per drafter row (``dart-chain``)."""
 
-    beam_width: int = 20
-    max_nodes: int | None = CPU_MAX_NODES  # None: one node per drafter row (the chain)
-    k: int = 25
-    level_decay: float = 0.9
-    ngram_weight: float = 0.5
-    search_params: dict[str, Any] = field(default_factory=dict)
+    search: SearchParams = field(default_factory=SearchParams)
+    k: int = TOP_K
+    max_nodes: int | None = None
+    chain: bool = False
     needs_drafter: bool = True
     needs_hidden: bool = False
     needs_index: bool = True
 
     def __post_init__(self):
-        self.needs_index = self.ngram_weight > 0
+        from dartcore.tree import _int_arg
 
-    def __call__(self, inputs: TreeInputs):
+        self.k = _int_arg("k", self.k, 1, 2**31 - 1)
+        self.max_nodes = _positive("max_nodes", self.max_nodes, optional=True)
+        self.needs_index = self.search.ngram_weight > 0
+
+    def __call__(self, inputs: TreeInputs) -> Tree:
         from dartcore.tree import beam_search
 
+        budget = inputs.budget()
         tokens, logprobs = _target_topk(inputs, self.k)
         depth = min(tokens.shape[0], inputs.max_depth)
         if depth <= 0:
             return root_only(int(inputs.context[-1]))
-        index = inputs.index if self.ngram_weight > 0 else None
-        if self.ngram_weight > 0 and index is None:
-            raise ValueError("the 'dart' tree builder needs an n-gram index (or use tree='dart-no-ngram')")
-        return beam_search(
-            index, inputs.context, tokens[:depth], logprobs[:depth],
-            beam_width=self.beam_width, max_nodes=min(self.max_nodes or depth, inputs.max_nodes),
-            level_decay=self.level_decay, ngram_weight=self.ngram_weight,
-            eos_token_ids=tuple(inputs.eos_token_ids), **self.search_params,
-        )
+        index = inputs.index if self.needs_index else None
+        if self.needs_index and index is None:
+            raise TreeError("the 'dart' tree builder needs an n-gram index: pass index= to DartDecoder "
+                            "(--index for dart-generate), or use tree='dart-no-ngram'")
+        return beam_search(index, inputs.context, tokens[:depth], logprobs[:depth], self.search,
+                           max_nodes=budget, eos_token_ids=tuple(inputs.eos_token_ids))
 
 
 @dataclass
 class NgramBuilder:
     """A tree from the trigram index alone (no drafter)."""
 
-    depth: int = 8
-    k: int = 25
-    max_nodes: int = CPU_MAX_NODES
-    search_params: dict[str, Any] = field(default_factory=dict)
+    depth: int = NGRAM_DEPTH
+    k: int = TOP_K
+    max_nodes: int | None = None
+    search: SearchParams = field(default_factory=SearchParams)
     needs_drafter: bool = False
     needs_hidden: bool = False
     needs_index: bool = True
 
-    def __call__(self, inputs: TreeInputs):
+    def __post_init__(self):
+        self.max_nodes = _positive("max_nodes", self.max_nodes, optional=True)
+
+    def __call__(self, inputs: TreeInputs) -> Tree:
         from dartcore.tree import ngram_tree
 
         if inputs.index is None:
-            raise ValueError("the 'ngram-only' tree builder needs an n-gram index")
+            raise TreeError("the 'ngram-only' tree builder needs an n-gram index: pass index= to DartDecoder "
+                            "(--index for dart-generate)")
+        budget = inputs.budget()
         depth = min(self.depth, inputs.max_depth)
         if depth <= 0:
             return root_only(int(inputs.context[-1]))
-        return ngram_tree(inputs.index, inputs.context, depth=depth, k=self.k,
-                          max_nodes=min(self.max_nodes, inputs.max_nodes), **self.search_params)
+        return ngram_tree(inputs.index, inputs.context, depth, self.k, self.search, max_nodes=budget)
 
 
-def merge_trees(first, second, max_nodes: int):
+def merge_trees(first, second, max_nodes: int) -> Tree:
     """Union of two trees with the same root: every node of ``first``, then the
     nodes of ``second`` (in its order, so a node comes after its parent) whose
     path is new, until ``max_nodes`` nodes besides the root. Returned in depth
-    order (a FlatTree)."""
-    from dartcore.verify import FlatTree, flatten
+    order."""
+    from dartcore.verify import flatten
 
     a, b = flatten(first), flatten(second)
     if int(a.tokens[0]) != int(b.tokens[0]):
-        raise ValueError(f"merge_trees: roots differ ({int(a.tokens[0])} vs {int(b.tokens[0])})")
+        raise TreeError(f"merge_trees: roots differ ({int(a.tokens[0])} vs {int(b.tokens[0])})")
     tokens, parents, depths = [int(t) for t in a.tokens], [int(p) for p in a.parents], [int(d) for d in a.depths]
     child = {(parents[i], tokens[i]): i for i in range(1, len(tokens))}
     where = [0] * len(b)  # node of b -> merged node
@@ -264,31 +301,33 @@ def merge_trees(first, second, max_nodes: int):
             where[j] = -1
     order = sorted(range(len(tokens)), key=lambda i: (depths[i], i))  # stable: parents stay first
     remap = {old: new for new, old in enumerate(order)}
-    return FlatTree(tokens=np.array([tokens[i] for i in order], dtype=np.int64),
-                    parents=np.array([remap[parents[i]] if parents[i] >= 0 else -1 for i in order], dtype=np.int64),
-                    depths=np.array([depths[i] for i in order], dtype=np.int64))
+    return Tree(tokens=[tokens[i] for i in order],
+                   parents=[remap[parents[i]] if parents[i] >= 0 else -1 for i in order],
+                   depths=[depths[i] for i in order])
 
 
 @dataclass
 class UnionBuilder:
-    """DART's Eq. (10) tree with ``max_nodes - ngram_nodes`` nodes, completed up to
-    ``max_nodes`` by the n-gram-only tree's best new paths. Eq. (10) only re-weights
-    the drafter's top-k tokens, so a continuation the index is sure of but the
-    drafter ranks below k never enters a DART tree; with a domain-matched index
-    the n-gram-only tree alone matches DART's tau on this CPU (see README)."""
+    """DART's Eq. (10) tree with ``budget - ngram_nodes`` nodes (at least one), completed up
+    to the budget by the n-gram-only tree's best new paths. ``ngram_nodes`` default: a third
+    of the budget (at least one). Eq. (10) only re-weights the drafter's top-k tokens, so a
+    continuation the index is sure of but the drafter ranks below k never enters a DART tree;
+    with a domain-matched index the n-gram-only tree alone matches DART's tau on this CPU
+    (see README)."""
 
     dart: BeamBuilder
     ngram: NgramBuilder
-    ngram_nodes: int  # chosen once, in the registered factory
-    max_nodes: int = CPU_MAX_NODES
+    ngram_nodes: int | None = None
+    max_nodes: int | None = None
     needs_drafter: bool = True
     needs_hidden: bool = False
     needs_index: bool = True
 
-    def __call__(self, inputs: TreeInputs):
-        budget = min(self.max_nodes, inputs.max_nodes)
-        first = self.dart(replace(inputs, max_nodes=max(1, budget - self.ngram_nodes)))
-        second = self.ngram(replace(inputs, max_nodes=budget))
+    def __call__(self, inputs: TreeInputs) -> Tree:
+        budget = inputs.budget()
+        ngram_nodes = self.ngram_nodes if self.ngram_nodes is not None else max(1, budget // 3)
+        first = self.dart(replace(inputs, max_nodes=max(1, budget - ngram_nodes)))
+        second = self.ngram(inputs)
         return merge_trees(first, second, budget)
 
 
@@ -316,32 +355,30 @@ class ContextUnionBuilder:
     latest earlier occurrence of the context's last 2-4 tokens in the prompt + output so far
     (:func:`context_continuation`). The index knows the corpus, not this conversation; code
     and arithmetic answers repeat names and numbers of their prompt. The chain takes up to
-    ``context_nodes`` of the budget and the DART tree the rest (at least one node); where
-    they share a prefix the merged tree is smaller. With no recurring suffix the DART tree
-    gets the whole budget."""
+    ``context_nodes`` of the budget (default: all of it) and the DART tree the rest (at
+    least one node); where they share a prefix the merged tree is smaller. With no recurring
+    suffix the DART tree gets the whole budget."""
 
     dart: BeamBuilder
-    context_nodes: int
-    max_nodes: int = CPU_MAX_NODES
-    depth: int = 8
+    context_nodes: int | None = None
+    max_nodes: int | None = None
+    depth: int = NGRAM_DEPTH
     min_match: int = 2
     max_match: int = 4
     needs_drafter: bool = True
     needs_hidden: bool = False
     needs_index: bool = True
 
-    def __call__(self, inputs: TreeInputs):
-        from dartcore.verify import FlatTree
-
-        budget = min(self.max_nodes, inputs.max_nodes)
-        chain = context_continuation(inputs.context, max_len=min(self.depth, inputs.max_depth, budget,
-                                                                 self.context_nodes),
+    def __call__(self, inputs: TreeInputs) -> Tree:
+        budget = inputs.budget()
+        chain_nodes = budget if self.context_nodes is None else self.context_nodes
+        chain = context_continuation(inputs.context, max_len=min(self.depth, inputs.max_depth, budget, chain_nodes),
                                      min_match=self.min_match, max_match=self.max_match)
         n = len(chain)
         if n == 0:
-            return self.dart(replace(inputs, max_nodes=budget))
-        chain_tree = FlatTree(tokens=np.concatenate(([int(inputs.context[-1])], chain)),
-                              parents=np.arange(-1, n, dtype=np.int64), depths=np.arange(n + 1, dtype=np.int64))
+            return self.dart(inputs)
+        chain_tree = Tree(tokens=np.concatenate(([int(inputs.context[-1])], chain)),
+                             parents=np.arange(-1, n, dtype=np.int64), depths=np.arange(n + 1, dtype=np.int64))
         first = self.dart(replace(inputs, max_nodes=max(1, budget - n)))
         return merge_trees(first, chain_tree, budget)
 
@@ -352,12 +389,17 @@ def _split(params: dict[str, Any], known: set[str]) -> tuple[dict[str, Any], dic
     return own, rest
 
 
-_BEAM_KEYS = {"beam_width", "max_nodes", "k", "level_decay", "ngram_weight"}
+def _search(params: dict[str, Any]) -> SearchParams:
+    """The builder's SearchParams from its remaining keyword arguments (a clear error for a
+    misspelt one). ``max_nodes`` is the builder's, not the search's: it is decided per round."""
+    unknown = sorted(set(params) - SearchParams.fields() - {"max_nodes", "eos_token_ids"})
+    if unknown:
+        raise TypeError(f"unknown tree parameter(s) {unknown}; the search takes {sorted(SearchParams.fields())}")
+    return SearchParams(**{k: v for k, v in params.items() if k != "max_nodes"})
 
 
-def _dart(**params) -> BeamBuilder:
-    own, rest = _split(params, _BEAM_KEYS)
-    return BeamBuilder(**own, search_params=rest)
+def _dart(k: int = TOP_K, max_nodes: int | None = None, **params) -> BeamBuilder:
+    return BeamBuilder(search=_search(params), k=k, max_nodes=max_nodes)
 
 
 def _dart_no_ngram(**params) -> BeamBuilder:
@@ -366,43 +408,48 @@ def _dart_no_ngram(**params) -> BeamBuilder:
 
 
 def _dart_chain(d: int | None = None, **params) -> BeamBuilder:
-    # max_nodes = d: default d = the drafter's number of rows, known per round.
-    params = {**params, "beam_width": 1, "max_nodes": d}
-    return _dart(**params)
+    # max_nodes = d: default d = the drafter's number of rows (node_budget).
+    builder = _dart(**{**params, "beam_width": 1, "max_nodes": d})
+    builder.chain = True
+    return builder
 
 
-def _ngram_only(**params) -> NgramBuilder:
-    own, rest = _split(params, {"depth", "k", "max_nodes"})
-    return NgramBuilder(**own, search_params=rest)
+def _ngram_only(depth: int = NGRAM_DEPTH, k: int = TOP_K, max_nodes: int | None = None, **params) -> NgramBuilder:
+    return NgramBuilder(depth=depth, k=k, max_nodes=max_nodes, search=_search(params))
 
 
-def _dart_union(max_nodes: int = CPU_MAX_NODES, ngram_nodes: int | None = None, depth: int = 8,
+def _dart_union(max_nodes: int | None = None, ngram_nodes: int | None = None, depth: int = NGRAM_DEPTH,
                 **params) -> UnionBuilder:
-    ngram_nodes = max(1, max_nodes // 3) if ngram_nodes is None else int(ngram_nodes)
-    if not 0 < ngram_nodes < max_nodes:
-        raise ValueError(f"ngram_nodes must be in [1, max_nodes), got {ngram_nodes} of {max_nodes}")
-    return UnionBuilder(dart=_dart(max_nodes=max_nodes - ngram_nodes, **params),
-                        ngram=NgramBuilder(depth=depth, max_nodes=max_nodes), max_nodes=max_nodes,
-                        ngram_nodes=ngram_nodes)
+    max_nodes = _positive("max_nodes", max_nodes, optional=True)
+    if ngram_nodes is not None:
+        ngram_nodes = _positive("ngram_nodes", ngram_nodes)
+        if max_nodes is not None and not ngram_nodes < max_nodes:
+            raise TreeError(f"ngram_nodes must be in [1, max_nodes), got {ngram_nodes} of {max_nodes}")
+    elif max_nodes is not None and max_nodes < 2:
+        raise TreeError(f"tree='dart+ngram' needs max_nodes >= 2 (one DART node, one n-gram node), got {max_nodes}")
+    return UnionBuilder(dart=_dart(**params), ngram=NgramBuilder(depth=depth), ngram_nodes=ngram_nodes,
+                        max_nodes=max_nodes)
 
 
-def _dart_context(max_nodes: int = CPU_MAX_NODES, context_nodes: int | None = None, depth: int = 8,
+def _dart_context(max_nodes: int | None = None, context_nodes: int | None = None, depth: int = NGRAM_DEPTH,
                   min_match: int = 2, max_match: int = 4, **params) -> ContextUnionBuilder:
     # Suffix match of 2-4 tokens: 1-4, 3-4 and 2-8 gave the same tau within +-0.04 on 30 eval
     # prompts (dart-bench --n 10, T = 0: 2.19 / 2.12 / 2.10 for 2-4).
     # Default: the chain may take the whole budget (the DART tree keeps at least one node).
     # tau at 4 nodes (9 eval prompts x 64 tokens, GSM8K / HumanEval / CodeAlpaca): chain of
     # at most 2 nodes 2.03 / 1.95 / 1.89, 3 nodes 2.03 / 1.97 / 1.89, 4 nodes 2.03 / 2.03 / 1.89.
-    context_nodes = max_nodes if context_nodes is None else int(context_nodes)
-    if not 0 < context_nodes <= max_nodes:
-        raise ValueError(f"context_nodes must be in [1, max_nodes], got {context_nodes} of {max_nodes}")
-    return ContextUnionBuilder(dart=_dart(max_nodes=max_nodes, **params), context_nodes=context_nodes,
-                               max_nodes=max_nodes, depth=depth, min_match=min_match, max_match=max_match)
+    max_nodes = _positive("max_nodes", max_nodes, optional=True)
+    if context_nodes is not None:
+        context_nodes = _positive("context_nodes", context_nodes)
+        if max_nodes is not None and context_nodes > max_nodes:
+            raise TreeError(f"context_nodes must be in [1, max_nodes], got {context_nodes} of {max_nodes}")
+    return ContextUnionBuilder(dart=_dart(**params), context_nodes=context_nodes, max_nodes=max_nodes,
+                               depth=depth, min_match=min_match, max_match=max_match)
 
 
 def _ar(**params) -> ArBuilder:
     if params:
-        raise ValueError(f"the 'ar' tree builder takes no parameters, got {sorted(params)}")
+        raise TypeError(f"the 'ar' tree builder takes no parameters, got {sorted(params)}")
     return ArBuilder()
 
 

@@ -9,6 +9,12 @@ One round of the loop (ARCHITECTURE.md "Data flow")::
     accept  walk the tree with the target's own choices -> path + bonus token;
             keep only the path's KV entries, compacted in place
 
+In the code: ``_rounds`` runs ``_prefill`` once, then per round ``_limits`` (the
+round's depth and node budget, decided there only), ``_draft``, ``_search``,
+``_verify`` and ``_accept``, each on the one ``_Sequence`` that holds the
+sequence's state between rounds (caches, committed tokens, the last round's
+taps). Device and CPU specifics are the backend's (:mod:`dartcore.models.backend`).
+
 The plain autoregressive baseline is the same loop with the ``ar`` builder (the
 tree is the root alone), so speedups compare like with like.
 
@@ -20,8 +26,8 @@ both).
 
 from __future__ import annotations
 
-import contextlib
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -29,12 +35,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from dartcore.builders import CPU_MAX_NODES, GPU_MAX_NODES, TreeInputs, make_tree_builder, root_only
+from dartcore.builders import TreeInputs, make_tree_builder, node_budget, root_only
 from dartcore.errors import ContextLengthError, DrafterMismatchError, TokenizerMismatchError, TreeError
-from dartcore.kernels.linear import native_linears_, torch_threads
-from dartcore.models.transformer import TargetModel, column_major_linears_
-from dartcore.sampling import Sampler, SamplingParams
-from dartcore.verify import FlatTree, accept, ancestor_mask, flatten, prune
+from dartcore.models.backend import TorchBackend, backend_for
+from dartcore.models.cache import KVCache
+from dartcore.models.transformer import ForwardOutput, TargetModel
+from dartcore.sampling import Sampler, SamplingParams, check_seed
+from dartcore.tree import Tree
+from dartcore.verify import accept, ancestor_mask, flatten, prune
 
 __all__ = ["DartDecoder", "GenerationResult", "GenerationStats", "StreamChunk"]
 
@@ -103,54 +111,45 @@ class StreamChunk:
 
 
 class _Clock:
-    """Per-stage wall time; synchronises CUDA so a stage's kernels count in it."""
+    """Per-stage wall time; the backend synchronises the device so a stage's kernels count in it."""
 
-    def __init__(self, stats: GenerationStats, device: torch.device):
+    def __init__(self, stats: GenerationStats, backend: TorchBackend):
         self.stats = stats
-        self.cuda = device.type == "cuda"
+        self.backend = backend
         self.t = time.perf_counter()
 
     def lap(self, stage: str) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
+        self.backend.synchronize()
         now = time.perf_counter()
         self.stats.seconds[stage] += now - self.t
         self.t = now
 
 
-class _LazyLogits:
-    """Row i of the tree's logits, computed on first use, together with the row
-    of i's first child (the builders' best guess for the next accepted node).
+@dataclass
+class _Sequence:
+    """Everything one sequence's decoding carries from round to round (batch 1 holds one)."""
 
-    On CPU the LM head dominates a small forward (SmolLM2: a 49152 x 576 fp32
-    matrix, ~15-20 ms per matrix-vector product on the dev box) and MKL's
-    row-major GEMM costs about the same for 1 and 2 rows (1.00 / 1.08 / 1.33 /
-    2.35x for 1 / 2 / 3 / 4 rows, measured on one core), so the acceptance walk
-    computes only the rows it visits, two at a time: ``accepted + 1`` rows in
-    about ``(accepted + 2) // 2`` products, where the whole tree would cost
-    several. On CUDA the batched product is essentially free and the decoder
-    computes all rows at once."""
+    cache: KVCache  # every committed token except the newest (the next root)
+    drafter_state: Any  # the drafter's KV cache, or None without a drafter
+    committed: list[int]  # prompt + output so far; the last one is the next tree's root
+    generated: list[int]  # output only
+    max_new_tokens: int
+    stops: list[str]
+    sampler: Sampler
+    stats: GenerationStats
+    new_taps: torch.Tensor | None = None  # target taps of the positions committed last round
+    new_next: list[int] = field(default_factory=list)  # the token after each of those positions
 
-    def __init__(self, target: TargetModel, hidden: torch.Tensor, parents: np.ndarray | None = None):
-        self.target = target
-        self.hidden = hidden
-        self.rows: dict[int, torch.Tensor] = {}
-        self.first_child: dict[int, int] = {}
-        if parents is not None:
-            for i in range(len(parents) - 1, 0, -1):  # reversed: the lowest index wins
-                self.first_child[int(parents[i])] = i
+    @property
+    def prefix(self) -> int:
+        """Tokens in the target's cache (all committed tokens but the root)."""
+        return self.cache.length
 
-    def __getitem__(self, i: int) -> torch.Tensor:
-        row = self.rows.get(i)
-        if row is None:
-            c = self.first_child.get(i)
-            if c is not None and c not in self.rows:
-                both = self.target.logits(self.hidden[[i, c]])
-                row, self.rows[c] = both[0], both[1]
-            else:
-                row = self.target.logits(self.hidden[i:i + 1])[0]
-            self.rows[i] = row
-        return row
+
+@dataclass
+class _Drafted:
+    logits: torch.Tensor | None = None  # [rows, V_draft]
+    hidden: torch.Tensor | None = None  # [rows, H] (builders with needs_hidden)
 
 
 class DartDecoder:
@@ -165,12 +164,15 @@ class DartDecoder:
     ``ngram-only``, ``ar``, ...; see :mod:`dartcore.builders`) and
     ``tree_params`` its parameters (``max_nodes``, ``beam_width``, ``k``, ...).
     The node budget defaults to ``CPU_MAX_NODES`` (4) on CPU and to the paper's
-    ``GPU_MAX_NODES`` (59) on CUDA. The drafter is moved to the target's device.
+    ``GPU_MAX_NODES`` (59) on CUDA (:func:`dartcore.builders.node_budget`); it is
+    ``decoder.max_nodes``. The drafter is moved to the target's device.
     ``max_context`` caps the context below the model's
     ``max_position_embeddings``; ``eos_token_ids`` overrides the EOS ids read
     from the generation config and tokenizer (``()`` = never stop on EOS).
-    ``lazy_logits`` (default: on for CPU, off for CUDA) computes the LM head
-    only for the tree nodes the acceptance walk visits.
+    ``lazy_logits`` (default: on for CPU without the native kernels, off otherwise)
+    computes the LM head only for the tree nodes the acceptance walk visits.
+    Device and CPU specifics (weight layouts, native kernels, lazy logits) are
+    the ``backend``'s (:mod:`dartcore.models.backend`), chosen here once.
     """
 
     def __init__(self, model, tokenizer, drafter=None, index=None, *, tree: str = "dart",
@@ -181,46 +183,35 @@ class DartDecoder:
             model.to(device=device, dtype=dtype)
         model.eval()
         self.target = TargetModel(model)
+        self.backend = backend_for(self.target, lazy_logits=lazy_logits)
         self.tokenizer = tokenizer
         self.tree = tree
         self.builder = make_tree_builder(tree, **tree_params)
-        if (self.target.device.type == "cuda" and "max_nodes" not in tree_params
-                and getattr(self.builder, "max_nodes", None) == CPU_MAX_NODES):
-            # A budget nobody chose: the CPU default is far too small for a GPU.
-            self.builder = make_tree_builder(tree, max_nodes=GPU_MAX_NODES, **tree_params)
         self.drafter = drafter if self.builder.needs_drafter else None
         self.index = index
         if self.builder.needs_drafter and drafter is None:
-            raise ValueError(f"tree builder {tree!r} needs a drafter (or use tree='ngram-only' / 'ar')")
+            raise ValueError(f"tree builder {tree!r} needs a drafter: pass drafter= (--drafter for dart-generate), "
+                             "or use tree='ngram-only' / 'ar'")
         if self.builder.needs_index and index is None:
-            raise ValueError(f"tree builder {tree!r} needs an n-gram index built with the target's tokenizer "
-                             "(ngram-build --tokenizer ...)")
+            other = "tree='dart-no-ngram'" if self.builder.needs_drafter else "tree='ar'"
+            raise ValueError(f"tree builder {tree!r} needs an n-gram index built with the target's tokenizer: pass "
+                             "index= (--index for dart-generate; build one with ngram-build --tokenizer ...), "
+                             f"or use {other}")
         if self.drafter is not None:
             _check_drafter(self.drafter, self.target, tokenizer)
-            if isinstance(self.drafter, torch.nn.Module):
-                self.drafter.to(self.target.device)  # the drafter runs where the target runs
-            if self.target.device.type == "cpu" and isinstance(self.drafter, torch.nn.Module):
-                if self.target.native_linear:
-                    # weights streamed once for the d rows, fp16 where they are fp16-exact (the
-                    # shipped drafters are stored in fp16: same drafts, half the bytes); the
-                    # layer's own ops native too where the drafter supports it
-                    use = getattr(self.drafter, "use_native_ops", None)  # a DartDrafter's own
-                    if use is not None:
-                        use(threads=self.target.threads)
-                    else:
-                        native_linears_(self.drafter, narrow=True, threads=self.target.threads)
-                else:
-                    column_major_linears_(self.drafter)  # 2x faster d-row drafting with MKL
+            self.drafter = self.backend.prepare_drafter(self.drafter)
         if index is not None:
-            _check_index(index, tokenizer)
+            _check_index(index, tokenizer, self.target)
+        # The node budget (root excluded), decided once; each round caps it by the room left.
+        self.max_nodes = node_budget(self.builder, drafter=self.drafter, device=self.target.device.type)
         context = self.target.max_positions or (1 << 31)
         self.context_length = min(context, max_context) if max_context else context
         self.eos_token_ids = (tuple(int(t) for t in eos_token_ids) if eos_token_ids is not None
                               else _eos_ids(model, tokenizer))
-        # Lazy where a product of several rows costs several of one row (MKL on the CPU); the
-        # native kernel and CUDA compute a tree's rows for about the price of one.
-        self.lazy_logits = (self.target.device.type != "cuda" and not self.target.native_linear
-                            if lazy_logits is None else bool(lazy_logits))
+
+    @property
+    def lazy_logits(self) -> bool:
+        return self.backend.lazy_logits
 
     @classmethod
     def from_pretrained(cls, target, drafter=None, index=None, *, tree: str = "dart", device=None,
@@ -282,8 +273,12 @@ class DartDecoder:
         chunk carries the :class:`GenerationResult`. Arguments are checked
         before the first chunk."""
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
-        if int(max_new_tokens) != max_new_tokens or max_new_tokens < 0:
+        if isinstance(max_new_tokens, (bool, np.bool_)) or not isinstance(max_new_tokens, (int, np.integer)):
+            raise TypeError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r} "
+                            f"({type(max_new_tokens).__name__})")
+        if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+        seed = check_seed(seed)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not isinstance(s, str) or not s for s in stops):
             raise ValueError("stop strings must be non-empty strings")
@@ -322,120 +317,136 @@ class DartDecoder:
         if max_new_tokens == 0:
             stats.finish_reason = "empty"
             return
-        target, drafter = self.target, self.drafter
-        clock = _Clock(stats, target.device)
-        # The cache holds every committed token except the newest (the next root).
-        budget = self._node_budget()
-        capacity = min(self.context_length, len(ids) + max_new_tokens + budget + 1)
-        cache = target.new_cache(capacity)
-        capacity = cache.capacity
-        taps = tuple(drafter.taps) if drafter is not None else ()
-        # A tree of `budget` nodes is never deeper than `budget`: draft no more rows than that.
-        draft_rows = min(drafter.d, budget) if drafter is not None else 0
-        dstate = drafter.new_state(capacity) if drafter is not None else None
-
-        # prefill
-        out = target.forward(cache, torch.tensor(ids, dtype=torch.long), torch.arange(len(ids)),
-                             taps=taps, logits_rows=slice(-1, None))
-        cache.commit(len(ids))
-        token = sampler.choose(out.logits[-1])
-        committed = list(ids) + [token]
-        new_taps, new_next = out.taps, list(ids[1:]) + [token]
+        clock = _Clock(stats, self.backend)
+        seq = self._start(ids, max_new_tokens, sampler, stops, stats, generated)
+        done = self._prefill(seq)
         clock.lap("prefill")
-        done = self._commit(generated, [token], max_new_tokens, stops, stats, len(committed))
         yield list(generated)
         clock.lap("accept")  # the consumer's time (text decoding, streaming) counts as "other"
-        if done:
-            return
-
-        while True:
-            # the round's small torch ops on one thread where the native kernel's helpers spin
-            with self._small_ops():
-                prefix = cache.length  # == len(committed) - 1
-                max_depth = min(max_new_tokens - len(generated), self.context_length - len(committed)) - 1
-                max_nodes = capacity - prefix  # root included
-                logits = hidden = None
-                # max_depth == 0 only in the last round (one token left): nothing to draft.
-                if drafter is not None and max_depth > 0:
-                    drafted = drafter.draft(dstate, new_taps, torch.tensor(new_next, dtype=torch.long),
-                                            return_hidden=self.builder.needs_hidden,
-                                            rows=min(draft_rows, max_depth))
-                    logits, hidden = drafted if self.builder.needs_hidden else (drafted, None)
+        while not done:
+            with self.backend.round_scope():
+                max_depth, budget = self._limits(seq)
+                drafted = self._draft(seq, max_depth)
                 clock.lap("draft")
-                if max_depth > 0:
-                    tree = self.builder(TreeInputs(
-                        context=np.asarray(committed, dtype=np.int64), logits=logits, hidden=hidden,
-                        drafter=drafter, index=self.index, max_depth=max_depth, max_nodes=max_nodes - 1,
-                        eos_token_ids=self.eos_token_ids,
-                    ))
-                else:
-                    tree = root_only(committed[-1])
-                flat = prune(flatten(tree), max_depth=max_depth, max_nodes=max_nodes)
-                if int(flat.tokens[0]) != committed[-1]:
-                    raise TreeError(f"tree root {int(flat.tokens[0])} is not the last committed token {committed[-1]}")
+                tree = self._search(seq, drafted, max_depth, budget)
                 clock.lap("search")
-                out = self._verify(cache, flat, prefix, taps)
+                out = self._verify(seq, tree)
                 clock.lap("verify")
-                rows = _LazyLogits(target, out.hidden, flat.parents) if self.lazy_logits else out.logits
-                acc = accept(flat, rows, sampler)
-                cache.compact(acc.path)
-                new = [int(t) for t in flat.tokens[acc.path[1:]]] + [acc.bonus]
-                stats._count(acc.accepted)
-                committed.extend(new)
-                if drafter is not None:
-                    new_taps = out.taps[torch.as_tensor(acc.path, device=out.taps.device)]
-                    new_next = new
                 base = len(generated)
-                done = self._commit(generated, new, max_new_tokens, stops, stats, len(committed))
+                done = self._accept(seq, tree, out)
             clock.lap("accept")
             yield generated[base:]
             clock.lap("accept")
-            if done:
-                return
 
-    def _verify(self, cache, flat: FlatTree, prefix: int, taps):
-        tokens = torch.from_numpy(flat.tokens)
-        positions = torch.from_numpy(flat.depths + prefix)
-        mask = torch.from_numpy(ancestor_mask(flat.parents))
-        rows = slice(0, 0) if self.lazy_logits else None
-        return self.target.forward(cache, tokens, positions, mask, taps=taps, logits_rows=rows)
+    # -- the steps of a round ---------------------------------------------------------------
 
-    def _commit(self, generated: list[int], new: list[int], max_new_tokens: int, stops: list[str],
-                stats: GenerationStats, committed_len: int) -> bool:
-        """Append ``new`` to ``generated``, cut at the first stop condition;
-        True when generation is over."""
+    def _start(self, ids: list[int], max_new_tokens: int, sampler: Sampler, stops: list[str],
+               stats: GenerationStats, generated: list[int]) -> _Sequence:
+        """A sequence's caches, sized for the prompt, the output and one tree."""
+        capacity = min(self.context_length, len(ids) + max_new_tokens + self.max_nodes + 1)
+        cache = self.target.new_cache(capacity)
+        dstate = self.drafter.new_state(cache.capacity) if self.drafter is not None else None
+        return _Sequence(cache=cache, drafter_state=dstate, committed=list(ids), generated=generated,
+                         max_new_tokens=max_new_tokens, stops=stops, sampler=sampler, stats=stats)
+
+    def _taps(self) -> tuple[int, ...]:
+        return tuple(self.drafter.taps) if self.drafter is not None else ()
+
+    def _prefill(self, seq: _Sequence) -> bool:
+        """The prompt through the target; its next token is the first one generated (and the
+        first tree's root). True when generation is already over."""
+        ids = seq.committed
+        out = self.target.forward(seq.cache, torch.tensor(ids, dtype=torch.long), torch.arange(len(ids)),
+                                  taps=self._taps(), logits_rows=slice(-1, None))
+        seq.cache.commit(len(ids))
+        token = seq.sampler.choose(out.logits[-1])
+        seq.new_taps, seq.new_next = out.taps, list(ids[1:]) + [token]
+        seq.committed.append(token)
+        return self._commit(seq, [token])
+
+    def _limits(self, seq: _Sequence) -> tuple[int, int]:
+        """This round's deepest usable node and node budget (root excluded): the one place
+        the budget is decided (the decoder's ``max_nodes``, capped by the room left in the
+        caches); the builder receives exactly that."""
+        max_depth = min(seq.max_new_tokens - len(seq.generated), self.context_length - len(seq.committed)) - 1
+        budget = min(self.max_nodes, seq.cache.capacity - seq.prefix - 1)
+        return max_depth, budget
+
+    def _draft(self, seq: _Sequence, max_depth: int) -> _Drafted:
+        """The drafter over the positions committed last round: d rows of logits (no more
+        rows than a tree of this round can use)."""
+        drafter = self.drafter
+        # max_depth == 0 only in the last round (one token left): nothing to draft.
+        if drafter is None or max_depth <= 0:
+            return _Drafted()
+        # A tree of `budget` nodes is never deeper than `budget`: draft no more rows than that.
+        rows = min(drafter.d, self.max_nodes, max_depth)
+        want_hidden = self.builder.needs_hidden
+        out = self.backend.draft(drafter, seq.drafter_state, seq.new_taps, torch.tensor(seq.new_next, dtype=torch.long),
+                                 rows=rows, return_hidden=want_hidden)
+        return _Drafted(*out) if want_hidden else _Drafted(logits=out)
+
+    def _search(self, seq: _Sequence, drafted: _Drafted, max_depth: int, budget: int) -> Tree:
+        """The draft tree, rooted at the last committed token."""
+        root = seq.committed[-1]
+        if max_depth <= 0 or budget <= 0:
+            return root_only(root)
+        tree = self.builder(TreeInputs(
+            context=np.asarray(seq.committed, dtype=np.int64), logits=drafted.logits, hidden=drafted.hidden,
+            drafter=self.drafter, index=self.index, max_depth=max_depth, max_nodes=budget,
+            eos_token_ids=self.eos_token_ids,
+        ))
+        # The built-in builders keep to the budget; a custom one that does not is cut to it.
+        tree = prune(flatten(tree), max_depth=max_depth, max_nodes=budget + 1)
+        if int(tree.tokens[0]) != root:
+            raise TreeError(f"tree root {int(tree.tokens[0])} is not the last committed token {root}")
+        return tree
+
+    def _verify(self, seq: _Sequence, tree: Tree) -> ForwardOutput:
+        """One target forward over the tree: node i at position prefix + depth(i), seeing the
+        cached prefix and its ancestors."""
+        tokens = torch.from_numpy(tree.tokens)
+        positions = torch.from_numpy(tree.depths + seq.prefix)
+        mask = torch.from_numpy(ancestor_mask(tree.parents))
+        return self.target.forward(seq.cache, tokens, positions, mask, taps=self._taps(),
+                                   logits_rows=self.backend.verify_logits_rows())
+
+    def _accept(self, seq: _Sequence, tree: Tree, out: ForwardOutput) -> bool:
+        """Walk the tree with the target's own choices, keep the accepted path's KV entries
+        and commit the path + the bonus token. True when generation is over."""
+        acc = accept(tree, self.backend.tree_logits(out, tree.parents), seq.sampler)
+        seq.cache.compact(acc.path)
+        new = [int(t) for t in tree.tokens[acc.path[1:]]] + [acc.bonus]
+        seq.stats._count(acc.accepted)
+        seq.committed.extend(new)
+        if self.drafter is not None:
+            seq.new_taps = out.taps[torch.as_tensor(acc.path, device=out.taps.device)]
+            seq.new_next = new
+        return self._commit(seq, new)
+
+    def _commit(self, seq: _Sequence, new: list[int]) -> bool:
+        """Append ``new`` to the output, cut at the first stop condition; True when
+        generation is over."""
+        generated, stats = seq.generated, seq.stats
         base = len(generated)
         for i, tok in enumerate(new):
             generated.append(tok)
             if tok in self.eos_token_ids:
                 stats.finish_reason = "eos"
-            elif stops and any(s in self._decode(generated, skip_special=False) for s in stops):
+            elif seq.stops and any(s in self._decode(generated, skip_special=False) for s in seq.stops):
                 stats.finish_reason = "stop"
-            elif len(generated) >= max_new_tokens:
+            elif len(generated) >= seq.max_new_tokens:
                 stats.finish_reason = "length"
             else:
                 continue
             del generated[base + i + 1:]
             return True
-        if committed_len >= self.context_length:
+        if len(seq.committed) >= self.context_length:
             stats.finish_reason = "context"
             return True
         return False
 
     # -- helpers -------------------------------------------------------------------------------
-
-    def _small_ops(self):
-        """Where the native kernel's helpers spin (the target's native path), a round's small
-        torch ops (drafting, search, acceptance) run on one torch thread: an OpenMP worker
-        woken by, e.g., the argmax over a tree's logits spins next to the helpers (see
-        dartcore.kernels.linear.torch_threads). The prefill keeps torch's threads."""
-        return torch_threads(1) if self.target.native_linear else contextlib.nullcontext()
-
-    def _node_budget(self) -> int:
-        budget = getattr(self.builder, "max_nodes", None)
-        if budget is None:  # chain: one node per drafter row
-            budget = getattr(self.drafter, "d", 8)
-        return int(budget)
 
     def _decode(self, tokens: list[int], skip_special: bool = True) -> str:
         if not tokens:
@@ -443,40 +454,57 @@ class DartDecoder:
         return self.tokenizer.decode(tokens, skip_special_tokens=skip_special)
 
     def _prompt_ids(self, prompt) -> list[int]:
+        """The prompt as token ids: a string (tokenised), chat messages (the chat template),
+        or one flat sequence of integer ids -- a list / tuple of ints, or a 1-D integer
+        tensor / array (``[1, n]``, a batch of one, too). Anything else is a TypeError or
+        ValueError naming ``prompt``."""
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("empty prompt: give at least one token of text")
             ids = self.tokenizer(prompt)["input_ids"]
-        elif isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
+            if len(ids) and isinstance(ids[0], list):  # tokenizers may return [[...]]
+                ids = ids[0]
+            return self._check_ids(list(ids), "the tokenised prompt")
+        if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
+            if not all(isinstance(m, dict) for m in prompt):
+                raise TypeError("prompt: chat messages must all be dicts {'role': ..., 'content': ...}")
             rendered = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
             ids = rendered["input_ids"] if hasattr(rendered, "keys") else rendered
-        elif isinstance(prompt, torch.Tensor):
-            ids = prompt.detach().cpu().reshape(-1).tolist() if prompt.dim() <= 2 and (
-                prompt.dim() < 2 or prompt.shape[0] == 1) else _batch_error()
-        elif isinstance(prompt, np.ndarray):
-            ids = prompt.reshape(-1).tolist() if prompt.ndim <= 2 and (
-                prompt.ndim < 2 or prompt.shape[0] == 1) else _batch_error()
-        elif isinstance(prompt, (list, tuple)):
-            ids = list(prompt)
-        else:
-            raise TypeError(f"prompt must be a string, token ids or chat messages, not {type(prompt).__name__}")
-        if ids and isinstance(ids[0], list):  # tokenizers may return [[...]]
-            ids = ids[0]
+            if len(ids) and isinstance(ids[0], list):
+                ids = ids[0]
+            return self._check_ids(list(ids), "the rendered chat prompt")
+        if isinstance(prompt, (torch.Tensor, np.ndarray)):
+            is_tensor = isinstance(prompt, torch.Tensor)
+            integer = (not prompt.dtype.is_floating_point and not prompt.dtype.is_complex
+                       and prompt.dtype != torch.bool) if is_tensor else prompt.dtype.kind in "iu"
+            if not integer:
+                raise TypeError(f"prompt must hold integer token ids, got a {type(prompt).__name__} of dtype "
+                                f"{prompt.dtype}")
+            shape = tuple(prompt.shape)
+            if len(shape) == 2 and shape[0] == 1:
+                prompt = prompt[0]
+            elif len(shape) != 1:
+                raise ValueError(f"prompt must be 1-D token ids (or [1, n]): DartDecoder decodes one sequence at a "
+                                 f"time (batch size 1), got shape {shape}")
+            ids = prompt.detach().cpu().tolist() if is_tensor else prompt.tolist()
+            return self._check_ids(ids, "prompt")
+        if isinstance(prompt, (list, tuple)):
+            for i, t in enumerate(prompt):
+                if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
+                    raise TypeError(f"prompt must be one flat sequence of integer token ids (or a string, or chat "
+                                    f"messages); prompt[{i}] is {t!r} ({type(t).__name__})")
+            return self._check_ids([int(t) for t in prompt], "prompt")
+        raise TypeError(f"prompt must be a string, token ids or chat messages, not {type(prompt).__name__}")
+
+    def _check_ids(self, ids: list, what: str) -> list[int]:
         if len(ids) == 0:
-            raise ValueError("empty prompt: give at least one token")
-        try:
-            ids = [int(t) for t in ids]
-        except (TypeError, ValueError):
-            raise TypeError("token ids must be integers") from None
+            raise ValueError(f"empty prompt: {what} has no tokens (give at least one)")
+        ids = [int(t) for t in ids]
         vocab = self.target.vocab_size
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
-            raise ValueError(f"token id {bad[0]} is outside the target's vocabulary [0, {vocab})")
+            raise ValueError(f"prompt: token id {bad[0]} is outside the target's vocabulary [0, {vocab})")
         return ids
-
-
-def _batch_error():
-    raise ValueError("DartDecoder decodes one sequence at a time (batch size 1)")
 
 
 def _eos_ids(model, tokenizer) -> tuple[int, ...]:
@@ -524,11 +552,29 @@ def _check_drafter(drafter, target: TargetModel, tokenizer) -> None:
         )
 
 
-def _check_index(index, tokenizer) -> None:
+def _tokenizer_name(tokenizer) -> str:
+    name = getattr(tokenizer, "name_or_path", None) or getattr(tokenizer, "name", None)
+    return repr(name) if name else type(tokenizer).__name__
+
+
+def _check_index(index, tokenizer, target: TargetModel) -> None:
+    """Refuse an index built with another tokenizer (by its recorded fingerprint), or one
+    whose vocabulary the target cannot produce; warn when it records no tokenizer."""
     meta = getattr(index, "metadata", None) or {}
-    recorded = (meta.get("tokenizer") or {}).get("fingerprint") if isinstance(meta, dict) else None
+    info = (meta.get("tokenizer") or {}) if isinstance(meta, dict) else {}
+    recorded = info.get("fingerprint") if isinstance(info, dict) else None
+    vocab = getattr(index, "vocab_size", None)
+    if vocab is not None and int(vocab) > target.vocab_size:
+        raise TokenizerMismatchError(
+            f"the n-gram index has a vocabulary of {int(vocab)} tokens but the target only {target.vocab_size}: it "
+            "was built with another tokenizer; rebuild it with the target's (ngram-build --tokenizer ...)")
     if recorded is None:
-        return  # nothing recorded to compare against
+        checked = (f"; only its vocabulary size was checked ({int(vocab)} <= {target.vocab_size})"
+                   if vocab is not None else "")
+        warnings.warn("the n-gram index records no tokenizer, so dartcore cannot check that it was built with the "
+                      f"target's tokenizer ({_tokenizer_name(tokenizer)}){checked}. Build indexes with ngram-build "
+                      "--tokenizer ...", stacklevel=3)
+        return
     from dartcore.errors import TokenizerError
     from dartcore.tokenizers import fingerprint
 
@@ -537,10 +583,11 @@ def _check_index(index, tokenizer) -> None:
     except TokenizerError:
         return  # a custom tokenizer dartcore cannot fingerprint: the caller vouches for it
     if recorded != mine:
-        name = (meta.get("tokenizer") or {}).get("name", "another tokenizer")
+        name = info.get("name") or "an unnamed tokenizer"
         raise TokenizerMismatchError(
-            f"the n-gram index was built with {name} (fingerprint {recorded}), but the target's tokenizer "
-            f"has fingerprint {mine}: rebuild the index with the target's tokenizer (ngram-build --tokenizer ...)"
+            f"the n-gram index was built with tokenizer {name!r} (fingerprint {recorded}), but the target's "
+            f"tokenizer is {_tokenizer_name(tokenizer)} (fingerprint {mine}): rebuild the index with the target's "
+            "tokenizer (ngram-build --tokenizer ...)"
         )
 
 

@@ -51,6 +51,7 @@ __all__ = [
     "BUILTIN_DRAFTERS",
     "default_taps",
     "tokenizer_fingerprint",
+    "drafter_fingerprint",
 ]
 
 CONFIG_NAME = "config.json"
@@ -77,6 +78,18 @@ def tokenizer_fingerprint(tokenizer) -> str | None:
     for tok, idx in sorted(vocab.items(), key=lambda kv: kv[1]):
         h.update(f"{idx}\t{tok}\n".encode("utf-8", "surrogatepass"))
     return h.hexdigest()[:32]
+
+
+def drafter_fingerprint(drafter) -> str:
+    """A short hash of a drafter's config and weights (which drafter a DARTree correction
+    head was trained on)."""
+    h = hashlib.sha256(drafter.config.to_json().encode())
+    state = drafter.state_dict()
+    for name in ("fc.weight", "lm_head.weight", "mask_hidden"):
+        # fp16-rounded, so a checkpoint and its fp16 export have the same fingerprint.
+        t = state[name].detach().cpu().to(torch.float16).contiguous()
+        h.update(t.view(torch.int16).numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 @dataclass
@@ -462,17 +475,8 @@ class DartDrafter(nn.Module):
         p = self.fc.weight
         return DrafterState(self.config.num_key_value_heads, self.config.head_dim, max_len, p.dtype, p.device)
 
-    @torch.no_grad()
-    def draft(self, state: DrafterState, taps: torch.Tensor, next_tokens: torch.Tensor, *, return_hidden: bool = False,
-              rows: int | None = None):
-        """Append ``n`` real rows to ``state`` and draft ``d`` positions after the last one.
-
-        taps: [n, 3H]; next_tokens: [n] (x_{i+1} of each new position i). Returns logits
-        [d, V_draft] (and the final hidden states [d, H] with ``return_hidden``).
-        ``rows`` (1..d, default d): draft only the first ``rows`` positions. Row j attends
-        to the real positions and MASK 1..j only, so the rows computed are exactly those of
-        the full draft (a tree of B nodes is never deeper than B: the decoder asks for
-        ``min(d, B)`` rows and saves the rest of the work)."""
+    def check_draft(self, taps: torch.Tensor, next_tokens: torch.Tensor, rows: int | None) -> int:
+        """The arguments of :meth:`draft` checked; the number of rows to draft."""
         nq = self.d if rows is None else int(rows)
         if not 1 <= nq <= self.d:
             raise DartError(f"rows must be in [1, {self.d}], got {rows}")
@@ -483,11 +487,24 @@ class DartDrafter(nn.Module):
             raise DartError(f"next_tokens must be [{n}], got {tuple(next_tokens.shape)}")
         if n == 0:
             raise DartError("draft needs at least one new real position (the bonus token's row)")
+        return nq
+
+    @torch.no_grad()
+    def draft(self, state: DrafterState, taps: torch.Tensor, next_tokens: torch.Tensor, *, return_hidden: bool = False,
+              rows: int | None = None):
+        """Append ``n`` real rows to ``state`` and draft ``d`` positions after the last one.
+
+        taps: [n, 3H]; next_tokens: [n] (x_{i+1} of each new position i). Returns logits
+        [d, V_draft] (and the final hidden states [d, H] with ``return_hidden``).
+        ``rows`` (1..d, default d): draft only the first ``rows`` positions. Row j attends
+        to the real positions and MASK 1..j only, so the rows computed are exactly those of
+        the full draft (a tree of B nodes is never deeper than B: the decoder asks for
+        ``min(d, B)`` rows and saves the rest of the work). On a CPU with dartcore's native
+        kernels the decoder drafts through :class:`dartcore.kernels.native_draft.NativeDraft`
+        instead (same drafts up to float32 rounding)."""
+        nq = self.check_draft(taps, next_tokens, rows)
         dev = self.fc.weight.device
-        native = self._native_draft(state, taps, next_tokens, nq)
-        if native is not None:
-            logits, h = native
-            return (logits, h) if return_hidden else logits
+        n = taps.shape[0]
         start = state.length
         rows, g = self.real_rows(taps.to(dev), next_tokens.to(dev))
         pos = torch.arange(start, start + n, device=dev)
@@ -513,150 +530,6 @@ class DartDrafter(nn.Module):
         h = self.layer.mlp_block(h)
         logits = self.head(h)
         return (logits, h) if return_hidden else logits
-
-    def use_native_ops(self, threads: int | None = None) -> bool:
-        """Draft through dartcore's native CPU kernels (float32 on a CPU with AVX-512F): the
-        products through :func:`dartcore.kernels.linear.native_linears_` (fp16-exact weights,
-        as shipped, stream as fp16: same products) and, for a block of at most 16 rows, the
-        layer's norms, RoPE, KV write and attention through the native layer ops -- ~15 calls
-        instead of ~80 small torch ops. Same drafts up to float32 rounding. Training and other
-        devices are unaffected. Returns whether it applies (the DartDecoder calls it)."""
-        from dartcore.kernels.linear import native_linear_available, native_linears_
-
-        w = self.fc.weight
-        if not native_linear_available() or w.device.type != "cpu" or w.dtype != torch.float32:
-            return False
-        native_linears_(self, narrow=True, threads=threads)
-        self.__dict__["_native_ops"] = threads
-        return True
-
-    def _native_threads(self) -> int:
-        """The native kernels' threads for this drafter (see :meth:`use_native_ops`)."""
-        from dartcore.kernels.linear import linear_threads
-
-        return self.__dict__.get("_native_ops") or linear_threads()
-
-    def _cached(self, name: str, sources, build):
-        """``build()`` made once and remade when any tensor of ``sources`` is replaced or
-        changed in place (the native path's derived copies: fused weights, normed MASK rows)."""
-        key = tuple((t.data_ptr(), t._version) for t in sources)
-        cached = self.__dict__.get(name)
-        if cached is None or cached[0] != key:
-            with torch.no_grad():
-                cached = self.__dict__[name] = (key, build())
-        return cached[1]
-
-    def _fused(self, name: str, projs):
-        """Projections reading the same input as one native product (q | k | v, gate | up)."""
-        from dartcore.kernels.linear import NativeWeight
-
-        def build():
-            w = torch.cat([p.weight.detach() for p in projs]).contiguous()
-            b = None if projs[0].bias is None else torch.cat([p.bias.detach() for p in projs])
-            return NativeWeight(w, b, narrow=True, threads=self._native_threads())
-
-        return self._cached(name, [t for p in projs for t in (p.weight, p.bias) if t is not None], build)
-
-    def _mask_inputs(self) -> torch.Tensor:
-        """The MASK rows' layer inputs ``[d - 1, 2H]`` (constant between weight updates)."""
-        return self._cached("_mask_x", (self.mask_emb, self.mask_hidden, self.emb_norm.weight, self.hidden_norm.weight),
-                            lambda: self.mask_rows()[0].detach().float().contiguous())
-
-    def _rope_rows(self, start: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
-        """cos, sin ``[rows, head_dim]`` of positions ``start..start + rows`` from a table of
-        every position so far (grown by doubling): one slice instead of ~7 small ops a draft."""
-        table = self.__dict__.get("_rope_table")
-        if table is None or table[0] is not self.inv_freq or table[1].shape[0] < start + rows:
-            n = max(256, 2 * (start + rows))
-            cos, sin = self.rope(torch.arange(n))
-            table = self.__dict__["_rope_table"] = (self.inv_freq, cos.float().contiguous().numpy(),
-                                                    sin.float().contiguous().numpy())
-        return table[1][start:start + rows], table[2][start:start + rows]
-
-    def _native_draft(self, state: DrafterState, taps: torch.Tensor, next_tokens: torch.Tensor, nq: int):
-        """:meth:`draft` (logits, final hidden) through the native layer ops, or None where they
-        do not apply (not enabled, autograd, more than 16 rows, a full state). The block is the
-        n new real rows then the nq - 1 MASK rows at consecutive positions under a causal mask:
-        the last real row sees the real rows, MASK j the real rows and MASK 1..j, as in
-        :meth:`draft`; the MASK rows' keys land past ``state.length`` (scratch)."""
-        from dartcore.kernels.linear import MAX_ROWS
-
-        if "_native_ops" not in self.__dict__ or torch.is_grad_enabled():
-            return None
-        n = taps.shape[0]
-        rows = n + nq - 1
-        if rows > MAX_ROWS or state.length + rows > state.max_len or state.k.dtype != torch.float32:
-            return None
-        from dartcore import _native
-
-        layer, eps = self.layer, self.config.rms_norm_eps
-
-        def norm(x: torch.Tensor, module, delta: torch.Tensor | None = None) -> torch.Tensor:
-            out = torch.empty_like(x)
-            _native.add_rms_norm(x.numpy(), None if delta is None else delta.numpy(),
-                                 module.weight.detach().numpy(), eps, out.numpy())
-            return out
-
-        g = self.fc(taps.to(torch.float32).contiguous())
-        emb = self.embed(next_tokens).contiguous()
-        x = torch.cat((torch.cat((norm(emb, self.emb_norm), norm(g, self.hidden_norm)), dim=-1),
-                       self._mask_inputs()[:nq - 1]))
-        start = state.length
-        cos, sin = self._rope_rows(start, rows)
-        att = torch.empty(rows, layer.nh * layer.hd)
-        qn = kn = None
-        if layer.qk_norm:
-            qn, kn = layer.q_norm.weight.detach().numpy(), layer.k_norm.weight.detach().numpy()
-        qkv = self._fused("_qkv", (layer.q_proj, layer.k_proj, layer.v_proj))(x)
-        _native.block_attention(qkv.numpy(), layer.nh, layer.nkv, cos, sin, state.k.numpy(), state.v.numpy(), start,
-                                None, layer.hd ** -0.5, att.numpy(), qn, kn, eps, self._native_threads())
-        state.length += n  # the real rows' keys and values are in place
-        h = torch.cat((g[-1:], self.mask_hidden.detach()[:nq - 1]))  # the residual streams
-        x = norm(h, layer.post_attention_layernorm, layer.o_proj(att[n - 1:]))  # h += attention
-        gate, up = self._fused("_gate_up", (layer.gate_proj, layer.up_proj))(x).split(layer.gate_proj.out_features, -1)
-        mlp = layer.down_proj(F.silu(gate) * up)
-        return self.lm_head(norm(h, self.norm, mlp)), h  # h += mlp; logits of norm(h)
-
-    # -- training ----------------------------------------------------------------------
-
-    def forward_train(self, taps: torch.Tensor, next_tokens: torch.Tensor, anchors: torch.Tensor,
-                      *, doc_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-                      backend: str = "auto") -> torch.Tensor:
-        """Prefix-shared training forward over packed clean sequences.
-
-        taps [B, N, 3H]; next_tokens [B, N] (x_{i+1} of clean row i); anchors [B, A] (clean
-        row index t of each group, -1 = padding group); doc_ids [B, N] (packed documents never
-        see each other; default one document); position_ids [B, N] (default 0..N-1).
-        Returns logits [B, A, d, V_draft]: [:, a, 0] from the anchor's clean row, [:, a, j]
-        from MASK j of its group (position t+j)."""
-        from dartcore.training.mask import build_layout, prefix_shared_attention
-
-        B, N, _ = taps.shape
-        A, D = anchors.shape[1], self.d
-        dev = taps.device
-        if position_ids is None:
-            position_ids = torch.arange(N, device=dev).expand(B, N)
-        if doc_ids is None:
-            doc_ids = torch.zeros(B, N, dtype=torch.long, device=dev)
-        layout = build_layout(anchors, doc_ids, position_ids, D)
-        rows, g = self.real_rows(taps, next_tokens)  # [B, N, 2H], [B, N, H]
-        m_rows, m_res = self.mask_rows()  # [D-1, 2H]
-        all_rows = torch.cat((rows, m_rows.unsqueeze(0).unsqueeze(0).expand(B, A, D - 1, -1).reshape(B, A * (D - 1), -1)), 1)
-        cos, sin = self.rope(layout.positions)  # [B, R, hd]
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        k, v = self.layer.kv(all_rows, cos, sin)  # [B, nkv, R, hd]
-        # Queries: only rows whose output is used (anchor rows + MASK rows); a single layer
-        # means other clean rows contribute keys/values only.
-        qidx = layout.query_rows  # [B, A*D] indices into the R rows, group-major
-        q_rows = torch.gather(all_rows, 1, qidx[..., None].expand(-1, -1, all_rows.shape[-1]))
-        qcos = torch.gather(cos.squeeze(1), 1, qidx[..., None].expand(-1, -1, cos.shape[-1])).unsqueeze(1)
-        qsin = torch.gather(sin.squeeze(1), 1, qidx[..., None].expand(-1, -1, sin.shape[-1])).unsqueeze(1)
-        q = self.layer.q(q_rows, qcos, qsin)  # [B, nh, A*D, hd]
-        attn = prefix_shared_attention(self.layer, q, k, v, layout, backend=backend)
-        anchor_res = torch.gather(g, 1, anchors.clamp(min=0)[..., None].expand(-1, -1, g.shape[-1]))  # [B, A, H]
-        resid = torch.cat((anchor_res.unsqueeze(2), m_res.expand(B, A, D - 1, -1)), 2).reshape(B, A * D, -1)
-        h = self.layer.mlp_block(resid + attn)
-        return self.head(h).view(B, A, D, -1)
 
 
 def _check_target(cfg: DrafterConfig, target_model, tokenizer, path) -> None:

@@ -18,9 +18,32 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-__all__ = ["SamplingParams", "Sampler", "warp_probs", "draw"]
+__all__ = ["SamplingParams", "Sampler", "warp_probs", "draw", "check_seed", "MAX_SEED"]
+
+
+def _number(name: str, value) -> float:
+    """``value`` as a float; bools, strings and other types are a TypeError naming ``name``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    return float(value)
+
+
+# Seeds the generator takes: torch.Generator.manual_seed reads an unsigned 64-bit integer.
+MAX_SEED = 2**64 - 1
+
+
+def check_seed(seed) -> int | None:
+    """``seed`` as an int in [0, MAX_SEED] (or None), else a clear error naming it."""
+    if seed is None:
+        return None
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an integer in [0, 2**64 - 1] or None, got {seed!r} ({type(seed).__name__})")
+    if not 0 <= int(seed) <= MAX_SEED:
+        raise ValueError(f"seed = {seed} is out of range: must be an integer in [0, 2**64 - 1]")
+    return int(seed)
 
 
 @dataclass(frozen=True)
@@ -30,12 +53,18 @@ class SamplingParams:
     top_k: int = 0
 
     def __post_init__(self):
-        if not isinstance(self.temperature, (int, float)) or math.isnan(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        put = object.__setattr__  # frozen: normalise once here
+        put(self, "temperature", _number("temperature", self.temperature))
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        put(self, "top_p", _number("top_p", self.top_p))
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if int(self.top_k) != self.top_k or self.top_k < 0:
-            raise ValueError(f"top_k must be a non-negative integer (0 = off), got {self.top_k!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)):
+            raise TypeError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        put(self, "top_k", int(self.top_k))
 
     @property
     def greedy(self) -> bool:
@@ -81,11 +110,12 @@ class Sampler:
 
     def __init__(self, params: SamplingParams, seed: int | None = None):
         self.params = params
+        seed = check_seed(seed)
         self.generator = torch.Generator(device="cpu")
         if seed is None:
             self.generator.seed()
         else:
-            self.generator.manual_seed(int(seed))
+            self.generator.manual_seed(seed)
 
     def choose(self, logits: torch.Tensor) -> int:
         if self.params.greedy:

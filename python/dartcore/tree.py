@@ -19,7 +19,8 @@ are ever read.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,43 +34,58 @@ __all__ = [
     "Tree",
     "verification_inputs",
     "topk_logprobs",
+    "SearchParams",
+    "TOP_K",
+    "NGRAM_DEPTH",
+    "MAX_BEAM_WIDTH",
     "beam_search",
     "beam_search_batch",
     "ngram_tree",
     "top_b",
     "best_first",
     "chain",
-    "random_tree",
 ]
 
 
 @dataclass(eq=False)
 class Tree:
-    """A draft tree in depth order: node 0 is the root (the last committed token, parent −1,
-    depth 0, score 0); every other node comes after its parent (``parents[i] < i``) and the
-    depths never decrease. Within a depth, nodes are in the order the builder chose them
-    (best first).
+    """A draft tree in depth order, the one tree type from the builders to verification:
+    node 0 is the root (the last committed token, parent −1, depth 0, score 0); every other
+    node comes after its parent (``parents[i] < i``), ``depths[i] = depths[parents[i]] + 1``
+    and the depths never decrease. Within a depth, nodes are in the order the builder chose
+    them (best first).
 
     ``tokens``, ``parents``, ``depths`` are int64[n]; ``scores`` float64[n] (the builder's
-    cumulative path score). ``_valid``: made by dartcore's native searches, valid by
-    construction, so :func:`dartcore.verify.flatten` need not re-check it (see ``_built``)."""
+    cumulative path score; default 0). The constructor checks all of that
+    (:class:`~dartcore.errors.TreeError`); the native searches' trees are valid by
+    construction and skip the check."""
 
     tokens: np.ndarray
     parents: np.ndarray
     depths: np.ndarray
-    scores: np.ndarray
-    _valid: bool = field(default=False, init=False, repr=False)
+    scores: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.tokens = np.asarray(self.tokens, dtype=np.int64)
         self.parents = np.asarray(self.parents, dtype=np.int64)
         self.depths = np.asarray(self.depths, dtype=np.int64)
-        self.scores = np.asarray(self.scores, dtype=np.float64)
-        n = self.tokens.shape[0]
-        if self.tokens.ndim != 1 or any(a.shape != (n,) for a in (self.parents, self.depths, self.scores)):
+        n = self.tokens.shape[0] if self.tokens.ndim == 1 else -1
+        self.scores = (np.zeros(max(n, 0), dtype=np.float64) if self.scores is None
+                       else np.asarray(self.scores, dtype=np.float64))
+        if n < 1 or any(a.shape != (n,) for a in (self.parents, self.depths, self.scores)):
             raise TreeError(
-                f"tree arrays must be 1-D of one length, got tokens {self.tokens.shape}, parents "
+                f"tree arrays must be 1-D, non-empty and of one length, got tokens {self.tokens.shape}, parents "
                 f"{self.parents.shape}, depths {self.depths.shape}, scores {self.scores.shape}")
+        if self.parents[0] != -1 or self.depths[0] != 0:
+            raise TreeError("node 0 must be the root (parent -1, depth 0)")
+        if n > 1:
+            p = self.parents[1:]
+            if np.any(p < 0) or np.any(p >= np.arange(1, n)):
+                raise TreeError("every non-root node's parent must come before it")
+            if np.any(self.depths[1:] != self.depths[p] + 1):
+                raise TreeError("depth of a node must be its parent's depth + 1")
+            if np.any(np.diff(self.depths) < 0):
+                raise TreeError("nodes must be in depth order")
 
     @property
     def size(self) -> int:
@@ -114,10 +130,10 @@ class Tree:
 
 
 def _built(arrays) -> Tree:
-    """A Tree of arrays fresh from dartcore's native searches (depth order, parents before
-    children by construction)."""
-    tree = Tree(*arrays)
-    tree._valid = True
+    """A Tree of arrays fresh from dartcore's native searches: depth order, parents before
+    children by construction, so the constructor's check is skipped."""
+    tree = object.__new__(Tree)
+    tree.tokens, tree.parents, tree.depths, tree.scores = arrays
     return tree
 
 
@@ -231,25 +247,103 @@ def _tail(context: Any) -> np.ndarray:
     return _ids(np.asarray(context).reshape(-1)[-2:], 1, "context")
 
 
-def _params(beam_width, max_nodes, level_decay, ngram_weight, depth_exponent, eps, ngram_first_level,
-            unigram_backoff, eos_token_ids) -> dict[str, Any]:
-    for name, v in (("beam_width", beam_width), ("max_nodes", max_nodes)):
-        if int(v) < 0:
-            raise TreeError(f"{name} must be positive, got {v}")
-    return {
-        "beam_width": int(beam_width), "max_nodes": int(max_nodes), "level_decay": float(level_decay),
-        "ngram_weight": float(ngram_weight), "depth_exponent": float(depth_exponent), "eps": float(eps),
-        "ngram_first_level": bool(ngram_first_level), "unigram_backoff": bool(unigram_backoff),
-        "eos_token_ids": [int(t) for t in (eos_token_ids or ())],
-    }
+# Largest accepted beam width. A search costs ~width² (d = 8, k = 25, 59 nodes on the dev box:
+# 0.5 ms at 20, 8.6 ms at 1,000, 113 ms at 4,096, 2.2 s at 10**5), and width beyond the node
+# budget cannot change the tree: with scores that never increase along a path the tree's
+# nodes of one level are that level's best, so entries ranked below ``max_nodes`` are never
+# in it (tests/test_tree.py). 4096 is far above any budget in use (the paper's 59, DARTree's 64).
+MAX_BEAM_WIDTH = 4096
+# Largest node budget: the native tree indexes nodes with i32.
+MAX_NODES = 2**31 - 2
+
+_DEFAULTS = _native.search_defaults()  # the one place the defaults are written: dart-tree's SearchParams
+# The tree builders' other two constants: k, the candidates per level (a drafter row's top-k, or
+# a node's top-k index children), and the n-gram-only tree's depth (DART's d = 8 rows).
+TOP_K = 25
+NGRAM_DEPTH = 8
 
 
-def beam_search(index: Any, context: Any, topk_tokens: Any, topk_logprobs: Any, *, beam_width: int = 20,
-                max_nodes: int = 59, level_decay: float = 0.9, ngram_weight: float = 0.5,
-                depth_exponent: float = 0.7, eps: float = 1e-10, ngram_first_level: bool = True,
-                unigram_backoff: bool = True, eos_token_ids: Sequence[int] = ()) -> Tree:
+def _int_arg(name: str, value: Any, lo: int, hi: int, error=TreeError) -> int:
+    """``value`` as an int in ``[lo, hi]`` (bool, float, str refused), else ``error`` naming it."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer in [{lo}, {hi}], got {value!r} ({type(value).__name__})")
+    if not lo <= int(value) <= hi:
+        raise error(f"{name} = {value} is out of range: must be an integer in [{lo}, {hi}]")
+    return int(value)
+
+
+def _float_arg(name: str, value: Any, lo: float = -math.inf, error=TreeError) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a finite number, got {value!r} ({type(value).__name__})")
+    v = float(value)
+    if not math.isfinite(v) or v < lo:
+        raise error(f"{name} = {value} is invalid: must be a finite number >= {lo}")
+    return v
+
+
+@dataclass(frozen=True)
+class SearchParams:
+    """Every constant of Eq. (10) and of the n-gram-only tree, with the paper's defaults
+    (read from dart-tree's ``SearchParams::default()``, where they are written once), handed
+    to the native search as one struct. Validated on construction: a clear
+    :class:`~dartcore.errors.TreeError` (or ``TypeError``) naming the field.
+
+    ``beam_width`` in [1, MAX_BEAM_WIDTH]; ``max_nodes`` (θ, nodes besides the root) in
+    [1, MAX_NODES]; ``eps`` >= 0; the weights finite; ``eos_token_ids``: tokens never expanded."""
+
+    beam_width: int = _DEFAULTS["beam_width"]
+    max_nodes: int = _DEFAULTS["max_nodes"]
+    level_decay: float = _DEFAULTS["level_decay"]
+    ngram_weight: float = _DEFAULTS["ngram_weight"]
+    depth_exponent: float = _DEFAULTS["depth_exponent"]
+    eps: float = _DEFAULTS["eps"]
+    ngram_first_level: bool = _DEFAULTS["ngram_first_level"]
+    unigram_backoff: bool = _DEFAULTS["unigram_backoff"]
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        put = object.__setattr__  # frozen: normalise once here
+        put(self, "beam_width", _int_arg("beam_width", self.beam_width, 1, MAX_BEAM_WIDTH))
+        put(self, "max_nodes", _int_arg("max_nodes", self.max_nodes, 1, MAX_NODES))
+        for name in ("level_decay", "ngram_weight", "depth_exponent"):
+            put(self, name, _float_arg(name, getattr(self, name)))
+        put(self, "eps", _float_arg("eps", self.eps, lo=0.0))
+        for name in ("ngram_first_level", "unigram_backoff"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+            put(self, name, bool(getattr(self, name)))
+        eos = self.eos_token_ids
+        eos = () if eos is None else ((eos,) if isinstance(eos, (int, np.integer)) else tuple(eos))
+        put(self, "eos_token_ids", tuple(_int_arg("eos_token_ids", t, 0, 2**63 - 1) for t in eos))
+
+    @classmethod
+    def fields(cls) -> frozenset[str]:
+        return frozenset(f.name for f in dataclasses.fields(cls))
+
+    def replace(self, **changes: Any) -> SearchParams:
+        return dataclasses.replace(self, **changes)
+
+    def native(self) -> dict[str, Any]:
+        """The struct the bindings read (``dartcore-py``'s ``Params``)."""
+        return dataclasses.asdict(self) | {"eos_token_ids": list(self.eos_token_ids)}
+
+
+def _search_params(params: SearchParams | None, overrides: dict[str, Any]) -> SearchParams:
+    if params is not None and not isinstance(params, SearchParams):
+        raise TypeError(f"params must be a dartcore.tree.SearchParams, got {type(params).__name__}")
+    unknown = sorted(set(overrides) - SearchParams.fields())
+    if unknown:
+        raise TypeError(f"unknown search parameter(s) {unknown}; SearchParams has {sorted(SearchParams.fields())}")
+    base = params if params is not None else SearchParams()
+    return base.replace(**overrides) if overrides else base
+
+
+def beam_search(index: Any, context: Any, topk_tokens: Any, topk_logprobs: Any,
+                params: SearchParams | None = None, **overrides: Any) -> Tree:
     """DART's Eq. (10) beam search; the tree has at most ``max_nodes`` nodes plus the root.
 
+    ``params``: a :class:`SearchParams` (default: the paper's), ``overrides`` any of its
+    fields (``beam_width=...``, ``max_nodes=...``).
     ``context``: committed tokens (at least one; the last is the root, the last two the
     trigram context of level 0). ``topk_tokens`` int [d, k] and ``topk_logprobs`` float32
     [d, k]: row l = top-k of drafter row l with log-probs renormalised in the top-k (see
@@ -264,48 +358,48 @@ def beam_search(index: Any, context: Any, topk_tokens: Any, topk_logprobs: Any, 
     node is a candidate and the tree is picked best-first (ancestor-closed by construction).
     ``index=None`` is allowed only with ``ngram_weight=0`` (the drafter-only tree);
     ``beam_width=1`` gives a chain."""
-    params = _params(beam_width, max_nodes, level_decay, ngram_weight, depth_exponent, eps, ngram_first_level,
-                     unigram_backoff, eos_token_ids)
+    p = _search_params(params, overrides)
     arrays = _native.beam_search(_native_index(index), _tail(context), _ids(topk_tokens, 2, "topk_tokens"),
-                                 _logprobs(topk_logprobs, 2, "topk_logprobs"), params)
+                                 _logprobs(topk_logprobs, 2, "topk_logprobs"), p.native())
     return _built(arrays)
 
 
-def beam_search_batch(index: Any, contexts: Any, topk_tokens: Any, topk_logprobs: Any, *, beam_width: int = 20,
-                      max_nodes: int = 59, level_decay: float = 0.9, ngram_weight: float = 0.5,
-                      depth_exponent: float = 0.7, eps: float = 1e-10, ngram_first_level: bool = True,
-                      unigram_backoff: bool = True, eos_token_ids: Sequence[int] = ()) -> list[Tree]:
+def beam_search_batch(index: Any, contexts: Any, topk_tokens: Any, topk_logprobs: Any,
+                      params: SearchParams | None = None, **overrides: Any) -> list[Tree]:
     """:func:`beam_search` for B sequences at once on dartcore's thread pool
     (``dartcore.index.set_num_threads`` / ``DART_NUM_THREADS``): ``contexts`` is a [B, L]
     array or a sequence of B 1-D token sequences (any lengths ≥ 1); ``topk_tokens`` /
     ``topk_logprobs`` are [B, d, k]. Returns B trees, equal to B single calls."""
-    params = _params(beam_width, max_nodes, level_decay, ngram_weight, depth_exponent, eps, ngram_first_level,
-                     unigram_backoff, eos_token_ids)
+    p = _search_params(params, overrides)
     tails = [_tail(c) for c in contexts]
     offsets = np.zeros(len(tails) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([t.shape[0] for t in tails])
     flat = np.concatenate(tails) if tails else np.zeros(0, dtype=np.int64)
     out = _native.beam_search_batch(_native_index(index), flat, offsets, _ids(topk_tokens, 3, "topk_tokens"),
-                                    _logprobs(topk_logprobs, 3, "topk_logprobs"), params)
+                                    _logprobs(topk_logprobs, 3, "topk_logprobs"), p.native())
     return [_built(a) for a in out]
 
 
-def ngram_tree(index: Any, context: Any, depth: int = 8, k: int = 25, *, beam_width: int = 20,
-               max_nodes: int = 59, ngram_weight: float = 0.5, depth_exponent: float = 0.7, eps: float = 1e-10,
-               unigram_backoff: bool = True, eos_token_ids: Sequence[int] = (), level_decay: float = 0.9,
-               ngram_first_level: bool = True) -> Tree:
+# Deepest n-gram-only tree: the native tree stores levels as u16.
+MAX_DEPTH = 2**16 - 1
+
+
+def ngram_tree(index: Any, context: Any, depth: int = NGRAM_DEPTH, k: int = TOP_K, params: SearchParams | None = None,
+               **overrides: Any) -> Tree:
     """The n-gram-only tree (no drafter): level l expands each beam entry by the index's
     top-``k`` children of its trigram context (longest suffix with continuations), scored by
     the n-gram term alone, ``ngram_weight · ln(g + ε) / (l+1)**depth_exponent``; beam and
-    best-first selection as in :func:`beam_search`. ``level_decay`` and
-    ``ngram_first_level`` are accepted for a uniform call signature and do not apply."""
+    best-first selection as in :func:`beam_search`. ``depth`` in [0, MAX_DEPTH], ``k`` in
+    [0, 2**32 - 1] (capped at the index's vocabulary); ``level_decay`` and
+    ``ngram_first_level`` do not apply."""
     if index is None:
-        raise TreeError("ngram_tree needs an n-gram index")
-    if int(depth) < 0 or int(k) < 0:
-        raise TreeError(f"depth and k must be >= 0, got depth={depth}, k={k}")
-    params = _params(beam_width, max_nodes, level_decay, ngram_weight, depth_exponent, eps, ngram_first_level,
-                     unigram_backoff, eos_token_ids)
-    return _built(_native.ngram_tree(_native_index(index), _tail(context), int(depth), int(k), params))
+        raise TreeError("ngram_tree needs an n-gram index (the index= argument)")
+    inner = _native_index(index)
+    depth = _int_arg("depth", depth, 0, MAX_DEPTH)
+    # More children than the vocabulary cannot exist: k is capped there (no allocation scales with it).
+    k = min(_int_arg("k", k, 0, 2**32 - 1), int(inner.vocab_size))
+    p = _search_params(params, overrides)
+    return _built(_native.ngram_tree(inner, _tail(context), depth, k, p.native()))
 
 
 def top_b(parents: Any, scores: Any, b: int) -> np.ndarray:
@@ -315,10 +409,8 @@ def top_b(parents: Any, scores: Any, b: int) -> np.ndarray:
     (shallower, then lower index) — by Lemma 1 the best-first heap's pop order when scores
     never increase along a path (β ≤ 0). Ranks by the path minimum of the scores, so the
     result is ancestor-closed even when a child outscores its parent."""
-    if int(b) < 0:
-        raise TreeError(f"b must be positive, got {b}")
-    return _native.top_b(_ids(parents, 1, "parents"), np.ascontiguousarray(scores, dtype=np.float64).reshape(-1),
-                         int(b))
+    b = _int_arg("b", b, 0, MAX_NODES)
+    return _native.top_b(_ids(parents, 1, "parents"), np.ascontiguousarray(scores, dtype=np.float64).reshape(-1), b)
 
 
 def best_first(tokens: Any, logprobs: Any, root_token: int, b: int) -> Tree:
@@ -326,10 +418,9 @@ def best_first(tokens: Any, logprobs: Any, root_token: int, b: int) -> Tree:
     ``logprobs`` [d, K] (row l = candidates for depth l+1); a node's score is the sum of its
     path's log-probs; the ``b`` best nodes are popped from a heap that starts at the root's
     children (ties: shallower, then earlier parent, then higher log-prob). −inf = impossible."""
-    if int(b) < 0:
-        raise TreeError(f"b must be positive, got {b}")
-    return _built(_native.best_first(_ids(tokens, 2, "tokens"), _logprobs(logprobs, 2, "logprobs"),
-                                    int(root_token), int(b)))
+    b = _int_arg("b", b, 0, MAX_NODES)
+    root = _int_arg("root_token", root_token, 0, 2**32 - 1)
+    return _built(_native.best_first(_ids(tokens, 2, "tokens"), _logprobs(logprobs, 2, "logprobs"), root, b))
 
 
 def chain(root_token: int, tokens: Any, logprobs: Any = None) -> Tree:
@@ -351,42 +442,3 @@ def chain(root_token: int, tokens: Any, logprobs: Any = None) -> Tree:
             raise TreeError(f"logprobs must match tokens ({n} levels), got shape {lp.shape}")
     return Tree(tokens=np.concatenate([[int(root_token)], t]), parents=np.arange(-1, n, dtype=np.int64),
                 depths=np.arange(n + 1, dtype=np.int64), scores=np.concatenate([[0.0], np.cumsum(lp)]))
-
-
-def random_tree(n: int, *, vocab_size: int = 1000, max_depth: int | None = None, root_token: int | None = None,
-                rng: np.random.Generator | int | None = None) -> Tree:
-    """A random valid tree of ``n`` nodes (root included), for tests: depth order, distinct
-    sibling tokens, scores that decrease along every path, depth ≤ ``max_depth``."""
-    if n < 1:
-        raise TreeError(f"a tree has at least its root, got n={n}")
-    g = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-    if max_depth is not None and max_depth < 1 and n > 1:
-        raise TreeError("max_depth must be >= 1 for a tree of more than one node")
-    parents = [-1]
-    depths = [0]
-    for i in range(1, n):
-        while True:
-            p = int(g.integers(0, i))
-            if max_depth is None or depths[p] < max_depth:
-                break
-        parents.append(p)
-        depths.append(depths[p] + 1)
-    par = np.asarray(parents)
-    dep = np.asarray(depths)
-    order = np.argsort(dep, kind="stable")
-    remap = np.empty(n, dtype=np.int64)
-    remap[order] = np.arange(n)
-    new_par = np.where(par[order] >= 0, remap[np.maximum(par[order], 0)], -1)
-    tokens = np.empty(n, dtype=np.int64)
-    tokens[0] = int(g.integers(0, vocab_size)) if root_token is None else int(root_token)
-    scores = np.zeros(n, dtype=np.float64)
-    kids: dict[int, list[int]] = {}
-    for i in range(1, n):
-        kids.setdefault(int(new_par[i]), []).append(i)
-    for p, ch in kids.items():
-        if len(ch) > vocab_size:
-            raise TreeError(f"node {p} has {len(ch)} children but the vocabulary has {vocab_size} tokens")
-        tokens[ch] = g.choice(vocab_size, size=len(ch), replace=False)
-    for i in range(1, n):
-        scores[i] = scores[new_par[i]] + float(np.log(g.uniform(0.05, 1.0)))
-    return Tree(tokens=tokens, parents=new_par, depths=dep[order], scores=scores)

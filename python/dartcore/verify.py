@@ -25,62 +25,32 @@ import torch
 
 from dartcore.errors import TreeError
 from dartcore.sampling import Sampler
-from dartcore.tree import ancestor_mask  # re-exported: the decoder's mask comes from the native bits
+from dartcore.tree import Tree, ancestor_mask  # re-exported: the decoder's mask comes from the native bits
 
-__all__ = ["FlatTree", "flatten", "ancestor_mask", "accept", "Acceptance", "prune"]
-
-
-@dataclass
-class FlatTree:
-    tokens: np.ndarray  # int64 [n]
-    parents: np.ndarray  # int64 [n], -1 for the root
-    depths: np.ndarray  # int64 [n]
-
-    def __len__(self) -> int:
-        return int(self.tokens.shape[0])
+__all__ = ["flatten", "ancestor_mask", "accept", "Acceptance", "prune"]
 
 
-def _check(tokens, parents, depths) -> FlatTree:
-    tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
-    parents = np.asarray(parents, dtype=np.int64).reshape(-1)
-    depths = np.asarray(depths, dtype=np.int64).reshape(-1)
-    n = tokens.shape[0]
-    if n == 0 or parents.shape[0] != n or depths.shape[0] != n:
-        raise TreeError(f"tree arrays must be non-empty and equally long, got {n}, {parents.shape[0]}, {depths.shape[0]}")
-    if parents[0] != -1 or depths[0] != 0:
-        raise TreeError("node 0 must be the root (parent -1, depth 0)")
-    if n > 1:
-        child = np.arange(1, n)
-        p = parents[1:]
-        if np.any(p < 0) or np.any(p >= child):
-            raise TreeError("every non-root node's parent must come before it")
-        if np.any(depths[1:] != depths[p] + 1):
-            raise TreeError("depth of a node must be its parent's depth + 1")
-        if np.any(np.diff(depths) < 0):
-            raise TreeError("nodes must be in depth order")
-    return FlatTree(tokens, parents, depths)
+def flatten(tree) -> Tree:
+    """The :class:`~dartcore.tree.Tree` of ``tree`` (anything with ``tokens``, ``parents``,
+    ``depths`` in depth order; checked by the Tree constructor). A Tree is returned as is."""
+    if isinstance(tree, Tree):
+        return tree
+    return Tree(tree.tokens, tree.parents, tree.depths, getattr(tree, "scores", None))
 
 
-def flatten(tree) -> FlatTree:
-    """Validate a tree (anything with ``tokens``, ``parents``, ``depths``). Trees fresh from
-    dartcore's native searches are valid by construction and pass unchecked."""
-    if getattr(tree, "_valid", False):  # a dartcore.tree.Tree from the native searches
-        return FlatTree(tree.tokens, tree.parents, tree.depths)
-    return _check(tree.tokens, tree.parents, tree.depths)
-
-
-def prune(tree: FlatTree, *, max_depth: int, max_nodes: int) -> FlatTree:
-    """Keep nodes with ``depth <= max_depth``, then the first ``max_nodes``
-    (depth order keeps every kept node's ancestors)."""
+def prune(tree: Tree, *, max_depth: int, max_nodes: int) -> Tree:
+    """Keep nodes with ``depth <= max_depth``, then the first ``max_nodes`` (root included;
+    depth order keeps every kept node's ancestors). The decoder enforces its round's budget
+    with it on trees from builders that overshoot it (the built-in ones never do)."""
     if max_nodes < 1:
-        raise ValueError("a tree keeps at least its root")
+        raise TreeError("a tree keeps at least its root (max_nodes >= 1)")
     keep = np.flatnonzero(tree.depths <= max_depth)[:max_nodes]
     if len(keep) == len(tree):
         return tree
     remap = np.full(len(tree), -1, dtype=np.int64)
     remap[keep] = np.arange(len(keep))
     parents = np.where(tree.parents[keep] >= 0, remap[np.maximum(tree.parents[keep], 0)], -1)
-    return FlatTree(tree.tokens[keep].copy(), parents, tree.depths[keep].copy())
+    return Tree(tree.tokens[keep].copy(), parents, tree.depths[keep].copy(), tree.scores[keep].copy())
 
 
 @dataclass
@@ -94,7 +64,7 @@ class Acceptance:
         return len(self.path) - 1
 
 
-def accept(tree: FlatTree, logits: torch.Tensor, sampler: Sampler) -> Acceptance:
+def accept(tree: Tree, logits: torch.Tensor, sampler: Sampler) -> Acceptance:
     """Walk the tree with the target's choices; ``logits`` is ``[n, V]``, row i
     = the target's next-token logits after node i.
 

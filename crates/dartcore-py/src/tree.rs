@@ -33,7 +33,8 @@ fn tree_arrays(py: Python<'_>, t: Tree) -> TreeArrays<'_> {
     )
 }
 
-/// Search parameters as the Python wrapper passes them (a dict with every key).
+/// Search parameters as the Python wrapper passes them: `dartcore.tree.SearchParams.native()`,
+/// a dict with every key, validated there first.
 #[derive(FromPyObject)]
 #[pyo3(from_item_all)]
 struct Params {
@@ -63,6 +64,23 @@ impl Params {
             eos: self.eos_token_ids.into_iter().filter_map(|t| u32::try_from(t).ok()).collect(),
         })
     }
+}
+
+/// search_defaults() -> dict: `SearchParams::default()`, the defaults `dartcore.tree.SearchParams`
+/// reads (written once, in dart-tree).
+#[pyfunction]
+fn search_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let p = SearchParams::default();
+    let out = PyDict::new(py);
+    out.set_item("beam_width", p.beam_width)?;
+    out.set_item("max_nodes", p.max_nodes)?;
+    out.set_item("level_decay", p.level_decay)?;
+    out.set_item("ngram_weight", p.ngram_weight)?;
+    out.set_item("depth_exponent", p.depth_exponent)?;
+    out.set_item("eps", p.eps)?;
+    out.set_item("ngram_first_level", p.ngram_first_level)?;
+    out.set_item("unigram_backoff", p.unigram_backoff)?;
+    Ok(out)
 }
 
 fn id(t: i64, what: &str) -> PyResult<u32> {
@@ -316,6 +334,7 @@ fn bench_beam_search<'py>(
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(bench_beam_search, m)?)?;
+    m.add_function(wrap_pyfunction!(search_defaults, m)?)?;
     m.add_function(wrap_pyfunction!(beam_search, m)?)?;
     m.add_function(wrap_pyfunction!(beam_search_batch, m)?)?;
     m.add_function(wrap_pyfunction!(ngram_tree, m)?)?;

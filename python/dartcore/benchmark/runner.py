@@ -176,7 +176,7 @@ def run_benchmark(cfg: BenchConfig, progress=None) -> dict:
                 row = _aggregate(per_method[m], ar_row["tok_per_s"])
                 row.update(dataset=dataset, method=m, temperature=temperature)
                 if m in decoders and m != "ar":
-                    row["max_nodes"] = decoders[m]._node_budget()
+                    row["max_nodes"] = decoders[m].max_nodes
                 if temperature == 0.0 and m != "ar":
                     row["greedy_identical"] = all(r.get("identical", False) for r in per_method[m])
                 results.append(row)

@@ -24,6 +24,8 @@ def _tree_param(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    if value.lower() in ("true", "false"):  # flags such as ngram_first_level=false
+        return key, value.lower() == "true"
     for cast in (int, float):
         try:
             return key, cast(value)
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write("\n")
         if args.stats and result is not None:
             print(json.dumps(result.stats.as_dict(), indent=2), file=sys.stderr)
-    except (DartError, ValueError, FileNotFoundError) as exc:
+    except (DartError, ValueError, TypeError, FileNotFoundError) as exc:
         print(f"dart-generate: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -12,9 +12,10 @@ Registered with :func:`dartcore.builders.register_tree_builder` when this module
 ===========  =============================================================================
 
 Budget. ``max_nodes`` is B, the number of nodes besides the root. The paper's B = 64 is a
-GPU budget; on CPU the verify forward's cost grows with the node count much earlier, so the
-default is the decoder's CPU budget :data:`dartcore.builders.CPU_MAX_NODES` (from its
-verify-cost curve); pass ``max_nodes=64`` for the paper's setting.
+GPU budget; on CPU the verify forward's cost grows with the node count much earlier, so
+unset it is the decoder's device budget (:func:`dartcore.builders.node_budget`: 4 on CPU,
+59 on CUDA); pass ``max_nodes=64`` for the paper's setting. Each round the builder builds
+to the budget the decoder hands it (``TreeInputs.max_nodes``).
 
 Correction head (``head=``): a :class:`~dartcore.dartree.head.CorrectionHead`, a directory
 or a built-in name (``"smollm2"``); ``None`` (default) picks the built-in head whose sizes fit
@@ -28,7 +29,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from dartcore.builders import CPU_MAX_NODES, TreeInputs, register_tree_builder, root_only
+from dartcore.builders import TreeInputs, register_tree_builder, root_only
 from dartcore.dartree.head import ASSET_DIR, CorrectionHead
 from dartcore.dartree.supertree import NgramTerm, build_supertree, select_top_b
 from dartcore.errors import DrafterMismatchError, TreeError
@@ -64,7 +65,7 @@ def resolve_head(head, drafter) -> CorrectionHead:
     obj.check_compatible(hidden_size, embed_dim)
     want = obj.meta.get("drafter_fingerprint")
     if want is not None:
-        from dartcore.dartree.train import drafter_fingerprint
+        from dartcore.drafter import drafter_fingerprint
 
         have = drafter_fingerprint(drafter)
         if have != want:
@@ -84,7 +85,7 @@ class DartreeBuilder:
     k: int = 64
     width: int = 12
     beta: float = -0.2
-    max_nodes: int = CPU_MAX_NODES
+    max_nodes: int | None = None
     ngram_weight: float = 0.0
     ngram_decay: float = 0.7
     ngram_eps: float = 1e-10
@@ -96,7 +97,7 @@ class DartreeBuilder:
     _head_for: int | None = field(default=None, repr=False)
 
     def __post_init__(self):
-        if self.k <= 0 or self.width <= 0 or self.max_nodes <= 0:
+        if self.k <= 0 or self.width <= 0 or (self.max_nodes is not None and self.max_nodes <= 0):
             raise TreeError(f"k, width and max_nodes must be positive (k={self.k}, width={self.width}, "
                             f"max_nodes={self.max_nodes})")
         if not self.beta <= 0:
@@ -119,13 +120,14 @@ class DartreeBuilder:
             raise TreeError("the DARTree builders need the drafter's logits and hidden states "
                             "(DartDecoder(..., drafter=...))")
         depth = min(int(inputs.logits.shape[0]), int(inputs.max_depth))
-        budget = min(self.max_nodes, int(inputs.max_nodes))
-        if depth <= 0 or budget <= 0:
+        budget = inputs.budget()
+        if depth <= 0:
             return root_only(root)
         ngram = None
         if self.ngram_weight > 0:
             if inputs.index is None:
-                raise TreeError("tree='hybrid' needs an n-gram index (or use tree='dartree')")
+                raise TreeError("tree='hybrid' needs an n-gram index: pass index= to DartDecoder (--index for "
+                                "dart-generate), or use tree='dartree'")
             ngram = NgramTerm(inputs.index, weight=self.ngram_weight, decay=self.ngram_decay,
                               eps=self.ngram_eps, unigram_backoff=self.unigram_backoff)
         drafter = inputs.drafter
@@ -143,13 +145,13 @@ class DDTreeBuilder:
     marginals (log-softmax inside the top-``k`` of every row), no correction."""
 
     k: int = 64
-    max_nodes: int = CPU_MAX_NODES
+    max_nodes: int | None = None
     needs_drafter: bool = True
     needs_hidden: bool = False
     needs_index: bool = False
 
     def __post_init__(self):
-        if self.k <= 0 or self.max_nodes <= 0:
+        if self.k <= 0 or (self.max_nodes is not None and self.max_nodes <= 0):
             raise TreeError(f"k and max_nodes must be positive (k={self.k}, max_nodes={self.max_nodes})")
 
     def __call__(self, inputs: TreeInputs):
@@ -159,8 +161,8 @@ class DDTreeBuilder:
         root = int(inputs.context[-1])
         tokens, logprobs = _target_topk(inputs, self.k)
         depth = min(tokens.shape[0], int(inputs.max_depth))
-        budget = min(self.max_nodes, int(inputs.max_nodes))
-        if depth <= 0 or budget <= 0:
+        budget = inputs.budget()
+        if depth <= 0:
             return root_only(root)
         return best_first(tokens[:depth], logprobs[:depth], root, budget)
 

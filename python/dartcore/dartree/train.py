@@ -27,9 +27,7 @@ cross-entropy. ``dart-train --correction-head`` is the CLI (see :func:`main`).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import math
 import random
 import sys
 import time
@@ -40,7 +38,9 @@ import numpy as np
 import torch
 
 from dartcore.dartree.head import CorrectionHead
+from dartcore.drafter import drafter_fingerprint
 from dartcore.errors import DartError
+from dartcore.training.schedule import warmup_cosine
 
 __all__ = ["HeadExamples", "HeadTrainConfig", "collect_examples", "train_head", "evaluate_head",
            "drafter_fingerprint", "main"]
@@ -70,17 +70,6 @@ class HeadExamples:
     @staticmethod
     def cat(parts: list[HeadExamples]) -> HeadExamples:
         return HeadExamples(*(torch.cat([getattr(p, f) for p in parts]) for f in HeadExamples.__dataclass_fields__))
-
-
-def drafter_fingerprint(drafter) -> str:
-    """A short hash of a drafter's config and weights (which drafter a head was trained on)."""
-    h = hashlib.sha256(drafter.config.to_json().encode())
-    state = drafter.state_dict()
-    for name in ("fc.weight", "lm_head.weight", "mask_hidden"):
-        # fp16-rounded, so a checkpoint and its fp16 export have the same fingerprint.
-        t = state[name].detach().cpu().to(torch.float16).contiguous()
-        h.update(t.view(torch.int16).numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 @torch.no_grad()
@@ -209,10 +198,7 @@ def train_head(head: CorrectionHead, embed, train: HeadExamples, cfg: HeadTrainC
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     def lr_at(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        frac = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+        return warmup_cosine(step, warmup_steps=cfg.warmup_steps, max_steps=cfg.max_steps, min_ratio=0.1)
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     gen = torch.Generator().manual_seed(cfg.seed)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import random
 import time
@@ -20,7 +19,9 @@ import torch
 from dartcore.drafter import DartDrafter
 from dartcore.errors import DartError
 from dartcore.training.data import PackedSequence
+from dartcore.training.forward import train_forward
 from dartcore.training.loss import DEFAULT_GAMMA, gamma_kl_loss, teacher_logprobs
+from dartcore.training.schedule import warmup_cosine
 
 __all__ = [
     "TrainConfig",
@@ -173,8 +174,8 @@ def train_step(drafter: DartDrafter, target, batch: Batch, cfg: TrainConfig, gen
     # bf16 autocast on GPU (the loss itself is computed in fp32); fp32 on CPU.
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if taps.is_cuda else contextlib.nullcontext()
     with amp:
-        out = drafter.forward_train(taps, next_tokens_of(batch), anchors, doc_ids=batch.doc_ids,
-                                    position_ids=batch.position_ids, backend=backend)
+        out = train_forward(drafter, taps, next_tokens_of(batch), anchors, doc_ids=batch.doc_ids,
+                                     position_ids=batch.position_ids, backend=backend)
     loss, per_pos = gamma_kl_loss(out, logq, valid, gamma=cfg.gamma)
     loss.backward()
     return float(loss.detach()), per_pos, int((anchors >= 0).sum())
@@ -221,8 +222,8 @@ def evaluate(drafter: DartDrafter, evalset: EvalSet, *, topk: int = 10, backend=
         for s in range(0, anchors.shape[1], 256):  # bounded memory
             a = anchors[:, s:s + 256]
             p, v = pos[:, s:s + 256], valid[:, s:s + 256]
-            logits = drafter.forward_train(taps.float(), next_tokens_of(b), a, doc_ids=b.doc_ids,
-                                           position_ids=b.position_ids, backend=backend)
+            logits = train_forward(drafter, taps.float(), next_tokens_of(b), a, doc_ids=b.doc_ids,
+                                            position_ids=b.position_ids, backend=backend)
             top = drafter.to_target_ids(logits.float().topk(topk, dim=-1).indices)  # [B, A, d, k]
             want = _gather_rows(am, p)  # [B, A, d]
             hit += ((top[..., 0] == want) & v).sum((0, 1)).float()
@@ -237,13 +238,9 @@ def lr_factor(cfg: TrainConfig, step: int, elapsed_s: float = 0.0) -> float:
     """Linear warmup over ``warmup_steps``, then cosine from 1 to ``min_lr_ratio``. Progress
     is the larger of steps / max_steps and elapsed / max_minutes, so a time-budgeted run
     (``max_minutes``) still ends its cosine at the minimum whatever the machine's speed."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    prog = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
-    if cfg.max_minutes:
-        prog = max(prog, elapsed_s / (cfg.max_minutes * 60))
-    prog = min(1.0, prog)
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * prog))
+    progress = elapsed_s / (cfg.max_minutes * 60) if cfg.max_minutes else None
+    return warmup_cosine(step, warmup_steps=cfg.warmup_steps, max_steps=cfg.max_steps,
+                         min_ratio=cfg.min_lr_ratio, progress=progress)
 
 
 class Trainer:

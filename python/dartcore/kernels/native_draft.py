@@ -1,0 +1,144 @@
+"""The DART drafter's draft step through dartcore's native CPU kernels.
+
+:class:`NativeDraft` drafts for a :class:`~dartcore.drafter.DartDrafter` (float32, CPU):
+the products through the native small-batch kernel (fp16-exact weights, as shipped, stream
+as fp16: same products) and, for a block of at most :data:`~dartcore.kernels.linear.MAX_ROWS`
+rows, the layer's norms, RoPE, KV write and attention through the native layer ops -- ~15
+calls instead of ~80 small torch ops. Same drafts as :meth:`DartDrafter.draft` up to float32
+rounding (tests/test_drafter.py). Longer blocks (the prompt), autograd and a full state take
+the drafter's own torch path. The decoder's native CPU backend
+(:mod:`dartcore.models.backend`) makes one per drafter; training is unaffected.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from dartcore.kernels.linear import MAX_ROWS, NativeWeight, linear_threads, native_linear_available, native_linears_
+
+__all__ = ["NativeDraft"]
+
+
+class NativeDraft:
+    """Native drafting for ``drafter`` (see the module docs). ``product``: the factory of a
+    fused projection's product, ``product(weight, bias)`` (default the native kernel's
+    :class:`~dartcore.kernels.linear.NativeWeight`); tests pass a torch one to run the layer
+    ops on any CPU."""
+
+    def __init__(self, drafter, *, threads: int | None = None, product=None):
+        self.drafter = drafter
+        self.threads = threads or linear_threads()
+        self.product = product or functools.partial(NativeWeight, narrow=True, threads=self.threads)
+        self._derived: dict[str, tuple] = {}
+        self._rope_table: tuple | None = None
+
+    @classmethod
+    def adopt(cls, drafter, *, threads: int | None = None) -> NativeDraft | None:
+        """A NativeDraft for ``drafter`` with its ``nn.Linear`` layers on the native kernel
+        (:func:`~dartcore.kernels.linear.native_linears_`), or None where the kernel does not
+        run (no AVX-512F, not float32, not on the CPU)."""
+        w = drafter.fc.weight
+        if not native_linear_available() or w.device.type != "cpu" or w.dtype != torch.float32:
+            return None
+        native_linears_(drafter, narrow=True, threads=threads)
+        return cls(drafter, threads=threads)
+
+    @torch.no_grad()
+    def draft(self, state, taps: torch.Tensor, next_tokens: torch.Tensor, *, return_hidden: bool = False,
+              rows: int | None = None):
+        """:meth:`DartDrafter.draft`, natively where the block fits."""
+        nq = self.drafter.check_draft(taps, next_tokens, rows)
+        out = self.block(state, taps, next_tokens, nq)
+        if out is None:
+            return self.drafter.draft(state, taps, next_tokens, return_hidden=return_hidden, rows=nq)
+        logits, h = out
+        return (logits, h) if return_hidden else logits
+
+    # -- derived copies of the drafter's weights ---------------------------------------
+
+    def _cached(self, name: str, sources, build):
+        """``build()`` made once and remade when any tensor of ``sources`` is replaced or
+        changed in place (fused weights, normed MASK rows)."""
+        key = tuple((t.data_ptr(), t._version) for t in sources)
+        cached = self._derived.get(name)
+        if cached is None or cached[0] != key:
+            with torch.no_grad():
+                cached = self._derived[name] = (key, build())
+        return cached[1]
+
+    def _fused(self, name: str, projs):
+        """Projections reading the same input as one product (q | k | v, gate | up)."""
+
+        def build():
+            w = torch.cat([p.weight.detach() for p in projs]).contiguous()
+            b = None if projs[0].bias is None else torch.cat([p.bias.detach() for p in projs])
+            return self.product(w, b)
+
+        return self._cached(name, [t for p in projs for t in (p.weight, p.bias) if t is not None], build)
+
+    def _mask_inputs(self) -> torch.Tensor:
+        """The MASK rows' layer inputs ``[d - 1, 2H]`` (constant between weight updates)."""
+        dr = self.drafter
+        return self._cached("mask_x", (dr.mask_emb, dr.mask_hidden, dr.emb_norm.weight, dr.hidden_norm.weight),
+                            lambda: dr.mask_rows()[0].detach().float().contiguous())
+
+    def _rope_rows(self, start: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin ``[rows, head_dim]`` of positions ``start..start + rows`` from a table of
+        every position so far (grown by doubling): one slice instead of ~7 small ops a draft."""
+        table = self._rope_table
+        if table is None or table[0] is not self.drafter.inv_freq or table[1].shape[0] < start + rows:
+            n = max(256, 2 * (start + rows))
+            cos, sin = self.drafter.rope(torch.arange(n))
+            table = self._rope_table = (self.drafter.inv_freq, cos.float().contiguous().numpy(),
+                                        sin.float().contiguous().numpy())
+        return table[1][start:start + rows], table[2][start:start + rows]
+
+    # -- the block ---------------------------------------------------------------------
+
+    def block(self, state, taps: torch.Tensor, next_tokens: torch.Tensor, nq: int):
+        """(logits, final hidden) of a draft through the native layer ops, or None where they
+        do not apply (autograd, more than MAX_ROWS rows, a full state, a non-float32 state).
+        The block is the n new real rows then the nq - 1 MASK rows at consecutive positions
+        under a causal mask: the last real row sees the real rows, MASK j the real rows and
+        MASK 1..j, as in :meth:`DartDrafter.draft`; the MASK rows' keys land past
+        ``state.length`` (scratch)."""
+        if torch.is_grad_enabled():
+            return None
+        n = taps.shape[0]
+        rows = n + nq - 1
+        if rows > MAX_ROWS or state.length + rows > state.max_len or state.k.dtype != torch.float32:
+            return None
+        from dartcore import _native
+
+        dr = self.drafter
+        layer, eps = dr.layer, dr.config.rms_norm_eps
+
+        def norm(x: torch.Tensor, module, delta: torch.Tensor | None = None) -> torch.Tensor:
+            out = torch.empty_like(x)
+            _native.add_rms_norm(x.numpy(), None if delta is None else delta.numpy(),
+                                 module.weight.detach().numpy(), eps, out.numpy())
+            return out
+
+        g = dr.fc(taps.to(torch.float32).contiguous())
+        emb = dr.embed(next_tokens).contiguous()
+        x = torch.cat((torch.cat((norm(emb, dr.emb_norm), norm(g, dr.hidden_norm)), dim=-1),
+                       self._mask_inputs()[:nq - 1]))
+        start = state.length
+        cos, sin = self._rope_rows(start, rows)
+        att = torch.empty(rows, layer.nh * layer.hd)
+        qn = kn = None
+        if layer.qk_norm:
+            qn, kn = layer.q_norm.weight.detach().numpy(), layer.k_norm.weight.detach().numpy()
+        qkv = self._fused("qkv", (layer.q_proj, layer.k_proj, layer.v_proj))(x)
+        _native.block_attention(qkv.numpy(), layer.nh, layer.nkv, cos, sin, state.k.numpy(), state.v.numpy(), start,
+                                None, layer.hd ** -0.5, att.numpy(), qn, kn, eps, self.threads)
+        state.length += n  # the real rows' keys and values are in place
+        h = torch.cat((g[-1:], dr.mask_hidden.detach()[:nq - 1]))  # the residual streams
+        x = norm(h, layer.post_attention_layernorm, layer.o_proj(att[n - 1:]))  # h += attention
+        gate, up = self._fused("gate_up", (layer.gate_proj, layer.up_proj))(x).split(layer.gate_proj.out_features, -1)
+        mlp = layer.down_proj(F.silu(gate) * up)
+        return dr.lm_head(norm(h, dr.norm, mlp)), h  # h += mlp; logits of norm(h)
