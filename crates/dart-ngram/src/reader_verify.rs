@@ -1,7 +1,9 @@
-//! `Index::verify`: the opt-in O(file size) check of everything `open` does not check.
+//! The checks of the body that `open` does not make: `verify` (`Verify::Full`), O(file
+//! size), and `quick` (`Verify::Quick`), which checks the small sections fully and samples
+//! the large ones.
 
 use crate::error::{Error, Result};
-use crate::format::{get32, get64, Sec, BLOCK, SECTIONS, TOPK_K, TOPK_ROW, UNI_LEN};
+use crate::format::{get32, get64, Sec, BLOCK, BLOCK3_LEN, QUICK_CRC_BYTES, QUICK_SAMPLES, QUICK_WINDOW, SECTIONS, TOPK_K, UNI_LEN};
 use crate::reader::Index;
 
 fn bad(msg: impl Into<String>) -> Error {
@@ -16,52 +18,20 @@ fn top_positions(kids: &[(u32, u64)], k: usize, scratch: &mut Vec<(u64, u32, u32
     scratch.iter().take(k).map(|x| x.2).collect()
 }
 
-pub(crate) fn verify<D: AsRef<[u8]>>(ix: &Index<D>) -> Result<()> {
-    for (i, s) in SECTIONS.iter().enumerate() {
-        if ix.section_crc_ok(i) != Some(true) {
-            return Err(bad(format!("checksum mismatch in section {}: the file is corrupt", s.name())));
-        }
+fn check_crc<D: AsRef<[u8]>>(ix: &Index<D>, i: usize) -> Result<()> {
+    if ix.section_crc_ok(i) != Some(true) {
+        return Err(bad(format!("checksum mismatch in section {}: the file is corrupt", SECTIONS[i].name())));
     }
+    Ok(())
+}
+
+pub(crate) fn verify<D: AsRef<[u8]>>(ix: &Index<D>) -> Result<()> {
+    for i in 0..SECTIONS.len() {
+        check_crc(ix, i)?;
+    }
+    check_unigrams(ix)?;
     let h = ix.header().clone();
     let v = h.vocab_size;
-    // unigrams
-    let mut tokens = 0u64;
-    let mut seen = 0u64;
-    for t in 0..v {
-        let c = ix.uni_count_pub(t);
-        tokens = tokens.checked_add(c).ok_or_else(|| bad("unigram counts overflow"))?;
-        seen += (c > 0) as u64;
-    }
-    if tokens != h.tokens || seen != h.n_unigram {
-        return Err(bad("unigram counts disagree with the header"));
-    }
-    let order = ix.section(Sec::UniOrder);
-    let mut prev: Option<(u64, u32)> = None;
-    for i in 0..h.n_unigram as usize {
-        let t = get32(order, i * 4).ok_or_else(|| bad("unigram order"))?;
-        let c = ix.uni_count_pub(t);
-        if t >= v || c == 0 {
-            return Err(bad("unigram order lists an unseen or out-of-range token"));
-        }
-        if let Some((pc, pt)) = prev {
-            if !(c < pc || (c == pc && t > pt)) {
-                return Err(bad("unigram order is not by descending count"));
-            }
-        }
-        prev = Some((c, t));
-    }
-    // level 2 (bigram nodes, children of one-token contexts)
-    let mut next = 0u64;
-    for a in 0..v {
-        let (s, e, _, _) = ix.ctx1_pub(a).ok_or_else(|| bad(format!("bigram range of token {a}")))?;
-        if s as u64 != next {
-            return Err(bad(format!("UNI record {a}: bigram ranges are not contiguous")));
-        }
-        next = e as u64;
-    }
-    if next != h.n_bigram || get64(ix.section(Sec::Uni), v as usize * UNI_LEN) != Some(h.n_bigram) {
-        return Err(bad("UNI records do not span the bigram nodes"));
-    }
     let mut kids: Vec<(u32, u64)> = Vec::new();
     let mut scratch = Vec::new();
     let mut large1 = 0usize;
@@ -109,6 +79,50 @@ pub(crate) fn verify<D: AsRef<[u8]>>(ix: &Index<D>) -> Result<()> {
     Ok(())
 }
 
+/// The O(vocabulary) invariants: unigram counts and order, and the UNI records' bigram ranges.
+fn check_unigrams<D: AsRef<[u8]>>(ix: &Index<D>) -> Result<()> {
+    let h = ix.header().clone();
+    let v = h.vocab_size;
+    let mut tokens = 0u64;
+    let mut seen = 0u64;
+    for t in 0..v {
+        let c = ix.uni_count_pub(t);
+        tokens = tokens.checked_add(c).ok_or_else(|| bad("unigram counts overflow"))?;
+        seen += (c > 0) as u64;
+    }
+    if tokens != h.tokens || seen != h.n_unigram {
+        return Err(bad("unigram counts disagree with the header"));
+    }
+    let order = ix.section(Sec::UniOrder);
+    let mut prev: Option<(u64, u32)> = None;
+    for i in 0..h.n_unigram as usize {
+        let t = get32(order, i * 4).ok_or_else(|| bad("unigram order"))?;
+        let c = ix.uni_count_pub(t);
+        if t >= v || c == 0 {
+            return Err(bad("unigram order lists an unseen or out-of-range token"));
+        }
+        if let Some((pc, pt)) = prev {
+            if !(c < pc || (c == pc && t > pt)) {
+                return Err(bad("unigram order is not by descending count"));
+            }
+        }
+        prev = Some((c, t));
+    }
+    // level 2 (bigram nodes, children of one-token contexts)
+    let mut next = 0u64;
+    for a in 0..v {
+        let (s, e, _, _) = ix.ctx1_pub(a).ok_or_else(|| bad(format!("bigram range of token {a}")))?;
+        if s as u64 != next {
+            return Err(bad(format!("UNI record {a}: bigram ranges are not contiguous")));
+        }
+        next = e as u64;
+    }
+    if next != h.n_bigram || get64(ix.section(Sec::Uni), v as usize * UNI_LEN) != Some(h.n_bigram) {
+        return Err(bad("UNI records do not span the bigram nodes"));
+    }
+    Ok(())
+}
+
 #[allow(clippy::too_many_arguments)]
 fn check_children<D: AsRef<[u8]>>(
     ix: &Index<D>,
@@ -150,11 +164,27 @@ fn check_topk<D: AsRef<[u8]>>(
     next_rank: &mut usize,
     scratch: &mut Vec<(u64, u32, u32)>,
 ) -> Result<()> {
-    let is_large = kids.len() > TOPK_K;
-    match (is_large, large) {
+    if let Some(r) = large {
+        if r != *next_rank {
+            return Err(bad(format!("{}: large-context flags are inconsistent", sec.name())));
+        }
+        *next_rank += 1;
+    }
+    check_topk_row(ix, sec, kids, large, scratch)
+}
+
+/// A context has a top-K row exactly when it has more than K children, and the row holds
+/// its top K (count desc, token asc).
+fn check_topk_row<D: AsRef<[u8]>>(
+    ix: &Index<D>,
+    sec: Sec,
+    kids: &[(u32, u64)],
+    large: Option<usize>,
+    scratch: &mut Vec<(u64, u32, u32)>,
+) -> Result<()> {
+    match (kids.len() > TOPK_K, large) {
         (false, None) => Ok(()),
-        (true, Some(r)) if r == *next_rank => {
-            *next_rank += 1;
+        (true, Some(r)) => {
             let want = top_positions(kids, TOPK_K, scratch);
             let mut ch = crate::reader::Children::new();
             ix.topk_row_pub(sec, r, &mut ch)?;
@@ -163,9 +193,173 @@ fn check_topk<D: AsRef<[u8]>>(
             if got != want {
                 return Err(bad(format!("{} row {r} is not the top-{TOPK_K} of its context", sec.name())));
             }
-            let _ = TOPK_ROW;
             Ok(())
         }
         _ => Err(bad(format!("{}: large-context flags are inconsistent", sec.name()))),
     }
+}
+
+// ---- Verify::Quick ----------------------------------------------------------------------
+
+/// `QUICK_SAMPLES` positions in `0..n`, one per equal stratum, at a pseudo-random offset
+/// inside it (seeded by the file's table CRC: the same file is always sampled alike).
+fn strata(n: u64, seed: u32) -> impl Iterator<Item = u64> {
+    let s = (QUICK_SAMPLES as u64).min(n);
+    let mut x = u64::from(seed) ^ 0x9e37_79b9_7f4a_7c15;
+    (0..s).map(move |i| {
+        // splitmix64
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        let (lo, hi) = (i * n / s, (i + 1) * n / s);
+        lo + z % (hi - lo).max(1)
+    })
+}
+
+/// The last `i` in `0..n` with `key(i) <= p` (`key` ascending on an intact file).
+fn last_at_or_below(n: usize, p: u64, key: impl Fn(usize) -> Option<u64>) -> Result<usize> {
+    let (mut lo, mut hi) = (0usize, n);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if key(mid).ok_or_else(|| bad("node ranges cannot be read"))? <= p {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(lo)
+}
+
+/// Check the context `s..e` (total `total`, top-K row `large`) of `level` around node `p`:
+/// the whole context when it has at most `QUICK_WINDOW` children, else `QUICK_WINDOW` nodes
+/// around `p` (sorted, in range, non-zero; the sum and top-K need the whole context).
+#[allow(clippy::too_many_arguments)]
+fn check_place<D: AsRef<[u8]>>(
+    ix: &Index<D>,
+    level: u8,
+    (s, e, total, large): (usize, usize, u64, Option<usize>),
+    p: usize,
+    kids: &mut Vec<(u32, u64)>,
+    scratch: &mut Vec<(u64, u32, u32)>,
+) -> Result<()> {
+    let h = ix.header();
+    if !(s <= p && p < e) {
+        return Err(bad(format!("level-{level} node {p} lies outside the range of its context")));
+    }
+    let mut esc = 0u64;
+    if e - s <= QUICK_WINDOW {
+        check_children(ix, level, s, e, total, h.vocab_size, kids, &mut esc, h.esc_code())?;
+        let sec = if level == 2 { Sec::TopK1 } else { Sec::TopK2 };
+        return check_topk_row(ix, sec, kids, large, scratch);
+    }
+    let ws = p.saturating_sub(QUICK_WINDOW / 2).max(s);
+    let we = (ws + QUICK_WINDOW).min(e);
+    check_children(ix, level, ws, we, u64::MAX, h.vocab_size, kids, &mut esc, h.esc_code())?;
+    if large.is_none() {
+        return Err(bad(format!("level-{level} context at node {s} has {} children but no top-{TOPK_K} row", e - s)));
+    }
+    Ok(())
+}
+
+/// The escape rank of the node block `b` of `level` agrees with the escapes in the block.
+fn check_esc_block<D: AsRef<[u8]>>(ix: &Index<D>, level: u8, n: usize, b: usize) -> Result<()> {
+    let (sec, nodes) = if level == 2 { (Sec::L2EscRank, Sec::L2Nodes) } else { (Sec::L3EscRank, Sec::L3Nodes) };
+    let (_, _, esc_code) = ix.level_view(level);
+    let ranks = ix.section(sec);
+    let nodes = ix.section(nodes);
+    let esc = (b * BLOCK..((b + 1) * BLOCK).min(n)).filter(|&i| get32(nodes, i * 4).unwrap_or(0) & esc_code == esc_code).count();
+    match (get64(ranks, b * 8), get64(ranks, (b + 1) * 8)) {
+        (Some(r0), Some(r1)) if r1.checked_sub(r0) == Some(esc as u64) => Ok(()),
+        _ => Err(bad(format!("{} block {b} disagrees with the escapes of its nodes", sec.name()))),
+    }
+}
+
+/// The rank fields of L3_BLOCKS record `b` agree with record `b + 1`.
+fn check_l3_block<D: AsRef<[u8]>>(ix: &Index<D>, b: usize) -> Result<()> {
+    let blocks = ix.section(Sec::L3Blocks);
+    let f = |r: usize, o: usize| get64(blocks, r * BLOCK3_LEN + o);
+    let ok = (|| {
+        let (base, large_bits, large_rank, ends_bits, ends_rank) = (f(b, 0)?, f(b, 8)?, f(b, 16)?, f(b, 24)?, f(b, 32)?);
+        let (base1, large_rank1, ends_rank1) = (f(b + 1, 0)?, f(b + 1, 16)?, f(b + 1, 32)?);
+        Some(
+            base <= base1
+                && large_rank.checked_add(u64::from(large_bits.count_ones())) == Some(large_rank1)
+                && ends_rank.checked_add(u64::from(ends_bits.count_ones())) == Some(ends_rank1),
+        )
+    })();
+    if ok == Some(true) {
+        Ok(())
+    } else {
+        Err(bad(format!("L3_BLOCKS record {b} disagrees with the next one")))
+    }
+}
+
+/// `Verify::Quick`: the CRC of every section of at most `QUICK_CRC_BYTES`, the unigram
+/// invariants, and `QUICK_SAMPLES` sampled places of every larger section (FORMAT.md,
+/// "Verification levels").
+pub(crate) fn quick<D: AsRef<[u8]>>(ix: &Index<D>) -> Result<()> {
+    let stats = ix.stats();
+    let mut sampled = [false; SECTIONS.len()];
+    for (i, &(_, len)) in stats.sections.iter().enumerate() {
+        if len <= QUICK_CRC_BYTES {
+            check_crc(ix, i)?;
+        } else {
+            sampled[i] = true;
+        }
+    }
+    let big = |s: Sec| sampled[s as usize - 1];
+    check_unigrams(ix)?;
+    let h = ix.header().clone();
+    let seed = h.table_crc;
+    let (n2, n3) = (h.n_bigram as usize, h.n_trigram as usize);
+    let mut kids = Vec::new();
+    let mut scratch = Vec::new();
+    // level 2: the one-token context holding each sampled node (UNI is checked: its ranges
+    // are contiguous and ascending)
+    if big(Sec::L2Nodes) || big(Sec::L2Esc) || big(Sec::TopK1) || big(Sec::TopKEsc) {
+        let mut last = usize::MAX;
+        for p in strata(h.n_bigram, seed) {
+            let a = last_at_or_below(h.vocab_size as usize, p, |a| ix.ctx1_pub(a as u32).map(|c| c.0 as u64))?;
+            let c = ix.ctx1_pub(a as u32).ok_or_else(|| bad(format!("bigram range of token {a}")))?;
+            if c.1 - c.0 <= QUICK_WINDOW && a == last {
+                continue;
+            }
+            last = a;
+            check_place(ix, 2, c, p as usize, &mut kids, &mut scratch)?;
+        }
+    }
+    if big(Sec::L2EscRank) || big(Sec::L2Nodes) || big(Sec::L2Esc) {
+        for b in strata(crate::format::blocks(h.n_bigram), seed) {
+            check_esc_block(ix, 2, n2, b as usize)?;
+        }
+    }
+    // the bigram nodes' trigram ranges (L3_BLOCKS, L3_DELTA, L3_WIDE, ENDS)
+    if big(Sec::L3Blocks) || big(Sec::L3Delta) || big(Sec::L3Wide) || big(Sec::Ends) {
+        for j in strata(h.n_bigram, seed) {
+            let j = j as usize;
+            ix.ctx2_pub(j).ok_or_else(|| bad(format!("trigram range of bigram node {j}")))?;
+            check_l3_block(ix, j / BLOCK)?;
+        }
+    }
+    // level 3: the two-token context holding each sampled node
+    if big(Sec::L3Nodes) || big(Sec::L3Esc) || big(Sec::TopK2) || big(Sec::TopKEsc) {
+        let mut last = usize::MAX;
+        for p in strata(h.n_trigram, seed) {
+            let j = last_at_or_below(n2, p, |j| ix.start3_pub(j))?;
+            let c = ix.ctx2_pub(j).ok_or_else(|| bad(format!("trigram range of bigram node {j}")))?;
+            if c.1 - c.0 <= QUICK_WINDOW && j == last {
+                continue;
+            }
+            last = j;
+            check_place(ix, 3, c, p as usize, &mut kids, &mut scratch)?;
+        }
+    }
+    if big(Sec::L3EscRank) || big(Sec::L3Nodes) || big(Sec::L3Esc) {
+        for b in strata(crate::format::blocks(h.n_trigram), seed) {
+            check_esc_block(ix, 3, n3, b as usize)?;
+        }
+    }
+    Ok(())
 }
