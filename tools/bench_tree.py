@@ -22,7 +22,7 @@ x_{t+l}) and random ids to fill k = 25; logits are −α_l·ln(rank + 1) + N(0, 
 going linearly from 3.0 (peaked: p_top1 ≈ 0.8) at level 0 to 1.2 (flat: p_top1 ≈ 0.3) at
 level 7, log-softmaxed inside the top-k in float32.
 
-Timings are taken inside Rust (``_native.bench_beam_search``), one thread, warm (one untimed
+Timings are taken inside Rust (``_native._bench.bench_beam_search``), one thread, warm (one untimed
 pass first): wall time (``search_*_us``) and the thread's CPU time (``search_cpu_*_us``,
 which excludes time the thread was descheduled — quote it when the machine is shared; the
 load average is recorded). ``ngram_share`` = CPU time to replay every index query the
@@ -274,8 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     offsets = np.concatenate([[0], np.cumsum([t.size for t in tails])]).astype(np.int64)
     flat = np.concatenate(tails).astype(np.int64)
     params = T._params(20, 59, 0.9, 0.5, 0.7, 1e-10, True, True, (meta["eos"],))
-    r = _native.bench_beam_search(index._inner, flat, offsets, toks, lps, params, 8)
-    r0 = _native.bench_beam_search(index._inner, flat, offsets, toks, lps, dict(params, ngram_weight=0.0), 0)
+    r = _native._bench.bench_beam_search(index._inner, flat, offsets, toks, lps, params, 8)
+    r0 = _native._bench.bench_beam_search(index._inner, flat, offsets, toks, lps, dict(params, ngram_weight=0.0), 0)
     # Full Python call (wrapper + conversion), 300 calls.
     py_us = []
     for i in range(min(300, args.searches)):

@@ -335,7 +335,7 @@ pub fn parse(data: &[u8]) -> Result<(Header, Vec<Section>)> {
             crc: get32(table, o + 24).unwrap_or(0),
         };
         let end = s.offset.checked_add(s.len).ok_or_else(|| fmt("section bounds overflow"))?;
-        if s.offset < prev_end || s.offset % id.align() != 0 || end > data.len() as u64 {
+        if s.offset < prev_end || !s.offset.is_multiple_of(id.align()) || end > data.len() as u64 {
             return Err(fmt(format!(
                 "section {} [{}, {end}) is out of bounds, misaligned or overlapping (file has {} bytes)",
                 id.name(),

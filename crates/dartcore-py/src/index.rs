@@ -23,6 +23,9 @@ pub struct PyNgramIndex {
     pub(crate) inner: Arc<Index<Mmap>>,
 }
 
+/// What `children` returns: (tokens, counts, total, order).
+type ChildrenArrays<'py> = (Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u64>>, u64, u8);
+
 /// Token ids of the argument `what`, each in `0..vocab`.
 fn ids_u32(ids: Vec<i64>, vocab: u32, what: &str) -> PyResult<Vec<u32>> {
     ids.into_iter()
@@ -77,7 +80,7 @@ impl PyNgramIndex {
         py: Python<'py>,
         context: Vec<i64>,
         k: usize,
-    ) -> PyResult<(Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u64>>, u64, u8)> {
+    ) -> PyResult<ChildrenArrays<'py>> {
         guard("NgramIndex.children", || {
             let ctx = ids_u32(context, self.inner.vocab_size(), "context")?;
             let mut ch = Children::with_capacity(k.min(self.inner.max_children()));
