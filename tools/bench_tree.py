@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of the Eq. (10) tree search (issue 4): d = 8, k = 25, w = 20, θ = 59.
+"""Benchmark of the Eq. (10) tree search: d = 8, k = 25, w = 20, θ = 59.
 
 Index: built from REAL text that ships with the machine — the Python standard library
 (``*.py`` under ``sysconfig.get_paths()["stdlib"]``), site-packages ``*.py``, then text
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("DARTCORE_CACHE", Path.home() / ".cache" / "dartcore")) / "bench_tree")
     ap.add_argument("--corpus-mb", type=int, default=240,
-                    help="text to tokenize (MiB); 240 gives an index of 12.5 M nodes (issue 4 asks >= 10 M)")
+                    help="text to tokenize (MiB); 240 gives an index of 12.5 M nodes (the target is >= 10 M)")
     ap.add_argument("--rows", choices=("real", "synthetic"), default="real", help="drafter rows (module docs)")
     ap.add_argument("--searches", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
