@@ -300,10 +300,15 @@ fn check_l3_block<D: AsRef<[u8]>>(ix: &Index<D>, b: usize) -> Result<()> {
 /// invariants, and `QUICK_SAMPLES` sampled places of every larger section (FORMAT.md,
 /// "Verification levels").
 pub(crate) fn quick<D: AsRef<[u8]>>(ix: &Index<D>) -> Result<()> {
+    quick_with(ix, QUICK_CRC_BYTES)
+}
+
+/// [`quick`] with sections over `crc_max` bytes sampled (tests sample small files with 0).
+fn quick_with<D: AsRef<[u8]>>(ix: &Index<D>, crc_max: u64) -> Result<()> {
     let stats = ix.stats();
     let mut sampled = [false; SECTIONS.len()];
     for (i, &(_, len)) in stats.sections.iter().enumerate() {
-        if len <= QUICK_CRC_BYTES {
+        if len <= crc_max {
             check_crc(ix, i)?;
         } else {
             sampled[i] = true;
@@ -362,4 +367,97 @@ pub(crate) fn quick<D: AsRef<[u8]>>(ix: &Index<D>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{parse, Section};
+    use crate::{BuildOptions, Builder};
+
+    /// An index over a skewed random corpus (contexts with more than `QUICK_WINDOW` and
+    /// more than `TOPK_K` children; 11 count bits, so frequent n-grams have escaped counts).
+    fn build(seed: u64, vocab: u32, tokens: usize) -> Vec<u8> {
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let doc: Vec<u32> = (0..tokens)
+            .map(|_| {
+                let u = (next() >> 11) as f64 / (1u64 << 53) as f64;
+                ((u * u * u * vocab as f64) as u32).min(vocab - 1)
+            })
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("q.idx");
+        let mut b = Builder::new(BuildOptions { vocab_size: vocab, token_bits: Some(21), ..Default::default() }).unwrap();
+        b.add_documents(&doc.chunks(5000).collect::<Vec<_>>()).unwrap();
+        b.finish(&out, "{}").unwrap();
+        std::fs::read(out).unwrap()
+    }
+
+    fn section(bytes: &[u8], s: Sec) -> Section {
+        parse(bytes).unwrap().1[s as usize - 1]
+    }
+
+    #[test]
+    fn sampled_checks_accept_intact_indexes() {
+        let mut exercised = (false, false);
+        for (seed, vocab, tokens) in [(1, 50, 20_000), (2, 3_000, 200_000), (3, 400, 300_000), (5, 20, 200_000)] {
+            let bytes = build(seed, vocab, tokens);
+            let ix = Index::from_bytes(bytes).unwrap();
+            verify(&ix).unwrap();
+            quick(&ix).unwrap();
+            quick_with(&ix, 0).unwrap();
+            let h = ix.header();
+            exercised.0 |= h.n_large2 > 0;
+            exercised.1 |= h.n_esc3 > 0;
+        }
+        assert_eq!(exercised, (true, true), "the corpora have level-3 top-K rows and escaped counts");
+    }
+
+    #[test]
+    fn sampled_checks_catch_structural_damage() {
+        let good = build(4, 2_000, 150_000);
+        let node = |b: &[u8], s: Sec, i: usize| section(b, s).offset as usize + 4 * i;
+        let damaged: Vec<(&str, Box<dyn Fn(&mut Vec<u8>)>)> = vec![
+            ("level-3 children swapped", Box::new(|b: &mut Vec<u8>| {
+                let o = node(b, Sec::L3Nodes, 1000);
+                let (w0, w1) = (b[o..o + 4].to_vec(), b[o + 4..o + 8].to_vec());
+                b[o..o + 4].copy_from_slice(&w1);
+                b[o + 4..o + 8].copy_from_slice(&w0);
+            })),
+            ("level-2 token out of range", Box::new(|b: &mut Vec<u8>| {
+                let o = node(b, Sec::L2Nodes, 500);
+                b[o + 3] = 0xFF;
+            })),
+            ("level-2 zero count", Box::new(|b: &mut Vec<u8>| {
+                let o = node(b, Sec::L2Nodes, 700);
+                let w = u32::from_le_bytes(b[o..o + 4].try_into().unwrap()) & !((1 << 11) - 1);
+                b[o..o + 4].copy_from_slice(&w.to_le_bytes());
+            })),
+            ("trigram start moved", Box::new(|b: &mut Vec<u8>| {
+                let o = section(b, Sec::L3Delta).offset as usize + 2 * 10;
+                b[o + 1] ^= 0x40;
+            })),
+            ("L3_BLOCKS rank", Box::new(|b: &mut Vec<u8>| {
+                let o = section(b, Sec::L3Blocks).offset as usize + BLOCK3_LEN + 16;
+                b[o] ^= 0x01;
+            })),
+            ("escape rank", Box::new(|b: &mut Vec<u8>| {
+                let o = section(b, Sec::L3EscRank).offset as usize + 8 * 3;
+                b[o] ^= 0x01;
+            })),
+        ];
+        for (what, damage) in damaged {
+            let mut b = good.clone();
+            damage(&mut b);
+            let ix = Index::from_bytes(b).unwrap();
+            assert!(quick(&ix).is_err(), "{what}: the CRC of a small index");
+            assert!(quick_with(&ix, 0).is_err(), "{what}: the sampled checks");
+        }
+    }
 }
