@@ -190,7 +190,8 @@ def test_accepted_id_types_answer_alike(idx, corpus):
     """Python ints, numpy integer scalars and integer arrays of any width are the same ids."""
     _, ref, _ = corpus
     want = idx.children([3, 4], 5)
-    for ctx in ([np.int64(3), np.uint8(4)], (3, 4), np.array([3, 4], dtype=np.uint16), range(3, 5)):
+    for ctx in ([np.int64(3), np.uint8(4)], (3, 4), np.array([3, 4], dtype=np.uint16), range(3, 5),
+                np.array([3, 4], dtype=object)):
         got = idx.children(ctx, np.int32(5))
         assert [a.tolist() for a in got[:2]] == [a.tolist() for a in want[:2]] and got[2:] == want[2:]
     assert idx.prob(np.array([3, 4]), np.int16(5)) == pytest.approx(ref.prob((3, 4), 5), abs=1e-15)

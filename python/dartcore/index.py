@@ -72,15 +72,21 @@ def _int(x: Any, name: str, lo: int, hi: int | None = None) -> int:
 
 
 def _bool(x: Any, name: str) -> bool:
-    if not isinstance(x, (bool, np.bool_)):
+    if x is True or x is False:
+        return x
+    if not isinstance(x, np.bool_):
         raise TypeError(f"{name} must be True or False, got {_kind(x)}")
     return bool(x)
 
 
 def _id_array(x: Any, name: str, vocab: int, ndim: int) -> np.ndarray:
-    """Token ids as an int64 array of ``ndim`` (1, or 2 for ``[n, 2]``) dimensions, each in
+    """Token ids as an integer array of ``ndim`` (1, or 2 for ``[n, 2]``) dimensions, each in
     ``0 .. vocab - 1``. Only integer ids are accepted: bool, float (NaN included) and str
     are refused rather than converted, and a nested sequence is refused rather than flattened."""
+    if type(x) is np.ndarray and x.ndim == ndim and x.dtype.kind in "iu" and 0 < x.size <= 64:
+        flat = x.ravel().tolist()  # small: Python's min/max beat two numpy reductions
+        if min(flat) >= 0 and max(flat) < vocab:
+            return x
     if isinstance(x, (str, bytes, bytearray)):
         raise TypeError(f"{name} must be a sequence of int token ids, got a {type(x).__name__}")
     if isinstance(x, (list, tuple)):
@@ -102,9 +108,11 @@ def _id_array(x: Any, name: str, vocab: int, ndim: int) -> np.ndarray:
         raise ValueError(f"{name} must be {want} of token ids, got shape {a.shape}")
     if a.dtype.kind not in "iu":
         flat = a.reshape(-1)
-        if a.dtype.kind == "O" and all(_is_int(t) for t in flat):  # Python ints beyond 64 bits
-            bad = max((int(t) for t in flat), key=abs)
-            raise ValueError(f"{name}: token id {bad} is out of range for vocabulary size {vocab} (0 ..= {vocab - 1})")
+        if a.dtype.kind == "O" and all(_is_int(t) for t in flat):  # e.g. Python ints beyond 64 bits
+            bad = [int(t) for t in flat if not 0 <= int(t) < vocab]
+            if bad:
+                raise ValueError(f"{name}: token id {bad[0]} is out of range for vocabulary size {vocab} (0 ..= {vocab - 1})")
+            return np.array([int(t) for t in flat], dtype=np.int64).reshape(a.shape)
         what = "NaN" if a.dtype.kind == "f" and bool(np.isnan(flat).any()) else str(a.dtype)
         raise TypeError(f"{name} must hold integer token ids, got {what} values (dtype {a.dtype})")
     lo, hi = int(a.min()), int(a.max())
@@ -115,9 +123,22 @@ def _id_array(x: Any, name: str, vocab: int, ndim: int) -> np.ndarray:
 
 
 def _id_list(x: Any, name: str, vocab: int) -> list[int]:
-    """``_id_array(x, name, vocab, 1)`` as a list; a list of Python ints skips numpy."""
-    if type(x) is list and all(type(t) is int and 0 <= t < vocab for t in x):
-        return x
+    """``_id_array(x, name, vocab, 1)`` as a list. Short lists of ints and integer arrays take
+    a path without numpy reductions (a query costs a few µs; two reductions would double it);
+    anything else, and every error, goes through ``_id_array``."""
+    if type(x) is np.ndarray:
+        if x.ndim == 1 and x.dtype.kind in "iu":
+            out = x.tolist()
+            if not out or (min(out) >= 0 and max(out) < vocab):
+                return out
+    elif type(x) is list or type(x) is tuple:
+        out = []
+        for t in x:
+            if type(t) is not int and not isinstance(t, np.integer) or not 0 <= t < vocab:
+                break
+            out.append(int(t))
+        else:
+            return out
     return _id_array(x, name, vocab, 1).tolist()
 
 
@@ -159,20 +180,20 @@ class NgramIndex:
         self._inner = _native.NgramIndex(self.path, prefault=_bool(prefault, "prefault"),
                                          hugepages=_bool(hugepages, "hugepages"), verify=verify)
         self._metadata: dict | None = None
+        self._vocab: int = self._inner.vocab_size
 
     @property
     def vocab_size(self) -> int:
-        return self._inner.vocab_size
+        return self._vocab
 
     @property
     def max_children(self) -> int:
         """The most children any query returns (the distinct tokens seen): ``k`` is capped at it."""
         return self._inner.max_children
 
-    def _ids(self, x: Any, name: str) -> list[int]:
-        return _id_list(x, name, self.vocab_size)
-
     def _token(self, x: Any, name: str = "token") -> int:
+        if type(x) is int and 0 <= x < self._vocab:
+            return x
         if not _is_int(x):
             raise TypeError(f"{name} must be an int token id, got {_kind(x)}")
         v, n = int(x), self.vocab_size
@@ -181,7 +202,7 @@ class NgramIndex:
         return v
 
     def _k(self, k: Any) -> int:
-        return min(_int(k, "k", 0), self.max_children)
+        return min(k if type(k) is int and k >= 0 else _int(k, "k", 0), self._inner.max_children)
 
     @property
     def metadata(self) -> dict:
@@ -199,7 +220,7 @@ class NgramIndex:
         """Top-``k`` children of the longest suffix of ``context`` that has any:
         ``(tokens uint32[k'], counts uint64[k'], total, order)``, by descending count.
         ``k`` is an int >= 0; no query returns more than :attr:`max_children`."""
-        return self._inner.children(self._ids(context, "context"), self._k(k))
+        return self._inner.children(_id_list(context, "context", self._vocab), self._k(k))
 
     def children_batch(self, contexts: np.ndarray, k: int = 25) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``children`` for ``contexts[n, 2]`` on the owned thread pool (GIL released):
@@ -214,21 +235,22 @@ class NgramIndex:
     def prob(self, context: Sequence[int] | np.ndarray, token: int, unigram_backoff: bool = True) -> float:
         """g(token | context): count/total of the longest suffix of the context after which
         ``token`` has been seen (unigram last, if ``unigram_backoff``); 0.0 if never seen."""
-        return self._inner.prob(self._ids(context, "context"), self._token(token),
+        return self._inner.prob(_id_list(context, "context", self._vocab), self._token(token),
                                 _bool(unigram_backoff, "unigram_backoff"))
 
     def cond_probs(self, context: Sequence[int] | np.ndarray, candidates_sorted: np.ndarray,
                    unigram_backoff: bool = True) -> np.ndarray:
         """``prob`` for ascending candidate ids at once -> float64 array (one native call)."""
-        c = _id_array(candidates_sorted, "candidates_sorted", self.vocab_size, 1)
-        if c.size > 1 and bool((np.diff(c) < 0).any()):
-            raise ValueError("candidates_sorted must be sorted ascending (repeats allowed)")
-        return self._inner.cond_probs(self._ids(context, "context"), np.ascontiguousarray(c, dtype=np.uint32),
+        c = candidates_sorted
+        if not (type(c) is np.ndarray and c.dtype == np.uint32 and c.ndim == 1):
+            # uint32 arrays go as they are: the native call checks the range and the order
+            c = np.ascontiguousarray(_id_array(c, "candidates_sorted", self.vocab_size, 1), dtype=np.uint32)
+        return self._inner.cond_probs(_id_list(context, "context", self._vocab), np.ascontiguousarray(c),
                                       _bool(unigram_backoff, "unigram_backoff"))
 
     def count(self, context: Sequence[int] | np.ndarray, token: int) -> tuple[int, int]:
         """``(count(context, token), total(context))`` for exactly that context (0–2 tokens)."""
-        ctx = self._ids(context, "context")
+        ctx = _id_list(context, "context", self._vocab)
         if len(ctx) > 2:
             raise ValueError(f"context: count() takes a context of at most 2 tokens, got {len(ctx)}")
         return self._inner.count(ctx, self._token(token))
