@@ -419,8 +419,32 @@ impl Index<Mmap> {
             e => e,
         })?;
         idx.path = Some(path.to_path_buf());
-        idx.check(opts.verify)?;
+        if !opts.prefault {
+            idx.check_mapped(opts.verify)?;
+        } else {
+            idx.check(opts.verify)?;
+        }
         Ok(idx)
+    }
+
+    /// [`Index::check`] on the mapping. For `Verify::Quick` the sections it samples are
+    /// advised `MADV_RANDOM` while it runs: with the kernel's read-ahead, each of its few
+    /// thousand scattered reads of a cold file fetched up to 128 KiB (1.9 s on a cold 1.3 GB
+    /// index).
+    pub fn check_mapped(&self, level: Verify) -> Result<()> {
+        if level != Verify::Quick {
+            return self.check(level);
+        }
+        let sampled: Vec<Range<usize>> =
+            self.sec.iter().filter(|r| r.len() as u64 > format::QUICK_CRC_BYTES).cloned().collect();
+        for r in &sampled {
+            let _ = self.data.advise_range(Advice::Random, r.start, r.len());
+        }
+        let res = self.check(level);
+        for r in &sampled {
+            let _ = self.data.advise_range(Advice::Normal, r.start, r.len());
+        }
+        res
     }
 }
 
@@ -1038,9 +1062,6 @@ impl<D: AsRef<[u8]>> Index<D> {
         out.clear();
         let lv = if sec == Sec::TopK1 { self.l2() } else { self.l3() };
         self.topk(lv, Ctx { s: 0, e: TOPK_K + 1, total: 0, large: Some(r) }, sec, TOPK_K, out)
-    }
-    pub(crate) fn start3_pub(&self, j: usize) -> Option<u64> {
-        self.start3(j)
     }
     pub(crate) fn uni_count_pub(&self, t: u32) -> u64 {
         self.uni_count(t)

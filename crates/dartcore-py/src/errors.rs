@@ -57,7 +57,15 @@ pub(crate) fn init(py: Python<'_>) -> PyResult<()> {
     let m = py.import("dartcore.errors")?;
     let classes = Kind::ALL
         .iter()
-        .map(|k| Ok(m.getattr(k.class_name())?.cast_into::<PyType>()?.unbind()))
+        .map(|k| {
+            let c = m.getattr(k.class_name()).map_err(|_| {
+                pyo3::exceptions::PyImportError::new_err(format!(
+                    "dartcore._native raises dartcore.errors.{}, which python/dartcore/errors.py does not define",
+                    k.class_name()
+                ))
+            })?;
+            Ok(c.cast_into::<PyType>()?.unbind())
+        })
         .collect::<PyResult<Vec<_>>>()?;
     let _ = CLASSES.set(py, classes);
     Ok(())

@@ -188,7 +188,7 @@ impl PyNgramIndex {
         guard("NgramIndex.verify", || {
             let level: Verify = level.parse().map_err(errors::ngram)?;
             let inner = &self.inner;
-            py.detach(|| inner.check(level)).map_err(errors::ngram)
+            py.detach(|| inner.check_mapped(level)).map_err(errors::ngram)
         })
     }
 
