@@ -419,7 +419,8 @@ mod tests {
     fn sampled_checks_catch_structural_damage() {
         let good = build(4, 2_000, 150_000);
         let node = |b: &[u8], s: Sec, i: usize| section(b, s).offset as usize + 4 * i;
-        let damaged: Vec<(&str, Box<dyn Fn(&mut Vec<u8>)>)> = vec![
+        type Damage = Box<dyn Fn(&mut Vec<u8>)>;
+        let damaged: Vec<(&str, Damage)> = vec![
             ("level-3 children swapped", Box::new(|b: &mut Vec<u8>| {
                 let ix = Index::from_bytes(b.clone()).unwrap();
                 let small = (0..ix.header().n_bigram as usize)
