@@ -160,8 +160,9 @@ class NgramIndex:
       of up to a few million nodes, the whole file), the unigram tables' invariants (O(vocab)),
       and the structure of 1,024 sampled places of each larger section (sorted, in-range,
       non-zero children, ranges, escape ranks, top-32 rows). Damage inside a larger section
-      is caught only where a sample falls on it or it breaks a sampled invariant. Cheap
-      enough to run at every start-up (FORMAT.md, "Verification levels", has the cost).
+      is caught only where a sample falls on it (one flipped bit in such a section: about 1
+      in 500). 15-50 ms on a 1.3 GB index in the page cache, 0.4 s cold: cheap enough for
+      every start-up (FORMAT.md, "Verification levels").
     * ``"full"``: every section's CRC and every invariant of FORMAT.md; O(file size), the
       same as :meth:`verify`.
 
