@@ -160,9 +160,9 @@ class NgramIndex:
       of up to a few million nodes, the whole file), the unigram tables' invariants (O(vocab)),
       and the structure of 1,024 sampled places of each larger section (sorted, in-range,
       non-zero children, ranges, escape ranks, top-32 rows). Damage inside a larger section
-      is caught only where a sample falls on it (one flipped bit in such a section: about 1
-      in 500). 15-50 ms on a 1.3 GB index in the page cache, 0.4 s cold: cheap enough for
-      every start-up (FORMAT.md, "Verification levels").
+      is caught only where a sample falls on it: a zeroed MiB almost always, one flipped bit
+      about 1 time in 250. 12-82 ms on a 0.6-1.3 GB index in the page cache, 0.5-0.7 s
+      cold: cheap enough for every start-up (FORMAT.md, "Verification levels").
     * ``"full"``: every section's CRC and every invariant of FORMAT.md; O(file size), the
       same as :meth:`verify`.
 

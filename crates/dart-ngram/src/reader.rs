@@ -1058,6 +1058,12 @@ impl<D: AsRef<[u8]>> Index<D> {
         let l = if level == 2 { self.l2() } else { self.l3() };
         l.decode(s, e, f)
     }
+    /// The count of token `t` among the nodes `s..e` of `level`, if it is there.
+    pub(crate) fn find_pub(&self, level: u8, s: usize, e: usize, t: u32) -> Option<u64> {
+        let l = if level == 2 { self.l2() } else { self.l3() };
+        let j = l.find(s, e, t)?;
+        Some(l.count_of(j, l.word(j)?))
+    }
     pub(crate) fn topk_row_pub(&self, sec: Sec, r: usize, out: &mut Children) -> Result<()> {
         out.clear();
         let lv = if sec == Sec::TopK1 { self.l2() } else { self.l3() };

@@ -250,6 +250,10 @@ fn check_place<D: AsRef<[u8]>>(
     if !(s <= p && p < e) {
         return Err(bad(format!("level-{level} node {p} lies outside the range of its context")));
     }
+    if (e - s) as u64 > total {
+        // every child has a count >= 1 and the counts sum to at most the total
+        return Err(bad(format!("level-{level} context at node {s} has {} children but a total of {total}", e - s)));
+    }
     let mut esc = 0u64;
     let (ws, we) = if e - s <= QUICK_WINDOW {
         check_children(ix, level, s, e, total, h.vocab_size, kids, &mut esc, h.esc_code())?;
@@ -260,14 +264,48 @@ fn check_place<D: AsRef<[u8]>>(
         let ws = p.saturating_sub(QUICK_WINDOW / 2).max(s);
         let we = (ws + QUICK_WINDOW).min(e);
         check_children(ix, level, ws, we, u64::MAX, h.vocab_size, kids, &mut esc, h.esc_code())?;
-        if large.is_none() {
+        let Some(r) = large else {
             return Err(bad(format!("level-{level} context at node {s} has {} children but no top-{TOPK_K} row", e - s)));
-        }
+        };
+        check_topk_entries(ix, level, (s, e), r, kids)?;
         (ws, we)
     };
     // the escape ranks of the blocks just read
     for b in ws / BLOCK..we.div_ceil(BLOCK) {
         check_esc_block(ix, level, n, b)?;
+    }
+    Ok(())
+}
+
+/// The top-K row `r` of the large context `s..e` of `level` without decoding the context: K
+/// entries by descending count (ties: ascending token), each a child of the context with that
+/// count, and no child of the window `kids` read from it outside the row with a larger count
+/// than the row's last.
+fn check_topk_entries<D: AsRef<[u8]>>(ix: &Index<D>, level: u8, (s, e): (usize, usize), r: usize, kids: &[(u32, u64)]) -> Result<()> {
+    let sec = if level == 2 { Sec::TopK1 } else { Sec::TopK2 };
+    let mut ch = crate::reader::Children::new();
+    ix.topk_row_pub(sec, r, &mut ch)?;
+    let row: Vec<(u32, u64)> = ch.tokens().iter().copied().zip(ch.counts().iter().copied()).collect();
+    let ordered = row.windows(2).all(|w| w[0].1 > w[1].1 || (w[0].1 == w[1].1 && w[0].0 < w[1].0));
+    let members = row.iter().all(|&(t, c)| ix.find_pub(level, s, e, t) == Some(c));
+    let last = row.last().map_or(u64::MAX, |x| x.1);
+    let beaten = kids.iter().any(|&(t, c)| c > last && !row.iter().any(|x| x.0 == t));
+    if row.len() != TOPK_K || !ordered || !members || beaten {
+        return Err(bad(format!("{} row {r} is not the top-{TOPK_K} of its context", sec.name())));
+    }
+    Ok(())
+}
+
+/// Top-K row `r` of `sec` on its own (one read, no search for its context): K entries, by
+/// descending count (ties: ascending token), counts > 0, tokens < V.
+fn check_topk_alone<D: AsRef<[u8]>>(ix: &Index<D>, sec: Sec, r: usize) -> Result<()> {
+    let mut ch = crate::reader::Children::new();
+    ix.topk_row_pub(sec, r, &mut ch)?;
+    let v = ix.header().vocab_size;
+    let row: Vec<(u32, u64)> = ch.tokens().iter().copied().zip(ch.counts().iter().copied()).collect();
+    let ordered = row.windows(2).all(|w| w[0].1 > w[1].1 || (w[0].1 == w[1].1 && w[0].0 < w[1].0));
+    if row.len() != TOPK_K || !ordered || row.iter().any(|&(t, c)| t >= v || c == 0) {
+        return Err(bad(format!("{} row {r} is not a top-{TOPK_K} row (order, counts or token ids)", sec.name())));
     }
     Ok(())
 }
@@ -345,6 +383,15 @@ fn quick_with<D: AsRef<[u8]>>(ix: &Index<D>, crc_max: u64, samples: usize) -> Re
             check_place(ix, 2, c, p as usize, &mut kids, &mut scratch)?;
         }
     }
+    // Top-K rows on their own (a sampled context rarely has one: 0.4 % of the bigram nodes
+    // of the 107 M-node bench index)
+    for (sec, n) in [(Sec::TopK1, h.n_large1), (Sec::TopK2, h.n_large2)] {
+        if big(sec) || big(Sec::TopKEsc) {
+            for r in strata(n, samples, seed ^ sec as u32) {
+                check_topk_alone(ix, sec, r as usize)?;
+            }
+        }
+    }
     // Level 3: sampled bigram nodes, their trigram range (L3_BLOCKS, L3_DELTA, L3_WIDE, ENDS)
     // and context. Sampled by bigram node rather than
     // by trigram node: no search, so about five page reads a sample on a cold file (a search
@@ -355,6 +402,15 @@ fn quick_with<D: AsRef<[u8]>>(ix: &Index<D>, crc_max: u64, samples: usize) -> Re
             let j = j as usize;
             let c = ix.ctx2_pub(j).ok_or_else(|| bad(format!("trigram range of bigram node {j}")))?;
             check_l3_block(ix, j / BLOCK)?;
+            // the trigram ranges of the whole block (its records, deltas and bigram nodes are
+            // read already): a damaged delta moves children between neighbours, and one of
+            // them then has more children than its total
+            for jj in j / BLOCK * BLOCK..((j / BLOCK + 1) * BLOCK).min(h.n_bigram as usize) {
+                let (s, e, total, _) = ix.ctx2_pub(jj).ok_or_else(|| bad(format!("trigram range of bigram node {jj}")))?;
+                if (e - s) as u64 > total {
+                    return Err(bad(format!("bigram node {jj} has {} trigram children but a total of {total}", e - s)));
+                }
+            }
             if c.1 > c.0 {
                 let p = c.0 + (j.wrapping_mul(0x9e37_79b9) >> 7) % (c.1 - c.0);
                 check_place(ix, 3, c, p, &mut kids, &mut scratch)?;
@@ -419,8 +475,8 @@ mod tests {
     fn sampled_checks_catch_structural_damage() {
         let good = build(4, 2_000, 150_000);
         let node = |b: &[u8], s: Sec, i: usize| section(b, s).offset as usize + 4 * i;
-        type Damage = Box<dyn Fn(&mut Vec<u8>)>;
-        let damaged: Vec<(&str, Damage)> = vec![
+        type Damage<'a> = Box<dyn Fn(&mut Vec<u8>) + 'a>;
+        let damaged: Vec<(&str, Damage<'_>)> = vec![
             ("level-3 children swapped", Box::new(|b: &mut Vec<u8>| {
                 let ix = Index::from_bytes(b.clone()).unwrap();
                 let small = (0..ix.header().n_bigram as usize)
