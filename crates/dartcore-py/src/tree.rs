@@ -11,6 +11,7 @@ use dart_tree::{NgramScorer, NoNgram, SearchParams, Tree};
 use numpy::ndarray::ArrayView2;
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use crate::arrays::c_slice;
 use crate::errors::{self, guard};
