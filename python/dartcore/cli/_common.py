@@ -45,7 +45,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         text = action.help or ""
         default = action.default
         if ("default" in text or default is None or default is False or default == argparse.SUPPRESS
-                or default == [] or not action.option_strings):
+                or default in ([], "") or not action.option_strings):
             return text
         return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
 
