@@ -81,7 +81,8 @@ def tree_needs_drafter(name: str) -> bool:
     return bool(getattr(make_tree_builder(name), "needs_drafter", name not in ("ar", "ngram-only")))
 
 
-def check_index(path: str | None, *, needed_by: list[str], flag: str = "--index"):
+def check_index(path: str | None, *, needed_by: list[str], flag: str = "--index",
+                alternative: str = "--tree dart-no-ngram or ar"):
     """Open the index (header and checksummed metadata only: O(1)) or say what to pass.
     Returns the opened :class:`~dartcore.NgramIndex`, or None when no tree needs one."""
     if path is None:
@@ -89,7 +90,7 @@ def check_index(path: str | None, *, needed_by: list[str], flag: str = "--index"
             raise UsageError(
                 f"{' and '.join(needed_by)} need{'s' if len(needed_by) == 1 else ''} an n-gram index: pass "
                 f"{flag} FILE (bash tools/demo.sh builds {DEMO_INDEX}; ngram-build --tokenizer smollm2 "
-                f"builds one), or use --tree dart-no-ngram / ar")
+                f"builds one), or use {alternative}")
         return None
     p = Path(path).expanduser()
     if not p.is_file():
@@ -168,8 +169,8 @@ def _one_line(exc: BaseException) -> str:
 
 
 def run_cli(prog: str, body: Callable[[], int]) -> int:
-    """Run ``body``; a user error becomes one line on stderr and exit status 2 (a usage
-    error, as argparse's) or 1 (anything else dartcore raised on purpose)."""
+    """Run ``body``; a user error becomes one line on stderr and exit status 2 (as argparse's
+    usage errors), Ctrl-C one line and 130."""
     try:
         return body()
     except UsageError as exc:
@@ -177,4 +178,7 @@ def run_cli(prog: str, body: Callable[[], int]) -> int:
         return 2
     except (DartError, FileNotFoundError) as exc:
         print(f"{prog}: error: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
-        return 1
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130

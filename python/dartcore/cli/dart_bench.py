@@ -117,7 +117,8 @@ def _check(args) -> tuple[str, ...]:
     needed = [] if args.verify_cost_only else [m for m in tree_methods if make_tree_builder(m).needs_index]
     if args.budgets and "dart" not in needed:
         needed.append("--budgets (dart)")
-    index = check_index(args.index, needed_by=[f"--methods {', '.join(needed)}"] if needed else [])
+    index = check_index(args.index, needed_by=[f"--methods {', '.join(needed)}"] if needed else [],
+                        alternative="only methods without one (ar, dart-no-ngram, hf-generate)")
     if index is not None:
         check_index_tokenizer(index, args.target)
     return methods
