@@ -1,4 +1,4 @@
-"""Issue 7: the README's main command and dart-bench, on a tiny random target.
+"""The README's main command and dart-bench, on a tiny random target.
 
 The tiny target is a real Hugging Face model directory (random Llama weights, a
 byte-level BPE tokenizer with a chat template), so every step runs exactly as it
@@ -79,6 +79,15 @@ def test_demo_steps_end_to_end(tiny_dirs, tmp_path, capsys):
     for step in ("1/4", "1b/4", "2/4", "3/4", "4/4", "== summary"):
         assert step in printed
     assert "greedy outputs identical: True" in printed
+    assert "--- prompt 1/2" in printed and "--- prompt 2/2" in printed
+    results = json.loads((out / "tiny-llama_demo.json").read_text())
+    assert results["summary"]["identical"] is True and len(results["prompts"]) == 2
+    for r in results["prompts"]:
+        assert r["answer"].strip() and r["answer"].strip() in printed  # streamed as it decoded
+        assert r["tau"] >= 1.0 and r["dart_tok_s"] > 0 and r["ar_tok_s"] > 0
+        assert abs(r["speedup"] - r["dart_tok_s"] / r["ar_tok_s"]) < 1e-9
+    md = (out / "tiny-llama_demo.md").read_text()
+    assert "| prompt | τ |" in md and md.count("\n## ") == 2
 
 
 def _tiny_index(target, tmp_path):
