@@ -33,7 +33,7 @@ def write_task_responses(path: Path) -> int:
     sets (GSM8K train solutions, CodeAlpaca answers; never the eval sets) and SmolLM2's own
     greedy responses to training prompts (shipped, made by tools/generate_target_responses.py).
     With it the n-gram-only tree's tau rises from 1.38 to 1.67 on GSM8K and 1.46 to 1.65 on
-    CodeAlpaca (3 prompts each, 8 nodes; README). Written to a temp file, then renamed."""
+    CodeAlpaca (3 prompts each, 8 nodes). Written to a temp file, then renamed."""
     import gzip
     import json
 
