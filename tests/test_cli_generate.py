@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from cli_helpers import REPO, run_cli
+from cli_helpers import run_cli
 
 
 @pytest.fixture(scope="module")
