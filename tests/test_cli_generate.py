@@ -131,10 +131,10 @@ def test_stats_are_readable():
 
     s = GenerationStats(prompt_tokens=31, new_tokens=64, rounds=30, accept_hist=[10, 12, 8],
                         total_s=1.2345678901234, finish_reason="length")
-    s.seconds = {"prefill": 0.10602130400002352, "draft": 0.2, "search": 0.01, "verify": 0.8, "accept": 0.05}
+    s.seconds = {"prefill": 0.10602130400002352, "draft": 0.2, "search": 0.01, "verify": 1.2345, "accept": 0.05}
     text = format_stats(s.as_dict())
     assert "64 new after 31 prompt tokens (length)" in text
     assert f"{64 / 1.2345678901234:.1f} tok/s" in text and "1.23 s" in text
     assert f"tau         {(10 + 24 + 24) / 30:.2f}" in text
-    assert "prefill 106 ms (9 %)" in text
+    assert "prefill 106 ms (9 %)" in text and "verify 1.23 s (100 %)" in text
     assert not re.search(r"\d\.\d{5,}", text)  # no raw floats

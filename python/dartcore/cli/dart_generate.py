@@ -87,8 +87,10 @@ def format_stats(stats: dict) -> str:
         lines.append("accepted    " + ", ".join(f"{a}: {c}" for a, c in enumerate(hist) if c)
                      + "  (drafted tokens accepted: rounds)")
     if sec:
-        parts = [f"{k} {v * 1000:.0f} ms ({v / total * 100:.0f} %)" if total else f"{k} {v * 1000:.0f} ms"
-                 for k, v in sec.items()]
+        def dur(v: float) -> str:
+            return f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s"
+
+        parts = [f"{k} {dur(v)} ({v / total * 100:.0f} %)" if total else f"{k} {dur(v)}" for k, v in sec.items()]
         lines.append("stages      " + ", ".join(parts))
     return "\n".join(lines)
 
