@@ -69,18 +69,6 @@ def check_tree(value: str, flag: str = "--tree") -> str:
     return check_choice(flag, value, tree_builders())
 
 
-def tree_needs_index(name: str) -> bool:
-    from dartcore.builders import make_tree_builder
-
-    return bool(getattr(make_tree_builder(name), "needs_index", False))
-
-
-def tree_needs_drafter(name: str) -> bool:
-    from dartcore.builders import make_tree_builder
-
-    return bool(getattr(make_tree_builder(name), "needs_drafter", name not in ("ar", "ngram-only")))
-
-
 def check_index(path: str | None, *, needed_by: list[str], flag: str = "--index",
                 alternative: str = "--tree dart-no-ngram or ar"):
     """Open the index (header and checksummed metadata only: O(1)) or say what to pass.
@@ -163,9 +151,12 @@ def check_paths(flag: str, values: Iterable[str]) -> None:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = exc.strerror if isinstance(exc, FileNotFoundError) and exc.strerror and not isinstance(
-        exc, DartError) else str(exc)
-    return " ".join(str(text).split())
+    text = str(exc)
+    if isinstance(exc, OSError) and exc.strerror:  # "[Errno 2] msg: 'path'" -> "msg (path)"
+        text = exc.strerror
+        if exc.filename and str(exc.filename) not in text:
+            text += f" ({exc.filename})"
+    return " ".join(text.split())
 
 
 def run_cli(prog: str, body: Callable[[], int]) -> int:
