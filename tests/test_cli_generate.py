@@ -5,10 +5,12 @@ names the flag and the fix, and comes before the model loads; --stats is readabl
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import pytest
 
-from cli_helpers import run_cli
+from cli_helpers import cli_env, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +47,14 @@ def _one_line_error(r, prog: str) -> str:
 
 @pytest.mark.parametrize("module", ["dart_generate", "dart_bench"])
 def test_help_lists_every_registered_tree_builder(module):
-    from dartcore.builders import tree_builders
-
+    # the registry as a fresh process sees it (tests register private builders in this one)
+    listed = subprocess.run([sys.executable, "-c", "from dartcore.builders import tree_builders; "
+                             "print(' '.join(tree_builders()))"], capture_output=True, text=True, env=cli_env(),
+                            check=True)
+    names = listed.stdout.split()
     r = run_cli(module, "--help")
     assert r.returncode == 0
     text = " ".join(r.stdout.split())  # argparse wraps lines
-    names = tree_builders()
     assert {"dart", "dart+ctx", "dart+ngram"} <= set(names)
     for name in names:
         assert re.search(rf"(?<![\w+-]){re.escape(name)}(?![\w+-])", text), name

@@ -15,6 +15,7 @@ from dartcore.errors import DartError, IndexFormatError, TokenizerMismatchError
 __all__ = [
     "UsageError",
     "MissingFileError",
+    "ArgumentParser",
     "HelpFormatter",
     "closest",
     "check_choice",
@@ -35,6 +36,13 @@ class UsageError(DartError, ValueError):
 
 class MissingFileError(DartError, FileNotFoundError):
     """A file or directory named on the command line does not exist."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, whose errors are one line (no usage block) naming --help."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

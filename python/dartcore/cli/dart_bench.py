@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from dartcore.cli._common import (
+    ArgumentParser,
     HelpFormatter,
     UsageError,
     check_choice,
@@ -36,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     from dartcore.benchmark.runner import DEFAULT_METHODS, HF_METHODS
     from dartcore.builders import tree_builders
 
-    p = argparse.ArgumentParser(prog="dart-bench", description=__doc__, formatter_class=HelpFormatter)
+    p = ArgumentParser(prog="dart-bench", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--target", default="smollm2", help="target model: built-in name, HF model directory or .gguf")
     p.add_argument("--drafter", default="smollm2", help="drafter directory (dart-train's drafter/) or built-in name")
     p.add_argument("--index", help="n-gram index built with the target's tokenizer (ngram-build); "

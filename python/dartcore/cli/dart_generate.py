@@ -18,6 +18,7 @@ import json
 import sys
 
 from dartcore.cli._common import (
+    ArgumentParser,
     HelpFormatter,
     UsageError,
     check_drafter,
@@ -47,7 +48,7 @@ def _tree_param(text: str) -> tuple[str, object]:
 def _parser() -> argparse.ArgumentParser:
     from dartcore.builders import tree_builders
 
-    p = argparse.ArgumentParser(prog="dart-generate", description=__doc__, formatter_class=HelpFormatter)
+    p = ArgumentParser(prog="dart-generate", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("prompt", nargs="?", help="prompt text (default: read stdin)")
     p.add_argument("--target", default="smollm2", help="target model: built-in name, HF model directory or .gguf")
     p.add_argument("--drafter", default="smollm2", help="drafter directory (dart-train's drafter/) or built-in name")

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from dartcore.cli._common import (
+    ArgumentParser,
     HelpFormatter,
     MissingFileError,
     UsageError,
@@ -40,7 +41,7 @@ STEP_TIMES = ("Expected time per 100 steps with the default batch on a 2-vCPU ma
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dart-train", description=__doc__, formatter_class=HelpFormatter)
+    p = ArgumentParser(prog="dart-train", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--target", required=True, help="built-in name (smollm2), HF model directory or .gguf")
     p.add_argument("--data", nargs="+", required=True,
                    help="training files / directories (chat or instruction JSON/JSONL, Dolma, plain text)")
