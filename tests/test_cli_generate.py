@@ -64,7 +64,7 @@ def test_help_shows_defaults():
     r = run_cli("dart_generate", "--help")
     text = " ".join(r.stdout.split())
     assert "stop after this many new tokens (default: 256)" in text
-    assert "(default: dart)" in text and "greedy (default: 0.0)" in text
+    assert "(default: dart)" in text and "(default: 0, greedy)" in text
     r = run_cli("dart_bench", "--help")
     text = " ".join(r.stdout.split())
     for flag, default in (("--n", "5"), ("--temperatures", "0,1"), ("--max-new-tokens", "128"),

@@ -1,4 +1,5 @@
-"""What dart-generate, dart-bench and dart-train share: help that shows defaults, checks of
+"""What dart-generate, dart-bench and dart-train share (the help formatter is the build
+CLIs', :mod:`dartcore.cli._help`): checks of
 arguments and files that run before a model loads (loading SmolLM2 costs ~4 s, a wrong
 path should not), and one-line errors that name the flag and the fix."""
 
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterable
 
+from dartcore.cli._help import HelpFormatter
 from dartcore.errors import DartError, IndexFormatError, TokenizerMismatchError
 
 __all__ = [
@@ -43,19 +45,6 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Keeps the module docstring's layout and appends ``(default: X)`` to every option
-    whose help does not already say its default (None / False / [] defaults say nothing)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        default = action.default
-        if ("default" in text or default is None or default is False or default == argparse.SUPPRESS
-                or default in ([], "") or not action.option_strings):
-            return text
-        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
 
 
 def closest(word: str, choices: Iterable[str]) -> str:

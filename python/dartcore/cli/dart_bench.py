@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--temperatures", default="0,1", help="comma-separated sampling temperatures")
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt")
     p.add_argument("--repeats", type=int, default=1, help="runs per prompt; the median time is kept")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
     p.add_argument("--data-dir", help="shared data directory (default: $DARTCORE_DATA or ../shared/data)")
     p.add_argument("--max-nodes", type=int, help="tree budget for every tree method (default: the builder's)")
     p.add_argument("--threads", type=int, help="torch CPU threads")
@@ -63,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix-len", type=int, default=256, help="cached prefix of the verify-cost forwards")
     p.add_argument("--budgets", default="",
                    help="comma-separated node budgets at which to measure dart's T=0 tau on --budget-prompts "
-                        "prompts of the first dataset (feeds the budget choice), e.g. 4,8,16,24,32")
+                        "prompts of the first dataset (feeds the budget choice), e.g. 4,8,16,24,32 (default: none)")
     p.add_argument("--budget-prompts", type=int, default=3, help="prompts per budget of --budgets")
     p.add_argument("--out", default="artifacts/bench", help="output directory (bench.json, bench.md, PNG plots)")
     p.add_argument("--json", action="store_true", help="print the JSON result on stdout")
