@@ -5,7 +5,7 @@
 //! |----------------------------------------|-----------------------------|
 //! | `dart_ngram::Error::NotFound`          | `FileNotFoundError`         |
 //! | `dart_ngram::Error::Io`                | `OSError`                   |
-//! | `dart_ngram::Error::Format`            | `dartcore.IndexFormatError` |
+//! | `dart_ngram::Error::Format`, `Trie`    | `dartcore.IndexFormatError` |
 //! | `dart_ngram::Error::Run`               | `dartcore.IndexBuildError`  |
 //! | `TokenOutOfRange`, `InvalidOption`     | `ValueError`                |
 //! | anything else                          | `dartcore.DartError`        |
@@ -31,7 +31,7 @@ pub(crate) fn ngram(e: dart_ngram::Error) -> PyErr {
     match e {
         E::NotFound { path } => PyFileNotFoundError::new_err((2, msg, path.display().to_string())),
         E::Io { .. } => PyOSError::new_err(msg),
-        E::Format(_) => dart_error("IndexFormatError", msg),
+        E::Format(_) | E::Trie { .. } => dart_error("IndexFormatError", msg),
         E::Run { .. } => dart_error("IndexBuildError", msg),
         E::TokenOutOfRange { .. } | E::InvalidOption(_) => PyValueError::new_err(msg),
         _ => dart_error("DartError", msg),

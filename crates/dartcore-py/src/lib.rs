@@ -4,6 +4,7 @@
 use pyo3::prelude::*;
 
 mod arrays;
+mod dart_trie;
 mod errors;
 mod index;
 mod linear;
@@ -17,5 +18,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tree::register(m)?;
     linear::register(m)?;
     ops::register(m)?;
+    dart_trie::register(m)?;
     Ok(())
 }

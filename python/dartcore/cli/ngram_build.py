@@ -773,6 +773,7 @@ def _build_parser(prog: str = "ngram-build") -> argparse.ArgumentParser:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_input_args(ap)
+    ap.add_argument("--from-dart-trie", type=Path, help="convert this DART .trie instead of counting a corpus")
     _add_resource_args(ap)
     g = ap.add_argument_group("output")
     g.add_argument("-o", "--output", required=True, type=Path, help="index file to write")
@@ -892,6 +893,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"wrote {args.output}: " + ", ".join(f"{k}={v}" for k, v in summary.items()))
             return 0
         args = _build_parser().parse_args(argv)
+        if args.from_dart_trie is not None:  # python/dartcore/dart_trie.py
+            from dartcore.dart_trie import main_from_args
+            return main_from_args(args)
         output = args.output.expanduser()
         work_dir = args.work_dir or output.with_name(output.name + ".work")
         opts = _map_options(args, work_dir, args.resume)
