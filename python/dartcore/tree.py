@@ -232,7 +232,7 @@ def _tail(context: Any) -> np.ndarray:
 
 
 def _params(beam_width, max_nodes, level_decay, ngram_weight, depth_exponent, eps, ngram_first_level,
-            unigram_backoff, eos_token_ids) -> dict[str, Any]:
+            unigram_backoff, eos_token_ids, candidates: str = "beam") -> dict[str, Any]:
     for name, v in (("beam_width", beam_width), ("max_nodes", max_nodes)):
         if int(v) < 0:
             raise TreeError(f"{name} must be positive, got {v}")
@@ -240,14 +240,14 @@ def _params(beam_width, max_nodes, level_decay, ngram_weight, depth_exponent, ep
         "beam_width": int(beam_width), "max_nodes": int(max_nodes), "level_decay": float(level_decay),
         "ngram_weight": float(ngram_weight), "depth_exponent": float(depth_exponent), "eps": float(eps),
         "ngram_first_level": bool(ngram_first_level), "unigram_backoff": bool(unigram_backoff),
-        "eos_token_ids": [int(t) for t in (eos_token_ids or ())],
+        "eos_token_ids": [int(t) for t in (eos_token_ids or ())], "candidates": str(candidates),
     }
 
 
 def beam_search(index: Any, context: Any, topk_tokens: Any, topk_logprobs: Any, *, beam_width: int = 20,
                 max_nodes: int = 59, level_decay: float = 0.9, ngram_weight: float = 0.5,
                 depth_exponent: float = 0.7, eps: float = 1e-10, ngram_first_level: bool = True,
-                unigram_backoff: bool = True, eos_token_ids: Sequence[int] = ()) -> Tree:
+                unigram_backoff: bool = True, eos_token_ids: Sequence[int] = (), candidates: str = "beam") -> Tree:
     """DART's Eq. (10) beam search; the tree has at most ``max_nodes`` nodes plus the root.
 
     ``context``: committed tokens (at least one; the last is the root, the last two the
@@ -263,9 +263,10 @@ def beam_search(index: Any, context: Any, topk_tokens: Any, topk_logprobs: Any, 
     Each level expands the ``beam_width`` best non-EOS candidates by row l; every expanded
     node is a candidate and the tree is picked best-first (ancestor-closed by construction).
     ``index=None`` is allowed only with ``ngram_weight=0`` (the drafter-only tree);
-    ``beam_width=1`` gives a chain."""
+    ``beam_width=1`` gives a chain. ``candidates="all"``: every expansion of every level is a
+    candidate of the tree, not only each level's best ``beam_width`` (the paper's set)."""
     params = _params(beam_width, max_nodes, level_decay, ngram_weight, depth_exponent, eps, ngram_first_level,
-                     unigram_backoff, eos_token_ids)
+                     unigram_backoff, eos_token_ids, candidates)
     arrays = _native.beam_search(_native_index(index), _tail(context), _ids(topk_tokens, 2, "topk_tokens"),
                                  _logprobs(topk_logprobs, 2, "topk_logprobs"), params)
     return _built(arrays)
@@ -274,13 +275,14 @@ def beam_search(index: Any, context: Any, topk_tokens: Any, topk_logprobs: Any, 
 def beam_search_batch(index: Any, contexts: Any, topk_tokens: Any, topk_logprobs: Any, *, beam_width: int = 20,
                       max_nodes: int = 59, level_decay: float = 0.9, ngram_weight: float = 0.5,
                       depth_exponent: float = 0.7, eps: float = 1e-10, ngram_first_level: bool = True,
-                      unigram_backoff: bool = True, eos_token_ids: Sequence[int] = ()) -> list[Tree]:
+                      unigram_backoff: bool = True, eos_token_ids: Sequence[int] = (),
+                      candidates: str = "beam") -> list[Tree]:
     """:func:`beam_search` for B sequences at once on dartcore's thread pool
     (``dartcore.index.set_num_threads`` / ``DART_NUM_THREADS``): ``contexts`` is a [B, L]
     array or a sequence of B 1-D token sequences (any lengths ≥ 1); ``topk_tokens`` /
     ``topk_logprobs`` are [B, d, k]. Returns B trees, equal to B single calls."""
     params = _params(beam_width, max_nodes, level_decay, ngram_weight, depth_exponent, eps, ngram_first_level,
-                     unigram_backoff, eos_token_ids)
+                     unigram_backoff, eos_token_ids, candidates)
     tails = [_tail(c) for c in contexts]
     offsets = np.zeros(len(tails) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([t.shape[0] for t in tails])
