@@ -66,3 +66,22 @@ def test_other_target_is_a_mismatch(tiny, what, kw):
     target = tiny_model("qwen3", **{"vocab_size": 512, "hidden": 64, "layers": 6, **kw})
     with pytest.raises(DrafterMismatchError, match=what):
         DartDrafter.from_pretrained(path, target)
+
+
+def test_decodes_losslessly_with_the_target(tiny):
+    """The converted drafter passes the decoder's target check and drafts real trees: the
+    output is the target's greedy output."""
+    from dartcore import DartDecoder
+    from test_decoder import CharTokenizer
+
+    path, ref = tiny
+    target = _target(ref)
+    drafter = DartDrafter.from_pretrained(path, target)
+    prompt = [1, 5, 9, 3, 7, 11]
+    dec = DartDecoder(target, CharTokenizer(), drafter, None, tree="dart-no-ngram", max_nodes=6)
+    out = dec.generate(prompt, max_new_tokens=24)
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        greedy = target.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert list(out.tokens) == greedy[0, len(prompt):len(prompt) + len(out.tokens)].tolist()
+    assert len(out.tokens) > 0

@@ -81,6 +81,12 @@ class OfficialDartDrafter(DartDrafter):
         # the name mask_emb so the native draft's cache of the MASK inputs tracks them.
         self.mask_emb = nn.Parameter(torch.zeros(masks, 2 * H))
         self.lm_head.register_forward_pre_hook(self._renorm)
+        # The released layer is a Llama layer for every target: no q/k norm even where the
+        # config names the target's family (Qwen3), as the decoder's drafter check wants.
+        self.layer.qk_norm = False
+        for name in ("q_norm", "k_norm"):
+            if hasattr(self.layer, name):
+                delattr(self.layer, name)
 
     def _renorm(self, _module, args):
         return (self.norm(args[0]),)
@@ -113,7 +119,9 @@ def _config(raw: dict, target_model, path: Path) -> DrafterConfig:
     L = tc.num_hidden_layers
     return DrafterConfig(
         target_name=getattr(tc, "name_or_path", None) or None,
-        family="llama",  # the released drafters' layer is a Llama layer, whatever the target
+        # the target's family, which the decoder checks; the layer itself is a Llama layer
+        # whatever the target (OfficialDartDrafter drops the q/k norm a Qwen3 layer has)
+        family=getattr(tc, "model_type", None) if getattr(tc, "model_type", None) in ("llama", "qwen3") else "llama",
         num_target_layers=L,
         hidden_size=H,
         vocab_size=int(raw["vocab_size"]),
