@@ -196,7 +196,7 @@ struct Scratch {
     sub_cols: Vec<u32>,
     top: TopW,
     /// [`Candidates::All`]: the best `max_nodes` path minima of the candidates so far.
-    tree_top: TopW,
+    tree_top: BestOf,
     popped: Vec<u32>,
     heap: BinaryHeap<HeapKey>,
     child_tokens: Vec<u32>,
@@ -269,6 +269,38 @@ impl TopW {
             f64::NEG_INFINITY
         } else {
             self.0.last().map_or(f64::NEG_INFINITY, |m| from_total_key(m.0))
+        }
+    }
+}
+
+/// The best `n` of a stream of score keys, for the θ-th best path minimum of
+/// [`Candidates::All`]: a min-heap of at most `n` keys. (A sorted array like [`TopW`] shifts
+/// ~θ/2 entries per insertion with θ = 59, and all-candidates searches insert hundreds.)
+#[derive(Default)]
+struct BestOf(BinaryHeap<std::cmp::Reverse<u64>>);
+
+impl BestOf {
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+    /// Would key `x` enter the best `n` (ties lose)?
+    #[inline]
+    fn admits(&self, x: u64, n: usize) -> bool {
+        self.0.len() < n || self.0.peek().is_some_and(|m| x > m.0)
+    }
+    #[inline]
+    fn insert(&mut self, x: u64, n: usize) {
+        if self.0.len() >= n {
+            self.0.pop();
+        }
+        self.0.push(std::cmp::Reverse(x));
+    }
+    /// The n-th best score so far, −inf while fewer than n were seen.
+    #[inline]
+    fn floor(&self, n: usize) -> f64 {
+        match self.0.peek() {
+            Some(m) if self.0.len() >= n => from_total_key(m.0),
+            _ => f64::NEG_INFINITY,
         }
     }
 }
@@ -629,7 +661,7 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
                             let pmin = if parent == NONE { score } else { s.cands[parent as usize].path_min.min(score) };
                             let pkey = total_key(pmin);
                             if s.tree_top.admits(pkey, params.max_nodes) {
-                                s.tree_top.insert(pkey, idx, params.max_nodes);
+                                s.tree_top.insert(pkey, params.max_nodes);
                             }
                             s.push_cand(score, row_tokens[s.valid[vi] as usize], ctx[1], parent, l);
                             let c = s.cands.last_mut().expect("just pushed");
@@ -648,6 +680,15 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
         keep_top(s, params);
         if s.beam.is_empty() {
             break;
+        }
+    }
+    if all {
+        // A candidate whose score is below the final θ-th best path minimum M is never
+        // selected (θ candidates, ancestors included, beat it), so the traversal need not
+        // push it: the paper's set stores ~3x the beam set's candidates, most of them such.
+        let m = s.tree_top.floor(params.max_nodes);
+        for c in s.cands.iter_mut() {
+            c.kept = c.score >= m;
         }
     }
     Ok(select_tree(s, root, params.max_nodes))
