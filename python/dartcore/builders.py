@@ -355,7 +355,18 @@ def _split(params: dict[str, Any], known: set[str]) -> tuple[dict[str, Any], dic
 _BEAM_KEYS = {"beam_width", "max_nodes", "k", "level_decay", "ngram_weight"}
 
 
+# Eq. (10)'s candidate set of the `dart` builder (dartcore.tree.beam_search): "beam" (each
+# level's best w expansions) or "all" (every expansion, the paper's). "beam" by measurement:
+# search CPU p50 99 vs 115 us for "all" (tools/bench_tree.py rows, d=8, k=25, w=20, theta=59,
+# 3 interleaved runs), and no tau gained by "all": tools/sim_tau.py on the demo index, one
+# greedy output (48 tokens) per eval set, humaneval / gsm8k / code_alpaca tau at the CPU budget
+# (4 nodes) 1.808 / 1.741 / 1.722 for both; at theta = 59 beam 2.238 / 2.474 / 2.818, all
+# 2.238 / 2.474 / 2.583.
+DART_CANDIDATES = "beam"
+
+
 def _dart(**params) -> BeamBuilder:
+    params.setdefault("candidates", DART_CANDIDATES)
     own, rest = _split(params, _BEAM_KEYS)
     return BeamBuilder(**own, search_params=rest)
 
