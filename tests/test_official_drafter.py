@@ -31,24 +31,40 @@ def _target(ref, **kw):
     return target
 
 
-@pytest.mark.parametrize("native", [False, True])
-def test_logits_equal_official(tiny, native):
+def _torch_product(w, b):
+    return lambda x: torch.nn.functional.linear(x, w, b)
+
+
+@pytest.mark.parametrize("path_kind", ["torch", "native-ops", "native"])
+def test_logits_equal_official(tiny, path_kind):
+    """The official logits from the drafter's torch path, from the decoder's native CPU draft
+    step (NativeDraft: the native layer ops with torch products, on any CPU) and with the
+    native kernel's products too (where the kernel runs)."""
+    from dartcore.kernels.linear import native_linear_available
+    from dartcore.kernels.native_draft import NativeDraft
+
     path, ref = tiny
     assert is_official_checkpoint(path)
     drafter = DartDrafter.from_pretrained(path, _target(ref))
     assert isinstance(drafter, OfficialDartDrafter)
     assert drafter.d == 8
-    if native and not drafter.use_native_ops():
-        pytest.skip("the native drafting ops need a CPU with AVX-512F")
+    if path_kind == "native" and not native_linear_available():
+        pytest.skip("the native small-batch kernel does not run on this CPU")
+    if path_kind == "torch":
+        step = drafter
+    elif path_kind == "native-ops":
+        step = NativeDraft(drafter, threads=1, product=_torch_product)
+    else:
+        step = NativeDraft.adopt(drafter, threads=1)
     taps, ids = ref["aux_hidden_states"][0], ref["input_ids"][0]
-    logits = drafter.draft(drafter.new_state(64), taps, ids)
+    logits = step.draft(drafter.new_state(64), taps, ids)
     torch.testing.assert_close(logits, ref["logits"][0], atol=1e-5, rtol=0)
-    # in two steps through the drafter's KV state: the same drafts
+    # in two steps through the drafter's KV state (the second, 5 rows, a native block): the same drafts
     state = drafter.new_state(64)
-    drafter.draft(state, taps[:6], ids[:6])
-    torch.testing.assert_close(drafter.draft(state, taps[6:], ids[6:]), ref["logits"][0], atol=1e-5, rtol=0)
+    step.draft(state, taps[:6], ids[:6])
+    torch.testing.assert_close(step.draft(state, taps[6:], ids[6:]), ref["logits"][0], atol=1e-5, rtol=0)
     # fewer rows: the first rows of the full draft
-    torch.testing.assert_close(drafter.draft(drafter.new_state(64), taps, ids, rows=3), ref["logits"][0, :3],
+    torch.testing.assert_close(step.draft(drafter.new_state(64), taps, ids, rows=3), ref["logits"][0, :3],
                                atol=1e-5, rtol=0)
 
 
