@@ -399,7 +399,8 @@ def test_search_params_defaults_are_the_papers_and_round_trip_to_rust(corpus_ind
     p = T.SearchParams()
     paper = {k: v.default for k, v in inspect.signature(brute_eq10).parameters.items()
              if v.default is not inspect.Parameter.empty}
-    assert {f: getattr(p, f) for f in T.SearchParams.fields()} == {**paper, "eos_token_ids": ()}
+    # candidates: brute_eq10 is the "beam" set; "all" has its own brute force (test_candidates.py)
+    assert {f: getattr(p, f) for f in T.SearchParams.fields()} == {**paper, "eos_token_ids": (), "candidates": "beam"}
     assert set(_native.search_defaults()) | {"eos_token_ids"} == T.SearchParams.fields()
     assert set(p.native()) == T.SearchParams.fields()
     docs, index = corpus_index
@@ -409,9 +410,9 @@ def test_search_params_defaults_are_the_papers_and_round_trip_to_rust(corpus_ind
     context = [3, 1]
     odd = T.SearchParams(beam_width=3, max_nodes=9, level_decay=0.6, ngram_weight=1.3, depth_exponent=1.1, eps=1e-4,
                          ngram_first_level=False, unigram_backoff=False, eos_token_ids=(int(toks[0, 0]),))
-    assert all(getattr(odd, f) != getattr(p, f) for f in T.SearchParams.fields())
+    assert all(getattr(odd, f) != getattr(p, f) for f in T.SearchParams.fields() - {"candidates"})
     got = tree_dict(T.beam_search(index, context, toks, lps, odd))
-    want = brute_eq10(counts, context, toks, lps, **{f: getattr(odd, f) for f in T.SearchParams.fields()})
+    want = brute_eq10(counts, context, toks, lps, **{f: getattr(odd, f) for f in T.SearchParams.fields() - {"candidates"}})
     assert set(got) == set(want)
     for path, s in want.items():
         assert got[path] == pytest.approx(s, rel=1e-9, abs=1e-12)

@@ -64,15 +64,16 @@ def convert_dart_trie(trie, output, *, tokenizer: str = "qwen3", memory: int = 8
     bounds the token ids; the index records it as an ngram-build index does). Returns the
     build summary plus the trie's node counts, wall time and peak RSS."""
     from dartcore import __version__, _native
-    from dartcore.cli.ngram_build import _check_writable_output, _peak_rss_bytes, _rss_bytes
+    from dartcore.build.inputs import check_not_an_input, check_output
+    from dartcore.build.map import _rss_bytes
+    from dartcore.build.reduce import peak_rss_bytes
     from dartcore.tokenizers import load_tokenizer
 
     trie, output = Path(trie).expanduser(), Path(output).expanduser()
     if not trie.is_file():
         raise FileNotFoundError(2, f"no DART .trie at {trie} (--from-dart-trie)", str(trie))
-    if output.exists() and output.resolve() == trie.resolve():
-        raise IndexBuildError(f"--output {output} is the input trie: write the index to another file")
-    _check_writable_output(output)
+    check_output(output)
+    check_not_an_input(output, [trie])  # also through a symlink or a hard link
     t0 = time.monotonic()
     tok = load_tokenizer(tokenizer)
     metadata = {
@@ -93,7 +94,7 @@ def convert_dart_trie(trie, output, *, tokenizer: str = "qwen3", memory: int = 8
     finally:
         bar.close()
     summary["wall_s"] = time.monotonic() - t0
-    summary["peak_rss_bytes"] = _peak_rss_bytes()
+    summary["peak_rss_bytes"] = peak_rss_bytes()
     summary["memory_limit_bytes"] = int(memory)
     summary["nodes"] = summary["unigram_nodes"] + summary["bigram_nodes"] + summary["trigram_nodes"]
     return summary

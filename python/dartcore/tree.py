@@ -320,7 +320,7 @@ class SearchParams:
         eos = () if eos is None else ((eos,) if isinstance(eos, (int, np.integer)) else tuple(eos))
         put(self, "eos_token_ids", tuple(_int_arg("eos_token_ids", t, 0, 2**63 - 1) for t in eos))
         if self.candidates not in CANDIDATE_SETS:
-            raise TreeError(f"candidates must be one of {CANDIDATE_SETS}, got {self.candidates!r}")
+            raise TreeError(f"candidates must be 'beam' or 'all', got {self.candidates!r}")
 
     @classmethod
     def fields(cls) -> frozenset[str]:
