@@ -418,7 +418,7 @@ def test_search_params_defaults_are_the_papers_and_round_trip_to_rust(corpus_ind
         assert got[path] == pytest.approx(s, rel=1e-9, abs=1e-12)
     # keyword overrides on top of a params object
     assert tree_dict(T.beam_search(index, context, toks, lps, odd, max_nodes=2)).keys() == \
-        brute_eq10(counts, context, toks, lps, **{**{f: getattr(odd, f) for f in T.SearchParams.fields()},
+        brute_eq10(counts, context, toks, lps, **{**{f: getattr(odd, f) for f in T.SearchParams.fields() - {"candidates"}},
                                                    "max_nodes": 2}).keys()
 
 
