@@ -29,7 +29,11 @@
 //! Two instruction sets ([`Isa`]), chosen at run time: AVX-512F (16 lanes), else AVX2 + FMA +
 //! F16C (8 lanes; AMD Zen 1-3, most Intel client chips), the same kernel over a lane-width
 //! trait (`simd`). Their results differ within float32 rounding (different chains); each is
-//! deterministic. Elsewhere ([`available`] false) callers use their framework's GEMM.
+//! deterministic. Elsewhere ([`available`] false) callers use their framework's GEMM. With
+//! AVX2 on the 2-vCPU AMD EPYC (Zen 3) box, shared and loaded, SmolLM2's 30 layers + LM head
+//! (134 M weights) from Python, one thread, median of 7: here 72.9 / 77.0 / 113 / 123 / 272 ms
+//! for 1 / 2 / 5 / 8 / 16 rows; MKL on the same row-major weights 78.9 / 158 / 232 / 254 /
+//! 306, on column-major ones (its best layout) 60.9 / 98.3 / 223 / 248 / 287.
 
 pub mod ops;
 #[cfg(target_arch = "x86_64")]
