@@ -5,18 +5,75 @@ and its narrow weight formats (exactly the results of the float32 values)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from conftest import tiny_model
-from dartcore.kernels.linear import (MAX_ROWS, NativeWeight, exact_narrow, native_linear_available, native_linears_,
-                                     native_rows, small_linear)
+from dartcore.kernels.linear import (MAX_ROWS, NativeWeight, exact_narrow, native_linear_available, native_linear_isa,
+                                     native_linears_, native_rows, small_linear)
 
 torch.set_num_threads(1)
 
-native = pytest.mark.skipif(not native_linear_available(), reason="the native kernel needs AVX-512F")
+native = pytest.mark.skipif(not native_linear_available(), reason="the native kernel needs AVX-512F or AVX2 + FMA + F16C")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+def _isa_in_subprocess(env_isa: str, code: str) -> str:
+    """The stdout of ``code`` run in a fresh interpreter with DARTCORE_LINEAR_ISA=env_isa (the
+    instruction set is chosen once per process)."""
+    env = {**os.environ, "DARTCORE_LINEAR_ISA": env_isa, "PYTHONPATH": str(REPO / "python")}
+    env.pop("DARTCORE_NATIVE_LINEAR", None)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="reads the CPU's flags from /proc/cpuinfo")
+def test_the_isa_in_use_is_the_widest_this_cpu_has():
+    flags = _cpu_flags()
+    if "DARTCORE_LINEAR_ISA" in os.environ or os.environ.get("DARTCORE_NATIVE_LINEAR") == "0":
+        pytest.skip("the instruction set is forced from the environment")
+    from dartcore import _native
+
+    want = "avx512" if "avx512f" in flags else "avx2" if {"avx2", "fma", "f16c"} <= flags else None
+    assert _native.linear_isa() == want == native_linear_isa()
+    assert native_linear_available() == (want is not None)
+
+
+@native
+def test_each_isa_can_be_forced_and_the_products_stay_float64_close():
+    flags = _cpu_flags()
+    code = ("import torch, torch.nn.functional as F\n"
+            "from dartcore.kernels.linear import native_linear_isa, native_rows\n"
+            "g = torch.Generator().manual_seed(4)\n"
+            "w, b, x = torch.randn(960, 576, generator=g), torch.randn(960, generator=g), torch.randn(16, 576, generator=g)\n"
+            "ref = F.linear(x.double(), w.double(), b.double())\n"
+            "tol = 1e-5 * (1 + ref.abs().max().item())\n"
+            "ok = native_linear_isa() is None or all(torch.allclose(native_rows(x[:m], w, b).double(), ref[:m],"
+            " atol=tol, rtol=0)"
+            " and torch.equal(native_rows(x[:m], w, b)[0], native_rows(x[:1], w, b)[0]) for m in range(1, 17))\n"
+            "print(native_linear_isa(), ok)")
+    assert _isa_in_subprocess("none", code) == "None True"
+    for isa, needs in (("avx2", {"avx2", "fma", "f16c"}), ("avx512", {"avx512f"})):
+        if needs <= flags:
+            assert _isa_in_subprocess(isa, code) == f"{isa} True"
 
 
 @native

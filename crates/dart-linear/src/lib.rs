@@ -22,19 +22,27 @@
 //! gives bit for bit its f32 results while half the bytes stream.
 //!
 //! Every output element is computed by the same instructions whatever the number of rows and
-//! however the weight rows are split between threads: sixteen lane-wise fused multiply-add
-//! chains over `k` in order, a fixed reduction tree, then the bias. So a row's result does not
+//! however the weight rows are split between threads: L lane-wise fused multiply-add chains
+//! over `k` in order, a fixed reduction tree, then the bias. So a row's result does not
 //! depend on the other rows of the call (bit for bit).
 //!
-//! The kernel needs AVX-512F ([`available`]); elsewhere callers use their framework's GEMM.
+//! Two instruction sets ([`Isa`]), chosen at run time: AVX-512F (16 lanes), else AVX2 + FMA +
+//! F16C (8 lanes; AMD Zen 1-3, most Intel client chips), the same kernel over a lane-width
+//! trait (`simd`). Their results differ within float32 rounding (different chains); each is
+//! deterministic. Elsewhere ([`available`] false) callers use their framework's GEMM. With
+//! AVX2 on the 2-vCPU AMD EPYC (Zen 3) box, shared and loaded, SmolLM2's 30 layers + LM head
+//! (134 M weights) from Python, one thread, median of 7: here 72.9 / 77.0 / 113 / 123 / 272 ms
+//! for 1 / 2 / 5 / 8 / 16 rows; MKL on the same row-major weights 78.9 / 158 / 232 / 254 /
+//! 306, on column-major ones (its best layout) 60.9 / 98.3 / 223 / 248 / 287.
 
 pub mod ops;
+#[cfg(target_arch = "x86_64")]
+mod simd;
 mod team;
 
 pub use team::Team;
 
-/// Most rows per call (the accumulators of one weight row per row of x, plus the weight and
-/// x vectors, fit the 32 vector registers).
+/// Most rows per call.
 pub const MAX_ROWS: usize = 16;
 
 /// Why a call was refused.
@@ -49,16 +57,69 @@ impl std::fmt::Display for ShapeError {
 
 impl std::error::Error for ShapeError {}
 
-/// Whether this CPU runs the kernel (AVX-512F with FMA).
+/// An instruction set the kernels run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// AVX-512F with FMA: 16 f32 lanes, 32 registers.
+    Avx512,
+    /// AVX2 with FMA and F16C: 8 f32 lanes, 16 registers.
+    Avx2,
+}
+
+impl Isa {
+    /// `"avx512"` or `"avx2"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Avx512 => "avx512",
+            Isa::Avx2 => "avx2",
+        }
+    }
+
+    /// Whether this CPU runs it.
+    pub fn supported(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            match self {
+                Isa::Avx512 => has!("avx512f") && has!("fma"),
+                Isa::Avx2 => has!("avx2") && has!("fma") && has!("f16c"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
+    /// The instruction sets this CPU runs, widest first (tests run each).
+    pub fn supported_here() -> Vec<Isa> {
+        [Isa::Avx512, Isa::Avx2].into_iter().filter(|i| i.supported()).collect()
+    }
+}
+
+/// The environment variable that picks the instruction set (read once, at first use):
+/// `avx512` or `avx2` (where the CPU runs it; else none), `none`; unset or anything else: the
+/// widest this CPU runs. Forcing `avx2` on an AVX-512 machine tests and measures that path.
+pub const ISA_ENV: &str = "DARTCORE_LINEAR_ISA";
+
+/// The instruction set the kernels use: [`ISA_ENV`] if set, else AVX-512F, else AVX2 + FMA +
+/// F16C, else None (the kernels do not run here).
+pub fn isa() -> Option<Isa> {
+    static CHOSEN: std::sync::OnceLock<Option<Isa>> = std::sync::OnceLock::new();
+    *CHOSEN.get_or_init(|| {
+        let want = std::env::var(ISA_ENV).unwrap_or_default();
+        match want.trim().to_ascii_lowercase().as_str() {
+            "avx512" => Some(Isa::Avx512).filter(|i| i.supported()),
+            "avx2" => Some(Isa::Avx2).filter(|i| i.supported()),
+            "none" => None,
+            _ => Isa::supported_here().first().copied(),
+        }
+    })
+}
+
+/// Whether this CPU runs the kernels ([`isa`] is not None).
 pub fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    isa().is_some()
 }
 
 /// A weight matrix `[n, k]` (row-major) in one of the storage formats the kernel reads. Each
@@ -111,16 +172,36 @@ pub fn linear<'w>(
     out: &mut [f32],
     threads: usize,
 ) -> Result<(), ShapeError> {
+    let Some(isa) = isa() else {
+        return Err(ShapeError("this CPU has neither AVX-512F nor AVX2 + FMA + F16C (or DARTCORE_LINEAR_ISA turned them off): use the framework's GEMM".into()));
+    };
+    linear_on(isa, x, rows, k, w, n, bias, out, threads)
+}
+
+/// [`linear`] with a given instruction set (an error where the CPU does not run it): tests and
+/// benchmarks of each path on one machine.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_on<'w>(
+    isa: Isa,
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    w: impl Into<Weights<'w>>,
+    n: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    threads: usize,
+) -> Result<(), ShapeError> {
     let w = w.into();
     check(x, rows, k, w.len(), n, bias, out)?;
-    if !available() {
-        return Err(ShapeError("this CPU has no AVX-512F: use the framework's GEMM".into()));
+    if !isa.supported() {
+        return Err(ShapeError(format!("this CPU does not run {}: use the framework's GEMM", isa.name())));
     }
     if rows == 0 || n == 0 {
         return Ok(());
     }
     if threads <= 1 || n <= BLOCK {
-        run_part(x, rows, k, w, n, bias, OutPart::new(out), 0, n);
+        run_part(isa, x, rows, k, w, n, bias, OutPart::new(out), 0, n);
         return Ok(());
     }
     // Whole blocks of weight rows per thread, so that each thread's prefetches stay in its
@@ -131,7 +212,7 @@ pub fn linear<'w>(
     team.run(&|t| {
         let (n0, n1) = (t * per, ((t + 1) * per).min(n));
         if n0 < n1 {
-            run_part(x, rows, k, w, n, bias, part.clone(), n0, n1);
+            run_part(isa, x, rows, k, w, n, bias, part.clone(), n0, n1);
         }
     });
     Ok(())
@@ -180,11 +261,21 @@ impl OutPart {
     }
 }
 
+/// One instruction set's tile: rows of `x` (M) and weight rows per block (R).
+macro_rules! tiles {
+    ($rows:expr, $go:ident, $($m:literal => $r:literal),+ $(,)?) => {
+        match $rows {
+            $($m => $go!($m, $r),)+
+            _ => unreachable!("checked: 1..=MAX_ROWS"),
+        }
+    };
+}
+
 #[allow(clippy::too_many_arguments)]
-fn run_part(x: &[f32], rows: usize, k: usize, w: Weights<'_>, n: usize, bias: Option<&[f32]>, out: OutPart, n0: usize, n1: usize) {
+fn run_part(isa: Isa, x: &[f32], rows: usize, k: usize, w: Weights<'_>, n: usize, bias: Option<&[f32]>, out: OutPart, n0: usize, n1: usize) {
     #[cfg(target_arch = "x86_64")]
     {
-        use avx512::{BF16, F16, F32};
+        use simd::{BF16, F16, F32};
         let fmt = match w {
             Weights::F32(_) => F32,
             Weights::F16(_) => F16,
@@ -192,250 +283,215 @@ fn run_part(x: &[f32], rows: usize, k: usize, w: Weights<'_>, n: usize, bias: Op
         };
         let wp = w.ptr();
         macro_rules! go {
-            ($m:literal, $r:literal) => {
-                // SAFETY: `available()` was checked by `linear`; shapes by `check` (`wp` holds
-                // n x k elements of the format); `out` covers rows x n and this call writes
-                // columns n0..n1 only.
+            ($entry:ident, $m:literal, $r:literal) => {
+                // SAFETY: the CPU runs `isa` (checked by `linear_on`); shapes by `check` (`wp`
+                // holds n x k elements of the format); `out` covers rows x n and this call
+                // writes columns n0..n1 only.
                 match fmt {
-                    F32 => unsafe { avx512::kernel::<$m, $r, F32>(x, k, wp, n, bias, out.ptr, out.len, n0, n1) },
-                    F16 => unsafe { avx512::kernel::<$m, $r, F16>(x, k, wp, n, bias, out.ptr, out.len, n0, n1) },
-                    _ => unsafe { avx512::kernel::<$m, $r, BF16>(x, k, wp, n, bias, out.ptr, out.len, n0, n1) },
+                    F32 => unsafe { $entry::<$m, $r, F32>(x, k, wp, n, bias, out.ptr, out.len, n0, n1) },
+                    F16 => unsafe { $entry::<$m, $r, F16>(x, k, wp, n, bias, out.ptr, out.len, n0, n1) },
+                    _ => unsafe { $entry::<$m, $r, BF16>(x, k, wp, n, bias, out.ptr, out.len, n0, n1) },
                 }
             };
         }
-        match rows {
-            1 => go!(1, 4),
-            2 => go!(2, 4),
-            3 => go!(3, 4),
-            4 => go!(4, 4),
-            5 => go!(5, 4),
-            6 => go!(6, 2),
-            7 => go!(7, 2),
-            8 => go!(8, 2),
-            9 => go!(9, 2),
-            10 => go!(10, 2),
-            11 => go!(11, 2),
-            12 => go!(12, 2),
-            13 => go!(13, 1),
-            14 => go!(14, 1),
-            15 => go!(15, 1),
-            16 => go!(16, 1),
-            _ => unreachable!("checked: 1..=MAX_ROWS"),
+        macro_rules! go512 {
+            ($m:literal, $r:literal) => {
+                go!(kernel512, $m, $r)
+            };
+        }
+        macro_rules! go256 {
+            ($m:literal, $r:literal) => {
+                go!(kernel256, $m, $r)
+            };
+        }
+        match isa {
+            // 32 registers: M x R accumulators + R weights + x.
+            Isa::Avx512 => tiles!(rows, go512,
+                1 => 4, 2 => 4, 3 => 4, 4 => 4, 5 => 4, 6 => 2, 7 => 2, 8 => 2,
+                9 => 2, 10 => 2, 11 => 2, 12 => 2, 13 => 1, 14 => 1, 15 => 1, 16 => 1),
+            // 16 registers: the same count within 16 (x is an FMA memory operand where
+            // registers run out; 15 and 16 rows spill an accumulator or two).
+            Isa::Avx2 => tiles!(rows, go256,
+                1 => 4, 2 => 4, 3 => 3, 4 => 2, 5 => 2, 6 => 2, 7 => 1, 8 => 1,
+                9 => 1, 10 => 1, 11 => 1, 12 => 1, 13 => 1, 14 => 1, 15 => 1, 16 => 1),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (x, rows, k, w, n, bias, out, n0, n1);
-        unreachable!("available() is false off x86_64");
+        let _ = (isa, x, rows, k, w, n, bias, out, n0, n1);
+        unreachable!("no instruction set is supported off x86_64");
     }
 }
 
+/// The kernel with AVX-512F (see [`kernel`]).
+///
+/// # Safety
+/// As [`kernel`], on a CPU with AVX-512F and FMA.
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod avx512 {
-    use std::arch::x86_64::*;
+#[target_feature(enable = "avx512f,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn kernel512<const M: usize, const R: usize, const FMT: u8>(x: &[f32], k: usize, w: *const u8, n: usize, bias: Option<&[f32]>, out: *mut f32, len: usize, n0: usize, n1: usize) {
+    // SAFETY: as for this function.
+    unsafe { kernel::<simd::Avx512, M, R, FMT>(x, k, w, n, bias, out, len, n0, n1) }
+}
 
-    /// Weight formats (the kernel's const parameter), see [`super::Weights`].
-    pub(super) const F32: u8 = 0;
-    pub(super) const F16: u8 = 1;
-    pub(super) const BF16: u8 = 2;
+/// The kernel with AVX2 (see [`kernel`]).
+///
+/// # Safety
+/// As [`kernel`], on a CPU with AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn kernel256<const M: usize, const R: usize, const FMT: u8>(x: &[f32], k: usize, w: *const u8, n: usize, bias: Option<&[f32]>, out: *mut f32, len: usize, n0: usize, n1: usize) {
+    // SAFETY: as for this function.
+    unsafe { kernel::<simd::Avx2, M, R, FMT>(x, k, w, n, bias, out, len, n0, n1) }
+}
 
-    /// Blocks of weight rows prefetched ahead into L2 (`_MM_HINT_T1`), and the next block from
-    /// L2 into L1 (`T0`). Measured on SmolLM2's 30 layers + LM head, one thread, 1 / 5 rows:
-    /// two blocks ahead into L1 alone 34.9 / 41.0 ms (a wide matrix's two blocks, 8 x 6 KB
-    /// for the MLP's down projection, plus the rows of x overflow L1's 48 KB); into L2 alone
-    /// 34.0 / 38.8; both 34.5 / 37.8 (4 or 6 blocks ahead alike; `NTA`: 2.4x slower).
-    const AHEAD: usize = 2;
+/// Blocks of weight rows prefetched ahead into L2 (`_MM_HINT_T1`), and the next block from
+/// L2 into L1 (`T0`). Measured with AVX-512 on SmolLM2's 30 layers + LM head, one thread, 1 /
+/// 5 rows: two blocks ahead into L1 alone 34.9 / 41.0 ms (a wide matrix's two blocks, 8 x 6
+/// KB for the MLP's down projection, plus the rows of x overflow L1's 48 KB); into L2 alone
+/// 34.0 / 38.8; both 34.5 / 37.8 (4 or 6 blocks ahead alike; `NTA`: 2.4x slower).
+#[cfg(target_arch = "x86_64")]
+const AHEAD: usize = 2;
 
-    /// Pairs of vectors folded into one: lanes 0..8 = `a[i] + a[i + 8]`, lanes 8..16 = the
-    /// same of `b`. With [`fold4`], [`fold2`], [`fold1`]: the steps of [`reduce16`].
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    fn fold8(a: __m512, b: __m512) -> __m512 {
-        _mm512_add_ps(_mm512_shuffle_f32x4::<0b01_00_01_00>(a, b), _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b))
+/// The last `lanes` (< L) weights of a row at `p`, zeros in the other lanes.
+///
+/// # Safety
+/// The CPU runs `S`; `p` points to `lanes` elements of the format.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn load_w_tail<S: simd::Lanes, const FMT: u8>(p: *const u8, lanes: usize) -> S::V {
+    let mut buf = [0u8; 64];
+    // SAFETY: `lanes` elements at p (caller), into a 64-byte buffer (lanes < 16, <= 4 bytes).
+    unsafe {
+        std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), lanes * simd::width(FMT));
+        S::load_w::<FMT>(buf.as_ptr())
     }
+}
 
-    /// Per 8-lane owner: `x[i] + x[i + 4]` (128-bit quarters 0 + 1 and 2 + 3).
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    fn fold4(a: __m512, b: __m512) -> __m512 {
-        _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(a, b), _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b))
-    }
-
-    /// Per 4-lane owner (a 128-bit quarter): `x[i] + x[i + 2]`.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    fn fold2(a: __m512, b: __m512) -> __m512 {
-        _mm512_add_ps(_mm512_shuffle_ps::<0b01_00_01_00>(a, b), _mm512_shuffle_ps::<0b11_10_11_10>(a, b))
-    }
-
-    /// Per 2-lane owner: `x[0] + x[1]`.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    fn fold1(a: __m512, b: __m512) -> __m512 {
-        _mm512_add_ps(_mm512_shuffle_ps::<0b10_00_10_00>(a, b), _mm512_shuffle_ps::<0b11_01_11_01>(a, b))
-    }
-
-    /// The horizontal sums of sixteen vectors: lane j = sum of `v[j]`'s lanes. Every sum takes
-    /// the same tree, whatever the other vectors: lanes (i, i + 8), then (i, i + 4), (i, i + 2),
-    /// (i, i + 1) -- the tree of `_mm512_reduce_add_ps`, for 45 instructions instead of 16 x 8
-    /// (the reduction was a third of the work of a 5-row product out of cache).
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    pub(crate) fn reduce16(v: &[__m512; 16]) -> __m512 {
-        let s: [__m512; 8] = std::array::from_fn(|i| fold8(v[2 * i], v[2 * i + 1]));
-        let t: [__m512; 4] = std::array::from_fn(|i| fold4(s[2 * i], s[2 * i + 1]));
-        let f = fold1(fold2(t[0], t[1]), fold2(t[2], t[3]));
-        // Lane L now holds the sum of v[L / 4 + 4 * (L % 4)].
-        _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), f)
-    }
-
-    /// Bytes per weight element.
-    const fn width(fmt: u8) -> usize {
-        if fmt == F32 { 4 } else { 2 }
-    }
-
-    /// Sixteen consecutive weights at `p` as f32 (exact conversions).
-    ///
-    /// # Safety
-    /// AVX-512F; `p` points to 16 elements of the format.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn load16<const FMT: u8>(p: *const u8) -> __m512 {
-        unsafe {
-            match FMT {
-                F32 => _mm512_loadu_ps(p.cast()),
-                F16 => _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())),
-                _ => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast())))),
-            }
-        }
-    }
-
-    /// The last `lanes` (< 16) weights of a row at `p`, zeros in the other lanes.
-    ///
-    /// # Safety
-    /// AVX-512F; `p` points to `lanes` elements of the format.
-    #[inline(never)]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn load_tail<const FMT: u8>(p: *const u8, lanes: usize) -> __m512 {
-        let mut buf = [0u8; 64];
-        // SAFETY: `lanes` elements at p (caller), into a 64-byte buffer (lanes < 16, <= 4 bytes).
-        unsafe {
-            std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), lanes * width(FMT));
-            load16::<FMT>(buf.as_ptr())
-        }
-    }
-
-    /// Columns `n0..n1` of `out` (`[M, n]` at `out`), `R` weight rows at a time, weights in
-    /// format `FMT` at `w`.
-    ///
-    /// # Safety
-    /// AVX-512F and FMA available; `x` is `[M, k]`, `w` points to `[n, k]` elements of format
-    /// `FMT`, `bias` `[n]`, `out` points to `len >= M * n` floats, `n0 <= n1 <= n`.
-    #[target_feature(enable = "avx512f,fma")]
-    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // register tiles by index
-    pub(super) unsafe fn kernel<const M: usize, const R: usize, const FMT: u8>(
-        x: &[f32],
-        k: usize,
-        w: *const u8,
-        n: usize,
-        bias: Option<&[f32]>,
-        out: *mut f32,
-        len: usize,
-        n0: usize,
-        n1: usize,
-    ) {
-        assert!(x.len() >= M * k && len >= M * n && n0 <= n1 && n1 <= n);
-        let xp = x.as_ptr();
-        let row_bytes = k * width(FMT);
-        let full = k / 16 * 16;
-        // Lanes of the last partial vector (k % 16 of them): loaded masked, zeros elsewhere,
-        // so the tail joins the same 16 chains.
-        let tail: __mmask16 = ((1u32 << (k - full)) - 1) as __mmask16;
-        let mut r0 = n0;
-        while r0 < n1 {
-            let rr = (n1 - r0).min(R);
-            let mut acc = [[_mm512_setzero_ps(); M]; R];
-            let mut kb = 0;
-            if rr == R {
-                // A whole block of R rows: the full 16-wide steps without a branch (the generic
-                // loop below then does only the row's last partial step, if any).
-                // SAFETY: rows r0..r0 + R < n1 <= n of w; prefetch addresses are computed with
-                // wrapping arithmetic and only used by prefetches, which never fault.
-                let rows: [*const u8; R] = std::array::from_fn(|r| unsafe { w.add((r0 + r) * row_bytes) });
-                let far_on = r0 + AHEAD * R + R <= n1;
-                let near_on = r0 + 2 * R <= n1;
-                while kb < full {
-                    let off = kb * width(FMT);
-                    let wv: [__m512; R] = std::array::from_fn(|r| unsafe { load16::<FMT>(rows[r].add(off)) });
-                    for r in 0..R {
-                        if far_on {
-                            _mm_prefetch::<_MM_HINT_T1>(rows[r].wrapping_add(AHEAD * R * row_bytes + off) as *const i8);
-                        }
-                        if near_on {
-                            _mm_prefetch::<_MM_HINT_T0>(rows[r].wrapping_add(R * row_bytes + off) as *const i8);
-                        }
+/// Columns `n0..n1` of `out` (`[M, n]` at `out`), `R` weight rows at a time, weights in
+/// format `FMT` at `w`, with the vectors of `S` (inlined into [`kernel512`] / [`kernel256`]).
+/// Each output is L lane-wise FMA chains over `k` in order (a full block's loop takes
+/// [`simd::Lanes::unroll`] vectors a step, in the same order), one reduction tree, the bias.
+///
+/// # Safety
+/// The CPU runs `S`; `x` is `[M, k]`, `w` points to `[n, k]` elements of format `FMT`, `bias`
+/// `[n]`, `out` points to `len >= M * n` floats, `n0 <= n1 <= n`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // register tiles by index
+unsafe fn kernel<S: simd::Lanes, const M: usize, const R: usize, const FMT: u8>(
+    x: &[f32],
+    k: usize,
+    w: *const u8,
+    n: usize,
+    bias: Option<&[f32]>,
+    out: *mut f32,
+    len: usize,
+    n0: usize,
+    n1: usize,
+) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
+    assert!(x.len() >= M * k && len >= M * n && n0 <= n1 && n1 <= n);
+    let xp = x.as_ptr();
+    let width = simd::width(FMT);
+    let row_bytes = k * width;
+    let lanes = S::L;
+    let unroll = S::unroll(FMT);
+    let step = lanes * unroll;
+    // Whole vectors; the last partial one (k % L lanes) is loaded with zeros elsewhere, so the
+    // tail joins the same L chains.
+    let vectors = k / lanes * lanes;
+    let full = k / step * step;
+    let mut r0 = n0;
+    while r0 < n1 {
+        let rr = (n1 - r0).min(R);
+        // SAFETY (the whole block): the CPU runs S (caller).
+        let mut acc = [[unsafe { S::zero() }; M]; R];
+        let mut kb = 0;
+        if rr == R {
+            // A whole block of R rows: the full steps without a branch (the generic loop
+            // below then does only the row's last vectors, if any).
+            // SAFETY: rows r0..r0 + R < n1 <= n of w; prefetch addresses are computed with
+            // wrapping arithmetic and only used by prefetches, which never fault.
+            let rows: [*const u8; R] = std::array::from_fn(|r| unsafe { w.add((r0 + r) * row_bytes) });
+            let far_on = r0 + AHEAD * R + R <= n1;
+            let near_on = r0 + 2 * R <= n1;
+            while kb < full {
+                let off = kb * width;
+                for r in 0..R {
+                    if far_on {
+                        unsafe { _mm_prefetch::<_MM_HINT_T1>(rows[r].wrapping_add(AHEAD * R * row_bytes + off) as *const i8) };
                     }
+                    if near_on {
+                        unsafe { _mm_prefetch::<_MM_HINT_T0>(rows[r].wrapping_add(R * row_bytes + off) as *const i8) };
+                    }
+                }
+                for u in 0..unroll {
+                    let ku = kb + u * lanes;
+                    let wv: [S::V; R] = std::array::from_fn(|r| unsafe { S::load_w::<FMT>(rows[r].add(ku * width)) });
                     for m in 0..M {
-                        // SAFETY: row m < M of x, columns kb..kb + 16 <= full <= k.
-                        let xv = unsafe { _mm512_loadu_ps(xp.add(m * k + kb)) };
+                        // SAFETY: row m < M of x, columns ku..ku + L <= full <= k.
+                        let xv = unsafe { S::load(xp.add(m * k + ku)) };
                         for r in 0..R {
-                            acc[r][m] = _mm512_fmadd_ps(xv, wv[r], acc[r][m]);
-                        }
-                    }
-                    kb += 16;
-                }
-            }
-            while kb < k {
-                let mut wv = [_mm512_setzero_ps(); R];
-                for (r, v) in wv.iter_mut().enumerate() {
-                    if r < rr {
-                        // SAFETY: row r0 + r < n1 <= n and kb < k: inside w (the tail reads
-                        // only the k - kb elements left).
-                        let p = unsafe { w.add((r0 + r) * row_bytes + kb * width(FMT)) };
-                        *v = if kb < full { unsafe { load16::<FMT>(p) } } else { unsafe { load_tail::<FMT>(p, k - kb) } };
-                        // SAFETY (both): prefetches of addresses inside w; they never fault.
-                        let ahead = r0 + AHEAD * R + r;
-                        if ahead < n1 {
-                            unsafe { _mm_prefetch::<_MM_HINT_T1>(w.add(ahead * row_bytes + kb * width(FMT)) as *const i8) };
-                        }
-                        let near = r0 + R + r;
-                        if near < n1 {
-                            unsafe { _mm_prefetch::<_MM_HINT_T0>(w.add(near * row_bytes + kb * width(FMT)) as *const i8) };
+                            acc[r][m] = unsafe { S::fmadd(xv, wv[r], acc[r][m]) };
                         }
                     }
                 }
-                for m in 0..M {
-                    // SAFETY: row m < M of x, columns kb.. < k (masked past k).
-                    let p = unsafe { xp.add(m * k + kb) };
-                    let xv = if kb < full { unsafe { _mm512_loadu_ps(p) } } else { unsafe { _mm512_maskz_loadu_ps(tail, p) } };
-                    for r in 0..R {
-                        acc[r][m] = _mm512_fmadd_ps(xv, wv[r], acc[r][m]);
-                    }
-                }
-                kb += 16;
+                kb += step;
             }
-            // The M x R sums, sixteen at a time (accumulator i = m * R + r).
-            let mut g0 = 0;
-            while g0 < M * R {
-                let v: [__m512; 16] = std::array::from_fn(|j| {
-                    let i = g0 + j;
-                    if i < M * R { acc[i % R][i / R] } else { _mm512_setzero_ps() }
-                });
-                let mut sums = [0f32; 16];
-                // SAFETY: 16 floats into a 16-float array.
-                unsafe { _mm512_storeu_ps(sums.as_mut_ptr(), reduce16(&v)) };
-                for (j, &y) in sums.iter().enumerate().take(M * R - g0) {
-                    let (m, r) = ((g0 + j) / R, (g0 + j) % R);
-                    if r < rr {
-                        let b = bias.map_or(0.0, |b| b[r0 + r]);
-                        // SAFETY: m < M and r0 + r < n: inside out's M x n floats.
-                        unsafe { *out.add(m * n + r0 + r) = y + b };
-                    }
-                }
-                g0 += 16;
-            }
-            r0 += rr;
         }
+        while kb < k {
+            let mut wv = [unsafe { S::zero() }; R];
+            for (r, v) in wv.iter_mut().enumerate() {
+                if r < rr {
+                    // SAFETY: row r0 + r < n1 <= n and kb < k: inside w (the tail reads
+                    // only the k - kb elements left).
+                    let p = unsafe { w.add((r0 + r) * row_bytes + kb * width) };
+                    *v = if kb < vectors { unsafe { S::load_w::<FMT>(p) } } else { unsafe { load_w_tail::<S, FMT>(p, k - kb) } };
+                    // SAFETY (both): prefetches of addresses inside w; they never fault.
+                    let ahead = r0 + AHEAD * R + r;
+                    if ahead < n1 {
+                        unsafe { _mm_prefetch::<_MM_HINT_T1>(w.add(ahead * row_bytes + kb * width) as *const i8) };
+                    }
+                    let near = r0 + R + r;
+                    if near < n1 {
+                        unsafe { _mm_prefetch::<_MM_HINT_T0>(w.add(near * row_bytes + kb * width) as *const i8) };
+                    }
+                }
+            }
+            for m in 0..M {
+                // SAFETY: row m < M of x, columns kb.. < k (zeros past k).
+                let p = unsafe { xp.add(m * k + kb) };
+                let xv = if kb < vectors { unsafe { S::load(p) } } else { unsafe { S::load_tail(p, k - kb) } };
+                for r in 0..R {
+                    acc[r][m] = unsafe { S::fmadd(xv, wv[r], acc[r][m]) };
+                }
+            }
+            kb += lanes;
+        }
+        // The M x R sums, L at a time (accumulator i = m * R + r).
+        let mut g0 = 0;
+        while g0 < M * R {
+            let v: [S::V; 16] = std::array::from_fn(|j| {
+                let i = g0 + j;
+                if j < lanes && i < M * R { acc[i % R][i / R] } else { unsafe { S::zero() } }
+            });
+            let mut sums = [0f32; 16];
+            // SAFETY: L <= 16 floats into a 16-float array.
+            unsafe { S::store(sums.as_mut_ptr(), S::reduce(&v)) };
+            for (j, &y) in sums.iter().enumerate().take((M * R - g0).min(lanes)) {
+                let (m, r) = ((g0 + j) / R, (g0 + j) % R);
+                if r < rr {
+                    let b = bias.map_or(0.0, |b| b[r0 + r]);
+                    // SAFETY: m < M and r0 + r < n: inside out's M x n floats.
+                    unsafe { *out.add(m * n + r0 + r) = y + b };
+                }
+            }
+            g0 += lanes;
+        }
+        r0 += rr;
     }
 }
 
@@ -472,32 +528,49 @@ mod tests {
 
     #[test]
     fn equals_a_float64_reference_and_each_row_is_independent_of_the_others() {
-        if !available() {
-            return;
-        }
-        for &(k, n) in &[(576, 960), (33, 7), (16, 4), (1, 1), (100, 13), (1536, 576)] {
-            let w = data(n * k, 1);
-            let b = data(n, 2);
-            let x = data(MAX_ROWS * k, 3);
-            let mut single = vec![vec![0f32; n]; MAX_ROWS];
-            for (m, row) in single.iter_mut().enumerate() {
-                linear(&x[m * k..(m + 1) * k], 1, k, &w[..], n, Some(&b), row, 1).unwrap();
-            }
-            for rows in 1..=MAX_ROWS {
-                for p in [1, 2, 3] {
-                    let mut y = vec![0f32; rows * n];
-                    linear(&x[..rows * k], rows, k, &w[..], n, Some(&b), &mut y, p).unwrap();
-                    let r = reference(&x[..rows * k], rows, k, &w, n, Some(&b));
-                    for (i, (&a, &e)) in y.iter().zip(&r).enumerate() {
-                        assert!((a as f64 - e).abs() <= 1e-5 * (1.0 + e.abs()), "k {k} n {n} rows {rows} [{i}]: {a} vs {e}");
-                        assert_eq!(a.to_bits(), single[i / n][i % n].to_bits(), "row {} differs from its 1-row call", i / n);
+        for isa in Isa::supported_here() {
+            for &(k, n) in &[(576, 960), (33, 7), (16, 4), (1, 1), (100, 13), (1536, 576), (24, 9), (7, 5)] {
+                let w = data(n * k, 1);
+                let b = data(n, 2);
+                let x = data(MAX_ROWS * k, 3);
+                let mut single = vec![vec![0f32; n]; MAX_ROWS];
+                for (m, row) in single.iter_mut().enumerate() {
+                    linear_on(isa, &x[m * k..(m + 1) * k], 1, k, &w[..], n, Some(&b), row, 1).unwrap();
+                }
+                for rows in 1..=MAX_ROWS {
+                    for p in [1, 2, 3] {
+                        let mut y = vec![0f32; rows * n];
+                        linear_on(isa, &x[..rows * k], rows, k, &w[..], n, Some(&b), &mut y, p).unwrap();
+                        let r = reference(&x[..rows * k], rows, k, &w, n, Some(&b));
+                        for (i, (&a, &e)) in y.iter().zip(&r).enumerate() {
+                            assert!((a as f64 - e).abs() <= 1e-5 * (1.0 + e.abs()), "{isa:?} k {k} n {n} rows {rows} [{i}]: {a} vs {e}");
+                            assert_eq!(a.to_bits(), single[i / n][i % n].to_bits(), "{isa:?}: row {} differs from its 1-row call", i / n);
+                        }
                     }
                 }
+                let mut y = vec![0f32; n];
+                linear_on(isa, &x[..k], 1, k, &w[..], n, None, &mut y, 1).unwrap();
+                let r = reference(&x[..k], 1, k, &w, n, None);
+                assert!(y.iter().zip(&r).all(|(&a, &e)| (a as f64 - e).abs() <= 1e-5 * (1.0 + e.abs())));
             }
-            let mut y = vec![0f32; n];
-            linear(&x[..k], 1, k, &w[..], n, None, &mut y, 1).unwrap();
-            let r = reference(&x[..k], 1, k, &w, n, None);
-            assert!(y.iter().zip(&r).all(|(&a, &e)| (a as f64 - e).abs() <= 1e-5 * (1.0 + e.abs())));
+        }
+    }
+
+    #[test]
+    fn the_widest_instruction_set_the_cpu_runs_is_chosen() {
+        let here = Isa::supported_here();
+        #[cfg(target_arch = "x86_64")]
+        {
+            assert_eq!(here.contains(&Isa::Avx2), std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("f16c"));
+            assert_eq!(here.contains(&Isa::Avx512), std::arch::is_x86_feature_detected!("avx512f"));
+        }
+        if std::env::var(ISA_ENV).is_err() {
+            assert_eq!(isa(), here.first().copied());
+            assert_eq!(available(), !here.is_empty());
+        }
+        for unsupported in [Isa::Avx512, Isa::Avx2].into_iter().filter(|i| !i.supported()) {
+            let (x, w, mut y) = (vec![0f32; 4], vec![0f32; 4], vec![0f32; 1]);
+            assert!(linear_on(unsupported, &x, 1, 4, &w[..], 1, None, &mut y, 1).unwrap_err().0.contains(unsupported.name()));
         }
     }
 
@@ -510,10 +583,7 @@ mod tests {
 
     #[test]
     fn narrow_weights_give_the_results_of_their_f32_values_bit_for_bit() {
-        if !available() {
-            return;
-        }
-        for &(k, n) in &[(576, 37), (33, 7), (1, 1), (100, 13)] {
+        for (isa, &(k, n)) in Isa::supported_here().into_iter().flat_map(|i| [(576, 37), (33, 7), (1, 1), (100, 13), (40, 3)].iter().map(move |s| (i, s))) {
             let bits: Vec<u16> = data(n * k, 5)
                 .iter()
                 .map(|v| {
@@ -529,13 +599,13 @@ mod tests {
             ];
             for (narrow, wide) in cases {
                 assert!(wide.iter().all(|v| v.is_finite()));
-                for rows in [1, 2, 5, 8, 16] {
+                for rows in 1..=MAX_ROWS {
                     for threads in [1, 2] {
                         let (mut a, mut e) = (vec![0f32; rows * n], vec![0f32; rows * n]);
-                        linear(&x[..rows * k], rows, k, narrow, n, Some(&b), &mut a, threads).unwrap();
-                        linear(&x[..rows * k], rows, k, &wide[..], n, Some(&b), &mut e, threads).unwrap();
+                        linear_on(isa, &x[..rows * k], rows, k, narrow, n, Some(&b), &mut a, threads).unwrap();
+                        linear_on(isa, &x[..rows * k], rows, k, &wide[..], n, Some(&b), &mut e, threads).unwrap();
                         let same = a.iter().zip(&e).all(|(p, q)| p.to_bits() == q.to_bits());
-                        assert!(same, "{narrow:?} k {k} n {n} rows {rows}: differs from its f32 values");
+                        assert!(same, "{isa:?} {narrow:?} k {k} n {n} rows {rows}: differs from its f32 values");
                     }
                 }
             }

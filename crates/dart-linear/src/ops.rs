@@ -99,12 +99,34 @@ pub struct Heads {
 /// * `mask` `[n, n]`: row i sees new key j where nonzero (the prefix is always visible);
 ///   None: causal.
 /// * `out` `[n, heads · head_dim]`: softmax(q kᵀ · scale) v per head.
-/// * `threads`: the AVX-512 path (head sizes 64 and 128) splits the query heads between this
-///   many threads -- the calling thread and the spinning helpers of the [`crate::Team`] the
+/// * `threads`: the SIMD path (head sizes 64 and 128) splits the query heads
+///   between this many threads -- the calling thread and the spinning helpers of the [`crate::Team`] the
 ///   products use (same results whatever the count: each head is computed by one thread, in
 ///   one order). The portable path runs on the calling thread.
 #[allow(clippy::too_many_arguments)]
 pub fn block_attention(
+    qkv: &[f32],
+    n: usize,
+    heads: Heads,
+    qk_norm: Option<(&[f32], &[f32], f32)>,
+    cos: &[f32],
+    sin: &[f32],
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+    prefix: usize,
+    mask: Option<&[u8]>,
+    scale: f32,
+    out: &mut [f32],
+    threads: usize,
+) -> Result<(), ShapeError> {
+    block_attention_on(crate::isa(), qkv, n, heads, qk_norm, cos, sin, k_cache, v_cache, prefix, mask, scale, out, threads)
+}
+
+/// [`block_attention`] with the fast path of `isa` (None: the portable loops): tests run each
+/// path this CPU has.
+#[allow(clippy::too_many_arguments)]
+fn block_attention_on(
+    isa: Option<crate::Isa>,
     qkv: &[f32],
     n: usize,
     heads: Heads,
@@ -152,19 +174,21 @@ pub fn block_attention(
         return shape_error(format!("block_attention: {n} rows after {prefix} cached exceed the cache's {capacity} slots"));
     }
     let call = Call { qkv, n, heads, qk_norm, cos, sin, capacity, prefix, mask, scale };
-    #[cfg(target_arch = "x86_64")]
-    if crate::available() && (d == 64 || d == 128) {
-        // SAFETY: the CPU has AVX-512F and FMA (checked just above).
-        unsafe {
-            match d {
-                64 => fast::attend::<4>(&call, k_cache, v_cache, out, threads),
-                _ => fast::attend::<8>(&call, k_cache, v_cache, out, threads),
-            }
-        }
-        return Ok(());
-    }
-    attend(&call, k_cache, v_cache, out);
+    attend_on(isa, &call, k_cache, v_cache, out, threads);
     Ok(())
+}
+
+/// The checked attention with the fast path of `isa` where it has one for the head size,
+/// else the portable loops (tests run each path of the CPU).
+fn attend_on(isa: Option<crate::Isa>, call: &Call<'_>, k_cache: &mut [f32], v_cache: &mut [f32], out: &mut [f32], threads: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(isa) = isa.filter(|i| i.supported() && fast::supports(call.heads.head_dim)) {
+        // SAFETY: the CPU runs `isa` and it has this head size (checked just above).
+        unsafe { fast::attend(isa, call, k_cache, v_cache, out, threads) };
+        return;
+    }
+    let _ = (isa, threads);
+    attend(call, k_cache, v_cache, out);
 }
 
 /// The checked arguments of [`block_attention`] (besides the buffers it writes).
@@ -275,29 +299,44 @@ fn attend(call: &Call<'_>, k_cache: &mut [f32], v_cache: &mut [f32], out: &mut [
     }
 }
 
-/// The attention with AVX-512 for head sizes of 16 · DV, per query head (heads split between
-/// threads): the scores of 16 keys against one query row in 16 accumulators reduced together,
-/// a vectorised exp, and P·V for up to four query rows sharing each value's loads. Fused
-/// multiply-adds: not bit-identical to [`attend`], both within float32 rounding of the exact
-/// result.
+/// The attention with SIMD for head sizes of L · DV (L the lanes of the instruction set), per
+/// query head (heads split between threads): the scores of L keys against one query row in L
+/// accumulators reduced together, a vectorised exp, and P·V for a few query rows sharing each
+/// value's loads. Fused multiply-adds: not bit-identical to [`attend`], both within float32
+/// rounding of the exact result.
 #[cfg(target_arch = "x86_64")]
 mod fast {
     use super::{prepare, sees, Call, Heads};
-    use crate::avx512::reduce16;
-    use crate::{OutPart, Team};
-    use std::arch::x86_64::*;
+    use crate::simd::{Avx2, Avx512, Lanes};
+    use crate::{Isa, OutPart, Team};
+
+    /// Query heads `h0..h1` with one instruction set (the signature of [`heads512`] /
+    /// [`heads256`]).
+    type HeadsFn = unsafe fn(&Call<'_>, &[f32], &[f32], &[f32], &OutPart, usize, usize);
+
+    /// Whether `isa` has a fast attention for head size `d`.
+    pub(super) fn supports(d: usize) -> bool {
+        d == 64 || d == 128
+    }
 
     /// # Safety
-    /// AVX-512F and FMA available; `call` checked by [`super::block_attention`], head size 16 · DV.
-    #[target_feature(enable = "avx512f,fma")]
-    pub(super) unsafe fn attend<const DV: usize>(call: &Call<'_>, k_cache: &mut [f32], v_cache: &mut [f32], out: &mut [f32], threads: usize) {
+    /// The CPU runs `isa`; `call` checked by [`super::block_attention`]; `supports(isa, d)`.
+    pub(super) unsafe fn attend(isa: Isa, call: &Call<'_>, k_cache: &mut [f32], v_cache: &mut [f32], out: &mut [f32], threads: usize) {
+        // P·V: AVX-512 keeps a row's whole output in DV registers, four rows at a time; AVX2
+        // (16 registers) takes 4-vector column chunks (32 floats), two rows at a time.
+        let f: HeadsFn = match (isa, call.heads.head_dim) {
+            (Isa::Avx512, 64) => heads512::<4>,
+            (Isa::Avx512, _) => heads512::<8>,
+            (Isa::Avx2, 64) => heads256::<8>,
+            (Isa::Avx2, _) => heads256::<16>,
+        };
         let q = prepare(call, k_cache, v_cache);
         let (keys, values): (&[f32], &[f32]) = (k_cache, v_cache);
         let nh = call.heads.heads;
         let part = OutPart::new(out);
         if threads <= 1 {
             // SAFETY: as for this function; `part` is all of `out`.
-            unsafe { heads::<DV>(call, &q, keys, values, &part, 0, nh) };
+            unsafe { f(call, &q, keys, values, &part, 0, nh) };
             return;
         }
         // Whole heads per thread (the products' team: same size, same spinning helpers).
@@ -305,102 +344,129 @@ mod fast {
         Team::get(threads).run(&|t| {
             let (h0, h1) = ((t * per).min(nh), ((t + 1) * per).min(nh));
             // SAFETY: as for this function; the parts write disjoint heads of `out`.
-            unsafe { heads::<DV>(call, &q, keys, values, &part, h0, h1) };
+            unsafe { f(call, &q, keys, values, &part, h0, h1) };
         });
     }
 
-    /// Query heads `h0..h1` of the attention (the block's queries `q` prepared, its keys and
-    /// values in the caches): per head, the scores of 16 keys against one query row in 16
-    /// accumulators reduced together, the softmax, and P·V with the row's output in DV
-    /// registers; written to those heads' columns of `out`.
+    /// [`heads`] with AVX-512F.
     ///
     /// # Safety
-    /// As [`attend`]; `out` is the `[n, heads · d]` output, no other thread writing heads
-    /// `h0..h1`.
+    /// As [`heads`], on a CPU with AVX-512F and FMA.
     #[target_feature(enable = "avx512f,fma")]
+    unsafe fn heads512<const DV: usize>(call: &Call<'_>, q: &[f32], k_cache: &[f32], v_cache: &[f32], out: &OutPart, h0: usize, h1: usize) {
+        // SAFETY: as for this function.
+        unsafe { heads::<Avx512, DV, DV, 4>(call, q, k_cache, v_cache, out, h0, h1) }
+    }
+
+    /// [`heads`] with AVX2.
+    ///
+    /// # Safety
+    /// As [`heads`], on a CPU with AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn heads256<const DV: usize>(call: &Call<'_>, q: &[f32], k_cache: &[f32], v_cache: &[f32], out: &OutPart, h0: usize, h1: usize) {
+        // SAFETY: as for this function.
+        unsafe { heads::<Avx2, DV, 4, 2>(call, q, k_cache, v_cache, out, h0, h1) }
+    }
+
+    /// Query heads `h0..h1` of the attention (the block's queries `q` prepared, its keys and
+    /// values in the caches): per head, the scores of L keys against one query row in L
+    /// accumulators reduced together, the softmax, and P·V in chunks of CV vectors of a row's
+    /// output for up to RMAX rows at a time; written to those heads' columns of `out`.
+    ///
+    /// # Safety
+    /// The CPU runs `S`; `call` checked, head size `S::L · DV`, CV divides DV; `out` is the
+    /// `[n, heads · d]` output, no other thread writing heads `h0..h1`.
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn heads<const DV: usize>(call: &Call<'_>, q: &[f32], k_cache: &[f32], v_cache: &[f32], out: &OutPart, h0: usize, h1: usize) {
+    unsafe fn heads<S: Lanes, const DV: usize, const CV: usize, const RMAX: usize>(call: &Call<'_>, q: &[f32], k_cache: &[f32], v_cache: &[f32], out: &OutPart, h0: usize, h1: usize) {
         let Call { n, heads, capacity, prefix, mask, scale, .. } = *call;
         let Heads { heads: nh, kv_heads: nkv, head_dim: d } = heads;
-        debug_assert_eq!(d, 16 * DV);
-        debug_assert!(out.len >= n * nh * d);
+        let lanes = S::L;
+        debug_assert_eq!(d, lanes * DV);
+        debug_assert!(DV.is_multiple_of(CV) && out.len >= n * nh * d);
         let total = prefix + n;
         let group = nh / nkv;
-        let stride = total.div_ceil(16) * 16; // a score row, padded to whole vectors
+        let stride = total.div_ceil(lanes) * lanes; // a score row, padded to whole vectors
         let mut scores = vec![0f32; n * stride];
-        let load = |s: &[f32], at: usize| -> __m512 {
-            debug_assert!(at + 16 <= s.len());
-            // SAFETY: 16 floats at `at` (callers stay inside the slices they index).
-            unsafe { _mm512_loadu_ps(s.as_ptr().add(at)) }
+        let load = |s: &[f32], at: usize| -> S::V {
+            debug_assert!(at + lanes <= s.len());
+            // SAFETY: L floats at `at` (callers stay inside the slices they index); the CPU
+            // runs S (caller).
+            unsafe { S::load(s.as_ptr().add(at)) }
         };
         for h in h0..h1 {
             let g = h / group;
             let keys = &k_cache[g * capacity * d..(g * capacity + total) * d];
             let values = &v_cache[g * capacity * d..(g * capacity + total) * d];
-            // scores = q kᵀ · scale, sixteen keys at a time (a last partial chunk repeats the
-            // last key in its padding lanes, which the softmax then hides)
-            for j0 in (0..total).step_by(16) {
+            // scores = q kᵀ · scale, L keys at a time (a last partial chunk repeats the last
+            // key in its padding lanes, which the softmax then hides)
+            for j0 in (0..total).step_by(lanes) {
                 let ko: [usize; 16] = std::array::from_fn(|jj| (j0 + jj).min(total - 1) * d);
                 for i in 0..n {
                     let qo = (i * nh + h) * d;
-                    let qv: [__m512; DV] = std::array::from_fn(|t| load(q, qo + 16 * t));
-                    let mut acc = [_mm512_setzero_ps(); 16];
-                    for (a, &o) in acc.iter_mut().zip(&ko) {
+                    let qv: [S::V; DV] = std::array::from_fn(|t| load(q, qo + lanes * t));
+                    let mut acc = [unsafe { S::zero() }; 16];
+                    for (a, &o) in acc.iter_mut().zip(&ko).take(lanes) {
                         for (t, &qt) in qv.iter().enumerate() {
-                            *a = _mm512_fmadd_ps(qt, load(keys, o + 16 * t), *a);
+                            *a = unsafe { S::fmadd(qt, load(keys, o + lanes * t), *a) };
                         }
                     }
-                    let s = _mm512_mul_ps(reduce16(&acc), _mm512_set1_ps(scale));
-                    // SAFETY: 16 floats inside the padded score row.
-                    unsafe { _mm512_storeu_ps(scores.as_mut_ptr().add(i * stride + j0), s) };
+                    // SAFETY: L floats inside the padded score row.
+                    unsafe {
+                        let s = S::mul(S::reduce(&acc), S::set1(scale));
+                        S::store(scores.as_mut_ptr().add(i * stride + j0), s);
+                    }
                 }
             }
             for i in 0..n {
-                softmax(&mut scores[i * stride..(i + 1) * stride], total, prefix, |jj| sees(mask, n, i, jj));
+                // SAFETY: the CPU runs S.
+                unsafe { softmax::<S>(&mut scores[i * stride..(i + 1) * stride], total, prefix, |jj| sees(mask, n, i, jj)) };
             }
-            // out = P V: up to four query rows at a time share each value's loads (every row
-            // still sums over the keys in order, in its own DV registers)
-            let mut i0 = 0;
-            while i0 < n {
-                // SAFETY (all four): as for this function.
-                i0 += match n - i0 {
-                    1 => unsafe { pv::<DV, 1>(&scores, stride, total, values, i0, nh, h, out) },
-                    2 => unsafe { pv::<DV, 2>(&scores, stride, total, values, i0, nh, h, out) },
-                    3 => unsafe { pv::<DV, 3>(&scores, stride, total, values, i0, nh, h, out) },
-                    _ => unsafe { pv::<DV, 4>(&scores, stride, total, values, i0, nh, h, out) },
-                };
+            // out = P V: a few query rows at a time share each value's loads (every row still
+            // sums over the keys in order, in its own registers)
+            for c0 in (0..DV).step_by(CV) {
+                let mut i0 = 0;
+                while i0 < n {
+                    // SAFETY (all four): as for this function.
+                    i0 += match (n - i0).min(RMAX) {
+                        1 => unsafe { pv::<S, CV, 1>(&scores, stride, total, values, d, c0, i0, nh, h, out) },
+                        2 => unsafe { pv::<S, CV, 2>(&scores, stride, total, values, d, c0, i0, nh, h, out) },
+                        3 => unsafe { pv::<S, CV, 3>(&scores, stride, total, values, d, c0, i0, nh, h, out) },
+                        _ => unsafe { pv::<S, CV, 4>(&scores, stride, total, values, d, c0, i0, nh, h, out) },
+                    };
+                }
             }
         }
     }
 
-    /// Rows `i0..i0 + R` of head `h`: `out = P V` over `total` keys with the values at
-    /// `values` (`[total, 16 · DV]`); returns R.
+    /// Rows `i0..i0 + R` of head `h`, vectors `c0..c0 + CV` of the head's `d` columns:
+    /// `out = P V` over `total` keys with the values at `values` (`[total, d]`); returns R.
     ///
     /// # Safety
-    /// AVX-512F and FMA available; `scores` holds those rows' probabilities (`stride` apart),
-    /// `out` the `[n, nh · 16 · DV]` output with rows `i0..i0 + R` inside it.
-    #[inline]
-    #[target_feature(enable = "avx512f,fma")]
+    /// The CPU runs `S`; `scores` holds those rows' probabilities (`stride` apart), `out` the
+    /// `[n, nh · d]` output with rows `i0..i0 + R` inside it, `(c0 + CV) · L <= d`.
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn pv<const DV: usize, const R: usize>(scores: &[f32], stride: usize, total: usize, values: &[f32], i0: usize, nh: usize, h: usize, out: &OutPart) -> usize {
-        let d = 16 * DV;
-        debug_assert!(values.len() >= total * d && scores.len() >= (i0 + R - 1) * stride + total);
-        let mut acc = [[_mm512_setzero_ps(); DV]; R];
+    unsafe fn pv<S: Lanes, const CV: usize, const R: usize>(scores: &[f32], stride: usize, total: usize, values: &[f32], d: usize, c0: usize, i0: usize, nh: usize, h: usize, out: &OutPart) -> usize {
+        let lanes = S::L;
+        let col = c0 * lanes;
+        debug_assert!(col + CV * lanes <= d && values.len() >= total * d && scores.len() >= (i0 + R - 1) * stride + total);
+        let mut acc = [[unsafe { S::zero() }; CV]; R];
         for j in 0..total {
             // SAFETY: key j's values inside `values` (checked above).
-            let v: [__m512; DV] = std::array::from_fn(|t| unsafe { _mm512_loadu_ps(values.as_ptr().add(j * d + 16 * t)) });
+            let v: [S::V; CV] = std::array::from_fn(|t| unsafe { S::load(values.as_ptr().add(j * d + col + lanes * t)) });
             for (r, row) in acc.iter_mut().enumerate() {
-                let p = _mm512_set1_ps(scores[(i0 + r) * stride + j]);
+                let p = unsafe { S::set1(scores[(i0 + r) * stride + j]) };
                 for (a, &vt) in row.iter_mut().zip(&v) {
-                    *a = _mm512_fmadd_ps(p, vt, *a);
+                    *a = unsafe { S::fmadd(p, vt, *a) };
                 }
             }
         }
         for (r, row) in acc.iter().enumerate() {
-            let oo = ((i0 + r) * nh + h) * d;
+            let oo = ((i0 + r) * nh + h) * d + col;
             for (t, &a) in row.iter().enumerate() {
-                // SAFETY: 16 floats of row i0 + r, head h inside out (caller).
-                unsafe { _mm512_storeu_ps(out.ptr.add(oo + 16 * t), a) };
+                // SAFETY: L floats of row i0 + r, head h inside out (caller).
+                unsafe { S::store(out.ptr.add(oo + lanes * t), a) };
             }
         }
         R
@@ -408,9 +474,12 @@ mod fast {
 
     /// Softmax over `row[..total]` (`row` padded to whole vectors): the prefix always visible,
     /// block key jj where `visible(jj)`; everything else, padding included, becomes 0.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    fn softmax(row: &mut [f32], total: usize, prefix: usize, visible: impl Fn(usize) -> bool) {
+    ///
+    /// # Safety
+    /// The CPU runs `S`; `row.len()` a multiple of L.
+    #[inline(always)]
+    unsafe fn softmax<S: Lanes>(row: &mut [f32], total: usize, prefix: usize, visible: impl Fn(usize) -> bool) {
+        let lanes = S::L;
         for jj in 0..total - prefix {
             if !visible(jj) {
                 row[prefix + jj] = f32::NEG_INFINITY;
@@ -419,44 +488,45 @@ mod fast {
         for s in &mut row[total..] {
             *s = f32::NEG_INFINITY;
         }
-        let mut mx = _mm512_set1_ps(f32::NEG_INFINITY);
-        for c in row.chunks_exact(16) {
-            // SAFETY: a 16-float chunk.
-            mx = _mm512_max_ps(mx, unsafe { _mm512_loadu_ps(c.as_ptr()) });
-        }
-        let mx = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
-        let mut sum = _mm512_setzero_ps();
-        for c in row.chunks_exact_mut(16) {
-            // SAFETY: a 16-float chunk, read then written.
-            unsafe {
-                let e = exp16(_mm512_sub_ps(_mm512_loadu_ps(c.as_ptr()), mx));
-                // hidden keys (-inf) get exactly 0, not e^-87.3
-                let e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(_mm512_loadu_ps(c.as_ptr()), _mm512_set1_ps(f32::NEG_INFINITY)), e);
-                _mm512_storeu_ps(c.as_mut_ptr(), e);
-                sum = _mm512_add_ps(sum, e);
+        // SAFETY (all): whole L-float chunks of `row`, read then written.
+        unsafe {
+            let mut mx = S::set1(f32::NEG_INFINITY);
+            for c in row.chunks_exact(lanes) {
+                mx = S::max(mx, S::load(c.as_ptr()));
             }
-        }
-        let inv = _mm512_set1_ps(1.0 / _mm512_reduce_add_ps(sum));
-        for c in row.chunks_exact_mut(16) {
-            // SAFETY: a 16-float chunk.
-            unsafe { _mm512_storeu_ps(c.as_mut_ptr(), _mm512_mul_ps(_mm512_loadu_ps(c.as_ptr()), inv)) };
+            let mx = S::set1(S::hmax(mx));
+            let mut sum = S::zero();
+            for c in row.chunks_exact_mut(lanes) {
+                let s = S::load(c.as_ptr());
+                // hidden keys (-inf) get exactly 0, not e^-87.3
+                let e = S::zero_where_neg_inf(s, exp::<S>(S::sub(s, mx)));
+                S::store(c.as_mut_ptr(), e);
+                sum = S::add(sum, e);
+            }
+            let inv = S::set1(1.0 / S::hsum(sum));
+            for c in row.chunks_exact_mut(lanes) {
+                S::store(c.as_mut_ptr(), S::mul(S::load(c.as_ptr()), inv));
+            }
         }
     }
 
-    /// [`super::exp`] on sixteen lanes (same steps, fused multiply-adds in the polynomial).
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    fn exp16(x: __m512) -> __m512 {
-        let x = _mm512_max_ps(x, _mm512_set1_ps(-87.3));
-        let round = _mm512_set1_ps(12_582_912.0);
-        let k = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E), round), round);
-        let r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.121_944_4e-4), _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693_359_4), x));
-        let mut p = _mm512_set1_ps(1.0 / 5040.0);
-        for c in [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
-            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    /// [`super::exp`] on L lanes (same steps, fused multiply-adds in the polynomial).
+    ///
+    /// # Safety
+    /// The CPU runs `S`.
+    #[inline(always)]
+    unsafe fn exp<S: Lanes>(x: S::V) -> S::V {
+        unsafe {
+            let x = S::max(x, S::set1(-87.3));
+            let round = S::set1(12_582_912.0);
+            let k = S::sub(S::fmadd(x, S::set1(std::f32::consts::LOG2_E), round), round);
+            let r = S::fnmadd(k, S::set1(-2.121_944_4e-4), S::fnmadd(k, S::set1(0.693_359_4), x));
+            let mut p = S::set1(1.0 / 5040.0);
+            for c in [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+                p = S::fmadd(p, r, S::set1(c));
+            }
+            S::mul(p, S::pow2i(k))
         }
-        let two_k = _mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)));
-        _mm512_mul_ps(p, _mm512_castsi512_ps(two_k))
     }
 }
 
@@ -610,14 +680,20 @@ mod tests {
 
     #[test]
     fn block_attention_matches_a_float64_reference_and_fills_the_cache() {
-        // head size 16: the portable loops; 64 and 128: the AVX-512 path where the CPU has it
-        for head_dim in [16, 64, 128] {
-            attention_case(Heads { heads: 6, kv_heads: 2, head_dim }, 5, 21, 40);
-            attention_case(Heads { heads: 4, kv_heads: 4, head_dim }, 3, 0, 8);
+        // head size 16: the portable loops; 64 and 128: the SIMD path of each instruction set
+        // this CPU runs, and the portable loops
+        let paths = std::iter::once(None).chain(crate::Isa::supported_here().into_iter().map(Some));
+        for isa in paths {
+            for head_dim in [16, 64, 128] {
+                attention_case(isa, Heads { heads: 6, kv_heads: 2, head_dim }, 5, 21, 40);
+                attention_case(isa, Heads { heads: 4, kv_heads: 4, head_dim }, 3, 0, 8);
+            }
+            // SmolLM2's layout after a longer prefix
+            attention_case(isa, Heads { heads: 9, kv_heads: 3, head_dim: 64 }, 5, 117, 130);
         }
     }
 
-    fn attention_case(hd: Heads, n: usize, prefix: usize, capacity: usize) {
+    fn attention_case(isa: Option<crate::Isa>, hd: Heads, n: usize, prefix: usize, capacity: usize) {
         let width = (hd.heads + 2 * hd.kv_heads) * hd.head_dim;
         let qkv = data(n * width, 4);
         let cos = data(n * hd.head_dim, 5);
@@ -648,19 +724,19 @@ mod tests {
                 }
             }
             let mut out = vec![0f32; n * hd.heads * hd.head_dim];
-            block_attention(&qkv, n, hd, None, &cos, &sin, &mut kc, &mut vc, prefix, m, 0.25, &mut out, 1).unwrap();
+            block_attention_on(isa, &qkv, n, hd, None, &cos, &sin, &mut kc, &mut vc, prefix, m, 0.25, &mut out, 1).unwrap();
             // heads split between threads (2, or more threads than heads): the same bits
             for threads in [2, 3, 8] {
                 let (mut kt, mut vt) = (kc.clone(), vc.clone());
                 let mut split = vec![0f32; out.len()];
-                block_attention(&qkv, n, hd, None, &cos, &sin, &mut kt, &mut vt, prefix, m, 0.25, &mut split, threads).unwrap();
-                assert!(split.iter().zip(&out).all(|(a, b)| a.to_bits() == b.to_bits()), "{threads} threads, {hd:?}");
+                block_attention_on(isa, &qkv, n, hd, None, &cos, &sin, &mut kt, &mut vt, prefix, m, 0.25, &mut split, threads).unwrap();
+                assert!(split.iter().zip(&out).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa:?}: {threads} threads, {hd:?}");
                 assert_eq!((kt, vt), (kc.clone(), vc.clone()));
             }
             let dense: Vec<u8> = if causal { (0..n * n).map(|x| u8::from(x % n <= x / n)).collect() } else { mask.clone() };
             let want = reference(&qkv, n, hd, &cos, &sin, &prefix_k, &prefix_v, prefix, &dense, 0.25);
             for (a, b) in out.iter().zip(&want) {
-                assert!((*a as f64 - b).abs() < 1e-5, "{a} vs {b}");
+                assert!((*a as f64 - b).abs() < 1e-5, "{isa:?} {hd:?}: {a} vs {b}");
             }
             // the block's values landed in their slots
             let v0 = &qkv[(hd.heads + hd.kv_heads) * hd.head_dim..(hd.heads + hd.kv_heads + 1) * hd.head_dim];
@@ -669,8 +745,8 @@ mod tests {
         let mut kc = vec![0f32; hd.kv_heads * capacity * hd.head_dim];
         let mut vc = kc.clone();
         let mut out = vec![0f32; n * hd.heads * hd.head_dim];
-        let err = block_attention(&qkv, n, hd, None, &cos, &sin, &mut kc, &mut vc, capacity - 2, None, 0.25, &mut out, 1);
+        let err = block_attention_on(isa, &qkv, n, hd, None, &cos, &sin, &mut kc, &mut vc, capacity - 2, None, 0.25, &mut out, 1);
         assert!(err.unwrap_err().0.contains("exceed"));
-        assert!(block_attention(&qkv[1..], n, hd, None, &cos, &sin, &mut kc, &mut vc, 0, None, 0.25, &mut out, 1).is_err());
+        assert!(block_attention_on(isa, &qkv[1..], n, hd, None, &cos, &sin, &mut kc, &mut vc, 0, None, 0.25, &mut out, 1).is_err());
     }
 }

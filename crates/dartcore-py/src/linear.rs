@@ -64,14 +64,22 @@ fn wrong_w(format: &str) -> PyErr {
     errors::value(format!("linear_rows: w must be a 2-D {dtype} array for format {format:?}"))
 }
 
-/// Whether this CPU runs linear_rows (AVX-512F + FMA).
+/// Whether this CPU runs linear_rows (AVX-512F + FMA, or AVX2 + FMA + F16C).
 #[pyfunction]
 fn linear_available() -> bool {
     dart_linear::available()
 }
 
+/// The instruction set linear_rows and the layer ops run with: "avx512", "avx2", or None
+/// (not on this CPU, or turned off by DARTCORE_LINEAR_ISA=none).
+#[pyfunction]
+fn linear_isa() -> Option<&'static str> {
+    dart_linear::isa().map(dart_linear::Isa::name)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(linear_rows, m)?)?;
     m.add_function(wrap_pyfunction!(linear_available, m)?)?;
+    m.add_function(wrap_pyfunction!(linear_isa, m)?)?;
     Ok(())
 }

@@ -20,9 +20,11 @@ which the decoder does): torch's spinning OpenMP workers and the helpers fight o
 prompts x 64 tokens, tok/s AR / dart, with the native layer ops): torch 2 threads + MKL 24-31 /
 26-34, the kernel on two threads 31-35 / 38-42.
 
-Elsewhere -- more than MAX_ROWS rows, a non-float32 or non-CPU tensor, autograd, a CPU
-without AVX-512F, ``DARTCORE_NATIVE_LINEAR=0`` in the environment at import -- it is
-``F.linear``.
+The kernel runs with AVX-512F, else AVX2 + FMA + F16C (:func:`native_linear_isa` names
+which; ``DARTCORE_LINEAR_ISA=avx2`` in the environment at import forces the AVX2 path on an
+AVX-512 machine, ``none`` turns the kernel off). Elsewhere -- more than MAX_ROWS rows, a
+non-float32 or non-CPU tensor, autograd, a CPU with neither, ``DARTCORE_NATIVE_LINEAR=0`` in
+the environment at import -- it is ``F.linear``.
 """
 
 from __future__ import annotations
@@ -36,23 +38,25 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["LINEAR_THREADS", "MAX_ROWS", "NativeWeight", "exact_narrow", "linear_threads", "native_linear_available",
-           "native_linears_", "small_linear", "torch_threads"]
+           "native_linear_isa", "native_linears_", "small_linear", "torch_threads"]
 
 MAX_ROWS = 16  # crates/dart-linear's MAX_ROWS
 
 
-def _probe() -> bool:
+def _probe() -> str | None:
+    """The instruction set the native kernel runs with here ("avx512", "avx2"), or None."""
     if os.environ.get("DARTCORE_NATIVE_LINEAR", "1") == "0":
-        return False
+        return None
     try:
         from dartcore import _native
 
-        return bool(_native.linear_available())
+        return _native.linear_isa() if _native.linear_available() else None
     except (ImportError, AttributeError):
-        return False
+        return None
 
 
-_AVAILABLE = _probe()
+_ISA = _probe()
+_AVAILABLE = _ISA is not None
 
 
 def _env_threads() -> int | None:
@@ -124,8 +128,16 @@ def exact_narrow(weight: torch.Tensor) -> tuple[np.ndarray, str] | None:
 
 
 def native_linear_available() -> bool:
-    """Whether the native kernel runs here (built, AVX-512F + FMA, not switched off)."""
+    """Whether the native kernel runs here (built, AVX-512F or AVX2 + FMA + F16C, not
+    switched off)."""
     return _AVAILABLE
+
+
+def native_linear_isa() -> str | None:
+    """The instruction set the native kernel and layer ops run with: ``"avx512"``,
+    ``"avx2"``, or None where they do not run (see :func:`native_linear_available`).
+    Benchmarks name it with their figures."""
+    return _ISA
 
 
 class NativeWeight:
@@ -173,7 +185,7 @@ def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 def native_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The native kernel itself for 1..MAX_ROWS rows (no fallback): tests and benchmarks."""
     if not (_AVAILABLE and _fits(weight)):
-        raise RuntimeError("the native kernel needs AVX-512F and a contiguous float32 CPU weight")
+        raise RuntimeError("the native kernel needs AVX-512F or AVX2 + FMA + F16C and a contiguous float32 CPU weight")
     return _product(x, weight.detach().numpy(), None if bias is None else bias.detach().contiguous().numpy(), 1)
 
 

@@ -1,0 +1,47 @@
+//! SmolLM2-135M's decoding products (30 layers' fused q|k|v, o, gate|up, down, and the LM
+//! head: 134 M f32 weights, streamed from memory) at 1..16 rows, per instruction set this CPU
+//! runs: the median of `REPEATS` passes, in ms.
+//!
+//!     cargo run --release -p dart-linear --example rows [threads] [repeats] [rows ...]
+
+use dart_linear::{linear_on, Isa};
+use std::time::Instant;
+
+fn main() {
+    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let threads = args.first().copied().unwrap_or(1);
+    let repeats = args.get(1).copied().unwrap_or(7);
+    let counts: Vec<usize> = if args.len() > 2 { args[2..].iter().copied().filter(|&r| (1..=16).contains(&r)).collect() } else { vec![1, 2, 3, 4, 5, 6, 8, 12, 16] };
+    let (h, i, v) = (576, 1536, 49152);
+    let mut shapes: Vec<(usize, usize)> = (0..30).flat_map(|_| [(960, h), (h, h), (2 * i, h), (h, i)]).collect();
+    shapes.push((v, h));
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.04
+    };
+    let weights: Vec<Vec<f32>> = shapes.iter().map(|&(n, k)| (0..n * k).map(|_| next()).collect()).collect();
+    let x: Vec<f32> = (0..16 * i).map(|_| next()).collect();
+    let mut out = vec![0f32; 16 * v];
+    println!("threads {threads}, median of {repeats} passes, ms");
+    for isa in Isa::supported_here() {
+        let mut line = format!("{:>6}:", isa.name());
+        for &rows in &counts {
+            let mut times: Vec<f64> = (0..repeats + 1)
+                .map(|_| {
+                    let t = Instant::now();
+                    for (w, &(n, k)) in weights.iter().zip(&shapes) {
+                        linear_on(isa, &x[..rows * k], rows, k, &w[..], n, None, &mut out[..rows * n], threads).unwrap();
+                    }
+                    t.elapsed().as_secs_f64() * 1e3
+                })
+                .skip(1)
+                .collect();
+            times.sort_by(f64::total_cmp);
+            line += &format!(" {rows} rows {:.1}", times[times.len() / 2]);
+        }
+        println!("{line}");
+    }
+}
