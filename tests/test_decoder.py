@@ -379,7 +379,7 @@ def test_two_torch_threads_use_the_native_team_and_give_the_same_tokens():
     from dartcore.kernels.linear import native_linear_available
 
     if not native_linear_available():
-        pytest.skip("the native kernel needs AVX-512F")
+        pytest.skip("the native kernel needs AVX-512F or AVX2 + FMA + F16C")
     model = tiny_model("llama")
     model.generation_config.eos_token_id = None
     tok = CharTokenizer()

@@ -104,13 +104,13 @@ def test_incremental_draft_equals_one_call_and_training_forward(family):
 
 def _torch_product(w, b):
     """A fused projection's product in torch: the native layer ops run on any CPU, the
-    native small-batch kernel only with AVX-512F."""
+    native small-batch kernel only with AVX-512F or AVX2 + FMA + F16C."""
     return lambda x: torch.nn.functional.linear(x, w, b)
 
 
 NATIVE_PRODUCTS = pytest.param("native", marks=pytest.mark.skipif(
     not __import__("dartcore.kernels.linear", fromlist=["x"]).native_linear_available(),
-    reason="the native kernels need AVX-512F"))
+    reason="the native kernels need AVX-512F or AVX2 + FMA + F16C"))
 
 
 @pytest.mark.parametrize("products", [NATIVE_PRODUCTS, "torch"])

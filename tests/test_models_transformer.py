@@ -219,7 +219,7 @@ def test_fused_cpu_weights_keep_values_memory_and_outputs(family, native):
     from dartcore.models.transformer import column_major_linears_
 
     if native and not native_linear_available():
-        pytest.skip("the native small-batch kernel needs AVX-512F")
+        pytest.skip("the native small-batch kernel needs AVX-512F or AVX2 + FMA + F16C")
     model = tiny_model("llama" if family == "llama-bias" else family, layers=3)
     if family == "llama-bias":  # Qwen2-style q/k/v/o biases
         for layer in model.model.layers:

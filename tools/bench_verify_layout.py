@@ -2,7 +2,7 @@
 """Target forward cost per block size for the CPU weight layouts, measured side by side in one
 process: the HF layout (``TargetModel(fuse_cpu_weights=False)``), fused column-major for MKL
 (``native_linear=False``) and fused row-major through dartcore's native small-batch kernel
-(``native_linear=True``, where the CPU has AVX-512F).
+(``native_linear=True``, where the CPU has AVX-512F or AVX2 + FMA + F16C).
 
     python3 tools/bench_verify_layout.py --threads 2 [--logits] [--json]
 

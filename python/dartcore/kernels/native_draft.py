@@ -40,7 +40,7 @@ class NativeDraft:
     def adopt(cls, drafter, *, threads: int | None = None) -> NativeDraft | None:
         """A NativeDraft for ``drafter`` with its ``nn.Linear`` layers on the native kernel
         (:func:`~dartcore.kernels.linear.native_linears_`), or None where the kernel does not
-        run (no AVX-512F, not float32, not on the CPU)."""
+        run (neither AVX-512F nor AVX2 + FMA + F16C, not float32, not on the CPU)."""
         w = drafter.fc.weight
         if not native_linear_available() or w.device.type != "cpu" or w.dtype != torch.float32:
             return None

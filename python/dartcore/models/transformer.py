@@ -63,7 +63,7 @@ class TargetModel:
     drafter's rows -- through dartcore's native small-batch kernel, and the rest of each layer
     (residual + RMSNorm, q/k norm, RoPE, KV write, tree attention) through native layer ops
     (:mod:`dartcore.kernels.linear`, :class:`NativeLayerOps`). Default: on wherever the kernel
-    runs (float32 CPU weights, AVX-512F). The kernel runs on as many threads as torch has when
+    runs (float32 CPU weights, AVX-512F or AVX2 + FMA + F16C). The kernel runs on as many threads as torch has when
     the model is adopted (the calling thread plus helpers that spin between calls; or
     ``DARTCORE_LINEAR_THREADS``), and a small forward runs torch's own ops on one thread (its
     OpenMP workers spinning next to the helpers cost 4-5x). Measured on the 2-vCPU dev box
