@@ -275,6 +275,57 @@ class DartDecoder:
         assert result is not None
         return result
 
+    def generate_batch(self, prompts, *, max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
+                       top_k: int = 0, stop: str | Sequence[str] | None = None, seed: int | None = None,
+                       max_batch: int = 16, budget: int | str | None = None) -> list[GenerationResult]:
+        """:meth:`generate` for several prompts decoded together by the batched engine
+        (:class:`dartcore.engine.Engine`): one result per prompt, in order. ``prompts`` is a
+        non-empty list of prompts of one kind (strings, token-id sequences, or chat message
+        lists); at most ``max_batch`` decode at once, the rest wait for a free slot.
+        ``budget``: nodes per sequence per round (default the decoder's ``max_nodes``, as
+        ``generate``; 0 = plain AR) or ``"adaptive"`` (the budget controller). Prompt i
+        samples with seed ``seed + i`` (None: unseeded). Under greedy decoding every result
+        equals ``generate`` on that prompt alone. Per-stage times are the engine's
+        (``GenerationStats.seconds`` stays zero here)."""
+        from dartcore.engine import Engine, SamplingParams as RequestParams
+
+        if isinstance(prompts, (str, dict)) or not isinstance(prompts, (list, tuple)):
+            raise TypeError(f"prompts must be a list of prompts (strings, token ids or chat messages), got "
+                            f"{type(prompts).__name__}; for one prompt use generate()")
+        if not prompts:
+            raise ValueError("prompts is empty: give at least one prompt")
+        kinds = {_prompt_kind(p) for p in prompts}
+        if len(kinds) > 1:
+            raise TypeError(f"prompts mixes {' and '.join(sorted(kinds))}: give prompts of one kind")
+        seed = check_seed(seed)
+        params = [RequestParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                seed=None if seed is None else seed + i, stop=stop or ()) for i in range(len(prompts))]
+        ids = []
+        for i, p in enumerate(prompts):
+            try:
+                ids.append(self._prompt_ids(p))
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"prompts[{i}]: {e}") from None
+        capacity = min(self.context_length, max(len(x) for x in ids) + params[0].max_new_tokens + self.max_nodes + 1)
+        engine = Engine(self, max_batch=min(len(prompts), max_batch), max_seq_len=max(capacity, 2),
+                        budget=self.max_nodes if budget is None else budget)
+        start = time.perf_counter()
+        rids = [engine.add_request(x, p) for x, p in zip(ids, params)]
+        done: dict[str, tuple[float, Any]] = {}
+        while engine.has_unfinished():
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = (time.perf_counter(), out)
+        results = []
+        for rid in rids:
+            t, out = done[rid]
+            stats = GenerationStats(prompt_tokens=out.stats["prompt_tokens"], new_tokens=len(out.tokens),
+                                                rounds=out.stats["rounds"], accept_hist=out.stats["accept_hist"],
+                                                budget_hist=out.stats["budget_hist"], total_s=t - start,
+                                                finish_reason=out.stats.get("finish_detail") or "empty")
+            results.append(GenerationResult(tokens=list(out.tokens), text=self._decode(out.tokens), stats=stats))
+        return results
+
     def stream(self, prompt, *, max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, stop: str | Sequence[str] | None = None,
                seed: int | None = None) -> Iterator[StreamChunk]:
@@ -578,6 +629,15 @@ class DartDecoder:
         if bad:
             raise ValueError(f"prompt: token id {bad[0]} is outside the target's vocabulary [0, {vocab})")
         return ids
+
+
+def _prompt_kind(prompt) -> str:
+    """What kind of prompt ``prompt`` is, for generate_batch's one-kind check."""
+    if isinstance(prompt, str):
+        return "strings"
+    if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
+        return "chat messages"
+    return "token ids"
 
 
 def _eos_ids(model, tokenizer) -> tuple[int, ...]:
