@@ -9,6 +9,10 @@ pub enum Error {
     /// The index (or run) file does not exist.
     #[error("index file not found: {path}")]
     NotFound { path: PathBuf },
+    /// The path names a directory, FIFO, socket or device: refused before it is opened (a
+    /// FIFO would block the open).
+    #[error("{path} is {kind}, not an index file: pass the path of an index file built by ngram-build")]
+    NotAFile { path: PathBuf, kind: &'static str },
     /// Any other I/O failure, with the path it concerns.
     #[error("I/O error on {path}: {source}")]
     Io {
@@ -25,6 +29,9 @@ pub enum Error {
     /// A token id is not below the vocabulary size.
     #[error("token id {token} is out of range for vocabulary size {vocab_size}")]
     TokenOutOfRange { token: u32, vocab_size: u32 },
+    /// A DART `.trie` file that cannot be converted ([`crate::dart_trie`]).
+    #[error("{}: {problem}", path.display())]
+    Trie { path: PathBuf, problem: crate::dart_trie::TrieProblem },
     /// Bad build or query options.
     #[error("invalid option: {0}")]
     InvalidOption(String),
