@@ -88,6 +88,16 @@ class TorchBackend:
         """``drafter.draft(...)`` on this backend."""
         return drafter.draft(state, taps, next_tokens, return_hidden=return_hidden, rows=rows)
 
+    def draft_batch(self, drafter, states, taps, next_tokens, *, rows, return_hidden: bool) -> list:
+        """One drafter pass for several sequences (``drafter.draft_batch``); one sequence
+        takes :meth:`draft`."""
+        if len(states) == 1:
+            return [self.draft(drafter, states[0], taps[0], next_tokens[0], rows=rows[0], return_hidden=return_hidden)]
+        if not hasattr(drafter, "draft_batch"):  # a custom drafter: one call per sequence
+            return [self.draft(drafter, s, t, x, rows=r, return_hidden=return_hidden)
+                    for s, t, x, r in zip(states, taps, next_tokens, rows)]
+        return drafter.draft_batch(states, taps, next_tokens, rows, return_hidden=return_hidden)
+
     def round_scope(self):
         """Context of one decoding round (draft, search, verify, accept)."""
         return contextlib.nullcontext()
@@ -104,6 +114,22 @@ class TorchBackend:
     def tree_logits(self, out: ForwardOutput, parents: np.ndarray):
         """Row i = the target's logits after tree node i (indexable by node)."""
         return LazyLogits(self.target, out.hidden, parents) if self.lazy_logits else out.logits
+
+
+    def tree_logits_batch(self, outs: list[ForwardOutput], trees: list) -> list:
+        """:meth:`tree_logits` for every sequence of a packed verify. Lazily, the rows every
+        walk reads first -- each tree's root and its first child -- come from one LM-head
+        product over all sequences (B one-row products cost B times one; a 2B-row GEMM much
+        less), the rest on demand as for one sequence."""
+        if not self.lazy_logits or len(outs) == 1:
+            return [self.tree_logits(o, t.parents) for o, t in zip(outs, trees)]
+        lazies = [LazyLogits(self.target, o.hidden, t.parents) for o, t in zip(outs, trees)]
+        where = [(k, i) for k, lz in enumerate(lazies)
+                 for i in ([0, lz.first_child[0]] if 0 in lz.first_child else [0])]
+        logits = self.target.logits(torch.stack([lazies[k].hidden[i] for k, i in where]))
+        for (k, i), row in zip(where, logits):
+            lazies[k].rows[i] = row
+        return lazies
 
 
 class NativeCpuBackend(TorchBackend):
@@ -135,6 +161,12 @@ class NativeCpuBackend(TorchBackend):
         if native is None or native.drafter is not drafter:
             return super().draft(drafter, state, taps, next_tokens, rows=rows, return_hidden=return_hidden)
         return native.draft(state, taps, next_tokens, return_hidden=return_hidden, rows=rows)
+
+    def draft_batch(self, drafter, states, taps, next_tokens, *, rows, return_hidden: bool) -> list:
+        native = self.native_drafts.get(id(drafter))
+        if len(states) == 1 or native is None or native.drafter is not drafter:
+            return super().draft_batch(drafter, states, taps, next_tokens, rows=rows, return_hidden=return_hidden)
+        return native.draft_batch(states, taps, next_tokens, rows, return_hidden=return_hidden)
 
     def round_scope(self):
         """A round's small torch ops (drafting, search, acceptance) on one torch thread: an
