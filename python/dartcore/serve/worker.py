@@ -103,7 +103,9 @@ class _RequestError(Exception):
 @dataclass
 class _Live:
     prompt_tokens: int
-    prefix_text: str  # echo: the prompt text, sent before the first token
+    echo: str  # echo: the prompt text, which the response text starts with
+    prefix_text: str = ""  # what of it is still to be streamed (before the first token)
+    stops: tuple[str, ...] = ()
     shown: str = ""
     started: float = field(default_factory=time.perf_counter)
 
@@ -165,7 +167,7 @@ class _Worker:
         except (ValueError, TypeError) as exc:
             raise _RequestError(str(exc), None, "invalid_value") from exc
         self.engine.add_request(ids, params, request_id=rid)
-        self.live[rid] = _Live(prompt_tokens=len(ids), prefix_text=prefix)
+        self.live[rid] = _Live(prompt_tokens=len(ids), echo=prefix, prefix_text=prefix, stops=tuple(req["stop"]))
 
     def abort(self, rid: str) -> None:
         if self.live.pop(rid, None) is None:
@@ -215,6 +217,7 @@ class _Worker:
                 delta = text[len(live.shown):] if text.startswith(live.shown) else ""
             else:
                 visible = text[:-1] if text.endswith("\ufffd") else text  # hold back a partial character
+                visible = visible[:len(visible) - _stop_overlap(visible, live.stops)]
                 delta = visible[len(live.shown):] if visible.startswith(live.shown) else ""
                 live.shown += delta
             if live.prefix_text:
@@ -223,7 +226,7 @@ class _Worker:
                     "finish_reason": out.finish_reason, "prompt_tokens": live.prompt_tokens,
                     "completion_tokens": len(out.tokens)}
             if out.finished:
-                item["text"] = text
+                item["text"] = live.echo + text
                 item["stats"] = _plain(getattr(out, "stats", {}) or {})
                 self.live.pop(out.request_id, None)
                 self.counters["finished"] += 1
@@ -266,6 +269,19 @@ class _Worker:
                 self.step()
             elif not busy:
                 conn.send(("step", [], self.snapshot()))
+
+
+def _stop_overlap(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest end of ``text`` that begins a stop string: held back from the
+    stream until the next tokens show whether the stop string completes (the engine then cuts
+    the text before it, and streamed text cannot be taken back)."""
+    best = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), best, -1):
+            if text.endswith(stop[:n]):
+                best = n
+                break
+    return best
 
 
 def _engine_totals(engine) -> dict:
