@@ -159,7 +159,7 @@ class FakeEngine:
             outs.append(FakeOutput(request_id=s.rid, new_tokens=new, tokens=list(s.tokens),
                                    finished=reason is not None, finish_reason=reason,
                                    stats={"tau": TOKENS_PER_STEP * 1.0, "rounds": s.rounds,
-                                          "accept_hist": [0] * accepted + [s.rounds], "budgets": [4] * s.rounds}))
+                                          "accept_hist": [0] * accepted + [s.rounds], "budget_hist": [0] * 4 + [s.rounds]}))
             if reason is not None:
                 self.running.remove(s)
         self.stats.steps += 1

@@ -113,8 +113,14 @@ class Metrics:
                     self.accept[worker].observe(accepted, int(count))
                     self.rounds[worker] += int(count)
                     self.committed[worker] += (accepted + 1) * int(count)
-        for value, count in _hist_counts(stats.get("budgets", stats.get("budget_hist"))):
-            self.budget[worker].observe(value, count)
+        budget_hist = stats.get("budget_hist")
+        if isinstance(budget_hist, (list, tuple)):  # [n] = rounds verified with a budget of n nodes
+            for nodes, count in enumerate(budget_hist):
+                if isinstance(count, (int, float)) and count:
+                    self.budget[worker].observe(nodes, int(count))
+        else:
+            for value, count in _hist_counts(stats.get("budgets", budget_hist)):
+                self.budget[worker].observe(value, count)
 
     def observe_latency(self, worker: int, seconds: float) -> None:
         self.latency[worker].observe(seconds)
