@@ -243,6 +243,26 @@ def test_disconnect_aborts_the_generation(server):
     assert generated < 120
 
 
+def test_disconnect_aborts_a_non_streaming_generation(server):
+    import socket
+
+    before = server.metrics()
+    body = json.dumps({"model": MODEL, "prompt": "nobody waits", "max_tokens": 380}).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    server.wait_healthy(lambda h: h["inflight"] == 1, timeout=30)
+    sock.close()
+    server.wait_healthy(lambda h: all(w["inflight"] == 0 and w["running"] == 0 for w in h["workers"]), timeout=30)
+    after = server.metrics()
+    aborted = sum(metric(after, "dart_requests_total", worker=w, endpoint="completion", status=499)
+                  - metric(before, "dart_requests_total", worker=w, endpoint="completion", status=499) for w in (0, 1))
+    assert aborted == 1
+    steps = sum(metric(after, "dart_engine_steps_total", worker=w) - metric(before, "dart_engine_steps_total",
+                                                                               worker=w) for w in (0, 1))
+    assert steps < 120  # 380 tokens would take 127 steps
+
+
 def test_full_queue_answers_429_with_retry_after(tmp_path):
     # 1 worker, batch 1, queue 1: two requests fit, the third is refused.
     srv = ServerProcess(_args(**{"--workers": "1", "--max-batch": "1", "--max-queue": "1"}),

@@ -201,7 +201,10 @@ class WorkerPool:
         h.alive = h.ready = False
         proc = h.process
         if proc is not None:
-            proc.join(timeout=5)
+            proc.join(timeout=1)
+            if proc.is_alive():  # closed its pipe but lives on: it is of no use to anyone
+                proc.kill()
+                proc.join(timeout=1)
         code = proc.exitcode if proc is not None else None
         how = (f"was killed by signal {-code}" if code is not None and code < 0
                else f"exited with status {code}")
