@@ -80,6 +80,7 @@ class FakeOutput:
     finished: bool
     finish_reason: str | None
     stats: dict
+    text: str | None = None  # on the finished output: the text, cut before a stop string
 
 
 @dataclass
@@ -97,7 +98,7 @@ class FakeStats:
         self.rows = 0
 
     def as_dict(self) -> dict:
-        return {"steps": self.steps, "rows": self.rows}
+        return {"num_steps": self.steps, "rows_verified": self.rows, "seconds": {"verify": 0.001 * self.steps}}
 
 
 class FakeEngine:
@@ -145,21 +146,24 @@ class FakeEngine:
             s.rounds += 1
             base = len(s.tokens)
             s.tokens.extend(s.reply[base:base + TOKENS_PER_STEP])
-            reason = None
+            reason, final = None, None
             text = "".join(chr(t) for t in s.tokens)
-            hits = [text.find(stop) for stop in s.params.stop if stop in text]
-            if hits:
-                del s.tokens[min(hits):]
-                reason = "stop"
+            hits = [(text.find(stop), stop) for stop in s.params.stop if stop in text]
+            if hits:  # like the real engine: the tokens run to the end of the stop string, the text stops before it
+                cut, stop = min(hits)
+                del s.tokens[cut + len(stop):]
+                reason, final = "stop", text[:cut]
             elif len(s.tokens) >= s.params.max_new_tokens:
                 del s.tokens[s.params.max_new_tokens:]
                 reason = "length"
+                final = "".join(chr(t) for t in s.tokens)
             new = s.tokens[base:]
             accepted = max(0, len(new) - 1)
             outs.append(FakeOutput(request_id=s.rid, new_tokens=new, tokens=list(s.tokens),
-                                   finished=reason is not None, finish_reason=reason,
+                                   finished=reason is not None, finish_reason=reason, text=final,
                                    stats={"tau": TOKENS_PER_STEP * 1.0, "rounds": s.rounds,
-                                          "accept_hist": [0] * accepted + [s.rounds], "budget_hist": [0] * 4 + [s.rounds]}))
+                                          "accept_hist": [0] * accepted + [s.rounds],
+                                          "budget_hist": [0] * 4 + [s.rounds]}))
             if reason is not None:
                 self.running.remove(s)
         self.stats.steps += 1

@@ -175,14 +175,17 @@ class Metrics:
         family("dart_running_sequences", "gauge", "Sequences in a worker's running batch.",
                [f'dart_running_sequences{{worker="{w}"}} {snap.get(w, {}).get("running", 0)}' for w in ws])
         counters = {w: snap.get(w, {}).get("counters", {}) for w in ws}
+        engine = {w: snap.get(w, {}).get("engine", {}) for w in ws}
         family("dart_engine_steps_total", "counter", "Engine steps a worker ran.",
                [f'dart_engine_steps_total{{worker="{w}"}} {counters[w].get("steps", 0)}' for w in ws])
         family("dart_engine_step_seconds_total", "counter", "Wall time inside engine.step().",
                [f'dart_engine_step_seconds_total{{worker="{w}"}} {_num(float(counters[w].get("step_s", 0.0)))}'
                 for w in ws])
+        family("dart_rows_verified_total", "counter", "Tree rows the target verified (all sequences, all steps).",
+               [f'dart_rows_verified_total{{worker="{w}"}} {int(engine[w].get("rows_verified", 0))}' for w in ws])
         family("dart_stage_seconds_total", "counter", "Engine time per decoding stage.",
                [f'dart_stage_seconds_total{{worker="{w}",stage="{k}"}} {_num(float(v))}'
-                for w in ws for k, v in sorted(counters[w].get("stage_s", {}).items())])
+                for w in ws for k, v in sorted(engine[w].get("seconds", {}).items())])
         family("dart_worker_restarts_total", "counter", "Times a dead worker was restarted.",
                [f'dart_worker_restarts_total{{worker="{w}"}} {self.restarts[w]}' for w in ws])
         return "\n".join(out) + "\n"

@@ -122,8 +122,7 @@ class _Worker:
         self.live: dict[str, _Live] = {}
         self.draining = False
         # Counters the front turns into /metrics (cumulative since this process started).
-        self.counters: dict[str, Any] = {"steps": 0, "step_s": 0.0, "finished": 0, "aborted": 0,
-                                         "stage_s": {}, "rows": 0}
+        self.counters: dict[str, Any] = {"steps": 0, "step_s": 0.0, "finished": 0, "aborted": 0}
 
     # -- requests -----------------------------------------------------------------------
 
@@ -206,13 +205,14 @@ class _Worker:
         dt = time.perf_counter() - t0
         self.counters["steps"] += 1
         self.counters["step_s"] += dt
-        self._engine_stats()
         sent = []
         for out in outs:
             live = self.live.get(out.request_id)
             if live is None:
                 continue  # aborted while it ran
-            text = self._decode(list(out.tokens))
+            final = getattr(out, "text", None) if out.finished else None
+            # The engine's final text ends before a stop string (its tokens may run into it).
+            text = final if final is not None else self._decode(list(out.tokens))
             if out.finished:
                 delta = text[len(live.shown):] if text.startswith(live.shown) else ""
             else:
@@ -232,20 +232,6 @@ class _Worker:
                 self.counters["finished"] += 1
             sent.append(item)
         self.conn.send(("step", sent, self.snapshot()))
-
-    def _engine_stats(self) -> None:
-        """Fold the engine's per-step numbers (stage times, rows) into the counters."""
-        stats = getattr(self.engine, "stats", None)
-        last = getattr(stats, "last", None) if stats is not None else None
-        src = last if last is not None else stats
-        seconds = getattr(src, "seconds", None) if src is not None else None
-        if isinstance(seconds, dict) and last is not None:
-            for k, v in seconds.items():
-                if isinstance(v, (int, float)):
-                    self.counters["stage_s"][k] = self.counters["stage_s"].get(k, 0.0) + float(v)
-            rows = getattr(last, "rows", None)
-            if isinstance(rows, (int, float)):
-                self.counters["rows"] += int(rows)
 
     def snapshot(self) -> dict:
         return {"waiting": int(self.engine.num_waiting()), "running": int(self.engine.num_running()),
