@@ -1,5 +1,5 @@
 """DartDecoder: lossless speculative decoding with a drafter, a trigram index
-and tree verification (batch 1).
+and tree verification.
 
 One round of the loop (ARCHITECTURE.md "Data flow")::
 
@@ -8,6 +8,16 @@ One round of the loop (ARCHITECTURE.md "Data flow")::
     verify  one target forward over the flattened tree (positions L + depth, ancestor mask)
     accept  walk the tree with the target's own choices -> path + bonus token;
             keep only the path's KV entries, compacted in place
+
+In the code: ``_rounds`` runs ``_prefill`` once, then per round ``_limits`` (the
+round's depth and node budget, decided there only), ``_draft``, ``_search``,
+``_verify`` and ``_accept``, each on the one ``_Sequence`` that holds the
+sequence's state between rounds (caches, committed tokens, the last round's
+taps). Device and CPU specifics are the backend's (:mod:`dartcore.models.backend`).
+The draft, search and verify steps take a list of sequences: ``generate`` passes one,
+the batched engine (:mod:`dartcore.engine`, ``generate_batch``) all its running ones,
+so both run the same code -- one drafter pass, one target forward over every
+sequence's tree rows.
 
 The plain autoregressive baseline is the same loop with the ``ar`` builder (the
 tree is the root alone), so speedups compare like with like.
@@ -29,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dartcore.builders import TreeInputs, make_tree_builder, node_budget, root_only
+from dartcore.builders import BeamBuilder, TreeInputs, _target_topk, make_tree_builder, node_budget, root_only
 from dartcore.errors import ContextLengthError, DrafterMismatchError, TokenizerMismatchError, TreeError
 from dartcore.models.backend import TorchBackend, backend_for
 from dartcore.models.cache import KVCache
@@ -62,6 +72,7 @@ class GenerationStats:
     new_tokens: int = 0
     rounds: int = 0
     accept_hist: list[int] = field(default_factory=list)
+    budget_hist: list[int] = field(default_factory=list)  # [n] = rounds verified with a budget of n nodes
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     total_s: float = 0.0
     finish_reason: str = ""  # "eos" | "stop" | "length" (max_new_tokens) | "context" | "empty"
@@ -77,10 +88,11 @@ class GenerationStats:
         """New tokens per second of the whole call (prefill included)."""
         return self.new_tokens / self.total_s if self.total_s > 0 else 0.0
 
-    def _count(self, accepted: int) -> None:
-        if len(self.accept_hist) <= accepted:
-            self.accept_hist.extend([0] * (accepted + 1 - len(self.accept_hist)))
-        self.accept_hist[accepted] += 1
+    def _count(self, accepted: int, budget: int = 0) -> None:
+        for hist, i in ((self.accept_hist, accepted), (self.budget_hist, budget)):
+            if len(hist) <= i:
+                hist.extend([0] * (i + 1 - len(hist)))
+            hist[i] += 1
         self.rounds += 1
 
     def as_dict(self) -> dict[str, Any]:
@@ -131,8 +143,11 @@ class _Sequence:
     stops: list[str]
     sampler: Sampler
     stats: GenerationStats
-    new_taps: torch.Tensor | None = None  # target taps of the positions committed last round
+    new_taps: torch.Tensor | None = None  # target taps of the positions not yet drafted from
     new_next: list[int] = field(default_factory=list)  # the token after each of those positions
+    limit: int = 0  # committed tokens this sequence may reach (the context, or its KV slot)
+    budget: int = 0  # this round's node budget
+    accepted: int = 0  # drafted tokens the last round accepted
 
     @property
     def prefix(self) -> int:
@@ -260,6 +275,57 @@ class DartDecoder:
         assert result is not None
         return result
 
+    def generate_batch(self, prompts, *, max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
+                       top_k: int = 0, stop: str | Sequence[str] | None = None, seed: int | None = None,
+                       max_batch: int = 16, budget: int | str | None = None) -> list[GenerationResult]:
+        """:meth:`generate` for several prompts decoded together by the batched engine
+        (:class:`dartcore.engine.Engine`): one result per prompt, in order. ``prompts`` is a
+        non-empty list of prompts of one kind (strings, token-id sequences, or chat message
+        lists); at most ``max_batch`` decode at once, the rest wait for a free slot.
+        ``budget``: nodes per sequence per round (default the decoder's ``max_nodes``, as
+        ``generate``; 0 = plain AR) or ``"adaptive"`` (the budget controller). Prompt i
+        samples with seed ``seed + i`` (None: unseeded). Under greedy decoding every result
+        equals ``generate`` on that prompt alone. Per-stage times are the engine's
+        (``GenerationStats.seconds`` stays zero here)."""
+        from dartcore.engine import Engine, SamplingParams as RequestParams
+
+        if isinstance(prompts, (str, dict)) or not isinstance(prompts, (list, tuple)):
+            raise TypeError(f"prompts must be a list of prompts (strings, token ids or chat messages), got "
+                            f"{type(prompts).__name__}; for one prompt use generate()")
+        if not prompts:
+            raise ValueError("prompts is empty: give at least one prompt")
+        kinds = {_prompt_kind(p) for p in prompts}
+        if len(kinds) > 1:
+            raise TypeError(f"prompts mixes {' and '.join(sorted(kinds))}: give prompts of one kind")
+        seed = check_seed(seed)
+        params = [RequestParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                seed=None if seed is None else seed + i, stop=stop or ()) for i in range(len(prompts))]
+        ids = []
+        for i, p in enumerate(prompts):
+            try:
+                ids.append(self._prompt_ids(p))
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"prompts[{i}]: {e}") from None
+        capacity = min(self.context_length, max(len(x) for x in ids) + params[0].max_new_tokens + self.max_nodes + 1)
+        engine = Engine(self, max_batch=min(len(prompts), max_batch), max_seq_len=max(capacity, 2),
+                        budget=self.max_nodes if budget is None else budget)
+        start = time.perf_counter()
+        rids = [engine.add_request(x, p) for x, p in zip(ids, params)]
+        done: dict[str, tuple[float, Any]] = {}
+        while engine.has_unfinished():
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = (time.perf_counter(), out)
+        results = []
+        for rid in rids:
+            t, out = done[rid]
+            stats = GenerationStats(prompt_tokens=out.stats["prompt_tokens"], new_tokens=len(out.tokens),
+                                                rounds=out.stats["rounds"], accept_hist=out.stats["accept_hist"],
+                                                budget_hist=out.stats["budget_hist"], total_s=t - start,
+                                                finish_reason=out.stats.get("finish_detail") or "empty")
+            results.append(GenerationResult(tokens=list(out.tokens), text=self._decode(out.tokens), stats=stats))
+        return results
+
     def stream(self, prompt, *, max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, stop: str | Sequence[str] | None = None,
                seed: int | None = None) -> Iterator[StreamChunk]:
@@ -320,11 +386,11 @@ class DartDecoder:
         while not done:
             with self.backend.round_scope():
                 max_depth, budget = self._limits(seq)
-                drafted = self._draft(seq, max_depth)
+                (drafted,) = self._draft([seq], [max_depth])
                 clock.lap("draft")
-                tree = self._search(seq, drafted, max_depth, budget)
+                (tree,) = self._search([seq], [drafted], [max_depth])
                 clock.lap("search")
-                out = self._verify(seq, tree)
+                (out,) = self._verify([seq], [tree])
                 clock.lap("verify")
                 base = len(generated)
                 done = self._accept(seq, tree, out)
@@ -335,13 +401,17 @@ class DartDecoder:
     # -- the steps of a round ---------------------------------------------------------------
 
     def _start(self, ids: list[int], max_new_tokens: int, sampler: Sampler, stops: list[str],
-               stats: GenerationStats, generated: list[int]) -> _Sequence:
-        """A sequence's caches, sized for the prompt, the output and one tree."""
-        capacity = min(self.context_length, len(ids) + max_new_tokens + self.max_nodes + 1)
-        cache = self.target.new_cache(capacity)
-        dstate = self.drafter.new_state(cache.capacity) if self.drafter is not None else None
-        return _Sequence(cache=cache, drafter_state=dstate, committed=list(ids), generated=generated,
-                         max_new_tokens=max_new_tokens, stops=stops, sampler=sampler, stats=stats)
+               stats: GenerationStats, generated: list[int], *, cache: KVCache | None = None,
+               drafter_state=None) -> _Sequence:
+        """A sequence's state; its caches sized for the prompt, the output and one tree, or
+        the given ones (a slot of the engine's pool)."""
+        if cache is None:
+            capacity = min(self.context_length, len(ids) + max_new_tokens + self.max_nodes + 1)
+            cache = self.target.new_cache(capacity)
+            drafter_state = self.drafter.new_state(cache.capacity) if self.drafter is not None else None
+        return _Sequence(cache=cache, drafter_state=drafter_state, committed=list(ids), generated=generated,
+                         max_new_tokens=max_new_tokens, stops=stops, sampler=sampler, stats=stats,
+                         limit=min(self.context_length, cache.capacity))
 
     def _taps(self) -> tuple[int, ...]:
         return tuple(self.drafter.taps) if self.drafter is not None else ()
@@ -358,52 +428,109 @@ class DartDecoder:
         seq.committed.append(token)
         return self._commit(seq, [token])
 
-    def _limits(self, seq: _Sequence) -> tuple[int, int]:
+    def _limits(self, seq: _Sequence, max_nodes: int | None = None) -> tuple[int, int]:
         """This round's deepest usable node and node budget (root excluded): the one place
-        the budget is decided (the decoder's ``max_nodes``, capped by the room left in the
-        caches); the builder receives exactly that."""
-        max_depth = min(seq.max_new_tokens - len(seq.generated), self.context_length - len(seq.committed)) - 1
-        budget = min(self.max_nodes, seq.cache.capacity - seq.prefix - 1)
-        return max_depth, budget
+        the budget is decided (``max_nodes``, by default the decoder's, capped by the room
+        left in the caches); the builder receives exactly that. Sets ``seq.budget``."""
+        max_depth = min(seq.max_new_tokens - len(seq.generated), seq.limit - len(seq.committed)) - 1
+        asked = self.max_nodes if max_nodes is None else max_nodes
+        # No node fits when one token is left (max_depth 0): that round is a plain step.
+        seq.budget = max(0, min(asked, seq.cache.capacity - seq.prefix - 1)) if max_depth > 0 else 0
+        return max_depth, seq.budget
 
-    def _draft(self, seq: _Sequence, max_depth: int) -> _Drafted:
-        """The drafter over the positions committed last round: d rows of logits (no more
-        rows than a tree of this round can use)."""
+    def _draft(self, seqs: list[_Sequence], depths: list[int]) -> list[_Drafted]:
+        """One drafter pass over the positions each sequence committed since it last drafted:
+        d rows of logits per sequence (no more rows than its tree can use). Sequences with
+        nothing to draft (budget 0, or one token left) skip it; their positions wait."""
+        out = [_Drafted() for _ in seqs]
         drafter = self.drafter
-        # max_depth == 0 only in the last round (one token left): nothing to draft.
-        if drafter is None or max_depth <= 0:
-            return _Drafted()
+        if drafter is None:
+            return out
+        todo = [i for i, (seq, depth) in enumerate(zip(seqs, depths)) if depth > 0 and seq.budget > 0]
+        if not todo:
+            return out
         # A tree of `budget` nodes is never deeper than `budget`: draft no more rows than that.
-        rows = min(drafter.d, self.max_nodes, max_depth)
+        rows = [min(drafter.d, seqs[i].budget, depths[i]) for i in todo]
         want_hidden = self.builder.needs_hidden
-        out = self.backend.draft(drafter, seq.drafter_state, seq.new_taps, torch.tensor(seq.new_next, dtype=torch.long),
-                                 rows=rows, return_hidden=want_hidden)
-        return _Drafted(*out) if want_hidden else _Drafted(logits=out)
+        results = self.backend.draft_batch(
+            drafter, [seqs[i].drafter_state for i in todo], [seqs[i].new_taps for i in todo],
+            [torch.tensor(seqs[i].new_next, dtype=torch.long) for i in todo], rows=rows, return_hidden=want_hidden)
+        for i, r in zip(todo, results):
+            out[i] = _Drafted(*r) if want_hidden else _Drafted(logits=r)
+            seqs[i].new_taps, seqs[i].new_next = None, []  # now in the drafter's state
+        return out
 
-    def _search(self, seq: _Sequence, drafted: _Drafted, max_depth: int, budget: int) -> Tree:
-        """The draft tree, rooted at the last committed token."""
-        root = seq.committed[-1]
-        if max_depth <= 0 or budget <= 0:
-            return root_only(root)
-        tree = self.builder(TreeInputs(
-            context=np.asarray(seq.committed, dtype=np.int64), logits=drafted.logits, hidden=drafted.hidden,
-            drafter=self.drafter, index=self.index, max_depth=max_depth, max_nodes=budget,
-            eos_token_ids=self.eos_token_ids,
-        ))
-        # The built-in builders keep to the budget; a custom one that does not is cut to it.
-        tree = prune(flatten(tree), max_depth=max_depth, max_nodes=budget + 1)
-        if int(tree.tokens[0]) != root:
-            raise TreeError(f"tree root {int(tree.tokens[0])} is not the last committed token {root}")
-        return tree
+    def _search(self, seqs: list[_Sequence], drafted: list[_Drafted], depths: list[int]) -> list[Tree]:
+        """Each sequence's draft tree, rooted at its last committed token: the DART beam
+        search for all of them in one native call per (depth, budget) group where the
+        builder is the plain Eq. (10) one, else one builder call per sequence."""
+        trees: list[Tree | None] = [None] * len(seqs)
+        work = [i for i, (seq, depth) in enumerate(zip(seqs, depths)) if depth > 0 and seq.budget > 0]
+        for i in range(len(seqs)):
+            if i not in work:
+                trees[i] = root_only(seqs[i].committed[-1])
+        if len(work) > 1 and type(self.builder) is BeamBuilder and all(drafted[i].logits is not None for i in work):
+            self._beam_batch(seqs, drafted, depths, work, trees)
+        for i in work:
+            seq, depth = seqs[i], depths[i]
+            tree = trees[i]
+            if tree is None:
+                tree = self.builder(TreeInputs(
+                    context=np.asarray(seq.committed, dtype=np.int64), logits=drafted[i].logits,
+                    hidden=drafted[i].hidden, drafter=self.drafter, index=self.index, max_depth=depth,
+                    max_nodes=seq.budget, eos_token_ids=self.eos_token_ids,
+                ))
+            # The built-in builders keep to the budget; a custom one that does not is cut to it.
+            tree = prune(flatten(tree), max_depth=depth, max_nodes=seq.budget + 1)
+            if int(tree.tokens[0]) != seq.committed[-1]:
+                raise TreeError(f"tree root {int(tree.tokens[0])} is not the last committed token {seq.committed[-1]}")
+            trees[i] = tree
+        return trees
 
-    def _verify(self, seq: _Sequence, tree: Tree) -> ForwardOutput:
-        """One target forward over the tree: node i at position prefix + depth(i), seeing the
-        cached prefix and its ancestors."""
-        tokens = torch.from_numpy(tree.tokens)
-        positions = torch.from_numpy(tree.depths + seq.prefix)
-        mask = torch.from_numpy(ancestor_mask(tree.parents))
-        return self.target.forward(seq.cache, tokens, positions, mask, taps=self._taps(),
-                                   logits_rows=self.backend.verify_logits_rows())
+    def _beam_batch(self, seqs, drafted, depths, work, trees) -> None:
+        """``beam_search_batch`` for the sequences ``work`` (see :meth:`_search`): the top-k of
+        every drafter row in one pass, then one native search per (depth, budget) group."""
+        from dartcore.tree import beam_search_batch
+
+        builder = self.builder
+        logits = torch.cat([drafted[i].logits for i in work])
+        tokens, logprobs = _target_topk(TreeInputs(context=np.zeros(1, dtype=np.int64), logits=logits,
+                                                   drafter=self.drafter), builder.k)
+        groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        off = 0
+        for i in work:
+            rows = drafted[i].logits.shape[0]
+            groups.setdefault((min(rows, depths[i]), seqs[i].budget), []).append((i, off))
+            off += rows
+        index = self.index if builder.needs_index else None
+        for (depth, budget), members in groups.items():
+            tok = np.stack([tokens[o:o + depth] for _, o in members])
+            lp = np.stack([logprobs[o:o + depth] for _, o in members])
+            built = beam_search_batch(index, [np.asarray(seqs[i].committed, dtype=np.int64) for i, _ in members],
+                                      tok, lp, builder.search, max_nodes=budget,
+                                      eos_token_ids=tuple(self.eos_token_ids))
+            for (i, _), tree in zip(members, built):
+                trees[i] = tree
+
+    def _verify(self, seqs: list[_Sequence], trees: list[Tree]) -> list[ForwardOutput]:
+        """One target forward over every sequence's tree: node j of sequence i at position
+        prefix_i + depth(j), seeing sequence i's cached prefix and j's ancestors."""
+        sizes = [len(t) for t in trees]
+        tokens = torch.from_numpy(np.concatenate([t.tokens for t in trees]))
+        positions = torch.from_numpy(np.concatenate([t.depths + s.prefix for t, s in zip(trees, seqs)]))
+        masks = [torch.from_numpy(ancestor_mask(t.parents)) for t in trees]
+        out = self.target.forward_batch([s.cache for s in seqs], sizes, tokens, positions, masks, taps=self._taps(),
+                                        logits_rows=self.backend.verify_logits_rows())
+        if len(seqs) == 1:
+            return [out]
+        parts, a = [], 0
+        every_row = out.logits.shape[0] == out.hidden.shape[0]
+        for n in sizes:
+            parts.append(ForwardOutput(logits=out.logits[a:a + n] if every_row else out.logits,
+                                       taps=None if out.taps is None else out.taps[a:a + n],
+                                       hidden=out.hidden[a:a + n]))
+            a += n
+        return parts
 
     def _accept(self, seq: _Sequence, tree: Tree, out: ForwardOutput) -> bool:
         """Walk the tree with the target's own choices, keep the accepted path's KV entries
@@ -411,11 +538,14 @@ class DartDecoder:
         acc = accept(tree, self.backend.tree_logits(out, tree.parents), seq.sampler)
         seq.cache.compact(acc.path)
         new = [int(t) for t in tree.tokens[acc.path[1:]]] + [acc.bonus]
-        seq.stats._count(acc.accepted)
+        seq.stats._count(acc.accepted, len(tree) - 1)
+        seq.accepted = acc.accepted
         seq.committed.extend(new)
         if self.drafter is not None:
-            seq.new_taps = out.taps[torch.as_tensor(acc.path, device=out.taps.device)]
-            seq.new_next = new
+            taps = out.taps[torch.as_tensor(acc.path, device=out.taps.device)]
+            # Positions a round without a draft committed wait for the next draft.
+            seq.new_taps = taps if seq.new_taps is None else torch.cat((seq.new_taps, taps))
+            seq.new_next = seq.new_next + new
         return self._commit(seq, new)
 
     def _commit(self, seq: _Sequence, new: list[int]) -> bool:
@@ -435,7 +565,7 @@ class DartDecoder:
                 continue
             del generated[base + i + 1:]
             return True
-        if len(seq.committed) >= self.context_length:
+        if len(seq.committed) >= seq.limit:
             stats.finish_reason = "context"
             return True
         return False
@@ -499,6 +629,15 @@ class DartDecoder:
         if bad:
             raise ValueError(f"prompt: token id {bad[0]} is outside the target's vocabulary [0, {vocab})")
         return ids
+
+
+def _prompt_kind(prompt) -> str:
+    """What kind of prompt ``prompt`` is, for generate_batch's one-kind check."""
+    if isinstance(prompt, str):
+        return "strings"
+    if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
+        return "chat messages"
+    return "token ids"
 
 
 def _eos_ids(model, tokenizer) -> tuple[int, ...]:

@@ -272,6 +272,10 @@ class DrafterLayer(nn.Module):
 
     def attend(self, q, k, v, mask: torch.Tensor | None, *, flex_block_mask=None) -> torch.Tensor:
         """q [..., nh, Tq, hd], k/v [..., nkv, Tk, hd], boolean mask [..., Tq, Tk] (True = attend)."""
+        return self.o_proj(self.heads_attention(q, k, v, mask, flex_block_mask=flex_block_mask))
+
+    def heads_attention(self, q, k, v, mask: torch.Tensor | None, *, flex_block_mask=None) -> torch.Tensor:
+        """:meth:`attend` before the output projection: [..., Tq, nh * hd]."""
         if flex_block_mask is not None:
             out = _compiled_flex()(q, k, v, block_mask=flex_block_mask, enable_gqa=self.nh != self.nkv)
         else:
@@ -283,7 +287,7 @@ class DrafterLayer(nn.Module):
                 mask = mask.unsqueeze(-3)  # broadcast over heads
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         out = out.transpose(-2, -3)
-        return self.o_proj(out.reshape(*out.shape[:-2], self.nh * self.hd))
+        return out.reshape(*out.shape[:-2], self.nh * self.hd)
 
     def mlp_block(self, h: torch.Tensor) -> torch.Tensor:
         x = self.post_attention_layernorm(h)
@@ -298,6 +302,16 @@ class DrafterState:
         self.v = torch.zeros(nkv, max_len, head_dim, dtype=dtype, device=device)
         self.length = 0
         self.max_len = max_len
+
+    @classmethod
+    def over(cls, k: torch.Tensor, v: torch.Tensor) -> "DrafterState":
+        """An empty state on existing storage ``[nkv, max_len, head_dim]`` (a slot of a
+        :class:`~dartcore.models.kv_pool.KVPool`); nothing is allocated."""
+        state = cls.__new__(cls)
+        state.k, state.v = k, v
+        state.length = 0
+        state.max_len = int(k.shape[1])
+        return state
 
     def truncate(self, length: int) -> None:
         if not 0 <= length <= self.length:
@@ -530,6 +544,52 @@ class DartDrafter(nn.Module):
         h = self.layer.mlp_block(h)
         logits = self.head(h)
         return (logits, h) if return_hidden else logits
+
+    @torch.no_grad()
+    def draft_batch(self, states: list[DrafterState], taps: list[torch.Tensor], next_tokens: list[torch.Tensor],
+                    rows: list[int], *, return_hidden: bool = False) -> list:
+        """:meth:`draft` for several sequences in one pass: sequence i appends
+        ``taps[i]`` / ``next_tokens[i]`` to ``states[i]`` and drafts ``rows[i]`` positions.
+        The projections, MLP and LM head run once over every sequence's rows; the attention
+        runs per sequence over its own state. Returns one :meth:`draft` result per sequence."""
+        nqs = [self.check_draft(t, x, r) for t, x, r in zip(taps, next_tokens, rows)]
+        dev = self.fc.weight.device
+        ns = [int(t.shape[0]) for t in taps]
+        real, g = self.real_rows(torch.cat(taps).to(dev), torch.cat(next_tokens).to(dev))
+        pos = torch.cat([torch.arange(s.length, s.length + n, device=dev) for s, n in zip(states, ns)])
+        cos, sin = self.rope(pos)
+        k, v = self.layer.kv(real, cos, sin)
+        m_rows, m_res = self.mask_rows()
+        q_rows, resid, qpos = [], [], []
+        off = 0
+        for state, n, nq in zip(states, ns, nqs):
+            state.append(k[:, off:off + n], v[:, off:off + n])
+            off += n
+            q_rows += [real[off - 1:off], m_rows[:nq - 1]]
+            resid += [g[off - 1:off], m_res[:nq - 1]]
+            qpos.append(torch.arange(state.length - 1, state.length - 1 + nq, device=dev))
+        q_rows, resid = torch.cat(q_rows), torch.cat(resid)
+        cos, sin = self.rope(torch.cat(qpos))
+        q = self.layer.q(q_rows, cos, sin)  # [nh, M, hd]
+        mk, mv = self.layer.kv(q_rows, cos, sin)  # the MASK rows' keys (each block's rows 1..nq-1)
+        outs = []
+        off = 0
+        for state, nq in zip(states, nqs):
+            kk = torch.cat((state.k[:, :state.length], mk[:, off + 1:off + nq]), dim=1)
+            vv = torch.cat((state.v[:, :state.length], mv[:, off + 1:off + nq]), dim=1)
+            mask = torch.ones(nq, state.length + nq - 1, dtype=torch.bool, device=dev)
+            mask[:, state.length:] = torch.tril(torch.ones(nq, nq - 1, dtype=torch.bool, device=dev), diagonal=-1)
+            outs.append(self.layer.heads_attention(q[:, off:off + nq], kk, vv, mask))
+            off += nq
+        h = resid + self.layer.o_proj(torch.cat(outs))
+        h = self.layer.mlp_block(h)
+        logits = self.head(h)
+        out = []
+        off = 0
+        for nq in nqs:
+            out.append((logits[off:off + nq], h[off:off + nq]) if return_hidden else logits[off:off + nq])
+            off += nq
+        return out
 
 
 def _check_target(cfg: DrafterConfig, target_model, tokenizer, path) -> None:

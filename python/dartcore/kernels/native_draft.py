@@ -142,3 +142,64 @@ class NativeDraft:
         gate, up = self._fused("gate_up", (layer.gate_proj, layer.up_proj))(x).split(layer.gate_proj.out_features, -1)
         mlp = layer.down_proj(F.silu(gate) * up)
         return dr.lm_head(norm(h, dr.norm, mlp)), h  # h += mlp; logits of norm(h)
+
+    @torch.no_grad()
+    def draft_batch(self, states, taps, next_tokens, rows, *, return_hidden: bool = False) -> list:
+        """:meth:`DartDrafter.draft_batch` natively: the products once over every sequence's
+        rows, the layer ops' attention once per sequence (its block of real + MASK rows,
+        at most MAX_ROWS, over its own state). Where a block does not fit it is the
+        drafter's torch batch."""
+        dr = self.drafter
+        nqs = [dr.check_draft(t, x, r) for t, x, r in zip(taps, next_tokens, rows)]
+        ns = [int(t.shape[0]) for t in taps]
+        if (torch.is_grad_enabled() or any(n + nq - 1 > MAX_ROWS or s.length + n + nq - 1 > s.max_len
+                                           or s.k.dtype != torch.float32 for s, n, nq in zip(states, ns, nqs))):
+            return dr.draft_batch(states, taps, next_tokens, rows, return_hidden=return_hidden)
+        from dartcore import _native
+
+        layer, eps = dr.layer, dr.config.rms_norm_eps
+
+        def norm(x: torch.Tensor, module, delta: torch.Tensor | None = None) -> torch.Tensor:
+            out = torch.empty_like(x)
+            _native.add_rms_norm(x.numpy(), None if delta is None else delta.numpy(),
+                                 module.weight.detach().numpy(), eps, out.numpy())
+            return out
+
+        g = dr.fc(torch.cat(taps).to(torch.float32).contiguous())
+        emb = dr.embed(torch.cat(next_tokens)).contiguous()
+        real = torch.cat((norm(emb, dr.emb_norm), norm(g, dr.hidden_norm)), dim=-1)
+        masks = self._mask_inputs()
+        blocks, resid, outs = [], [], []
+        off = 0
+        for n, nq in zip(ns, nqs):
+            blocks += [real[off:off + n], masks[:nq - 1]]
+            resid += [g[off + n - 1:off + n], dr.mask_hidden.detach()[:nq - 1]]
+            off += n
+        x = torch.cat(blocks)
+        qkv = self._fused("qkv", (layer.q_proj, layer.k_proj, layer.v_proj))(x).contiguous().numpy()
+        att = torch.empty(x.shape[0], layer.nh * layer.hd)
+        an = att.numpy()
+        qn = kn = None
+        if layer.qk_norm:
+            qn, kn = layer.q_norm.weight.detach().numpy(), layer.k_norm.weight.detach().numpy()
+        off = 0
+        for state, n, nq in zip(states, ns, nqs):
+            m = n + nq - 1
+            start = state.length
+            cos, sin = self._rope_rows(start, m)
+            _native.block_attention(qkv[off:off + m], layer.nh, layer.nkv, cos, sin, state.k.numpy(),
+                                    state.v.numpy(), start, None, layer.hd ** -0.5, an[off:off + m], qn, kn, eps,
+                                    self.threads)
+            state.length += n  # the real rows' keys and values are in place
+            outs.append(att[off + n - 1:off + m])  # the last real row and the MASK rows
+            off += m
+        h = torch.cat(resid)
+        x = norm(h, layer.post_attention_layernorm, layer.o_proj(torch.cat(outs)))  # h += attention
+        gate, up = self._fused("gate_up", (layer.gate_proj, layer.up_proj))(x).split(layer.gate_proj.out_features, -1)
+        mlp = layer.down_proj(F.silu(gate) * up)
+        logits = dr.lm_head(norm(h, dr.norm, mlp))
+        result, off = [], 0
+        for nq in nqs:
+            result.append((logits[off:off + nq], h[off:off + nq]) if return_hidden else logits[off:off + nq])
+            off += nq
+        return result

@@ -83,16 +83,20 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len
     return tree_attention_reference(q, k, v, prefix_len, block_mask, scale=scale)
 
 
-_LAST_PACKED: tuple[torch.Tensor, torch.Tensor] | None = None
+# The last forward's packed masks by mask object: every layer of one forward passes the same
+# masks (one per sequence of a packed batch), so each is packed once per forward.
+_PACKED: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+_PACKED_KEEP = 64
 
 
 def _packed(block_mask: torch.Tensor) -> torch.Tensor:
-    """pack_block_mask, reused while the same mask object comes back (every
-    layer of one forward passes the same mask)."""
-    global _LAST_PACKED
-    if _LAST_PACKED is None or _LAST_PACKED[0] is not block_mask:
-        _LAST_PACKED = (block_mask, pack_block_mask(block_mask))
-    return _LAST_PACKED[1]
+    """pack_block_mask, reused while the same mask object comes back."""
+    hit = _PACKED.get(id(block_mask))
+    if hit is None or hit[0] is not block_mask:
+        if len(_PACKED) >= _PACKED_KEEP:
+            _PACKED.clear()
+        hit = _PACKED[id(block_mask)] = (block_mask, pack_block_mask(block_mask))
+    return hit[1]
 
 
 # Below this many rows the plain reference is faster on CPU than SDPA's dispatch.

@@ -88,6 +88,16 @@ class TorchBackend:
         """``drafter.draft(...)`` on this backend."""
         return drafter.draft(state, taps, next_tokens, return_hidden=return_hidden, rows=rows)
 
+    def draft_batch(self, drafter, states, taps, next_tokens, *, rows, return_hidden: bool) -> list:
+        """One drafter pass for several sequences (``drafter.draft_batch``); one sequence
+        takes :meth:`draft`."""
+        if len(states) == 1:
+            return [self.draft(drafter, states[0], taps[0], next_tokens[0], rows=rows[0], return_hidden=return_hidden)]
+        if not hasattr(drafter, "draft_batch"):  # a custom drafter: one call per sequence
+            return [self.draft(drafter, s, t, x, rows=r, return_hidden=return_hidden)
+                    for s, t, x, r in zip(states, taps, next_tokens, rows)]
+        return drafter.draft_batch(states, taps, next_tokens, rows, return_hidden=return_hidden)
+
     def round_scope(self):
         """Context of one decoding round (draft, search, verify, accept)."""
         return contextlib.nullcontext()
@@ -135,6 +145,12 @@ class NativeCpuBackend(TorchBackend):
         if native is None or native.drafter is not drafter:
             return super().draft(drafter, state, taps, next_tokens, rows=rows, return_hidden=return_hidden)
         return native.draft(state, taps, next_tokens, return_hidden=return_hidden, rows=rows)
+
+    def draft_batch(self, drafter, states, taps, next_tokens, *, rows, return_hidden: bool) -> list:
+        native = self.native_drafts.get(id(drafter))
+        if len(states) == 1 or native is None or native.drafter is not drafter:
+            return super().draft_batch(drafter, states, taps, next_tokens, rows=rows, return_hidden=return_hidden)
+        return native.draft_batch(states, taps, next_tokens, rows, return_hidden=return_hidden)
 
     def round_scope(self):
         """A round's small torch ops (drafting, search, acceptance) on one torch thread: an

@@ -32,6 +32,19 @@ class KVCache:
         self.capacity = capacity
         self.length = 0  # committed slots
 
+    @classmethod
+    def over(cls, k: torch.Tensor, v: torch.Tensor) -> "KVCache":
+        """A cache on existing storage ``[layers, kv_heads, capacity, head_dim]`` (contiguous),
+        empty: a slot of a :class:`~dartcore.models.kv_pool.KVPool`. Nothing is allocated."""
+        if k.shape != v.shape or k.dim() != 4 or not (k.is_contiguous() and v.is_contiguous()):
+            raise ValueError(f"KV storage must be two contiguous [layers, kv_heads, capacity, head_dim] tensors, "
+                             f"got {tuple(k.shape)} and {tuple(v.shape)}")
+        cache = cls.__new__(cls)
+        cache.k, cache.v = k, v
+        cache.capacity = int(k.shape[2])
+        cache.length = 0
+        return cache
+
     def check_block(self, n: int) -> None:
         """Raise unless a block of ``n`` rows fits after the committed prefix."""
         if n <= 0:

@@ -1,7 +1,8 @@
 """A lean forward for Hugging Face Llama- and Qwen3-family causal LMs.
 
-gpt-fast style: one flat function per step, batch 1, a preallocated
-:class:`~dartcore.models.cache.KVCache`, explicit positions and an explicit
+gpt-fast style: one flat function per step, a preallocated
+:class:`~dartcore.models.cache.KVCache` per sequence (``forward_batch`` packs the blocks of
+several sequences into one pass, each over its own cache), explicit positions and an explicit
 attention mask over (cached prefix + new block), so the same forward serves
 prefill, plain autoregressive steps and tree verification. It also returns the
 "tap" hidden states the DART drafter reads.
@@ -175,15 +176,35 @@ class TargetModel:
         logits (default all; prefill passes ``slice(-1, None)``, lazy
         verification ``slice(0, 0)`` and calls :meth:`logits` per row later).
         """
+        return self.forward_batch([cache], [int(tokens.shape[0])], tokens, positions, [block_mask], taps=taps,
+                                  logits_rows=logits_rows)
+
+    @torch.inference_mode()
+    def forward_batch(self, caches: Sequence[KVCache], sizes: Sequence[int], tokens: torch.Tensor,
+                      positions: torch.Tensor, block_masks: Sequence[torch.Tensor | None], *,
+                      taps: Sequence[int] = (), logits_rows: torch.Tensor | slice | None = None) -> ForwardOutput:
+        """:meth:`forward` for several sequences in one pass: ``tokens`` / ``positions`` are
+        the sequences' blocks packed one after the other (``sizes[i]`` rows for ``caches[i]``),
+        ``block_masks[i]`` the ``[sizes[i], sizes[i]]`` mask of block i (None = causal).
+        Every row has its own position and sees only its own sequence's cached prefix and
+        the rows its mask allows: the products run once over all rows, the attention once
+        per sequence on its own cache. Outputs are packed the same way."""
         n = int(tokens.shape[0])
-        cache.check_block(n)
+        if len(caches) != len(sizes) or len(caches) != len(block_masks) or sum(sizes) != n:
+            raise ValueError(f"forward_batch: {len(caches)} caches, {len(sizes)} sizes summing to {sum(sizes)}, "
+                             f"{len(block_masks)} masks for {n} rows")
+        for cache, size in zip(caches, sizes):
+            cache.check_block(int(size))
         if self.max_positions is not None and int(positions.max()) >= self.max_positions:
             raise DartError(f"position {int(positions.max())} is past the model's context of {self.max_positions}")
         dev = self.device
         tokens = tokens.to(dev)
         positions = positions.to(dev)
-        if block_mask is not None:
-            block_mask = block_mask.to(dev)
+        starts = [0]
+        for size in sizes:
+            starts.append(starts[-1] + int(size))
+        segments = [(cache, starts[i], starts[i + 1], None if m is None else m.to(dev))
+                    for i, (cache, m) in enumerate(zip(caches, block_masks))]
         cos, sin = self._rope(positions)
         tap_set = {int(t) for t in taps}
         for t in tap_set:
@@ -191,16 +212,17 @@ class TargetModel:
                 raise ValueError(f"tap index {t} out of range for a {self.num_layers}-layer model")
         captured: dict[int, torch.Tensor] = {}
 
+        # The native layer ops take at most MAX_ROWS rows per call (the products' register
+        # blocking); a bigger packed block takes the torch path for this forward.
         if self._ops is not None and n <= MAX_ROWS:
             with torch_threads(1):  # the kernel's helpers spin; torch's small ops need no pool
-                h = self._ops.layers(self, cache, tokens, cos, sin, block_mask, tap_set, captured)
+                h = self._ops.layers(self, segments, tokens, cos, sin, tap_set, captured)
         else:
             h = self.embed(tokens)  # [n, H]
             for i, layer in enumerate(self.layers):
                 if i in tap_set:
                     captured[i] = h
-                h = h + self._attention(layer.self_attn, i, layer.input_layernorm(h), cos, sin,
-                                        cache, block_mask)
+                h = h + self._attention(layer.self_attn, i, layer.input_layernorm(h), cos, sin, segments)
                 h = h + self._mlp(i, layer.mlp, layer.post_attention_layernorm(h))
             h = self.norm(h)
         if self.num_layers in tap_set:
@@ -221,8 +243,7 @@ class TargetModel:
         parts = [self._head(hidden[i:i + MAX_ROWS]) for i in range(0, hidden.shape[0], MAX_ROWS)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def _attention(self, attn, layer_idx: int, x: torch.Tensor, cos, sin, cache: KVCache,
-                   block_mask: torch.Tensor) -> torch.Tensor:
+    def _attention(self, attn, layer_idx: int, x: torch.Tensor, cos, sin, segments) -> torch.Tensor:
         n = x.shape[0]
         fused = self._fused[layer_idx] if self._fused is not None else None
         if fused is not None:
@@ -239,9 +260,13 @@ class TargetModel:
             k = attn.k_norm(k)
         q = self._rotate(q.transpose(0, 1), cos, sin)  # [heads, n, D]
         k = self._rotate(k.transpose(0, 1), cos, sin)
-        cache.write(layer_idx, k, v.transpose(0, 1))
-        keys, values = cache.view(layer_idx, n)
-        out = tree_attention(q, keys, values, cache.length, block_mask, scale=self.scale)
+        v = v.transpose(0, 1)
+        outs = []
+        for cache, a, b, block_mask in segments:  # each sequence's rows over its own cache
+            cache.write(layer_idx, k[:, a:b], v[:, a:b])
+            keys, values = cache.view(layer_idx, b - a)
+            outs.append(tree_attention(q[:, a:b], keys, values, cache.length, block_mask, scale=self.scale))
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         out = out.transpose(0, 1).reshape(n, self.num_heads * self.head_dim)
         return fused.o(out) if fused is not None else attn.o_proj(out)
 
@@ -363,9 +388,10 @@ class NativeLayerOps:
                    [view(layer.post_attention_layernorm) for layer in model.layers],
                    view(model.norm), float(model.norm.variance_epsilon), qk)
 
-    def layers(self, model: "TargetModel", cache: KVCache, tokens, cos, sin, block_mask, tap_set, captured):
-        """Embedding -> every layer -> final norm for n <= MAX_ROWS rows; the final normed
-        states ``[n, H]``, taps in ``captured``."""
+    def layers(self, model: "TargetModel", segments, tokens, cos, sin, tap_set, captured):
+        """Embedding -> every layer -> final norm for n <= MAX_ROWS packed rows (``segments``:
+        ``(cache, start, end, block_mask)`` per sequence, see ``TargetModel.forward_batch``);
+        the final normed states ``[n, H]``, taps in ``captured``."""
         from dartcore import _native
 
         n = tokens.shape[0]
@@ -376,16 +402,18 @@ class NativeLayerOps:
         att = torch.empty(n, model.num_heads * model.head_dim)
         an = att.numpy()
         cn, sn = cos.contiguous().numpy(), sin.contiguous().numpy()
-        mask = None if block_mask is None else block_mask.contiguous().numpy()
-        kc, vc = cache.k.numpy(), cache.v.numpy()
+        segs = [(cache.k.numpy(), cache.v.numpy(), cache.length, a, b,
+                 None if m is None else m.contiguous().numpy()) for cache, a, b, m in segments]
         eps, delta = self.eps, None
         for i, fused in enumerate(model._fused):
             _native.add_rms_norm(hn, delta, self.inputs[i], eps, xn)
             if i in tap_set:
                 captured[i] = h.clone()
             qn, kn = self.qk_norms[i]
-            _native.block_attention(fused.qkv(x).numpy(), model.num_heads, model.num_kv_heads, cn, sn, kc[i], vc[i],
-                                    cache.length, mask, model.scale, an, qn, kn, eps, model.threads)
+            qkv = fused.qkv(x).numpy()
+            for kc, vc, length, a, b, mask in segs:  # each sequence's rows over its own cache
+                _native.block_attention(qkv[a:b], model.num_heads, model.num_kv_heads, cn[a:b], sn[a:b], kc[i],
+                                        vc[i], length, mask, model.scale, an[a:b], qn, kn, eps, model.threads)
             _native.add_rms_norm(hn, fused.o(att).numpy(), self.posts[i], eps, xn)
             delta = fused.mlp(x).numpy()
         out = torch.empty_like(h)

@@ -1,0 +1,385 @@
+"""The batched engine: many requests decoded together, step by step (continuous batching).
+
+Per :meth:`Engine.step` (ARCHITECTURE.md "Batched decoding")::
+
+    admit     queued requests take free KV slots; their prompts run through the target
+              (prefill, one forward each) and commit their first token
+    budgets   each running sequence's node budget: fixed, or the controller's choice
+              (dartcore.controller: expected committed tokens per second of the batch)
+    draft     ONE drafter pass over every drafting sequence's new positions
+    search    the trees (beam_search_batch for the DART builder, else per sequence)
+    verify    ONE target forward over all trees' rows, each row at its own position under
+              its own ancestor mask over its own sequence's prefix
+    accept    per sequence: acceptance walk, bonus token, KV compaction, stop checks
+
+The steps are the decoder's own (:class:`~dartcore.decoder.DartDecoder`'s ``_draft`` /
+``_search`` / ``_verify`` / ``_accept`` take a list of sequences), so batch 1 and batch B
+run the same code and give the same tokens: under greedy decoding every sequence's output
+is what ``generate`` gives it alone.
+
+Memory: one :class:`~dartcore.models.kv_pool.KVPool` of ``max_batch`` slots of
+``max_seq_len`` tokens, allocated when the engine is made. More requests than slots wait in
+a FIFO queue (:meth:`Engine.num_waiting`) and join as slots free up; nothing is refused for
+load. A request whose prompt does not fit a slot is refused at :meth:`Engine.add_request`.
+Requests leave at EOS or a stop string (``"stop"``), at ``max_new_tokens`` or a full slot /
+context (``"length"``), or by :meth:`Engine.abort` (``"abort"``), without touching the others.
+
+An Engine is used from one thread at a time; ``step()`` holds no lock of its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dartcore.controller import Acceptance, BudgetController, CostCurve
+from dartcore.errors import ContextLengthError, DartError
+from dartcore.models.kv_pool import KVPool
+from dartcore.sampling import Sampler, check_seed
+from dartcore.sampling import SamplingParams as _Warpers
+
+__all__ = ["Engine", "SamplingParams", "RequestOutput", "EngineStats", "StepStats", "UnknownRequestError"]
+
+STEP_STAGES = ("prefill", "controller", "draft", "search", "verify", "accept")
+# Engine steps whose stats are kept one by one (the totals cover every step).
+KEEP_STEPS = 4096
+MAX_BATCH = 256
+
+
+class UnknownRequestError(DartError, KeyError):
+    """``abort`` (or a lookup) of a request id the engine does not hold."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """One request's decoding parameters, checked on construction: ``max_new_tokens`` >= 0,
+    ``temperature`` >= 0 (0 = greedy), ``top_p`` in (0, 1], ``top_k`` >= 0 (0 = off),
+    ``seed`` (None or an integer), ``stop`` strings (non-empty)."""
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: Sequence[str] = ()
+
+    def __post_init__(self):
+        n = self.max_new_tokens
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise ValueError(f"max_new_tokens must be a non-negative integer, got {n!r}")
+        warpers = _Warpers(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+        object.__setattr__(self, "max_new_tokens", int(n))
+        object.__setattr__(self, "temperature", warpers.temperature)
+        object.__setattr__(self, "top_p", warpers.top_p)
+        object.__setattr__(self, "top_k", warpers.top_k)
+        object.__setattr__(self, "seed", check_seed(self.seed))
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
+        if any(not isinstance(s, str) or not s for s in stops):
+            raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(stops))
+
+    def warpers(self) -> _Warpers:
+        return _Warpers(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    new_tokens: list[int]  # committed in this step (accepted path + bonus; the first token at admission)
+    tokens: list[int]  # all generated so far
+    finished: bool
+    finish_reason: str | None  # "stop" (EOS or a stop string), "length", "abort", or None
+    stats: dict
+    text: str | None = None  # on the finished output: the decoded text, cut before a stop string
+
+
+@dataclass
+class StepStats:
+    """One engine step."""
+
+    sequences: int = 0  # sequences that took a round (newly admitted ones only prefilled)
+    admitted: int = 0
+    rows_verified: int = 0
+    budgets: list[int] = field(default_factory=list)
+    committed: int = 0  # tokens committed by the round (the prefills' first tokens not counted)
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEP_STAGES, 0.0))
+    total_s: float = 0.0
+
+
+@dataclass
+class EngineStats:
+    """Per engine step (the last KEEP_STEPS) and totals over every step."""
+
+    steps: deque = field(default_factory=lambda: deque(maxlen=KEEP_STEPS))
+    num_steps: int = 0
+    rows_verified: int = 0
+    committed: int = 0
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEP_STAGES, 0.0))
+    total_s: float = 0.0
+
+    def _add(self, step: StepStats) -> None:
+        self.steps.append(step)
+        self.num_steps += 1
+        self.rows_verified += step.rows_verified
+        self.committed += step.committed
+        for k, v in step.seconds.items():
+            self.seconds[k] += v
+        self.total_s += step.total_s
+
+    @property
+    def controller_s(self) -> float:
+        return self.seconds["controller"]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"num_steps": self.num_steps, "rows_verified": self.rows_verified, "committed": self.committed,
+                "seconds": dict(self.seconds), "total_s": self.total_s,
+                "mean_rows_per_step": self.rows_verified / max(self.num_steps, 1)}
+
+
+@dataclass
+class _Request:
+    request_id: str
+    ids: list[int]
+    params: SamplingParams
+    seq: Any = None  # the decoder's _Sequence once admitted
+    slot: int = -1
+    acceptance: Acceptance | None = None
+    budgets: list[int] = field(default_factory=list)
+    arrival: float = 0.0
+
+
+class Engine:
+    """Batched speculative decoding over ``decoder`` (a :class:`~dartcore.DartDecoder`):
+    ``max_batch`` sequences at once in a KV pool of ``max_seq_len`` tokens per sequence
+    (None: the decoder's context length), each round's node budgets ``budget`` =
+    ``"adaptive"`` (the controller) or a fixed number of nodes per sequence (0 = plain AR;
+    capped by the room a sequence has left). ``remeasure``: measure the verify-cost curve
+    again instead of reading the cached one (adaptive only). See the module docs."""
+
+    def __init__(self, decoder, max_batch: int = 8, max_seq_len: int | None = None, budget: str | int = "adaptive",
+                 *, remeasure: bool = False):
+        if isinstance(max_batch, (bool, np.bool_)) or not isinstance(max_batch, (int, np.integer)) \
+                or not 1 <= max_batch <= MAX_BATCH:
+            raise ValueError(f"max_batch must be an integer in [1, {MAX_BATCH}], got {max_batch!r}")
+        if max_seq_len is None:
+            max_seq_len = decoder.context_length
+        if isinstance(max_seq_len, (bool, np.bool_)) or not isinstance(max_seq_len, (int, np.integer)) \
+                or max_seq_len < 2:
+            raise ValueError(f"max_seq_len must be an integer >= 2 (tokens per sequence), got {max_seq_len!r}")
+        if isinstance(budget, str):
+            if budget != "adaptive":
+                raise ValueError(f"budget must be 'adaptive' or a number of nodes >= 0, got {budget!r}")
+        elif isinstance(budget, (bool, np.bool_)) or not isinstance(budget, (int, np.integer)) or budget < 0:
+            raise ValueError(f"budget must be 'adaptive' or a number of nodes >= 0, got {budget!r}")
+        self.decoder = decoder
+        self.max_batch = int(max_batch)
+        self.max_seq_len = int(min(max_seq_len, decoder.context_length))
+        from dartcore.builders import ArBuilder
+
+        if budget == "adaptive" and isinstance(decoder.builder, ArBuilder):
+            budget = 0  # the "ar" builder: nothing to choose
+        self.budget = budget
+        self.pool = KVPool.for_target(decoder.target, decoder.drafter, slots=self.max_batch,
+                                      capacity=self.max_seq_len)
+        self.controller: BudgetController | None = None
+        if budget == "adaptive":
+            curve = CostCurve.for_target(decoder.target, decoder.backend,
+                                         max_rows=self.max_batch * (decoder.max_nodes + 1), remeasure=remeasure)
+            self.controller = BudgetController(curve, max_nodes=decoder.max_nodes)
+        self.stats = EngineStats()
+        self._waiting: deque[_Request] = deque()
+        self._running: list[_Request] = []
+        self._requests: dict[str, _Request] = {}
+        self._counter = itertools.count()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def add_request(self, prompt, params: SamplingParams | None = None, request_id: str | None = None) -> str:
+        """Queue a request (a prompt as :meth:`DartDecoder.generate` takes it); it joins at the
+        next :meth:`step`. Returns its id (``request_id`` or a fresh one)."""
+        if params is None:
+            params = SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a dartcore.engine.SamplingParams, got {type(params).__name__}")
+        ids = self.decoder._prompt_ids(prompt)
+        room = min(self.decoder.context_length, self.pool.capacity)
+        if len(ids) >= room:
+            raise ContextLengthError(f"prompt of {len(ids)} tokens leaves no room in a sequence of {room} tokens "
+                                     f"(max_seq_len={self.max_seq_len}, context {self.decoder.context_length})")
+        if request_id is None:
+            request_id = f"req-{next(self._counter)}"
+            while request_id in self._requests:
+                request_id = f"req-{next(self._counter)}"
+        elif not isinstance(request_id, str) or not request_id:
+            raise TypeError(f"request_id must be a non-empty string or None, got {request_id!r}")
+        elif request_id in self._requests:
+            raise ValueError(f"request_id {request_id!r} is already in the engine: give each request its own id")
+        req = _Request(request_id=request_id, ids=ids, params=params, arrival=time.perf_counter())
+        self._requests[request_id] = req
+        self._waiting.append(req)
+        return request_id
+
+    def abort(self, request_id: str) -> RequestOutput:
+        """Stop a queued or running request now and free its slot; returns its final output
+        (``finish_reason="abort"``, not reported again by :meth:`step`). An id the engine does
+        not hold (never added, or already finished) raises :class:`UnknownRequestError`."""
+        req = self._requests.get(request_id) if isinstance(request_id, str) else None
+        if req is None:
+            raise UnknownRequestError(f"abort: no request {request_id!r} in the engine (finished requests leave "
+                                      "it; ids come from add_request)")
+        if req.seq is None:
+            self._waiting.remove(req)
+        else:
+            self._running.remove(req)
+        out = self._output(req, [], "abort")
+        self._finish(req)
+        return out
+
+    def has_unfinished(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def num_running(self) -> int:
+        return len(self._running)
+
+    # -- the step -----------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Admit queued requests into free slots (prefill: their first token), then one round
+        for every other running sequence. Returns one output per request that committed
+        tokens or finished in this step."""
+        dec = self.decoder
+        st = StepStats()
+        t_start = clock = time.perf_counter()
+        outputs: list[RequestOutput] = []
+
+        def lap(stage: str) -> None:
+            nonlocal clock
+            dec.backend.synchronize()
+            now = time.perf_counter()
+            st.seconds[stage] += now - clock
+            clock = now
+
+        running = list(self._running)  # the sequences that take a round this step
+        while self._waiting and self.pool.free:
+            req = self._waiting.popleft()
+            out = self._admit(req)
+            st.admitted += 1
+            if out is not None:
+                outputs.append(out)
+        lap("prefill")
+
+        if running:
+            seqs = [r.seq for r in running]
+            with dec.backend.round_scope():
+                fixed = None if self.controller is not None else self.budget
+                depths = []
+                caps = []
+                for seq in seqs:
+                    depth, cap = dec._limits(seq, dec.max_nodes if fixed is None else fixed)
+                    depths.append(depth)
+                    caps.append(cap)
+                if self.controller is not None:
+                    chosen = self.controller.choose([r.acceptance for r in running], caps)
+                    for seq, n in zip(seqs, chosen):
+                        seq.budget = n
+                lap("controller")
+                drafted = dec._draft(seqs, depths)
+                lap("draft")
+                trees = dec._search(seqs, drafted, depths)
+                lap("search")
+                outs = dec._verify(seqs, trees)
+                lap("verify")
+                for req, seq, tree, out in zip(running, seqs, trees, outs):
+                    base = len(seq.generated)
+                    done = dec._accept(seq, tree, out)
+                    new = seq.generated[base:]
+                    req.budgets.append(len(tree) - 1)
+                    if self.controller is not None:
+                        self.controller.observe(req.acceptance, int(tree.depths.max()), seq.accepted)
+                    st.committed += len(new)
+                    if done:
+                        self._running.remove(req)
+                        outputs.append(self._output(req, new, _reason(seq.stats.finish_reason)))
+                        self._finish(req)
+                    else:
+                        outputs.append(self._output(req, new, None))
+            lap("accept")
+            st.sequences = len(seqs)
+            st.rows_verified = sum(len(t) for t in trees)
+            st.budgets = [len(t) - 1 for t in trees]
+            if self.controller is not None:
+                drafting = any(b > 0 for b in st.budgets)
+                per_seq = (st.seconds["search"] + st.seconds["accept"]) / len(seqs)
+                self.controller.timed(1e3 * st.seconds["draft"] if drafting else None, 1e3 * per_seq)
+        st.total_s = time.perf_counter() - t_start
+        self.stats._add(st)
+        return outputs
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _admit(self, req: _Request) -> RequestOutput | None:
+        dec = self.decoder
+        from dartcore.decoder import GenerationStats
+
+        p = req.params
+        stats = GenerationStats(prompt_tokens=len(req.ids))
+        req.slot, cache, dstate = self.pool.acquire()
+        req.seq = dec._start(req.ids, p.max_new_tokens, Sampler(p.warpers(), p.seed), list(p.stop), stats, [],
+                             cache=cache, drafter_state=dstate)
+        if self.controller is not None:
+            req.acceptance = self.controller.new_sequence()
+        if p.max_new_tokens == 0:
+            stats.finish_reason = "empty"
+            out = self._output(req, [], "length")
+            self._finish(req)
+            return out
+        done = dec._prefill(req.seq)
+        if done:
+            out = self._output(req, list(req.seq.generated), _reason(stats.finish_reason))
+            self._finish(req)
+            return out
+        self._running.append(req)
+        return self._output(req, list(req.seq.generated), None)
+
+    def _finish(self, req: _Request) -> None:
+        if req.slot >= 0:
+            self.pool.release(req.slot)
+            req.slot = -1
+        self._requests.pop(req.request_id, None)
+
+    def _output(self, req: _Request, new: list[int], reason: str | None) -> RequestOutput:
+        seq = req.seq
+        tokens = list(seq.generated) if seq is not None else []
+        stats = {"rounds": 0, "tau": 0.0, "accept_hist": [], "budget_hist": [], "budgets": list(req.budgets),
+                 "prompt_tokens": len(req.ids), "new_tokens": len(tokens)}
+        if seq is not None:
+            s = seq.stats
+            stats.update(rounds=s.rounds, tau=s.tau, accept_hist=list(s.accept_hist),
+                         budget_hist=list(s.budget_hist), finish_detail=s.finish_reason or None)
+        text = None
+        if reason is not None:
+            text = self.decoder._decode(tokens)
+            for stop in req.params.stop:  # the text ends before the stop string
+                cut = text.find(stop)
+                if cut >= 0:
+                    text = text[:cut]
+        return RequestOutput(request_id=req.request_id, new_tokens=list(new), tokens=tokens,
+                             finished=reason is not None, finish_reason=reason, stats=stats, text=text)
+
+
+def _reason(detail: str) -> str:
+    """The decoder's finish reason as the engine reports it."""
+    return {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "empty": "length"}.get(
+        detail, "length")
