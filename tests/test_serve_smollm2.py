@@ -7,14 +7,18 @@ with SIGKILL during a request is restarted while the other keeps answering."""
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import os
 import re
 import shutil
 import signal
 import threading
+from pathlib import Path
 
 import pytest
+
+import dartcore
 
 from serve_process import ServerProcess, metric
 
@@ -28,21 +32,22 @@ WORKERS = 2
 
 
 @pytest.fixture(scope="module")
-def index_path(smollm2, shared_data, tmp_path_factory):
+def index_path(smollm2, tmp_path_factory):
+    """An index of the target's own responses that ship with dartcore (the first 1,000)."""
     import numpy as np
 
     from dartcore.index import build_index
     from dartcore.tokenizers import fingerprint
 
     _, tok = smollm2
+    corpus = Path(dartcore.__file__).parent / "assets" / "corpus" / "smollm2_responses.jsonl.gz"
     docs = []
-    for path in sorted((shared_data / "dolma-sample" / "documents").glob("*.gz")):
-        with gzip.open(path, "rt", encoding="utf-8") as fh:
-            for line in fh:
-                text = json.loads(line).get("text", "")
-                if text:
-                    docs.append(np.asarray(tok(text)["input_ids"] + [tok.eos_token_id], dtype=np.int64))
-    out = tmp_path_factory.mktemp("serve-index") / "dolma-sample.idx"
+    with gzip.open(corpus, "rt", encoding="utf-8") as fh:
+        for line in itertools.islice(fh, 1000):
+            text = "".join(m["content"] for m in json.loads(line)["messages"] if m["role"] == "assistant")
+            if text:
+                docs.append(np.asarray(tok(text)["input_ids"] + [tok.eos_token_id], dtype=np.int64))
+    out = tmp_path_factory.mktemp("serve-index") / "responses.idx"
     build_index(docs, out, vocab_size=len(tok), metadata={"tokenizer": {"name": "smollm2",
                                                                         "fingerprint": fingerprint(tok)}})
     return out
