@@ -48,7 +48,8 @@ class CharTokenizer:
         return "".join(chr(t) for t in ids if not (skip_special_tokens and t == EOS))
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True, tokenize: bool = True):
-        text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + ("<assistant>" if add_generation_prompt else "")
+        text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
+        text += "<assistant>" if add_generation_prompt else ""
         return [ord(c) for c in text] if tokenize else text
 
 
@@ -176,3 +177,8 @@ def load(config) -> Loaded:
     step_s = float(os.environ.get("DART_FAKE_STEP_S", "0.01"))
     return Loaded(engine=FakeEngine(config.max_batch, step_s), tokenizer=CharTokenizer(),
                   context_length=config.max_seq_len or 512, sampling_params=FakeSamplingParams)
+
+
+def load_broken(config) -> Loaded:
+    """An engine factory that fails the way a wrong --drafter path does."""
+    raise FileNotFoundError("no drafter at /nonexistent (needs config.json and model.safetensors)")

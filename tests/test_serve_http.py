@@ -6,6 +6,8 @@ end to end in test_serve_smollm2.py."""
 from __future__ import annotations
 
 import http.client
+import subprocess
+import sys
 import json
 import os
 import signal
@@ -376,3 +378,15 @@ def test_sigterm_drains_requests_in_flight_then_exits(tmp_path):
         srv.get("/health")
     srv.stop()
 
+
+
+def test_a_worker_that_cannot_load_stops_the_server_with_its_error(tmp_path):
+    from serve_process import REPO, TESTS, free_port
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "python"), str(TESTS)]))
+    proc = subprocess.run([sys.executable, "-m", "dartcore.cli.dart_serve", "--engine-factory",
+                           "serve_fake:load_broken", "--port", str(free_port())],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert ("dart-serve: the server did not start (a worker could not start: FileNotFoundError: no drafter at "
+            "/nonexistent") in proc.stderr

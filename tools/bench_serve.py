@@ -26,7 +26,6 @@ import os
 import re
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import threading
@@ -252,8 +251,13 @@ def _soak(server: Server, args, prompts: list[str], index: str) -> dict:
             "rss_growth_kb": growth}
 
 
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)  # so that the servers started here are stopped on the way out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     if not os.path.isfile(args.index):
         raise SystemExit(f"--index {args.index}: no such file (build one with ngram-build)")
     log_dir = Path(args.log_dir)
@@ -264,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
               "index_bytes": os.path.getsize(args.index), "cpus": os.cpu_count(), "modes": {}}
     for mode in [m for m in args.modes.split(",") if m]:
         serve_args = ["--target", args.target, "--drafter", args.drafter, "--index", args.index,
-                      "--workers", str(args.workers), "--max-batch", str(args.max_batch), "--threads", str(args.threads),
+                      "--workers", str(args.workers), "--max-batch", str(args.max_batch),
+                      "--threads", str(args.threads),
                       "--max-queue", str(max(levels) * 2), *MODES[mode], *args.serve_arg]
         t0 = time.perf_counter()
         server = Server(serve_args, log_dir / f"server-{mode}.log", args.start_timeout)

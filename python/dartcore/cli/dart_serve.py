@@ -110,8 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     except WorkerStartError as exc:
         print(f"dart-serve: {exc}", file=sys.stderr)
         return 1
+    except SystemExit:  # uvicorn exits with status 3 when the app's startup fails
+        if server.started:
+            raise
     if not server.started:
-        print("dart-serve: the server did not start (see the errors above)", file=sys.stderr)
+        why = f"a worker could not start: {pool.start_error}" if pool.start_error else "see the errors above"
+        print(f"dart-serve: the server did not start ({why})", file=sys.stderr)
         return 1
     return 0
 

@@ -83,7 +83,7 @@ class WorkerPool:
         self._ctx = mp.get_context("spawn")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready_events: dict[int, asyncio.Event] = {}
-        self._fatal: str | None = None
+        self.start_error: str | None = None  # a worker's load error, which stops the server
         self._latency = deque(maxlen=64)  # recent request seconds, for Retry-After
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -95,9 +95,9 @@ class WorkerPool:
             self._spawn(h)
         deadline = time.monotonic() + self.start_timeout
         while not all(h.ready for h in self.handles):
-            if self._fatal is not None:
+            if self.start_error is not None:
                 await self.close()
-                raise WorkerStartError(f"a worker could not start: {self._fatal}")
+                raise WorkerStartError(f"a worker could not start: {self.start_error}")
             if time.monotonic() > deadline:
                 await self.close()
                 raise WorkerStartError(f"workers did not load within {self.start_timeout:.0f} s")
@@ -180,13 +180,13 @@ class WorkerPool:
             s = h.inflight.get(rid)
             if s is not None:
                 self._finish(h, s)
-                s.queue.put_nowait(("error", APIError(message, status=status, param=param, code=code,
-                                                      type="invalid_request_error" if status < 500 else "server_error")))
+                kind = "invalid_request_error" if status < 500 else "server_error"
+                s.queue.put_nowait(("error", APIError(message, status=status, param=param, code=code, type=kind)))
         elif kind == "ready":
             info = msg[1]
             h.ready, h.pid, h.context_length = True, info["pid"], info["context_length"]
         elif kind == "fatal":
-            self._fatal = msg[1]
+            self.start_error = msg[1]
 
     def _finish(self, h: _Handle, s: Stream) -> None:
         s.done = True
@@ -217,7 +217,7 @@ class WorkerPool:
                 "it and the other workers are unaffected: retry the request", status=503, type="server_error",
                 code="worker_died")))
             self.metrics.request_failed(h.index, s.req.kind, 503)
-        if self.closed or self._fatal is not None:
+        if self.closed or self.start_error is not None:
             return
         self.metrics.worker_restarted(h.index)
         h.restarts += 1

@@ -192,7 +192,8 @@ def _max_tokens(body: dict, names: tuple[str, ...]) -> int | None:
 def _model(body: dict, models: tuple[str, ...]) -> str:
     m = body.get("model")
     if not isinstance(m, str) or not m:
-        raise _invalid("you must provide a model parameter (GET /v1/models lists them)", "model", "missing_required_parameter")
+        raise _invalid("you must provide a model parameter (GET /v1/models lists them)", "model",
+                       "missing_required_parameter")
     if m not in models:
         raise _invalid(f"The model {m!r} does not exist: this server serves {list(models)}", "model",
                        "model_not_found")

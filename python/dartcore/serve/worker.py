@@ -107,7 +107,6 @@ class _Live:
     prefix_text: str = ""  # what of it is still to be streamed (before the first token)
     stops: tuple[str, ...] = ()
     shown: str = ""
-    started: float = field(default_factory=time.perf_counter)
 
 
 class _Worker:
