@@ -197,6 +197,25 @@ def test_bad_input_is_a_400_openai_error_and_the_server_keeps_serving(server, wh
     assert ok == 200 and resp["choices"][0]["text"] == reply_text(_ids("still there?"))[:5]
 
 
+def test_a_body_past_8_mib_is_refused_with_413(server):
+    import socket
+
+    # Refused on its Content-Length, before the body is read.
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(9 << 20).encode() + b"\r\n\r\n" + b'{"model": "x", ')
+        reply = b""
+        while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413")
+    assert json.loads(body)["error"]["code"] == "request_too_large"
+    assert server.post("/v1/completions", {"model": MODEL, "prompt": "ok", "max_tokens": 2})[0] == 200
+
+
 def test_openai_client_raises_bad_request(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])

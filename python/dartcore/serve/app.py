@@ -30,6 +30,9 @@ from dartcore.serve.protocol import APIError, GenRequest, chunk_body, completion
 __all__ = ["create_app"]
 
 STATS_HEADER = "x-dart-stats"
+# Request bodies past this are refused (413) before parsing: a prompt this long is far beyond any
+# context the workers hold, and the front forwards prompts to a worker in one pipe message.
+MAX_BODY_BYTES = 8 << 20
 
 
 def _error_response(exc: APIError) -> JSONResponse:
@@ -76,7 +79,13 @@ def create_app(pool: WorkerPool, models: tuple[str, ...], *, drain_timeout: floa
                             status_code=500)
 
     async def _body(request: Request):
+        if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
+            raise APIError(f"the request body is larger than {MAX_BODY_BYTES >> 20} MiB", status=413,
+                           code="request_too_large")
         raw = await request.body()
+        if len(raw) > MAX_BODY_BYTES:
+            raise APIError(f"the request body is larger than {MAX_BODY_BYTES >> 20} MiB", status=413,
+                           code="request_too_large")
         try:
             return json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
