@@ -33,7 +33,15 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MODES = {"dart": ["--budget", "adaptive"], "off": ["--budget", "0"]}
+MODES = {"dart": ["--budget", "adaptive"], "off": ["--budget", "0"]}  # plus fixedN: --budget N
+
+
+def _mode_args(mode: str) -> list[str]:
+    if mode in MODES:
+        return MODES[mode]
+    if mode.startswith("fixed") and mode[5:].isdigit():
+        return ["--budget", mode[5:]]
+    raise SystemExit(f"--modes: unknown mode {mode!r} (dart, off, or fixedN for a fixed budget of N nodes)")
 
 
 def _free_port() -> int:
@@ -210,7 +218,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
-    p.add_argument("--modes", default="dart,off", help="comma-separated: dart (controller), off (--budget 0)")
+    p.add_argument("--modes", default="dart,off",
+                   help="comma-separated: dart (the controller), off (--budget 0), fixedN (--budget N)")
     p.add_argument("--levels", default="1,2,4,8,16", help="concurrent clients per level")
     p.add_argument("--requests", type=int, default=32, help="requests per level at most")
     p.add_argument("--level-seconds", type=float, default=60.0, help="seconds per level at most")
@@ -270,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         serve_args = ["--target", args.target, "--drafter", args.drafter, "--index", args.index,
                       "--workers", str(args.workers), "--max-batch", str(args.max_batch),
                       "--threads", str(args.threads),
-                      "--max-queue", str(max(levels) * 2), *MODES[mode], *args.serve_arg]
+                      "--max-queue", str(max(levels) * 2), *_mode_args(mode), *args.serve_arg]
         t0 = time.perf_counter()
         server = Server(serve_args, log_dir / f"server-{mode}.log", args.start_timeout)
         rows = []
