@@ -162,11 +162,13 @@ class Engine:
     ``max_batch`` sequences at once in a KV pool of ``max_seq_len`` tokens per sequence
     (None: the decoder's context length), each round's node budgets ``budget`` =
     ``"adaptive"`` (the controller) or a fixed number of nodes per sequence (0 = plain AR;
-    capped by the room a sequence has left). ``remeasure``: measure the verify-cost curve
-    again instead of reading the cached one (adaptive only). See the module docs."""
+    capped by the room a sequence has left). ``max_nodes``: the controller's largest budget
+    per sequence (default the drafter's depth d, at least the decoder's ``max_nodes``).
+    ``remeasure``: measure the verify-cost curve again instead of reading the cached one
+    (adaptive only). See the module docs."""
 
     def __init__(self, decoder, max_batch: int = 8, max_seq_len: int | None = None, budget: str | int = "adaptive",
-                 *, remeasure: bool = False):
+                 *, max_nodes: int | None = None, remeasure: bool = False):
         if isinstance(max_batch, (bool, np.bool_)) or not isinstance(max_batch, (int, np.integer)) \
                 or not 1 <= max_batch <= MAX_BATCH:
             raise ValueError(f"max_batch must be an integer in [1, {MAX_BATCH}], got {max_batch!r}")
@@ -191,10 +193,17 @@ class Engine:
         self.pool = KVPool.for_target(decoder.target, decoder.drafter, slots=self.max_batch,
                                       capacity=self.max_seq_len)
         self.controller: BudgetController | None = None
+        self.max_nodes = decoder.max_nodes
         if budget == "adaptive":
+            if max_nodes is None:
+                max_nodes = max(decoder.max_nodes, getattr(decoder.drafter, "d", 0))
+            if isinstance(max_nodes, (bool, np.bool_)) or not isinstance(max_nodes, (int, np.integer)) \
+                    or max_nodes < 0:
+                raise ValueError(f"max_nodes must be a non-negative integer, got {max_nodes!r}")
+            self.max_nodes = int(max_nodes)
             curve = CostCurve.for_target(decoder.target, decoder.backend,
-                                         max_rows=self.max_batch * (decoder.max_nodes + 1), remeasure=remeasure)
-            self.controller = BudgetController(curve, max_nodes=decoder.max_nodes)
+                                         max_rows=self.max_batch * (self.max_nodes + 1), remeasure=remeasure)
+            self.controller = BudgetController(curve, max_nodes=self.max_nodes)
         self.stats = EngineStats()
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
@@ -287,7 +296,7 @@ class Engine:
                 depths = []
                 caps = []
                 for seq in seqs:
-                    depth, cap = dec._limits(seq, dec.max_nodes if fixed is None else fixed)
+                    depth, cap = dec._limits(seq, self.max_nodes if fixed is None else fixed)
                     depths.append(depth)
                     caps.append(cap)
                 if self.controller is not None:
