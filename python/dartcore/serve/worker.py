@@ -30,6 +30,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from dartcore.errors import DartError
+
 __all__ = ["WorkerConfig", "Loaded", "load_engine", "run_worker"]
 
 
@@ -128,7 +130,11 @@ class _Worker:
     def _prompt_ids(self, req: dict) -> tuple[list[int], str]:
         prompt = req["prompt"]
         if req["kind"] == "chat":
-            rendered = self.tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+            try:
+                rendered = self.tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+            except Exception as exc:  # noqa: BLE001 - a template that refuses these messages (jinja raise_exception)
+                raise _RequestError(f"messages: the model's chat template refused them: {exc}", "messages",
+                                    "invalid_value") from exc
             ids = rendered["input_ids"] if hasattr(rendered, "keys") else rendered
             return [int(t) for t in ids], ""
         if isinstance(prompt, str):
@@ -173,7 +179,7 @@ class _Worker:
         self.counters["aborted"] += 1
         try:
             self.engine.abort(rid)
-        except Exception:  # noqa: BLE001 - the engine finished it in the same step: nothing to free
+        except DartError:  # the engine finished it in the same step: nothing to free
             pass
 
     # -- the loop -----------------------------------------------------------------------
@@ -187,8 +193,10 @@ class _Worker:
                 self.add(rid, msg[2])
             except _RequestError as exc:
                 self.conn.send(("error", rid, exc.status, exc.message, exc.param, exc.code))
-            except Exception as exc:  # noqa: BLE001 - one bad request must not take the worker down
-                self.conn.send(("error", rid, 400, f"{type(exc).__name__}: {exc}", None, "invalid_request"))
+            except (DartError, ValueError, TypeError) as exc:  # the engine's own checks (e.g. ContextLengthError)
+                self.conn.send(("error", rid, 400, str(exc), None, "invalid_value"))
+            except Exception as exc:  # noqa: BLE001 - one request must not take the worker down
+                self.conn.send(("error", rid, 500, f"{type(exc).__name__}: {exc}", None, "engine_error"))
         elif kind == "abort":
             self.abort(msg[1])
         elif kind == "exit":
