@@ -31,7 +31,7 @@ def brute_force(ctrl: BudgetController, accs, caps):
     best, arg = -1.0, None
     for budgets in itertools.product(*[range(min(c, ctrl.max_nodes) + 1) for c in caps]):
         e = sum(expected_tokens(a.rates, n) for a, n in zip(accs, budgets))
-        t = ctrl.step_ms(len(accs) + sum(budgets), len(accs), any(n > 0 for n in budgets))
+        t = ctrl.step_ms(len(accs) + sum(budgets), any(n > 0 for n in budgets), e)
         if e / t > best + 1e-12:
             best, arg = e / t, budgets
     return best, arg
@@ -39,7 +39,7 @@ def brute_force(ctrl: BudgetController, accs, caps):
 
 def objective(ctrl, accs, budgets):
     e = sum(expected_tokens(a.rates, n) for a, n in zip(accs, budgets))
-    return e / ctrl.step_ms(len(accs) + sum(budgets), len(accs), any(n > 0 for n in budgets))
+    return e / ctrl.step_ms(len(accs) + sum(budgets), any(n > 0 for n in budgets), e)
 
 
 @pytest.mark.parametrize("curve", sorted(CURVES))
@@ -47,7 +47,7 @@ def objective(ctrl, accs, budgets):
 def test_choice_equals_brute_force(curve, seed):
     rng = np.random.default_rng(seed)
     ctrl = BudgetController(CURVES[curve], max_nodes=5, draft_ms=float(rng.uniform(0, 8)),
-                            per_sequence_ms=float(rng.uniform(0, 1)))
+                            per_token_ms=float(rng.uniform(0, 3)), verify_scale=float(rng.uniform(0.5, 2)))
     b = int(rng.integers(1, 5))
     accs = [Acceptance(np.sort(rng.uniform(0.05, 0.95, 5))[::-1].copy() if rng.random() < 0.5
                        else rng.uniform(0.05, 0.95, 5)) for _ in range(b)]
@@ -67,7 +67,8 @@ def test_batch_one_picks_the_best_fixed_budget():
         ctrl = BudgetController(curve, max_nodes=8, draft_ms=3.0)
         ctrl.controller_ms = 0.0
         (n,) = ctrl._choose([Acceptance(rates.copy())], [8])
-        fixed = max(range(9), key=lambda k: expected_tokens(rates, k) / ctrl.step_ms(1 + k, 1, k > 0))
+        fixed = max(range(9), key=lambda k: expected_tokens(rates, k)
+                    / ctrl.step_ms(1 + k, k > 0, expected_tokens(rates, k)))
         assert n == fixed
 
 
@@ -98,6 +99,17 @@ def test_rates_follow_observations_and_new_sequences_start_from_the_batch():
     assert np.allclose(fresh.rates, ctrl.prior.rates) and fresh.rates is not ctrl.prior.rates
     ctrl.observe(acc, tree_depth=2, accepted=0)  # a tree of depth 2 observes depth 1 only
     assert acc.rates[1] < 0.01
+
+
+def test_measured_times_fold_into_the_model():
+    ctrl = BudgetController(CURVES["cpu"], max_nodes=4, draft_ms=2.0)
+    for _ in range(100):  # the machine is now twice as slow as when the curve was measured
+        ctrl.timed(rows=8, verify_ms=2 * 39.0, draft_ms=5.0, per_token_ms=1.5)
+    assert ctrl.verify_scale == pytest.approx(2.0, rel=1e-3)
+    assert ctrl.draft_ms == pytest.approx(5.0, rel=1e-3) and ctrl.per_token_ms == pytest.approx(1.5, rel=1e-3)
+    ctrl.timed(rows=8, verify_ms=78.0, draft_ms=None, per_token_ms=None)  # a step without a draft
+    assert ctrl.draft_ms == pytest.approx(5.0, rel=1e-3)
+    assert ctrl.step_ms(8, True, 4.0) == pytest.approx(2 * 39 + 5 + 1.5 * 4 + ctrl.controller_ms, rel=1e-3)
 
 
 def test_choose_times_itself():

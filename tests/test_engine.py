@@ -27,6 +27,12 @@ from test_decoder import CharTokenizer, hf_greedy, random_tree
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _cost_cache(tmp_path, monkeypatch):
+    """Verify-cost curves of the tiny models go to a temp directory, not ~/.cache."""
+    monkeypatch.setenv("DARTCORE_CACHE_DIR", str(tmp_path))
+
+
 @dataclass
 class BatchOracle:
     """Random trees, sometimes with the true continuation (or a wrong-ended prefix of it)

@@ -38,6 +38,7 @@ _LAZY = {
     "DartDecoder": "dartcore.decoder",
     "GenerationStats": "dartcore.decoder",
     "GenerationResult": "dartcore.decoder",
+    "Engine": "dartcore.engine",
     "register_tree_builder": "dartcore.builders",
 }
 

@@ -10,11 +10,14 @@ maximise the batch's committed tokens per second, ``E / T``:
   k given depth k-1 was accepted, exponentially averaged over its recent rounds
   (:class:`Acceptance`). A new sequence starts from the batch's prior: the same average
   over every sequence's rounds.
-* ``T(R) = verify(R) + [any n_i > 0] * draft + B * per_sequence + controller``: the target
-  forward's time for R rows is the verify-cost curve of this machine (:class:`CostCurve`,
-  measured once per model / device / dtype / thread count and cached on disk); the draft,
-  per-sequence (search + acceptance) and controller times are running means of what the
-  engine measured.
+* ``T = s * verify(R) + [any n_i > 0] * (draft + search) + per_token * E + controller``: the
+  target forward's time for R rows is the verify-cost curve of this machine
+  (:class:`CostCurve`, measured once per model / device / dtype / thread count and cached on
+  disk), scaled by ``s``, the running ratio of the engine's measured verify times to the
+  curve (a shared machine's load changes after the curve was measured); the draft + search
+  time, the acceptance time per committed token (on the CPU the walk computes the LM-head
+  rows it visits: about one per committed token) and the controller's own time are running
+  means of what the engine measured.
 
 The rule (seed note Eq. 13): add the node whose ΔE/E exceeds ΔT/T by the most, while one
 does. T depends on the total row count only, so every candidate node has the same ΔT and
@@ -124,8 +127,9 @@ class CostCurve:
 
         sizes = sorted({r for r in (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 17, 20, 24, 32, 40, 48, 64, 80, 96, 128,
                                     160, 192, 256) if r <= max_rows} | {max_rows})
-        with backend.round_scope():
-            measured = measure_verify_cost(target, prefix_len=128, sizes=sizes, repeats=3)
+        with backend.round_scope():  # the forward as the engine's verify runs it
+            measured = measure_verify_cost(target, prefix_len=128, sizes=sizes, repeats=3,
+                                           logits_rows=backend.verify_logits_rows())
         points = [{"rows": m["nodes"], "ms": m["ms"]} for m in measured]
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -165,9 +169,10 @@ class BudgetController:
     curve: CostCurve
     max_nodes: int
     alpha: float = ALPHA
-    draft_ms: float | None = None  # running means of the engine's measured stage times
-    per_sequence_ms: float = 0.0
+    draft_ms: float | None = None  # running means of the engine's measured stage times:
+    per_token_ms: float = 0.0  # acceptance (LM-head rows on the CPU) per committed token
     controller_ms: float = 0.0
+    verify_scale: float = 1.0  # measured verify time / curve
     prior: Acceptance = field(init=False)
     choose_s: float = 0.0  # total time spent choosing
 
@@ -188,18 +193,24 @@ class BudgetController:
         acc.observe(tree_depth, accepted, self.alpha)
         self.prior.observe(tree_depth, accepted, self.alpha)
 
-    def timed(self, draft_ms: float | None, per_sequence_ms: float | None) -> None:
-        """Fold one step's measured stage times into the running means."""
+    def timed(self, *, rows: int, verify_ms: float, draft_ms: float | None, per_token_ms: float | None) -> None:
+        """Fold one step's measured times into the running means: its verify forward of
+        ``rows`` rows, its draft + search (None when nothing was drafted) and its acceptance
+        time per committed token."""
         a = 0.2
+        predicted = float(self.curve(rows))
+        if predicted > 0 and verify_ms > 0:
+            self.verify_scale += a * (verify_ms / predicted - self.verify_scale)
         if draft_ms is not None:
             self.draft_ms += a * (draft_ms - self.draft_ms)
-        if per_sequence_ms is not None:
-            self.per_sequence_ms += a * (per_sequence_ms - self.per_sequence_ms)
+        if per_token_ms is not None:
+            self.per_token_ms += a * (per_token_ms - self.per_token_ms)
 
-    def step_ms(self, rows: int, batch: int, drafting: bool) -> float:
-        """The model's time of one step verifying ``rows`` rows for ``batch`` sequences."""
-        return (float(self.curve(rows)) + (self.draft_ms if drafting else 0.0)
-                + batch * self.per_sequence_ms + self.controller_ms)
+    def step_ms(self, rows: int, drafting: bool, expected: float) -> float:
+        """The model's time of one step verifying ``rows`` rows and committing ``expected``
+        tokens."""
+        return (self.verify_scale * float(self.curve(rows)) + (self.draft_ms if drafting else 0.0)
+                + self.per_token_ms * expected + self.controller_ms)
 
     def choose(self, accs: list[Acceptance], caps: list[int]) -> list[int]:
         """Budgets ``n_i <= caps[i]`` maximising ``E / T`` (see the module docs)."""
@@ -227,7 +238,8 @@ class BudgetController:
         order = np.argsort(-gain, kind="stable")
         e = b + np.concatenate(([0.0], np.cumsum(gain[order])))
         k = np.arange(len(e))
-        t = self.curve(b + k) + np.where(k > 0, self.draft_ms, 0.0) + b * self.per_sequence_ms + self.controller_ms
+        t = (self.verify_scale * self.curve(b + k) + np.where(k > 0, self.draft_ms, 0.0) + self.per_token_ms * e
+             + self.controller_ms)
         best = int(np.argmax(e / t))
         for i in owner[order[:best]]:
             budgets[int(i)] += 1

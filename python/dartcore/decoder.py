@@ -306,7 +306,12 @@ class DartDecoder:
                 ids.append(self._prompt_ids(p))
             except (TypeError, ValueError) as e:
                 raise type(e)(f"prompts[{i}]: {e}") from None
-        capacity = min(self.context_length, max(len(x) for x in ids) + params[0].max_new_tokens + self.max_nodes + 1)
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
+        # room for the prompt, the output and one tree of the largest budget a round can get
+        nodes = max(self.max_nodes, getattr(self.drafter, "d", 0)) if budget == "adaptive" else (
+            self.max_nodes if budget is None or not isinstance(budget, int) else budget)
+        capacity = min(self.context_length, max(len(x) for x in ids) + params[0].max_new_tokens + nodes + 1)
         engine = Engine(self, max_batch=min(len(prompts), max_batch), max_seq_len=max(capacity, 2),
                         budget=self.max_nodes if budget is None else budget)
         start = time.perf_counter()
@@ -532,10 +537,13 @@ class DartDecoder:
             a += n
         return parts
 
-    def _accept(self, seq: _Sequence, tree: Tree, out: ForwardOutput) -> bool:
+    def _accept(self, seq: _Sequence, tree: Tree, out: ForwardOutput, logits=None) -> bool:
         """Walk the tree with the target's own choices, keep the accepted path's KV entries
-        and commit the path + the bonus token. True when generation is over."""
-        acc = accept(tree, self.backend.tree_logits(out, tree.parents), seq.sampler)
+        and commit the path + the bonus token. True when generation is over. ``logits``: the
+        tree's logits by node when the caller made them (``backend.tree_logits_batch``)."""
+        if logits is None:
+            logits = self.backend.tree_logits(out, tree.parents)
+        acc = accept(tree, logits, seq.sampler)
         seq.cache.compact(acc.path)
         new = [int(t) for t in tree.tokens[acc.path[1:]]] + [acc.bonus]
         seq.stats._count(acc.accepted, len(tree) - 1)

@@ -310,9 +310,10 @@ class Engine:
                 lap("search")
                 outs = dec._verify(seqs, trees)
                 lap("verify")
-                for req, seq, tree, out in zip(running, seqs, trees, outs):
+                logits = dec.backend.tree_logits_batch(outs, trees)
+                for req, seq, tree, out, lg in zip(running, seqs, trees, outs, logits):
                     base = len(seq.generated)
-                    done = dec._accept(seq, tree, out)
+                    done = dec._accept(seq, tree, out, lg)
                     new = seq.generated[base:]
                     req.budgets.append(len(tree) - 1)
                     if self.controller is not None:
@@ -330,8 +331,10 @@ class Engine:
             st.budgets = [len(t) - 1 for t in trees]
             if self.controller is not None:
                 drafting = any(b > 0 for b in st.budgets)
-                per_seq = (st.seconds["search"] + st.seconds["accept"]) / len(seqs)
-                self.controller.timed(1e3 * st.seconds["draft"] if drafting else None, 1e3 * per_seq)
+                self.controller.timed(
+                    rows=st.rows_verified, verify_ms=1e3 * st.seconds["verify"],
+                    draft_ms=1e3 * (st.seconds["draft"] + st.seconds["search"]) if drafting else None,
+                    per_token_ms=1e3 * st.seconds["accept"] / max(st.committed, 1))
         st.total_s = time.perf_counter() - t_start
         self.stats._add(st)
         return outputs

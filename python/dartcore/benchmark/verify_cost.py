@@ -39,10 +39,11 @@ def _random_tree_mask(n: int, rng: np.random.Generator) -> tuple[torch.Tensor, t
 
 @torch.inference_mode()
 def measure_verify_cost(target, *, prefix_len: int = 256, sizes: Sequence[int] = DEFAULT_SIZES,
-                        repeats: int = 5, seed: int = 0) -> list[dict]:
+                        repeats: int = 5, seed: int = 0, logits_rows=None) -> list[dict]:
     """Median wall time (ms) of one target forward over a random tree of each size
     after ``prefix_len`` cached tokens. ``target`` is a
-    :class:`dartcore.models.transformer.TargetModel`."""
+    :class:`dartcore.models.transformer.TargetModel`; ``logits_rows`` as for its forward
+    (default: logits of every row; lazy verification passes ``slice(0, 0)``)."""
     rng = np.random.default_rng(seed)
     vocab = target.vocab_size
     cache = target.new_cache(prefix_len + max(sizes) + 1)
@@ -54,13 +55,13 @@ def measure_verify_cost(target, *, prefix_len: int = 256, sizes: Sequence[int] =
         depths, mask = _random_tree_mask(n, rng)
         tokens = torch.from_numpy(rng.integers(0, vocab, n))
         positions = depths + prefix_len
-        target.forward(cache, tokens, positions, mask)  # warm-up (allocations, kernels)
+        target.forward(cache, tokens, positions, mask, logits_rows=logits_rows)  # warm-up (allocations, kernels)
         times = []
         for _ in range(repeats):
             if target.device.type == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            target.forward(cache, tokens, positions, mask)
+            target.forward(cache, tokens, positions, mask, logits_rows=logits_rows)
             if target.device.type == "cuda":
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)

@@ -116,6 +116,22 @@ class TorchBackend:
         return LazyLogits(self.target, out.hidden, parents) if self.lazy_logits else out.logits
 
 
+    def tree_logits_batch(self, outs: list[ForwardOutput], trees: list) -> list:
+        """:meth:`tree_logits` for every sequence of a packed verify. Lazily, the rows every
+        walk reads first -- each tree's root and its first child -- come from one LM-head
+        product over all sequences (B one-row products cost B times one; a 2B-row GEMM much
+        less), the rest on demand as for one sequence."""
+        if not self.lazy_logits or len(outs) == 1:
+            return [self.tree_logits(o, t.parents) for o, t in zip(outs, trees)]
+        lazies = [LazyLogits(self.target, o.hidden, t.parents) for o, t in zip(outs, trees)]
+        where = [(k, i) for k, lz in enumerate(lazies)
+                 for i in ([0, lz.first_child[0]] if 0 in lz.first_child else [0])]
+        logits = self.target.logits(torch.stack([lazies[k].hidden[i] for k, i in where]))
+        for (k, i), row in zip(where, logits):
+            lazies[k].rows[i] = row
+        return lazies
+
+
 class NativeCpuBackend(TorchBackend):
     """A CPU target on dartcore's native kernels (see the module docs)."""
 
