@@ -1,4 +1,4 @@
-"""Issue 7: the README's main command and dart-bench, on a tiny random target.
+"""The README's main command and dart-bench, on a tiny random target.
 
 The tiny target is a real Hugging Face model directory (random Llama weights, a
 byte-level BPE tokenizer with a chat template), so every step runs exactly as it
@@ -23,6 +23,11 @@ CHAT_TEMPLATE = (
 )
 
 
+# The tiny tokenizer's training text and the tiny index's corpus: test sources only, so that
+# editing the README cannot change which drafts a random model happens to accept.
+_TEXT = Path(__file__).read_text() + (REPO / "tests" / "conftest.py").read_text()
+
+
 @pytest.fixture(scope="module")
 def tiny_dirs(tmp_path_factory):
     """(target dir, drafter dir) of a tiny random Llama with a real tokenizer."""
@@ -38,7 +43,7 @@ def tiny_dirs(tmp_path_factory):
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    text = (Path(__file__).read_text() + (REPO / "README.md").read_text()).splitlines()
+    text = _TEXT.splitlines()
     bpe.train_from_iterator(text, trainer)
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", bos_token="<|endoftext|>",
                                   pad_token="<|endoftext|>")
@@ -79,15 +84,24 @@ def test_demo_steps_end_to_end(tiny_dirs, tmp_path, capsys):
     for step in ("1/4", "1b/4", "2/4", "3/4", "4/4", "== summary"):
         assert step in printed
     assert "greedy outputs identical: True" in printed
+    assert "--- prompt 1/2" in printed and "--- prompt 2/2" in printed
+    results = json.loads((out / "tiny-llama_demo.json").read_text())
+    assert results["summary"]["identical"] is True and len(results["prompts"]) == 2
+    for r in results["prompts"]:
+        assert r["answer"].strip() and r["answer"].strip() in printed  # streamed as it decoded
+        assert r["tau"] >= 1.0 and r["dart_tok_s"] > 0 and r["ar_tok_s"] > 0
+        assert abs(r["speedup"] - r["dart_tok_s"] / r["ar_tok_s"]) < 1e-9
+    md = (out / "tiny-llama_demo.md").read_text()
+    assert "| prompt | τ |" in md and md.count("\n## ") == 2
 
 
 def _tiny_index(target, tmp_path):
-    """An index of README lines in the tiny target's tokenizer."""
+    """An index of the test sources' lines in the tiny target's tokenizer."""
     from dartcore.index import build_index
     from dartcore.tokenizers import fingerprint, load_tokenizer
 
     tok = load_tokenizer(str(target))
-    docs = [tok.encode(line) for line in (REPO / "README.md").read_text().splitlines() if line.strip()]
+    docs = [tok.encode(line) for line in _TEXT.splitlines() if line.strip()]
     index = tmp_path / "tiny.idx"
     build_index([__import__("numpy").append(d, tok.eos_id).astype("uint32") for d in docs], index,
                 vocab_size=tok.vocab_size,

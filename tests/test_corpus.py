@@ -239,3 +239,31 @@ def test_streaming_reads_in_bounded_pieces(tmp_path, monkeypatch):
     total = sum(p.stat().st_size for p in corpus.shards)
     assert max(sizes) <= (1 << 17) + 16 < total  # zstd asks for its own block size + a few bytes
     assert len(sizes) > 2
+
+
+def test_two_d_npy_is_an_error_not_flattened(tmp_path):
+    np.save(tmp_path / "a.npy", np.arange(8, dtype=np.uint32))
+    np.save(tmp_path / "b.npy", np.arange(12, dtype=np.uint32).reshape(3, 4))
+    corpus = open_corpus("npy", corpus_dir=tmp_path, eos_id=7, vocab_size=100)
+    # Checked up front (before any shard is read) and again while reading.
+    with pytest.raises(CorpusError, match=r"b\.npy.*1-D.*shape \(3, 4\)") as e:
+        corpus.check_headers()
+    assert "reshape(-1)" in str(e.value)
+    with pytest.raises(CorpusError, match=r"shape \(3, 4\)"):
+        list(corpus)
+
+
+def test_npy_headers_checked_before_the_build_starts(tmp_path, capsys):
+    pytest.importorskip("dartcore._native")
+    from dartcore.cli.ngram_build import main
+
+    d = tmp_path / "tok"
+    d.mkdir()
+    for i in range(3):
+        np.save(d / f"{i}.npy", np.arange(50, dtype=np.uint32))
+    np.save(d / "3.npy", np.zeros((2, 5), np.uint32))
+    assert main(["--corpus", "npy", "--corpus-dir", str(d), "--tokenizer", "qwen3", "--output",
+                 str(tmp_path / "x.idx"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "CorpusError" in err and "3.npy" in err and "1-D" in err
+    assert not (tmp_path / "x.idx.work").exists()

@@ -347,13 +347,13 @@ set_num_threads(2)
 rng = np.random.default_rng(0)
 docs = [rng.integers(0, 300, 40000).astype(np.uint32) for _ in range(8)]
 build_index(docs, {str(tmp_path / 'a.idx')!r}, vocab_size=300)
-assert _native.pool_ping() > 0
+assert _native._testing.pool_ping() > 0
 pid = os.fork()
 if pid == 0:
     build_index(docs, {str(tmp_path / 'b.idx')!r}, vocab_size=300)
     idx = NgramIndex({str(tmp_path / 'b.idx')!r})
     idx.children_batch(np.array([[1, 2]] * 100), 5)
-    os._exit(0 if _native.pool_ping() > 0 else 1)
+    os._exit(0 if _native._testing.pool_ping() > 0 else 1)
 _, status = os.waitpid(pid, 0)
 sys.exit(os.waitstatus_to_exitcode(status))
 """

@@ -126,8 +126,11 @@ def test_kv_compaction_equals_recomputing_the_prefix():
     target.forward(fresh, torch.tensor(seq), torch.arange(len(seq)))
     fresh.commit(len(seq))
     n = len(seq)
-    assert torch.allclose(cache.k[:, :, :n], fresh.k[:, :, :n], atol=1e-5, rtol=1e-5)
-    assert torch.allclose(cache.v[:, :, :n], fresh.v[:, :, :n], atol=1e-5, rtol=1e-5)
+    # The tree forward and the fresh forward sum in different orders (other GEMM shapes): fp32
+    # noise up to ~5e-6 of the largest entry under AVX2 MKL, so the tolerance scales with it.
+    for got, ref in ((cache.k, fresh.k), (cache.v, fresh.v)):
+        ref = ref[:, :, :n]
+        assert torch.allclose(got[:, :, :n], ref, atol=1e-5 * ref.abs().max(), rtol=1e-5)
     # and the next step's logits agree with a from-scratch forward
     nxt = torch.tensor([7])
     a = target.forward(cache, nxt, torch.tensor([n])).logits

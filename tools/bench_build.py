@@ -126,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"Dolma-format corpus (default: {DEFAULT_CORPUS}, made by make_local_corpus if missing)")
     ap.add_argument("--tokenizer", default="qwen3")
     ap.add_argument("--memory", default="2G", help="--memory of the build (default 2G)")
-    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--threads", type=int, default=0,
+                    help="threads of every stage (default 0: the pool's, i.e. DART_NUM_THREADS or all CPUs)")
     ap.add_argument("--max-tokens", type=int, default=None, help="stop the e2e build after this many tokens")
     ap.add_argument("--sample-mb", type=float, default=32, help="text for the tokenize/count stage benchmarks")
     ap.add_argument("--json", action="store_true", help="print the JSON record")
@@ -134,12 +135,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(REPO / "python"))
+    from dartcore.index import num_threads, parse_size
+
+    args.threads = args.threads or num_threads()
     corpus = ensure_corpus(args.corpus_dir)
     stages = bench_stages(corpus, args.tokenizer, args.threads, int(args.sample_mb * 1e6))
     with tempfile.TemporaryDirectory(prefix="bench-build-") as tmp:
         e2e = bench_e2e(corpus, args.tokenizer, args.threads, args.memory, args.max_tokens, Path(tmp))
-
-    from dartcore.cli.ngram_build import parse_size
 
     cores = args.threads
     tokens = e2e["tokens"]

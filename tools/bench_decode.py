@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Decoding benchmark of DartDecoder on SmolLM2-135M-Instruct: a thin wrapper of
-``dart-bench`` with the decoder issue's defaults.
+``dart-bench`` with this benchmark's defaults.
 
 Methods ``ar`` (plain autoregressive decoding in the same loop = the baseline),
 ``dart``, ``dart-no-ngram``, ``dart-chain``, ``ngram-only``; HumanEval, GSM8K and

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of the trigram index (issue 2): size, open time, query latency, build speed.
+"""Benchmark of the trigram index: size, open time, query latency, build speed.
 
 Corpus: SYNTHETIC and Zipf-like (say so when quoting the numbers): token i is
 ``(z_i + H[z_{i-1} mod M]) mod V`` with z ~ Zipf(a) i.i.d. and H a random table, so every
@@ -7,7 +7,7 @@ context has a skewed, context-specific successor distribution; V = 151,669 (Qwen
 documents of 200–4,000 tokens with EOS appended. Shards are cached as .npy in --work.
 
 The build runs in a child process so that its peak RSS (ru_maxrss) is the build's own.
-Query latencies are timed inside Rust (``_native.bench_children``), one thread, warm (one
+Query latencies are timed inside Rust (``_native._bench.bench_children``), one thread, warm (one
 untimed pass over the same contexts first); contexts are drawn from corpus positions, i.e.
 weighted like real lookups. ``batch141_us`` is one Python call of ``children_batch`` on 141
 contexts (the per-round load of the paper's search), Python overhead included.
@@ -132,7 +132,12 @@ def main(argv=None) -> int:
     env = dict(os.environ)
     if args.threads:
         env["DART_NUM_THREADS"] = str(args.threads)
-    threads = args.threads or int(env.get("DART_NUM_THREADS", 0)) or len(os.sched_getaffinity(0))
+    if args.threads:
+        threads = args.threads
+    else:  # the pool's own reading of DART_NUM_THREADS (in this process: the child's is the same)
+        from dartcore.index import num_threads
+
+        threads = num_threads()
     cmd = [sys.executable, __file__, "--_child", "--shards", ",".join(map(str, shards)), "--output", str(out),
            "--memory-limit", str(args.memory_limit), "--temp-dir", str(args.work)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -160,14 +165,14 @@ def main(argv=None) -> int:
     toks = np.load(shards[0])["tokens"]
     pos = rng.integers(0, toks.size - 2, args.queries)
     ctx = np.ascontiguousarray(np.stack([toks[pos], toks[pos + 1]], axis=1).astype(np.uint32))
-    ns = _native.bench_children(idx._inner, ctx, 25, 1)
+    ns = _native._bench.bench_children(idx._inner, ctx, 25, 1)
     # the Eq. (10) hot path: 25 sorted candidates (frequent tokens, like a drafter's top-k)
     cands = np.unique(toks[rng.integers(0, toks.size, 200)])[:25].astype(np.uint32)
-    ns_cp = _native.bench_cond_probs(idx._inner, ctx[:50_000], np.ascontiguousarray(cands), 1)
+    ns_cp = _native._bench.bench_cond_probs(idx._inner, ctx[:50_000], np.ascontiguousarray(cands), 1)
     # the working set of one search round: 141 contexts, queried over and over (cache-warm)
     hot = np.ascontiguousarray(np.tile(ctx[:141], (200, 1)))
-    ns_hot = _native.bench_children(idx._inner, hot, 25, 1)
-    ns_cp_hot = _native.bench_cond_probs(idx._inner, hot, np.ascontiguousarray(cands), 1)
+    ns_hot = _native._bench.bench_children(idx._inner, hot, 25, 1)
+    ns_cp_hot = _native._bench.bench_cond_probs(idx._inner, hot, np.ascontiguousarray(cands), 1)
     # batch of 141 contexts, one Python call each
     bt = []
     for i in range(300):

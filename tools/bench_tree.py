@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of the Eq. (10) tree search (issue 4): d = 8, k = 25, w = 20, θ = 59.
+"""Benchmark of the Eq. (10) tree search: d = 8, k = 25, w = 20, θ = 59.
 
 Index: built from REAL text that ships with the machine — the Python standard library
 (``*.py`` under ``sysconfig.get_paths()["stdlib"]``), site-packages ``*.py``, then text
@@ -22,7 +22,7 @@ x_{t+l}) and random ids to fill k = 25; logits are −α_l·ln(rank + 1) + N(0, 
 going linearly from 3.0 (peaked: p_top1 ≈ 0.8) at level 0 to 1.2 (flat: p_top1 ≈ 0.3) at
 level 7, log-softmaxed inside the top-k in float32.
 
-Timings are taken inside Rust (``_native.bench_beam_search``), one thread, warm (one untimed
+Timings are taken inside Rust (``_native._bench.bench_beam_search``), one thread, warm (one untimed
 pass first): wall time (``search_*_us``) and the thread's CPU time (``search_cpu_*_us``,
 which excludes time the thread was descheduled — quote it when the machine is shared; the
 load average is recorded). ``ngram_share`` = CPU time to replay every index query the
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("DARTCORE_CACHE", Path.home() / ".cache" / "dartcore")) / "bench_tree")
     ap.add_argument("--corpus-mb", type=int, default=240,
-                    help="text to tokenize (MiB); 240 gives an index of 12.5 M nodes (issue 4 asks >= 10 M)")
+                    help="text to tokenize (MiB); 240 gives an index of 12.5 M nodes (the target is >= 10 M)")
     ap.add_argument("--rows", choices=("real", "synthetic"), default="real", help="drafter rows (module docs)")
     ap.add_argument("--searches", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
@@ -274,8 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     offsets = np.concatenate([[0], np.cumsum([t.size for t in tails])]).astype(np.int64)
     flat = np.concatenate(tails).astype(np.int64)
     params = T.SearchParams(eos_token_ids=(meta["eos"],)).native()
-    r = _native.bench_beam_search(index._inner, flat, offsets, toks, lps, params, 8)
-    r0 = _native.bench_beam_search(index._inner, flat, offsets, toks, lps, dict(params, ngram_weight=0.0), 0)
+    r = _native._bench.bench_beam_search(index._inner, flat, offsets, toks, lps, params, 8)
+    r0 = _native._bench.bench_beam_search(index._inner, flat, offsets, toks, lps, dict(params, ngram_weight=0.0), 0)
     # Full Python call (wrapper + conversion), 300 calls.
     py_us = []
     for i in range(min(300, args.searches)):

@@ -1,6 +1,8 @@
 """dartcore demo: index -> drafter -> DartDecoder vs AR on a handful of prompts.
 
-Every step prints what it does; outputs go to artifacts/demo/ (git-ignored).
+Every step prints what it does; outputs go to artifacts/demo/ (git-ignored): the corpus,
+the index (smollm2.idx) and the results next to it (smollm2_demo.json and .md: answers,
+τ, tok/s, speedup, identity with AR).
 Rerunning reuses the corpus and the index when they are already there.
 
     python tools/demo.py                 # defaults: ~60 MB of local text, 5 prompts
@@ -31,7 +33,7 @@ def write_task_responses(path: Path) -> int:
     sets (GSM8K train solutions, CodeAlpaca answers; never the eval sets) and SmolLM2's own
     greedy responses to training prompts (shipped, made by tools/generate_target_responses.py).
     With it the n-gram-only tree's tau rises from 1.38 to 1.67 on GSM8K and 1.46 to 1.65 on
-    CodeAlpaca (3 prompts each, 8 nodes; README). Written to a temp file, then renamed."""
+    CodeAlpaca (3 prompts each, 8 nodes). Written to a temp file, then renamed."""
     import gzip
     import json
 
@@ -119,31 +121,83 @@ def main(argv: list[str] | None = None) -> int:
     dart = DartDecoder(model, tok, drafter, idx, tree=args.tree)
     ar = DartDecoder(model, tok, tree="ar")
 
-    step(f"4/4 generate: {args.prompts} prompts, {args.max_new_tokens} new tokens, greedy")
+    step(f"4/4 generate: {args.prompts} prompts, {args.max_new_tokens} new tokens, greedy; "
+         "DART's answer streams as it decodes, then the same prompt with plain AR")
     for m in (dart, ar):  # warm-up
         m.generate("Hi", max_new_tokens=4)
     rows = []
-    for i, text in enumerate(BUILTIN_PROMPTS[: args.prompts]):
+    prompts = BUILTIN_PROMPTS[: args.prompts]
+    for i, text in enumerate(prompts):
         messages = [{"role": "user", "content": text}]
+        print(f"\n--- prompt {i + 1}/{len(prompts)}: {text}", flush=True)
+        r_dart = None
+        for chunk in dart.stream(messages, max_new_tokens=args.max_new_tokens):
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+            r_dart = chunk.result or r_dart
+        print(flush=True)
         r_ar = ar.generate(messages, max_new_tokens=args.max_new_tokens)
-        r_dart = dart.generate(messages, max_new_tokens=args.max_new_tokens)
         same = r_ar.tokens == r_dart.tokens
-        rows.append((r_ar.stats, r_dart.stats, same))
-        print(f"\n--- prompt {i + 1}: {text}\n{r_dart.text.strip()}\n"
-              f"[DART τ = {r_dart.stats.tau:.2f}, {r_dart.stats.tokens_per_s:.1f} tok/s | "
-              f"AR {r_ar.stats.tokens_per_s:.1f} tok/s | speedup {r_dart.stats.tokens_per_s / r_ar.stats.tokens_per_s:.2f}× | "
+        speedup = r_dart.stats.tokens_per_s / r_ar.stats.tokens_per_s
+        rows.append({"prompt": text, "answer": r_dart.text, "identical": same, "tau": r_dart.stats.tau,
+                     "new_tokens": r_dart.stats.new_tokens, "dart_tok_s": r_dart.stats.tokens_per_s,
+                     "ar_tok_s": r_ar.stats.tokens_per_s, "speedup": speedup,
+                     "dart_s": r_dart.stats.total_s, "ar_s": r_ar.stats.total_s, "rounds": r_dart.stats.rounds,
+                     "ar_new_tokens": r_ar.stats.new_tokens})
+        print(f"[DART τ = {r_dart.stats.tau:.2f}, {r_dart.stats.tokens_per_s:.1f} tok/s | "
+              f"AR {r_ar.stats.tokens_per_s:.1f} tok/s | speedup {speedup:.2f}× | "
               f"identical to AR: {'yes' if same else 'NO'}]", flush=True)
-    ar_tok = sum(a.new_tokens for a, _, _ in rows)
-    ar_s = sum(a.total_s for a, _, _ in rows)
-    d_tok = sum(d.new_tokens for _, d, _ in rows)
-    d_s = sum(d.total_s for _, d, _ in rows)
-    rounds = sum(d.rounds for _, d, _ in rows)
-    tau = sum(d.tau * d.rounds for _, d, _ in rows) / rounds if rounds else 0.0
-    print(f"\n== summary: DART {d_tok / d_s:.1f} tok/s (τ = {tau:.2f}) vs AR {ar_tok / ar_s:.1f} tok/s "
-          f"-> speedup {(d_tok / d_s) / (ar_tok / ar_s):.2f}×; greedy outputs identical: "
-          f"{all(s for _, _, s in rows)}; total {time.time() - t_start:.0f} s (torch threads: "
-          f"{__import__('torch').get_num_threads()}, {os.cpu_count()} CPUs)")
-    return 0 if all(s for _, _, s in rows) else 1
+    import torch
+
+    d_tok = sum(r["new_tokens"] for r in rows)
+    d_s = sum(r["dart_s"] for r in rows)
+    ar_s = sum(r["ar_s"] for r in rows)
+    rounds = sum(r["rounds"] for r in rows)
+    ar_tok = sum(r["ar_new_tokens"] for r in rows)
+    summary = {
+        "dart_tok_s": d_tok / d_s, "ar_tok_s": ar_tok / ar_s,
+        "tau": sum(r["tau"] * r["rounds"] for r in rows) / rounds if rounds else 0.0,
+        "identical": all(r["identical"] for r in rows), "total_s": time.time() - t_start,
+        "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+    }
+    summary["speedup"] = summary["dart_tok_s"] / summary["ar_tok_s"]
+    print(f"\n== summary: DART {summary['dart_tok_s']:.1f} tok/s (τ = {summary['tau']:.2f}) vs AR "
+          f"{summary['ar_tok_s']:.1f} tok/s -> speedup {summary['speedup']:.2f}×; greedy outputs identical: "
+          f"{summary['identical']}; total {summary['total_s']:.0f} s (torch threads: {summary['torch_threads']}, "
+          f"{summary['cpus']} CPUs)")
+    results = {"target": args.target, "drafter": args.drafter, "index": str(index), "tree": args.tree,
+               "max_new_tokens": args.max_new_tokens, "summary": summary, "prompts": rows}
+    json_path, md_path = write_results(results, out / (index.stem + "_demo"))
+    print(f"   results: {json_path}, {md_path}")
+    return 0 if summary["identical"] else 1
+
+
+def write_results(results: dict, stem: Path) -> tuple[Path, Path]:
+    """The demo's answers and figures as JSON and markdown next to its index (temp file,
+    then rename)."""
+    import json
+
+    s = results["summary"]
+    lines = [f"# dartcore demo: {results['target']}, tree {results['tree']}, {results['max_new_tokens']} new "
+             f"tokens, greedy", "",
+             f"DART {s['dart_tok_s']:.1f} tok/s (τ = {s['tau']:.2f}) vs AR {s['ar_tok_s']:.1f} tok/s: "
+             f"**{s['speedup']:.2f}×**; outputs identical to AR: {'yes' if s['identical'] else 'NO'}; "
+             f"{s['torch_threads']} torch threads, {s['cpus']} CPUs; index `{results['index']}`.", "",
+             "| prompt | τ | DART tok/s | AR tok/s | speedup | identical |", "|---|---|---|---|---|---|"]
+    for i, r in enumerate(results["prompts"], 1):
+        lines.append(f"| {i} | {r['tau']:.2f} | {r['dart_tok_s']:.1f} | {r['ar_tok_s']:.1f} | {r['speedup']:.2f}× | "
+                     f"{'yes' if r['identical'] else 'NO'} |")
+    for i, r in enumerate(results["prompts"], 1):
+        lines += ["", f"## {i}. {r['prompt']}", "", "```text", r["answer"].strip(), "```"]
+    paths = []
+    for suffix, text in ((".json", json.dumps(results, indent=2, ensure_ascii=False) + "\n"),
+                         (".md", "\n".join(lines) + "\n")):
+        path = stem.with_suffix(suffix)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+        paths.append(path)
+    return paths[0], paths[1]
 
 
 if __name__ == "__main__":

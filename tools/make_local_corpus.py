@@ -41,14 +41,6 @@ MAX_FILE_BYTES = 8 << 20  # generated tables bigger than this are not prose or c
 ADDED = "2026-01-01T00:00:00.000Z"  # fixed, so reruns write identical shards
 
 
-def parse_size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(text)
-
-
 def sources() -> list[tuple[str, Path]]:
     paths = sysconfig.get_paths()
     out = [("python-stdlib", Path(paths["stdlib"]))]
@@ -160,7 +152,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
 
-    max_bytes = parse_size(args.max_bytes)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+    from dartcore.index import parse_size
+
+    try:
+        max_bytes = 0 if args.max_bytes.strip() == "0" else parse_size(args.max_bytes, what="--max-bytes")
+        shard_bytes = parse_size(args.shard_bytes, what="--shard-bytes")
+    except ValueError as e:
+        ap.error(str(e))
     chosen = set(args.sources.split(","))
     all_sources = sources()
     unknown = chosen - {s for s, _ in all_sources}
@@ -171,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"{args.output}/documents already holds {len(existing)} shards; choose an empty --output")
 
     skip = {Path(sysconfig.get_paths()[k]).resolve() for k in ("purelib", "platlib")}
-    writer = ShardWriter(args.output, parse_size(args.shard_bytes))
+    writer = ShardWriter(args.output, shard_bytes)
     seen: set[bytes] = set()
     counts: dict[str, list[int]] = {}
     total = 0

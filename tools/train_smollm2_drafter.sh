@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The exact command that trained the shipped drafter python/dartcore/assets/drafters/smollm2/
-# (SmolLM2-135M-Instruct, CPU, fp32, ~65 minutes on a shared 2-core machine).
+# Stage 1 of the shipped drafter's recipe (python/dartcore/assets/drafters/smollm2/; stages 2-4:
+# tools/finetune_smollm2_drafter.sh and tools/reports/drafter_smollm2.md): SmolLM2-135M-Instruct,
+# CPU, fp32, ~80 minutes on a shared 2-core machine.
 # Usage: tools/train_smollm2_drafter.sh [extra dart-train args, e.g. --resume]
 # The shipped run: started with EVAL_EVERY=60; stopped after the step-70 checkpoint (each
 # held-out eval cost ~90 s of the time budget) and continued with
@@ -11,7 +12,7 @@
 # Steps 1-186 sampled ANCHORS=128 anchors per 512-token sequence; from the step-186 checkpoint
 # (33 min) on, 256 (= every valid anchor: a sequence has ~241 on average), after measuring
 # that all anchors cost only ~20 % more time per step than 128 (the teacher dominates).
-# Afterwards: tools/report_drafter.py writes tools/reports/drafter_smollm2.md + the curve.
+# The curve: dartcore.training.curve.plot_curve(OUT/log.jsonl, ...), which each checkpoint runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-artifacts/train_smollm2}

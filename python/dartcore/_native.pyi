@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import numpy as np
@@ -14,9 +15,13 @@ __version__: str
 class NgramIndex:
     """Memory-mapped trigram index (use :class:`dartcore.index.NgramIndex`)."""
 
-    def __init__(self, path: str, *, prefault: bool = False, hugepages: bool = False) -> None: ...
+    def __init__(
+        self, path: str, *, prefault: bool = False, hugepages: bool = False, verify: str = "header"
+    ) -> None: ...
     @property
     def vocab_size(self) -> int: ...
+    @property
+    def max_children(self) -> int: ...
     @property
     def path(self) -> str | None: ...
     def metadata_json(self) -> str: ...
@@ -32,7 +37,7 @@ class NgramIndex:
     ) -> npt.NDArray[np.float64]: ...
     def count(self, context: list[int], token: int) -> tuple[int, int]: ...
     def stats(self) -> dict[str, Any]: ...
-    def verify(self) -> None: ...
+    def verify(self, level: str = "full") -> None: ...
 
 class IndexBuilder:
     def __init__(
@@ -70,16 +75,8 @@ def set_num_threads(n: int) -> None: ...
 def num_threads() -> int: ...
 def numa_topology(sys_root: str | None = None) -> list[tuple[int, list[int]]]: ...
 def pin_numa_node(node: int | None = None) -> None: ...
-def pool_ping() -> int: ...
-def bench_children(
-    index: NgramIndex, contexts: npt.NDArray[np.uint32], k: int = 25, warmup: int = 1
-) -> npt.NDArray[np.uint64]: ...
-def bench_cond_probs(
-    index: NgramIndex, contexts: npt.NDArray[np.uint32], candidates_sorted: npt.NDArray[np.uint32], warmup: int = 1
-) -> npt.NDArray[np.uint64]: ...
-
 # ----------------------------------------------------------------------------- tree
-# (appended by the dart-tree bindings, crates/dartcore-py/src/tree.rs)
+# (crates/dartcore-py/src/tree.rs)
 # Trees cross as (tokens int64[n], parents int64[n], depths int64[n], scores float64[n]).
 # ``params`` is a dict with every key: beam_width, max_nodes, level_decay, ngram_weight,
 # depth_exponent, eps, ngram_first_level, unigram_backoff, eos_token_ids (list[int]).
@@ -110,12 +107,14 @@ def best_first(
     tokens: npt.NDArray[np.int64], logprobs: npt.NDArray[np.float32], root: int, b: int
 ) -> _TreeArrays: ...
 def ancestor_bits(parents: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]: ...
-def bench_beam_search(
-    index: NgramIndex,
-    ctx_flat: npt.NDArray[np.int64],
-    ctx_offsets: npt.NDArray[np.int64],
-    topk_tokens: npt.NDArray[np.int64],
-    topk_logprobs: npt.NDArray[np.float32],
-    params: dict[str, Any],
-    batch: int,
-) -> dict[str, Any]: ...
+
+# ----------------------------------------------------------------------------- private
+# Not public API (crates/dartcore-py/src/bench.rs), importable as dartcore._native._bench /
+# dartcore._native._testing:
+#   _bench.bench_children(index, contexts uint32[n, 2], k=25, warmup=1) -> uint64[n] (ns)
+#   _bench.bench_cond_probs(index, contexts uint32[n, 2], candidates_sorted uint32[m], warmup=1) -> uint64[n]
+#   _bench.bench_beam_search(index, ctx_flat, ctx_offsets, topk_tokens, topk_logprobs, params, batch) -> dict
+#   _testing.pool_ping() -> int;  _testing.panic(message, in_pool=False) (raises InternalError)
+
+_bench: types.ModuleType
+_testing: types.ModuleType

@@ -197,6 +197,14 @@ class Corpus:
             "text_field": self.text_field if self.kind in ("dolma", "jsonl") else None,
         }
 
+    def check_headers(self) -> None:
+        """Cheap checks of every shard before any long work: for ``npy``, each file's header
+        (dtype, 1-D shape) or raw size; other kinds are checked while they stream."""
+        if self.kind != "npy":
+            return
+        for path in self.shards:
+            self._open_tokens(path)  # header only: the data is mapped, not read
+
     # ------------------------------------------------------------------ iteration
 
     def __iter__(self) -> Iterator[str | np.ndarray]:
@@ -348,9 +356,9 @@ class Corpus:
             self._problem(f"{path}: invalid UTF-8 near line {lineno} (byte {e.start} of the chunk); replaced")
             return data.decode("utf-8", "replace"), True
 
-    def _read_npy(self, path: Path, size: int) -> Iterator[np.ndarray]:
-        if self.eos_id is None:
-            raise CorpusError("the npy corpus needs the tokenizer's EOS id to split documents")
+    def _open_tokens(self, path: Path) -> np.ndarray:
+        """The shard's tokens, memory-mapped (a .npy file, or a raw memmap of
+        ``token_dtype``), with dtype and 1-D shape checked."""
         with open(path, "rb") as f:
             magic = f.read(6)
         try:
@@ -366,9 +374,13 @@ class Corpus:
                 tokens = np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
         except (ValueError, OSError) as e:
             raise CorpusError(f"{path}: not a token array ({e})") from None
-        if tokens.dtype not in (np.uint16, np.uint32, np.int32, np.int64, np.uint64):
-            raise CorpusError(f"{path}: token arrays must be uint16 or uint32, got {tokens.dtype}")
-        tokens = tokens.reshape(-1)
+        _check_token_array(path, tokens.dtype, tokens.shape)
+        return tokens
+
+    def _read_npy(self, path: Path, size: int) -> Iterator[np.ndarray]:
+        if self.eos_id is None:
+            raise CorpusError("the npy corpus needs the tokenizer's EOS id to split documents")
+        tokens = self._open_tokens(path)
         base = self._done_bytes
         chunk = _NPY_WINDOW
         pending: list[np.ndarray] = []
@@ -398,6 +410,18 @@ class Corpus:
             if doc.size:
                 self.stats.documents += 1
                 yield doc
+
+
+def _check_token_array(path: Path, dtype: np.dtype, shape: tuple) -> None:
+    if dtype not in (np.uint16, np.uint32, np.int32, np.int64, np.uint64):
+        raise CorpusError(f"{path}: token arrays must be uint16 or uint32, got {dtype}")
+    if len(shape) != 1:
+        # Rows of a 2-D array are not a document layout this reader can know (padded
+        # rows? one document per row?): flattening would glue n-grams across rows.
+        raise CorpusError(
+            f"{path}: a token file must be 1-D (documents separated by EOS), got shape {shape}; "
+            "write it as one flat array (np.save(path, tokens.reshape(-1)) if the rows already end with EOS)"
+        )
 
 
 def _default_token_dtype(vocab_size: int | None) -> str:

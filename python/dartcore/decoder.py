@@ -240,7 +240,9 @@ class DartDecoder:
         if index is not None:
             from dartcore.index import NgramIndex
 
-            index_obj = NgramIndex(index)
+            # The quick check (CRCs of the small sections, sampled body checks: tens of ms at any
+            # size) so that a damaged body is an error here, not wrong probabilities later.
+            index_obj = NgramIndex(index, verify="quick")
         return cls(model, tokenizer, drafter_obj, index_obj, tree=tree, device=device, **tree_params)
 
     # -- public entry points --------------------------------------------------------------

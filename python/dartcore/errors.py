@@ -1,5 +1,6 @@
-"""The dartcore exception hierarchy (the Rust bindings raise these too; see
-crates/dartcore-py/src/errors.rs, the one place where Rust errors are mapped)."""
+"""The dartcore exception hierarchy. The Rust bindings raise these classes too: they resolve
+them once, when ``dartcore._native`` is imported (crates/dartcore-py/src/errors.rs, the one
+place where Rust errors are mapped), so a class renamed here must be renamed there."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ __all__ = [
     "DartError",
     "IndexFormatError",
     "IndexBuildError",
+    "IndexBuildArgumentError",
+    "IndexPathError",
     "CorpusError",
     "TokenizerError",
     "TokenizerMismatchError",
     "DrafterMismatchError",
     "TreeError",
     "ContextLengthError",
+    "InternalError",
 ]
 
 
@@ -26,6 +30,15 @@ class IndexFormatError(DartError):
 
 class IndexBuildError(DartError):
     """An index build failed (I/O, memory limit too small, interrupted)."""
+
+
+class IndexBuildArgumentError(IndexBuildError, ValueError):
+    """An argument of an index build is of the wrong type or out of range."""
+
+
+class IndexPathError(DartError, OSError):
+    """An index path names something other than a regular file (a directory, FIFO, socket or
+    device): refused without opening it, so a FIFO never blocks."""
 
 
 class CorpusError(DartError):
@@ -50,3 +63,7 @@ class TreeError(DartError, ValueError):
 
 class ContextLengthError(DartError, ValueError):
     """A prompt (plus the requested tokens) does not fit in the model's context."""
+
+
+class InternalError(DartError, RuntimeError):
+    """A bug in dartcore: a Rust panic caught at the binding. The message names the call."""

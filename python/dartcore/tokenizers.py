@@ -137,13 +137,11 @@ def fingerprint(tokenizer: Any) -> str:
 
 
 def _default_threads() -> int:
-    env = os.environ.get("DART_NUM_THREADS")
-    if env:
-        try:
-            return max(1, int(env))
-        except ValueError:
-            pass
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    """The owned pool's size (``dartcore.index.num_threads``: the native pool is the one
+    reader of ``DART_NUM_THREADS``), so tokenising and counting agree on one rule."""
+    from dartcore.index import num_threads
+
+    return num_threads()
 
 
 def _scrub_surrogates(text: str) -> str:

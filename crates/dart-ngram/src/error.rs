@@ -9,6 +9,10 @@ pub enum Error {
     /// The index (or run) file does not exist.
     #[error("index file not found: {path}")]
     NotFound { path: PathBuf },
+    /// The path names a directory, FIFO, socket or device: refused before it is opened (a
+    /// FIFO would block the open).
+    #[error("{path} is {kind}, not an index file: pass the path of an index file built by ngram-build")]
+    NotAFile { path: PathBuf, kind: &'static str },
     /// Any other I/O failure, with the path it concerns.
     #[error("I/O error on {path}: {source}")]
     Io {

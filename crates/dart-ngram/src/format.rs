@@ -25,6 +25,14 @@ pub const BLOCK: usize = 64;
 pub const BLOCK3_LEN: usize = 48;
 /// Bytes of one top-K row: escape base u64 + K node words.
 pub const TOPK_ROW: usize = 8 + 4 * TOPK_K;
+/// `Verify::Quick` checks the CRC of every section of at most this many bytes (a CRC covers a
+/// whole section, so a larger one would cost a read of all of it).
+pub const QUICK_CRC_BYTES: u64 = 16 << 20;
+/// `Verify::Quick` checks this many sampled places (a context, or a window of
+/// [`QUICK_WINDOW`] nodes of a larger one) per large section.
+pub const QUICK_SAMPLES: usize = 1024;
+/// Nodes checked around one sampled place of a context larger than this.
+pub const QUICK_WINDOW: usize = 256;
 /// The largest token width the builder supports (3 × 21 bits fit one u64 sort key).
 pub const MAX_TOKEN_BITS: u32 = 21;
 
@@ -327,7 +335,7 @@ pub fn parse(data: &[u8]) -> Result<(Header, Vec<Section>)> {
             crc: get32(table, o + 24).unwrap_or(0),
         };
         let end = s.offset.checked_add(s.len).ok_or_else(|| fmt("section bounds overflow"))?;
-        if s.offset < prev_end || s.offset % id.align() != 0 || end > data.len() as u64 {
+        if s.offset < prev_end || !s.offset.is_multiple_of(id.align()) || end > data.len() as u64 {
             return Err(fmt(format!(
                 "section {} [{}, {end}) is out of bounds, misaligned or overlapping (file has {} bytes)",
                 id.name(),

@@ -6,6 +6,7 @@
 //!   queries of the Eq. (10) search: [`Index::children`], [`Index::count`], [`Index::prob`],
 //!   [`Index::cond_probs`], [`Index::children_batch`].
 //! * [`pool`]: the one owned, named rayon pool (`DART_NUM_THREADS`), NUMA topology, fork safety.
+//! * `timing` (feature `bench`): per-query latencies measured in Rust, for the benchmarks.
 
 mod builder;
 mod error;
@@ -14,10 +15,11 @@ pub mod pool;
 mod radix;
 mod reader;
 mod reader_verify;
+#[cfg(feature = "bench")]
 pub mod timing;
 
 pub use builder::{merge_runs, BuildOptions, BuildSummary, Builder};
 pub use error::{Error, Result};
 /// The byte type of a file-backed index (`Index<Mmap>`), re-exported so dependants need no memmap2.
 pub use memmap2::Mmap;
-pub use reader::{BatchChildren, Children, Index, Match, OpenOptions, Stats};
+pub use reader::{BatchChildren, Children, Index, Match, OpenOptions, Stats, Verify, MAX_BATCH_BYTES};

@@ -2,6 +2,10 @@
 //! pool.
 //!
 //! * Size: [`set_num_threads`], else `DART_NUM_THREADS`, else the available parallelism.
+//!   This module is the one reader of `DART_NUM_THREADS`; Python asks [`num_threads`] through
+//!   the bindings. A value that is not an integer in 1..=[`MAX_THREADS`] is ignored (the
+//!   available parallelism is used), with one warning on stderr naming the value; above
+//!   [`MAX_THREADS`] it is capped at [`MAX_THREADS`].
 //! * Fork safety: a forked child inherits the pool object but none of its threads, so a job
 //!   sent to it would wait forever. The pool records the pid that built it; [`get`] in a
 //!   different process leaks the stale pool (dropping it would signal threads that do not
@@ -25,6 +29,12 @@ struct State {
     pin: Option<Vec<usize>>,
 }
 
+/// Upper bound of every thread count (API calls, `DART_NUM_THREADS`, a builder's own pool).
+/// 4096 is above the hardware threads of the largest machines (2 sockets x 192 cores x 2
+/// SMT = 768); beyond the cores, more threads only cost start-up and a 2 MiB stack each,
+/// and an unbounded request (`threads=10**6`) would keep spawning until the OS refuses.
+pub const MAX_THREADS: usize = 4096;
+
 static STATE: Mutex<State> = Mutex::new(State { pool: None, pid: 0, threads: None, pin: None });
 
 fn lock() -> std::sync::MutexGuard<'static, State> {
@@ -41,21 +51,60 @@ fn configured(st: &State) -> usize {
     if let Some(n) = st.threads {
         return n;
     }
-    if let Ok(v) = std::env::var("DART_NUM_THREADS") {
-        if let Ok(n) = v.trim().parse::<usize>() {
-            if n > 0 {
-                return n;
+    let available = available_cpus();
+    match std::env::var("DART_NUM_THREADS") {
+        Ok(v) => match parse_env_threads(&v) {
+            Ok(Some(n)) => n,
+            Ok(None) => available,
+            Err(why) => {
+                let n = if why.starts_with("is above") { MAX_THREADS } else { available };
+                warn_once(&format!("dartcore: DART_NUM_THREADS={v:?} {why}; using {n} threads"));
+                n
             }
-        }
+        },
+        Err(_) => available,
     }
+}
+
+/// CPUs this process may run on (affinity mask and cgroup quota), at least 1.
+pub fn available_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The rule for `DART_NUM_THREADS`: empty means unset (`Ok(None)`); an integer in
+/// 1..=[`MAX_THREADS`] is taken; anything else is an `Err` with the reason (the caller
+/// warns and falls back; above the cap it caps).
+pub fn parse_env_threads(v: &str) -> std::result::Result<Option<usize>, String> {
+    let t = v.trim();
+    if t.is_empty() {
+        return Ok(None);
+    }
+    match t.parse::<u64>() {
+        Ok(0) => Err(format!("is not a thread count (need an integer in 1..={MAX_THREADS})")),
+        Ok(n) if n > MAX_THREADS as u64 => Err(format!("is above the cap of {MAX_THREADS} threads")),
+        Ok(n) => Ok(Some(n as usize)),
+        Err(_) => Err(format!("is not a thread count (need an integer in 1..={MAX_THREADS})")),
+    }
+}
+
+fn warn_once(msg: &str) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| eprintln!("{msg}"));
+}
+
+/// `n` if it is a valid thread count (1..=[`MAX_THREADS`]), else an error naming `what`.
+pub fn check_threads(n: usize, what: &str) -> Result<usize> {
+    if n == 0 || n > MAX_THREADS {
+        return Err(Error::InvalidOption(format!(
+            "{what} must be in 1..={MAX_THREADS} (more threads than cores only add start-up time), got {n}"
+        )));
+    }
+    Ok(n)
 }
 
 /// Set the pool size; the pool is rebuilt on next use (jobs already running keep the old one).
 pub fn set_num_threads(n: usize) -> Result<()> {
-    if n == 0 || n > 4096 {
-        return Err(Error::InvalidOption(format!("thread count must be in 1..=4096, got {n}")));
-    }
+    check_threads(n, "thread count")?;
     let mut st = lock();
     st.threads = Some(n);
     st.pool = None;
@@ -181,6 +230,19 @@ pub fn parse_cpulist(s: &str) -> Option<Vec<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn env_thread_rule() {
+        assert_eq!(parse_env_threads(""), Ok(None));
+        assert_eq!(parse_env_threads(" 3 "), Ok(Some(3)));
+        assert_eq!(parse_env_threads("4096"), Ok(Some(4096)));
+        for bad in ["0", "-2", "two", "1.5"] {
+            assert!(parse_env_threads(bad).unwrap_err().starts_with("is not a thread count"), "{bad}");
+        }
+        assert!(parse_env_threads("1000000").unwrap_err().starts_with("is above"));
+        assert!(check_threads(0, "threads").is_err() && check_threads(4097, "threads").is_err());
+        assert_eq!(check_threads(7, "threads").unwrap(), 7);
+    }
 
     #[test]
     fn cpulist() {

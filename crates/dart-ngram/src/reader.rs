@@ -28,6 +28,51 @@ pub struct OpenOptions {
     pub prefault: bool,
     /// Advise transparent huge pages (`MADV_HUGEPAGE`); ignored where unsupported.
     pub hugepages: bool,
+    /// How much of the file to check before the index is returned ([`Verify`]).
+    pub verify: Verify,
+}
+
+/// How much of an index file is checked ([`Index::check`], [`OpenOptions::verify`]).
+///
+/// Every level keeps queries memory-safe on any bytes (every body read is bounds-checked);
+/// they differ in how much *accidental* damage they rule out before the first answer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Verify {
+    /// Header and section table only (their CRCs, bounds and lengths): O(1), what every open
+    /// does. A damaged body goes unnoticed and can give wrong probabilities.
+    #[default]
+    Header,
+    /// [`Verify::Header`], plus the CRC of every section of at most
+    /// [`crate::format::QUICK_CRC_BYTES`] (on small indexes, the whole file), the O(vocabulary)
+    /// invariants of the unigram tables, and the structural invariants of
+    /// [`crate::format::QUICK_SAMPLES`] sampled places of each larger section. Damage inside
+    /// a larger section is caught only where it breaks a sampled place or its invariants.
+    Quick,
+    /// Every section's CRC and every invariant of FORMAT.md: O(file size), [`Index::verify`].
+    Full,
+}
+
+impl Verify {
+    /// The level's name as the Python API spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Verify::Header => "header",
+            Verify::Quick => "quick",
+            Verify::Full => "full",
+        }
+    }
+}
+
+impl std::str::FromStr for Verify {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "header" => Ok(Verify::Header),
+            "quick" => Ok(Verify::Quick),
+            "full" => Ok(Verify::Full),
+            _ => Err(Error::InvalidOption(format!("verify = {s:?}: use \"header\", \"quick\" or \"full\""))),
+        }
+    }
 }
 
 /// Which context answered a query.
@@ -90,6 +135,18 @@ pub struct BatchChildren {
     pub counts: Vec<u64>,
     pub totals: Vec<u64>,
     pub orders: Vec<u8>,
+}
+
+/// The largest answer [`Index::children_batch`] allocates (12 bytes per cell).
+pub const MAX_BATCH_BYTES: usize = 1 << 30;
+
+/// `vec![v; n]` whose allocation failure is an error instead of an abort.
+fn filled<T: Clone>(n: usize, v: T) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(n)
+        .map_err(|_| Error::InvalidOption(format!("cannot allocate {n} result cells: ask for fewer")))?;
+    out.resize(n, v);
+    Ok(out)
 }
 
 /// Size figures of an index.
@@ -329,10 +386,11 @@ impl Index<Mmap> {
         Self::open_with(path, OpenOptions::default())
     }
 
-    /// [`Index::open`] with prefault / huge-page options.
+    /// [`Index::open`] with prefault / huge-page options and a [`Verify`] level. Only regular
+    /// files are opened: a directory, FIFO, socket or device is [`Error::NotAFile`].
     pub fn open_with(path: impl AsRef<Path>, opts: OpenOptions) -> Result<Self> {
         let path = path.as_ref();
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let file = open_regular(path)?;
         let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
         if len == 0 {
             return Err(Error::format(format!("{} is empty (0 bytes)", path.display())));
@@ -341,11 +399,12 @@ impl Index<Mmap> {
         if opts.prefault {
             mo.populate();
         }
-        // SAFETY: the mapping is read-only and dartcore never modifies an index file in place:
+        // SAFETY: the mapping is read-only and an index file is never modified in place:
         // builders write a temporary file and rename it over the output path, so a mapped
-        // file keeps its inode and bytes for the life of the mapping. (Another program
-        // truncating the file would make reads fault with SIGBUS; that is outside the
-        // contract, as for any mmap-based reader.) Every read of the body is bounds-checked
+        // file keeps its inode and bytes for the life of the mapping. Writing over a mapped
+        // file in place (`cp new.idx live.idx`, truncation) is outside the contract, as for
+        // any mmap-based reader: every process mapping it reads the new bytes or dies of
+        // SIGBUS (FORMAT.md, "Replacing an index"). Every read of the body is bounds-checked
         // against the mapping's length.
         let mmap = unsafe { mo.map(&file) }.map_err(|e| Error::io(path, e))?;
         if opts.prefault {
@@ -360,8 +419,82 @@ impl Index<Mmap> {
             e => e,
         })?;
         idx.path = Some(path.to_path_buf());
+        if !opts.prefault {
+            idx.check_mapped(opts.verify)?;
+        } else {
+            idx.check(opts.verify)?;
+        }
         Ok(idx)
     }
+
+    /// [`Index::check`] on the mapping. For `Verify::Quick` the sections it samples are
+    /// advised `MADV_RANDOM` while it runs: with the kernel's read-ahead, each of its few
+    /// thousand scattered reads of a cold file fetched up to 128 KiB (1.9 s on a cold 1.3 GB
+    /// index).
+    pub fn check_mapped(&self, level: Verify) -> Result<()> {
+        if level != Verify::Quick {
+            return self.check(level);
+        }
+        let sampled: Vec<Range<usize>> =
+            self.sec.iter().filter(|r| r.len() as u64 > format::QUICK_CRC_BYTES).cloned().collect();
+        for r in &sampled {
+            let _ = self.data.advise_range(Advice::Random, r.start, r.len());
+        }
+        let res = self.check(level);
+        for r in &sampled {
+            let _ = self.data.advise_range(Advice::Normal, r.start, r.len());
+        }
+        res
+    }
+}
+
+/// What a non-regular file is, for the error message.
+fn not_a_file(ft: &std::fs::FileType) -> Option<&'static str> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if ft.is_fifo() {
+            return Some("a FIFO (named pipe)");
+        }
+        if ft.is_socket() {
+            return Some("a socket");
+        }
+        if ft.is_block_device() {
+            return Some("a block device");
+        }
+        if ft.is_char_device() {
+            return Some("a character device");
+        }
+    }
+    if ft.is_dir() {
+        Some("a directory")
+    } else if !ft.is_file() {
+        Some("not a regular file")
+    } else {
+        None
+    }
+}
+
+/// Open `path` for reading if it is a regular file. The type is checked with stat before the
+/// open (opening a FIFO blocks until a writer appears, and ignores Ctrl-C while it waits) and
+/// again on the opened descriptor, which is opened non-blocking in case the path was
+/// replaced in between.
+fn open_regular(path: &Path) -> Result<File> {
+    let refuse = |ft: &std::fs::FileType| match not_a_file(ft) {
+        Some(kind) => Err(Error::NotAFile { path: path.to_path_buf(), kind }),
+        None => Ok(()),
+    };
+    refuse(&std::fs::metadata(path).map_err(|e| Error::io(path, e))?.file_type())?;
+    let mut oo = std::fs::OpenOptions::new();
+    oo.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        oo.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = oo.open(path).map_err(|e| Error::io(path, e))?;
+    refuse(&file.metadata().map_err(|e| Error::io(path, e))?.file_type())?;
+    Ok(file)
 }
 
 impl<D: AsRef<[u8]>> Index<D> {
@@ -792,8 +925,9 @@ impl<D: AsRef<[u8]>> Index<D> {
         self.trigram_probs_of(c, candidates_sorted, out, "trigram_probs_in");
     }
 
-    /// [`Index::children`] for `n` two-token contexts on `pool`; rows padded to `k` with token
-    /// `u32::MAX`, count 0.
+    /// [`Index::children`] for `n` two-token contexts on `pool`; rows of
+    /// `min(k, max_children())` cells (the result's `k`), padded with token `u32::MAX`, count 0.
+    /// An answer over [`MAX_BATCH_BYTES`] is an `InvalidOption` error.
     pub fn children_batch(&self, contexts: &[[u32; 2]], k: usize, pool: &rayon::ThreadPool) -> Result<BatchChildren>
     where
         D: Sync,
@@ -803,12 +937,21 @@ impl<D: AsRef<[u8]>> Index<D> {
             self.check_tokens(c)?;
         }
         let n = contexts.len();
+        // Rows are as wide as the most any context can return, whatever `k` asks for; the
+        // buffers are reserved fallibly and bounded, so an absurd request is an error, not an abort.
+        let k = k.min(self.max_children());
+        let cells = n.checked_mul(k).filter(|&c| c.saturating_mul(12) <= MAX_BATCH_BYTES).ok_or_else(|| {
+            Error::InvalidOption(format!(
+                "children_batch of {n} contexts × k = {k} would return more than {} GiB: split the contexts or lower k",
+                MAX_BATCH_BYTES >> 30
+            ))
+        })?;
         let mut b = BatchChildren {
             k,
-            tokens: vec![u32::MAX; n * k],
-            counts: vec![0; n * k],
-            totals: vec![0; n],
-            orders: vec![0; n],
+            tokens: filled(cells, u32::MAX)?,
+            counts: filled(cells, 0)?,
+            totals: filled(n, 0)?,
+            orders: filled(n, 0)?,
         };
         if n == 0 || k == 0 {
             // still report totals/orders
@@ -877,6 +1020,21 @@ impl<D: AsRef<[u8]>> Index<D> {
         crate::reader_verify::verify(self)
     }
 
+    /// The check of `level` ([`Verify`]); `Header` has nothing to add to what opening did.
+    pub fn check(&self, level: Verify) -> Result<()> {
+        match level {
+            Verify::Header => Ok(()),
+            Verify::Quick => crate::reader_verify::quick(self),
+            Verify::Full => crate::reader_verify::verify(self),
+        }
+    }
+
+    /// The most children any query can return: the number of distinct tokens seen (every
+    /// child of every context is one of them). Bounds the `k` of [`Index::children`].
+    pub fn max_children(&self) -> usize {
+        self.h.n_unigram as usize
+    }
+
     // ---- accessors for verify ----
     pub(crate) fn section(&self, s: Sec) -> &[u8] {
         self.s(s)
@@ -899,6 +1057,12 @@ impl<D: AsRef<[u8]>> Index<D> {
     pub(crate) fn decode_all(&self, level: u8, s: usize, e: usize, f: impl FnMut(u32, u64)) {
         let l = if level == 2 { self.l2() } else { self.l3() };
         l.decode(s, e, f)
+    }
+    /// The count of token `t` among the nodes `s..e` of `level`, if it is there.
+    pub(crate) fn find_pub(&self, level: u8, s: usize, e: usize, t: u32) -> Option<u64> {
+        let l = if level == 2 { self.l2() } else { self.l3() };
+        let j = l.find(s, e, t)?;
+        Some(l.count_of(j, l.word(j)?))
     }
     pub(crate) fn topk_row_pub(&self, sec: Sec, r: usize, out: &mut Children) -> Result<()> {
         out.clear();

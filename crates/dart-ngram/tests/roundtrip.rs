@@ -2,6 +2,7 @@
 //! documents), plus bad-input behaviour.
 
 use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
 
 use dart_ngram::{BuildOptions, Builder, Children, Error, Index};
 use proptest::prelude::*;
@@ -418,4 +419,47 @@ fn wide_delta_blocks() {
             assert!((ix.prob(&ctx, t, true) - r.prob(&ctx, t, true)).abs() < 1e-15);
         }
     }
+}
+
+#[test]
+fn outputs_that_cannot_be_written_are_refused_before_work() {
+    let vocab = 20;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = BuildOptions { vocab_size: vocab, memory_limit_bytes: 1 << 20, ..Default::default() };
+    let mut b = Builder::new(opts.clone()).unwrap();
+    b.add_document(&[1, 2, 3, 4]).unwrap();
+    let runs = b.write_runs(&dir.path().join("runs")).unwrap();
+    let before = std::fs::read(&runs[0]).unwrap();
+    // the output is one of the merged runs: refused, the run untouched
+    let e = dart_ngram::merge_runs(&runs, &runs[0], &opts, "{}").unwrap_err();
+    assert!(matches!(&e, Error::InvalidOption(m) if m.contains("one of the inputs")), "{e}");
+    assert_eq!(std::fs::read(&runs[0]).unwrap(), before);
+    // a directory, a missing directory
+    let e = dart_ngram::merge_runs(&runs, dir.path(), &opts, "{}").unwrap_err();
+    assert!(e.to_string().contains("is a directory"), "{e}");
+    let e = dart_ngram::merge_runs(&runs, &dir.path().join("no/x.idx"), &opts, "{}").unwrap_err();
+    assert!(e.to_string().contains("does not exist"), "{e}");
+    // thread counts above the pool's cap
+    let e = Builder::new(BuildOptions { threads: Some(1_000_000), ..opts.clone() }).err().unwrap();
+    assert!(e.to_string().contains("threads must be in 1..=4096"), "{e}");
+}
+
+#[test]
+fn stale_temp_files_are_swept_and_live_ones_kept() {
+    use std::os::unix::io::AsRawFd;
+    let dir = tempfile::tempdir().unwrap();
+    let dead = dir.path().join(".dart-ngram-sections-dead");
+    std::fs::create_dir(&dead).unwrap();
+    std::fs::write(dead.join(".lock"), b"").unwrap();
+    let live = dir.path().join(".dart-ngram-sections-live");
+    std::fs::create_dir(&live).unwrap();
+    let held = File::create(live.join(".lock")).unwrap();
+    // SAFETY: flock on an open descriptor owned by `held`.
+    assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+    let mut b = Builder::new(BuildOptions { vocab_size: 10, ..Default::default() }).unwrap();
+    b.add_document(&[1, 2, 3]).unwrap();
+    b.finish(&dir.path().join("x.idx"), "{}").unwrap();
+    assert!(!dead.exists(), "a dead builder's sections dir is removed");
+    assert!(live.exists(), "a live builder's sections dir is kept");
+    drop(held);
 }

@@ -15,6 +15,7 @@ mod error;
 mod index_impl;
 mod memo;
 mod scorer;
+#[cfg(feature = "bench")]
 pub mod timing;
 mod topb;
 mod topk;

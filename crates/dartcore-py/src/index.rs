@@ -1,15 +1,18 @@
 //! Bindings of dart-ngram: `NgramIndex`, `IndexBuilder`, `merge_runs`, pool controls.
-//! Thin: convert, release the GIL (`py.detach`), call one core function, convert back.
+//! Thin: convert, release the GIL (`py.detach`), call one core function, convert back; every
+//! body runs inside `errors::guard`, so a panic is an `InternalError`, never `PanicException`.
+//! Arguments are validated (types, shapes, ranges) by the wrapper `dartcore.index`; the ranges
+//! are checked again here, and no buffer is sized from an argument before it is capped.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use dart_ngram::{BuildOptions, BuildSummary, Builder, Children, Index, Mmap, OpenOptions};
+use dart_ngram::{BuildOptions, BuildSummary, Builder, Children, Index, Mmap, OpenOptions, Verify};
 use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::errors;
+use crate::errors::{self, guard, Kind};
 
 /// A memory-mapped trigram index (wrapped by `dartcore.index.NgramIndex`).
 ///
@@ -20,12 +23,15 @@ pub struct PyNgramIndex {
     pub(crate) inner: Arc<Index<Mmap>>,
 }
 
-fn context_u32(context: Vec<i64>, vocab: u32) -> PyResult<Vec<u32>> {
-    context
-        .into_iter()
+/// What `children` returns: (tokens, counts, total, order).
+type ChildrenArrays<'py> = (Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u64>>, u64, u8);
+
+/// Token ids of the argument `what`, each in `0..vocab`.
+fn ids_u32(ids: Vec<i64>, vocab: u32, what: &str) -> PyResult<Vec<u32>> {
+    ids.into_iter()
         .map(|t| {
             if t < 0 || t >= vocab as i64 {
-                Err(errors::value(format!("token id {t} is out of range for vocabulary size {vocab}")))
+                Err(errors::value(format!("{what}: token id {t} is out of range for vocabulary size {vocab}")))
             } else {
                 Ok(t as u32)
             }
@@ -36,17 +42,26 @@ fn context_u32(context: Vec<i64>, vocab: u32) -> PyResult<Vec<u32>> {
 #[pymethods]
 impl PyNgramIndex {
     #[new]
-    #[pyo3(signature = (path, *, prefault = false, hugepages = false))]
-    fn new(py: Python<'_>, path: PathBuf, prefault: bool, hugepages: bool) -> PyResult<Self> {
-        let idx = py
-            .detach(|| Index::open_with(&path, OpenOptions { prefault, hugepages }))
-            .map_err(errors::ngram)?;
-        Ok(PyNgramIndex { inner: Arc::new(idx) })
+    #[pyo3(signature = (path, *, prefault = false, hugepages = false, verify = "header"))]
+    fn new(py: Python<'_>, path: PathBuf, prefault: bool, hugepages: bool, verify: &str) -> PyResult<Self> {
+        guard("NgramIndex", || {
+            let verify: Verify = verify.parse().map_err(errors::ngram)?;
+            let idx = py
+                .detach(|| Index::open_with(&path, OpenOptions { prefault, hugepages, verify }))
+                .map_err(errors::ngram)?;
+            Ok(PyNgramIndex { inner: Arc::new(idx) })
+        })
     }
 
     #[getter]
     fn vocab_size(&self) -> u32 {
         self.inner.vocab_size()
+    }
+
+    /// The most children any query returns (the distinct tokens seen): the cap of `k`.
+    #[getter]
+    fn max_children(&self) -> usize {
+        self.inner.max_children()
     }
 
     #[getter]
@@ -58,26 +73,24 @@ impl PyNgramIndex {
         self.inner.metadata_json().to_string()
     }
 
-    /// (tokens uint32[k'], counts uint64[k'], total, order)
+    /// (tokens uint32[k'], counts uint64[k'], total, order); k' <= min(k, max_children)
     #[pyo3(signature = (context, k = 25))]
     fn children<'py>(
         &self,
         py: Python<'py>,
         context: Vec<i64>,
         k: usize,
-    ) -> PyResult<(Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u64>>, u64, u8)> {
-        let ctx = context_u32(context, self.inner.vocab_size())?;
-        let mut ch = Children::with_capacity(k);
-        let m = self.inner.children(&ctx, k, &mut ch).map_err(errors::ngram)?;
-        Ok((
-            PyArray1::from_slice(py, ch.tokens()),
-            PyArray1::from_slice(py, ch.counts()),
-            m.total,
-            m.order,
-        ))
+    ) -> PyResult<ChildrenArrays<'py>> {
+        guard("NgramIndex.children", || {
+            let ctx = ids_u32(context, self.inner.vocab_size(), "context")?;
+            let mut ch = Children::with_capacity(k.min(self.inner.max_children()));
+            let m = self.inner.children(&ctx, k, &mut ch).map_err(errors::ngram)?;
+            Ok((PyArray1::from_slice(py, ch.tokens()), PyArray1::from_slice(py, ch.counts()), m.total, m.order))
+        })
     }
 
-    /// contexts: uint32 [n, 2] (C-contiguous) -> (tokens [n,k], counts [n,k], totals [n], orders [n])
+    /// contexts: uint32 [n, 2] (C-contiguous) -> (tokens [n,k'], counts [n,k'], totals [n],
+    /// orders [n]) with k' = min(k, max_children)
     #[allow(clippy::type_complexity)]
     fn children_batch<'py>(
         &self,
@@ -85,29 +98,34 @@ impl PyNgramIndex {
         contexts: PyReadonlyArray2<'py, u32>,
         k: usize,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<u8>>)> {
-        let ctx = pairs(&contexts)?;
-        let n = ctx.len();
-        let inner = &self.inner;
-        let b = py
-            .detach(|| {
-                let pool = dart_ngram::pool::get();
-                inner.children_batch(&ctx, k, &pool)
-            })
-            .map_err(errors::ngram)?;
-        let tokens = PyArray1::from_vec(py, b.tokens).reshape([n, k])?.into_any();
-        let counts = PyArray1::from_vec(py, b.counts).reshape([n, k])?.into_any();
-        Ok((tokens, counts, PyArray1::from_vec(py, b.totals), PyArray1::from_vec(py, b.orders)))
+        guard("NgramIndex.children_batch", || {
+            let ctx = pairs(&contexts)?;
+            let n = ctx.len();
+            let inner = &self.inner;
+            let b = py
+                .detach(|| {
+                    let pool = dart_ngram::pool::get();
+                    inner.children_batch(&ctx, k, &pool)
+                })
+                .map_err(errors::ngram)?;
+            let w = b.k;
+            let tokens = PyArray1::from_vec(py, b.tokens).reshape([n, w])?.into_any();
+            let counts = PyArray1::from_vec(py, b.counts).reshape([n, w])?.into_any();
+            Ok((tokens, counts, PyArray1::from_vec(py, b.totals), PyArray1::from_vec(py, b.orders)))
+        })
     }
 
     #[pyo3(signature = (context, token, unigram_backoff = true))]
     fn prob(&self, context: Vec<i64>, token: i64, unigram_backoff: bool) -> PyResult<f64> {
-        let v = self.inner.vocab_size();
-        let ctx = context_u32(context, v)?;
-        let t = context_u32(vec![token], v)?[0];
-        Ok(self.inner.prob(&ctx, t, unigram_backoff))
+        guard("NgramIndex.prob", || {
+            let v = self.inner.vocab_size();
+            let ctx = ids_u32(context, v, "context")?;
+            let t = ids_u32(vec![token], v, "token")?[0];
+            Ok(self.inner.prob(&ctx, t, unigram_backoff))
+        })
     }
 
-    /// g(v|context) for sorted candidate ids -> float64[len]
+    /// g(v|context) for sorted candidate ids (each < vocab_size) -> float64[len]
     #[pyo3(signature = (context, candidates_sorted, unigram_backoff = true))]
     fn cond_probs<'py>(
         &self,
@@ -116,53 +134,62 @@ impl PyNgramIndex {
         candidates_sorted: PyReadonlyArray1<'py, u32>,
         unigram_backoff: bool,
     ) -> PyResult<Bound<'py, PyArray1<f64>>> {
-        let ctx = context_u32(context, self.inner.vocab_size())?;
-        let c = candidates_sorted.as_slice().map_err(|_| errors::value("candidates must be contiguous"))?;
-        if c.windows(2).any(|w| w[0] > w[1]) {
-            return Err(errors::value("candidates_sorted must be sorted ascending"));
-        }
-        let mut out = vec![0.0; c.len()];
-        self.inner.cond_probs(&ctx, c, unigram_backoff, &mut out);
-        Ok(PyArray1::from_vec(py, out))
+        guard("NgramIndex.cond_probs", || {
+            let v = self.inner.vocab_size();
+            let ctx = ids_u32(context, v, "context")?;
+            let c = sorted_candidates(&candidates_sorted, v)?;
+            let mut out = vec![0.0; c.len()];
+            self.inner.cond_probs(&ctx, c, unigram_backoff, &mut out);
+            Ok(PyArray1::from_vec(py, out))
+        })
     }
 
     /// (count(context, token), total(context)) for exactly that context (len 0..=2).
     fn count(&self, context: Vec<i64>, token: i64) -> PyResult<(u64, u64)> {
-        let v = self.inner.vocab_size();
-        let ctx = context_u32(context, v)?;
-        if ctx.len() > 2 {
-            return Err(errors::value("count() takes a context of at most 2 tokens"));
-        }
-        let t = context_u32(vec![token], v)?[0];
-        Ok(self.inner.count(&ctx, t))
+        guard("NgramIndex.count", || {
+            let v = self.inner.vocab_size();
+            let ctx = ids_u32(context, v, "context")?;
+            if ctx.len() > 2 {
+                return Err(errors::value(format!("context: count() takes at most 2 tokens, got {}", ctx.len())));
+            }
+            let t = ids_u32(vec![token], v, "token")?[0];
+            Ok(self.inner.count(&ctx, t))
+        })
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.inner.stats();
-        let d = PyDict::new(py);
-        d.set_item("vocab_size", s.vocab_size)?;
-        d.set_item("token_bits", s.token_bits)?;
-        d.set_item("documents", s.documents)?;
-        d.set_item("tokens", s.tokens)?;
-        d.set_item("unigram_nodes", s.unigram_nodes)?;
-        d.set_item("bigram_nodes", s.bigram_nodes)?;
-        d.set_item("trigram_nodes", s.trigram_nodes)?;
-        d.set_item("nodes", s.nodes)?;
-        d.set_item("bytes", s.bytes)?;
-        d.set_item("bytes_per_node", s.bytes_per_node)?;
-        d.set_item("escaped_counts", s.escaped_counts)?;
-        d.set_item("large_contexts", s.large_contexts)?;
-        let secs = PyDict::new(py);
-        for (name, b) in s.sections {
-            secs.set_item(name, b)?;
-        }
-        d.set_item("sections", secs)?;
-        Ok(d)
+        guard("NgramIndex.stats", || {
+            let s = self.inner.stats();
+            let d = PyDict::new(py);
+            d.set_item("vocab_size", s.vocab_size)?;
+            d.set_item("token_bits", s.token_bits)?;
+            d.set_item("documents", s.documents)?;
+            d.set_item("tokens", s.tokens)?;
+            d.set_item("unigram_nodes", s.unigram_nodes)?;
+            d.set_item("bigram_nodes", s.bigram_nodes)?;
+            d.set_item("trigram_nodes", s.trigram_nodes)?;
+            d.set_item("nodes", s.nodes)?;
+            d.set_item("bytes", s.bytes)?;
+            d.set_item("bytes_per_node", s.bytes_per_node)?;
+            d.set_item("escaped_counts", s.escaped_counts)?;
+            d.set_item("large_contexts", s.large_contexts)?;
+            let secs = PyDict::new(py);
+            for (name, b) in s.sections {
+                secs.set_item(name, b)?;
+            }
+            d.set_item("sections", secs)?;
+            Ok(d)
+        })
     }
 
-    fn verify(&self, py: Python<'_>) -> PyResult<()> {
-        let inner = &self.inner;
-        py.detach(|| inner.verify()).map_err(errors::ngram)
+    /// The check of `level` ("header", "quick", "full"; see dart_ngram::Verify).
+    #[pyo3(signature = (level = "full"))]
+    fn verify(&self, py: Python<'_>, level: &str) -> PyResult<()> {
+        guard("NgramIndex.verify", || {
+            let level: Verify = level.parse().map_err(errors::ngram)?;
+            let inner = &self.inner;
+            py.detach(|| inner.check_mapped(level)).map_err(errors::ngram)
+        })
     }
 
     fn __repr__(&self) -> String {
@@ -175,6 +202,18 @@ impl PyNgramIndex {
             s.bytes
         )
     }
+}
+
+/// The candidates of `cond_probs`: contiguous, ascending, each below the vocabulary size.
+pub(crate) fn sorted_candidates<'a>(c: &'a PyReadonlyArray1<'_, u32>, vocab: u32) -> PyResult<&'a [u32]> {
+    let c = c.as_slice().map_err(|_| errors::value("candidates_sorted must be contiguous"))?;
+    if c.windows(2).any(|w| w[0] > w[1]) {
+        return Err(errors::value("candidates_sorted must be sorted ascending"));
+    }
+    if let Some(&t) = c.last().filter(|&&t| t >= vocab) {
+        return Err(errors::value(format!("candidates_sorted: token id {t} is out of range for vocabulary size {vocab}")));
+    }
+    Ok(c)
 }
 
 fn summary_dict<'py>(py: Python<'py>, s: &BuildSummary) -> PyResult<Bound<'py, PyDict>> {
@@ -224,10 +263,10 @@ pub struct PyIndexBuilder {
 
 impl PyIndexBuilder {
     fn slot(&self) -> PyResult<std::sync::MutexGuard<'_, Option<Builder>>> {
-        self.inner.lock().map_err(|_| errors::dart_error("IndexBuildError", "builder poisoned by an earlier panic".into()))
+        self.inner.lock().map_err(|_| errors::new(Kind::IndexBuild, "builder poisoned by an earlier panic"))
     }
     fn finished() -> PyErr {
-        errors::dart_error("IndexBuildError", "builder already finished".into())
+        errors::new(Kind::IndexBuild, "builder already finished")
     }
     fn with<R>(&self, f: impl FnOnce(&mut Builder) -> dart_ngram::Result<R>) -> PyResult<R> {
         let mut g = self.slot()?;
@@ -252,24 +291,30 @@ impl PyIndexBuilder {
         threads: Option<usize>,
         token_bits: Option<u32>,
     ) -> PyResult<Self> {
-        let b = Builder::new(options(vocab_size, memory_limit, temp_dir, min_count, max_children, threads, token_bits))
-            .map_err(errors::ngram)?;
-        Ok(PyIndexBuilder { inner: Mutex::new(Some(b)) })
+        guard("IndexBuilder", || {
+            let b = Builder::new(options(vocab_size, memory_limit, temp_dir, min_count, max_children, threads, token_bits))
+                .map_err(errors::ngram)?;
+            Ok(PyIndexBuilder { inner: Mutex::new(Some(b)) })
+        })
     }
 
     /// Count one document (uint32 array).
     fn add(&self, py: Python<'_>, doc: PyReadonlyArray1<'_, u32>) -> PyResult<()> {
-        let d = doc.as_slice().map_err(|_| errors::value("document must be contiguous"))?;
-        py.detach(|| self.with(|b| b.add_document(d)))
+        guard("IndexBuilder.add", || {
+            let d = doc.as_slice().map_err(|_| errors::value("document must be contiguous"))?;
+            py.detach(|| self.with(|b| b.add_document(d)))
+        })
     }
 
     /// Count many documents (list of uint32 arrays) in parallel, GIL released.
     fn add_many(&self, py: Python<'_>, docs: Vec<PyReadonlyArray1<'_, u32>>) -> PyResult<()> {
-        let slices: Vec<&[u32]> = docs
-            .iter()
-            .map(|d| d.as_slice().map_err(|_| errors::value("documents must be contiguous")))
-            .collect::<PyResult<_>>()?;
-        py.detach(|| self.with(|b| b.add_documents(&slices)))
+        guard("IndexBuilder.add_many", || {
+            let slices: Vec<&[u32]> = docs
+                .iter()
+                .map(|d| d.as_slice().map_err(|_| errors::value("documents must be contiguous")))
+                .collect::<PyResult<_>>()?;
+            py.detach(|| self.with(|b| b.add_documents(&slices)))
+        })
     }
 
     #[getter]
@@ -279,16 +324,20 @@ impl PyIndexBuilder {
 
     /// Spill and move the sorted runs into `dir`; the builder is consumed.
     fn write_runs(&self, py: Python<'_>, dir: PathBuf) -> PyResult<Vec<String>> {
-        let b = self.take()?;
-        let runs = py.detach(|| b.write_runs(&dir)).map_err(errors::ngram)?;
-        Ok(runs.into_iter().map(|p| p.display().to_string()).collect())
+        guard("IndexBuilder.write_runs", || {
+            let b = self.take()?;
+            let runs = py.detach(|| b.write_runs(&dir)).map_err(errors::ngram)?;
+            Ok(runs.into_iter().map(|p| p.display().to_string()).collect())
+        })
     }
 
     /// Write the index (temp file + rename); the builder is consumed.
     fn finish<'py>(&self, py: Python<'py>, output: PathBuf, metadata_json: &str) -> PyResult<Bound<'py, PyDict>> {
-        let b = self.take()?;
-        let s = py.detach(|| b.finish(&output, metadata_json)).map_err(errors::ngram)?;
-        summary_dict(py, &s)
+        guard("IndexBuilder.finish", || {
+            let b = self.take()?;
+            let s = py.detach(|| b.finish(&output, metadata_json)).map_err(errors::ngram)?;
+            summary_dict(py, &s)
+        })
     }
 }
 
@@ -309,15 +358,17 @@ fn merge_runs<'py>(
     threads: Option<usize>,
     token_bits: Option<u32>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let opts = options(vocab_size, memory_limit, temp_dir, min_count, max_children, threads, token_bits);
-    let s = py.detach(|| dart_ngram::merge_runs(&runs, &output, &opts, metadata_json)).map_err(errors::ngram)?;
-    summary_dict(py, &s)
+    guard("merge_runs", || {
+        let opts = options(vocab_size, memory_limit, temp_dir, min_count, max_children, threads, token_bits);
+        let s = py.detach(|| dart_ngram::merge_runs(&runs, &output, &opts, metadata_json)).map_err(errors::ngram)?;
+        summary_dict(py, &s)
+    })
 }
 
 /// Size the shared dart-ngram pool (rebuilt on next use).
 #[pyfunction]
 fn set_num_threads(n: usize) -> PyResult<()> {
-    dart_ngram::pool::set_num_threads(n).map_err(errors::ngram)
+    guard("set_num_threads", || dart_ngram::pool::set_num_threads(n).map_err(errors::ngram))
 }
 
 /// Threads of the shared pool (API setting, else DART_NUM_THREADS, else all CPUs).
@@ -329,83 +380,27 @@ fn num_threads() -> usize {
 /// NUMA nodes under `sys_root` (default /sys): list of (node id, [cpus]).
 #[pyfunction]
 #[pyo3(signature = (sys_root = None))]
-fn numa_topology(sys_root: Option<PathBuf>) -> Vec<(usize, Vec<usize>)> {
-    let root = sys_root.unwrap_or_else(|| PathBuf::from("/sys"));
-    dart_ngram::pool::numa_topology(&root).into_iter().map(|n| (n.id, n.cpus)).collect()
+fn numa_topology(sys_root: Option<PathBuf>) -> PyResult<Vec<(usize, Vec<usize>)>> {
+    guard("numa_topology", || {
+        let root = sys_root.unwrap_or_else(|| PathBuf::from("/sys"));
+        Ok(dart_ngram::pool::numa_topology(&root).into_iter().map(|n| (n.id, n.cpus)).collect())
+    })
 }
 
 /// Pin the pool's workers to the CPUs of a NUMA node (None: unpin).
 #[pyfunction]
 #[pyo3(signature = (node = None))]
 fn pin_numa_node(node: Option<usize>) -> PyResult<()> {
-    match node {
+    guard("pin_numa_node", || match node {
         Some(n) => dart_ngram::pool::set_pin_node(n).map_err(errors::ngram),
         None => {
             dart_ngram::pool::set_pin_cpus(None);
             Ok(())
         }
-    }
-}
-
-/// Run a trivial job on every worker of the pool (used by tests of fork safety).
-#[pyfunction]
-fn pool_ping(py: Python<'_>) -> usize {
-    py.detach(|| {
-        let pool = dart_ngram::pool::get();
-        pool.install(|| rayon_sum(pool.current_num_threads()))
     })
 }
 
-fn rayon_sum(n: usize) -> usize {
-    // A fork/join of n tasks on the current pool.
-    fn go(lo: usize, hi: usize) -> usize {
-        if hi - lo <= 1 {
-            return hi - lo;
-        }
-        let mid = (lo + hi) / 2;
-        let (a, b) = dart_ngram::pool::join(|| go(lo, mid), || go(mid, hi));
-        a + b
-    }
-    go(0, n.max(1) * 4)
-}
-
-/// Benchmark helper: ns per `children(ctx, k)` call, timed in Rust, one thread.
-#[pyfunction]
-#[pyo3(signature = (index, contexts, k = 25, warmup = 1))]
-fn bench_children<'py>(
-    py: Python<'py>,
-    index: &PyNgramIndex,
-    contexts: PyReadonlyArray2<'py, u32>,
-    k: usize,
-    warmup: usize,
-) -> PyResult<Bound<'py, PyArray1<u64>>> {
-    let ctx = pairs(&contexts)?;
-    let inner = &index.inner;
-    let ns = py.detach(|| dart_ngram::timing::time_children(inner, &ctx, k, warmup));
-    Ok(PyArray1::from_vec(py, ns))
-}
-
-/// Benchmark helper: ns per `cond_probs(ctx, candidates)` call, timed in Rust, one thread.
-#[pyfunction]
-#[pyo3(signature = (index, contexts, candidates_sorted, warmup = 1))]
-fn bench_cond_probs<'py>(
-    py: Python<'py>,
-    index: &PyNgramIndex,
-    contexts: PyReadonlyArray2<'py, u32>,
-    candidates_sorted: PyReadonlyArray1<'py, u32>,
-    warmup: usize,
-) -> PyResult<Bound<'py, PyArray1<u64>>> {
-    let ctx = pairs(&contexts)?;
-    let c = candidates_sorted.as_slice().map_err(|_| errors::value("candidates must be contiguous"))?;
-    if c.windows(2).any(|w| w[0] > w[1]) {
-        return Err(errors::value("candidates_sorted must be sorted ascending"));
-    }
-    let inner = &index.inner;
-    let ns = py.detach(|| dart_ngram::timing::time_cond_probs(inner, &ctx, c, warmup));
-    Ok(PyArray1::from_vec(py, ns))
-}
-
-fn pairs(contexts: &PyReadonlyArray2<'_, u32>) -> PyResult<Vec<[u32; 2]>> {
+pub(crate) fn pairs(contexts: &PyReadonlyArray2<'_, u32>) -> PyResult<Vec<[u32; 2]>> {
     let shape = contexts.shape();
     if shape[1] != 2 {
         return Err(errors::value(format!("contexts must have shape [n, 2], got {shape:?}")));
@@ -422,8 +417,5 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(numa_topology, m)?)?;
     m.add_function(wrap_pyfunction!(pin_numa_node, m)?)?;
-    m.add_function(wrap_pyfunction!(pool_ping, m)?)?;
-    m.add_function(wrap_pyfunction!(bench_children, m)?)?;
-    m.add_function(wrap_pyfunction!(bench_cond_probs, m)?)?;
     Ok(())
 }

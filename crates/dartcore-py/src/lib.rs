@@ -1,9 +1,12 @@
-//! `dartcore._native`: thin conversions only. Every function converts its
-//! arguments, releases the GIL, calls one core function and converts the result;
-//! errors are mapped to Python exceptions in `errors.rs` and nowhere else.
+//! `dartcore._native`: thin conversions only. Every function converts its arguments,
+//! releases the GIL, calls one core function and converts the result, inside
+//! `errors::guard` (a Rust panic becomes `dartcore.InternalError`); errors are mapped to
+//! Python exceptions in `errors.rs` and nowhere else. Benchmark timers and test hooks live in
+//! the private submodules `_bench` and `_testing` (bench.rs).
 use pyo3::prelude::*;
 
 mod arrays;
+mod bench;
 mod errors;
 mod index;
 mod linear;
@@ -12,10 +15,12 @@ mod tree;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::init(m.py())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     index::register(m)?;
     tree::register(m)?;
     linear::register(m)?;
     ops::register(m)?;
+    bench::register(m)?;
     Ok(())
 }

@@ -6,7 +6,7 @@ use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray2, PyUntypedArra
 use pyo3::prelude::*;
 
 use crate::arrays::{c_slice, c_slice_mut};
-use crate::errors;
+use crate::errors::{self, guard};
 
 /// linear_rows(x float32[m, k], w [n, k], bias float32[n] | None, out float32[m, n],
 /// threads=1, format="f32"): out = x @ w.T + bias, m <= 16, every array C-contiguous. `w` is
@@ -25,36 +25,38 @@ fn linear_rows(
     threads: usize,
     format: &str,
 ) -> PyResult<()> {
-    let (w32, w16) = match format {
-        "f32" => (Some(w.extract::<PyReadonlyArray2<'_, f32>>().map_err(|_| wrong_w(format))?), None),
-        "f16" | "bf16" => (None, Some(w.extract::<PyReadonlyArray2<'_, u16>>().map_err(|_| wrong_w(format))?)),
-        _ => return Err(errors::value(format!("linear_rows: unknown weight format {format:?} (f32, f16, bf16)"))),
-    };
-    let w_shape = match (&w32, &w16) {
-        (Some(a), _) => a.shape().to_vec(),
-        (_, Some(a)) => a.shape().to_vec(),
-        _ => unreachable!("one of the two weights was extracted"),
-    };
-    let (rows, k) = (x.shape()[0], x.shape()[1]);
-    let n = w_shape[0];
-    if w_shape[1] != k || out.shape() != [rows, n] {
-        return Err(errors::value(format!(
-            "linear_rows: x {:?}, w {:?}, out {:?} do not fit out = x @ w.T",
-            x.shape(),
-            w_shape,
-            out.shape()
-        )));
-    }
-    let xs = c_slice(&x, "linear_rows: x")?;
-    let ws = match (&w32, &w16, format) {
-        (Some(a), _, _) => dart_linear::Weights::F32(c_slice(a, "linear_rows: w")?),
-        (_, Some(a), "f16") => dart_linear::Weights::F16(c_slice(a, "linear_rows: w")?),
-        (_, Some(a), _) => dart_linear::Weights::Bf16(c_slice(a, "linear_rows: w")?),
-        _ => unreachable!("one of the two weights was extracted"),
-    };
-    let bs = bias.as_ref().map(|b| c_slice(b, "linear_rows: bias")).transpose()?;
-    let os = c_slice_mut(&mut out, "linear_rows: out")?;
-    py.detach(|| dart_linear::linear(xs, rows, k, ws, n, bs, os, threads)).map_err(|e| errors::value(e.0))
+    guard("linear_rows", || {
+        let (w32, w16) = match format {
+            "f32" => (Some(w.extract::<PyReadonlyArray2<'_, f32>>().map_err(|_| wrong_w(format))?), None),
+            "f16" | "bf16" => (None, Some(w.extract::<PyReadonlyArray2<'_, u16>>().map_err(|_| wrong_w(format))?)),
+            _ => return Err(errors::value(format!("linear_rows: unknown weight format {format:?} (f32, f16, bf16)"))),
+        };
+        let w_shape = match (&w32, &w16) {
+            (Some(a), _) => a.shape().to_vec(),
+            (_, Some(a)) => a.shape().to_vec(),
+            _ => unreachable!("one of the two weights was extracted"),
+        };
+        let (rows, k) = (x.shape()[0], x.shape()[1]);
+        let n = w_shape[0];
+        if w_shape[1] != k || out.shape() != [rows, n] {
+            return Err(errors::value(format!(
+                "linear_rows: x {:?}, w {:?}, out {:?} do not fit out = x @ w.T",
+                x.shape(),
+                w_shape,
+                out.shape()
+            )));
+        }
+        let xs = c_slice(&x, "linear_rows: x")?;
+        let ws = match (&w32, &w16, format) {
+            (Some(a), _, _) => dart_linear::Weights::F32(c_slice(a, "linear_rows: w")?),
+            (_, Some(a), "f16") => dart_linear::Weights::F16(c_slice(a, "linear_rows: w")?),
+            (_, Some(a), _) => dart_linear::Weights::Bf16(c_slice(a, "linear_rows: w")?),
+            _ => unreachable!("one of the two weights was extracted"),
+        };
+        let bs = bias.as_ref().map(|b| c_slice(b, "linear_rows: bias")).transpose()?;
+        let os = c_slice_mut(&mut out, "linear_rows: out")?;
+        py.detach(|| dart_linear::linear(xs, rows, k, ws, n, bs, os, threads)).map_err(|e| errors::value(e.0))
+    })
 }
 
 fn wrong_w(format: &str) -> PyErr {

@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::arrays::c_slice;
-use crate::errors;
+use crate::errors::{self, guard};
 use crate::index::PyNgramIndex;
 
 type TreeArrays<'py> = (
@@ -37,7 +37,7 @@ fn tree_arrays(py: Python<'_>, t: Tree) -> TreeArrays<'_> {
 /// a dict with every key, validated there first.
 #[derive(FromPyObject)]
 #[pyo3(from_item_all)]
-struct Params {
+pub(crate) struct Params {
     beam_width: usize,
     max_nodes: usize,
     level_decay: f64,
@@ -50,7 +50,7 @@ struct Params {
 }
 
 impl Params {
-    fn into_core(self) -> PyResult<SearchParams> {
+    pub(crate) fn into_core(self) -> PyResult<SearchParams> {
         Ok(SearchParams {
             beam_width: self.beam_width,
             max_nodes: self.max_nodes,
@@ -70,24 +70,26 @@ impl Params {
 /// reads (written once, in dart-tree).
 #[pyfunction]
 fn search_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    let p = SearchParams::default();
-    let out = PyDict::new(py);
-    out.set_item("beam_width", p.beam_width)?;
-    out.set_item("max_nodes", p.max_nodes)?;
-    out.set_item("level_decay", p.level_decay)?;
-    out.set_item("ngram_weight", p.ngram_weight)?;
-    out.set_item("depth_exponent", p.depth_exponent)?;
-    out.set_item("eps", p.eps)?;
-    out.set_item("ngram_first_level", p.ngram_first_level)?;
-    out.set_item("unigram_backoff", p.unigram_backoff)?;
-    Ok(out)
+    guard("search_defaults", || {
+        let p = SearchParams::default();
+        let out = PyDict::new(py);
+        out.set_item("beam_width", p.beam_width)?;
+        out.set_item("max_nodes", p.max_nodes)?;
+        out.set_item("level_decay", p.level_decay)?;
+        out.set_item("ngram_weight", p.ngram_weight)?;
+        out.set_item("depth_exponent", p.depth_exponent)?;
+        out.set_item("eps", p.eps)?;
+        out.set_item("ngram_first_level", p.ngram_first_level)?;
+        out.set_item("unigram_backoff", p.unigram_backoff)?;
+        Ok(out)
+    })
 }
 
 fn id(t: i64, what: &str) -> PyResult<u32> {
     u32::try_from(t).map_err(|_| errors::tree_msg(format!("token id {t} in {what} is not a valid token id (0 ..= 2^32-1)")))
 }
 
-fn ids<'a>(it: impl IntoIterator<Item = &'a i64>, what: &str) -> PyResult<Vec<u32>> {
+pub(crate) fn ids<'a>(it: impl IntoIterator<Item = &'a i64>, what: &str) -> PyResult<Vec<u32>> {
     it.into_iter().map(|&t| id(t, what)).collect()
 }
 
@@ -133,20 +135,22 @@ fn beam_search<'py>(
     topk_logprobs: PyReadonlyArray2<'py, f32>,
     params: Params,
 ) -> PyResult<TreeArrays<'py>> {
-    let p = params.into_core()?;
-    let ix = scorer(index.as_ref(), &p)?;
-    let (ts, ls) = (topk_tokens.shape(), topk_logprobs.shape());
-    if ts != ls {
-        return Err(errors::tree_msg(format!("topk_tokens has shape {ts:?} but topk_logprobs {ls:?}")));
-    }
-    let (d, k) = (ts[0], ts[1]);
-    let ctx = context_tail(&context)?;
-    let toks = rows2(topk_tokens.as_array(), "topk_tokens")?;
-    let lps: Vec<f32> = topk_logprobs.as_array().iter().copied().collect();
-    let t = py
-        .detach(|| run(&ix, |s| dart_tree::beam_search(s, &ctx, &toks, &lps, d, k, &p)))
-        .map_err(errors::tree)?;
-    Ok(tree_arrays(py, t))
+    guard("beam_search", || {
+        let p = params.into_core()?;
+        let ix = scorer(index.as_ref(), &p)?;
+        let (ts, ls) = (topk_tokens.shape(), topk_logprobs.shape());
+        if ts != ls {
+            return Err(errors::tree_msg(format!("topk_tokens has shape {ts:?} but topk_logprobs {ls:?}")));
+        }
+        let (d, k) = (ts[0], ts[1]);
+        let ctx = context_tail(&context)?;
+        let toks = rows2(topk_tokens.as_array(), "topk_tokens")?;
+        let lps: Vec<f32> = topk_logprobs.as_array().iter().copied().collect();
+        let t = py
+            .detach(|| run(&ix, |s| dart_tree::beam_search(s, &ctx, &toks, &lps, d, k, &p)))
+            .map_err(errors::tree)?;
+        Ok(tree_arrays(py, t))
+    })
 }
 
 /// beam_search_batch(index, ctx_flat int64[*], ctx_offsets int64[B+1], topk_tokens int64[B,d,k],
@@ -161,25 +165,27 @@ fn beam_search_batch<'py>(
     topk_logprobs: PyReadonlyArray3<'py, f32>,
     params: Params,
 ) -> PyResult<Vec<TreeArrays<'py>>> {
-    let p = params.into_core()?;
-    let ix = scorer(index.as_ref(), &p)?;
-    let (ts, ls) = (topk_tokens.shape(), topk_logprobs.shape());
-    if ts != ls {
-        return Err(errors::tree_msg(format!("topk_tokens has shape {ts:?} but topk_logprobs {ls:?}")));
-    }
-    let (b, d, k) = (ts[0], ts[1], ts[2]);
-    let flat = ids(ctx_flat.as_array().iter(), "contexts")?;
-    let offs: Vec<i64> = ctx_offsets.as_array().iter().copied().collect();
-    if offs.len() != b + 1 || offs[0] != 0 || offs.windows(2).any(|w| w[1] < w[0]) || offs[b] as usize != flat.len() {
-        return Err(errors::tree_msg(format!("{} context offsets do not describe {b} contexts of {} tokens", offs.len(), flat.len())));
-    }
-    let contexts: Vec<&[u32]> = offs.windows(2).map(|w| &flat[w[0] as usize..w[1] as usize]).collect();
-    let toks: Vec<u32> = ids(topk_tokens.as_array().iter(), "topk_tokens")?;
-    let lps: Vec<f32> = topk_logprobs.as_array().iter().copied().collect();
-    let trees = py
-        .detach(|| run(&ix, |s| dart_tree::beam_search_batch(s, &contexts, &toks, &lps, d, k, &p)))
-        .map_err(errors::tree)?;
-    Ok(trees.into_iter().map(|t| tree_arrays(py, t)).collect())
+    guard("beam_search_batch", || {
+        let p = params.into_core()?;
+        let ix = scorer(index.as_ref(), &p)?;
+        let (ts, ls) = (topk_tokens.shape(), topk_logprobs.shape());
+        if ts != ls {
+            return Err(errors::tree_msg(format!("topk_tokens has shape {ts:?} but topk_logprobs {ls:?}")));
+        }
+        let (b, d, k) = (ts[0], ts[1], ts[2]);
+        let flat = ids(ctx_flat.as_array().iter(), "contexts")?;
+        let offs: Vec<i64> = ctx_offsets.as_array().iter().copied().collect();
+        if offs.len() != b + 1 || offs[0] != 0 || offs.windows(2).any(|w| w[1] < w[0]) || offs[b] as usize != flat.len() {
+            return Err(errors::tree_msg(format!("{} context offsets do not describe {b} contexts of {} tokens", offs.len(), flat.len())));
+        }
+        let contexts: Vec<&[u32]> = offs.windows(2).map(|w| &flat[w[0] as usize..w[1] as usize]).collect();
+        let toks: Vec<u32> = ids(topk_tokens.as_array().iter(), "topk_tokens")?;
+        let lps: Vec<f32> = topk_logprobs.as_array().iter().copied().collect();
+        let trees = py
+            .detach(|| run(&ix, |s| dart_tree::beam_search_batch(s, &contexts, &toks, &lps, d, k, &p)))
+            .map_err(errors::tree)?;
+        Ok(trees.into_iter().map(|t| tree_arrays(py, t)).collect())
+    })
 }
 
 /// ngram_tree(index, context int64[L], depth, k, params) -> tree
@@ -192,11 +198,13 @@ fn ngram_tree<'py>(
     k: usize,
     params: Params,
 ) -> PyResult<TreeArrays<'py>> {
-    let p = params.into_core()?;
-    let ix = index.get().inner.clone();
-    let ctx = context_tail(&context)?;
-    let t = py.detach(|| dart_tree::ngram_tree(&*ix, &ctx, depth, k, &p)).map_err(errors::tree)?;
-    Ok(tree_arrays(py, t))
+    guard("ngram_tree", || {
+        let p = params.into_core()?;
+        let ix = index.get().inner.clone();
+        let ctx = context_tail(&context)?;
+        let t = py.detach(|| dart_tree::ngram_tree(&*ix, &ctx, depth, k, &p)).map_err(errors::tree)?;
+        Ok(tree_arrays(py, t))
+    })
 }
 
 /// top_b(parents int64[n], scores float64[n], b) -> int64[<=b] node indices, rank order
@@ -207,10 +215,12 @@ fn top_b<'py>(
     scores: PyReadonlyArray1<'py, f64>,
     b: usize,
 ) -> PyResult<Bound<'py, PyArray1<i64>>> {
-    let par: Vec<i64> = parents.as_array().iter().copied().collect();
-    let sc: Vec<f64> = scores.as_array().iter().copied().collect();
-    let sel = py.detach(|| dart_tree::top_b(&par, &sc, b)).map_err(errors::tree)?;
-    Ok(PyArray1::from_vec(py, sel.into_iter().map(|i| i as i64).collect()))
+    guard("top_b", || {
+        let par: Vec<i64> = parents.as_array().iter().copied().collect();
+        let sc: Vec<f64> = scores.as_array().iter().copied().collect();
+        let sel = py.detach(|| dart_tree::top_b(&par, &sc, b)).map_err(errors::tree)?;
+        Ok(PyArray1::from_vec(py, sel.into_iter().map(|i| i as i64).collect()))
+    })
 }
 
 /// best_first(tokens int64[d,K], logprobs float32[d,K], root, b) -> tree
@@ -222,16 +232,18 @@ fn best_first<'py>(
     root: i64,
     b: usize,
 ) -> PyResult<TreeArrays<'py>> {
-    let (ts, ls) = (tokens.shape(), logprobs.shape());
-    if ts != ls {
-        return Err(errors::tree_msg(format!("tokens has shape {ts:?} but logprobs {ls:?}")));
-    }
-    let (d, k) = (ts[0], ts[1]);
-    let toks = rows2(tokens.as_array(), "tokens")?;
-    let root = id(root, "root")?;
-    let lps: Vec<f32> = logprobs.as_array().iter().copied().collect();
-    let t = py.detach(|| dart_tree::best_first(&toks, &lps, d, k, root, b)).map_err(errors::tree)?;
-    Ok(tree_arrays(py, t))
+    guard("best_first", || {
+        let (ts, ls) = (tokens.shape(), logprobs.shape());
+        if ts != ls {
+            return Err(errors::tree_msg(format!("tokens has shape {ts:?} but logprobs {ls:?}")));
+        }
+        let (d, k) = (ts[0], ts[1]);
+        let toks = rows2(tokens.as_array(), "tokens")?;
+        let root = id(root, "root")?;
+        let lps: Vec<f32> = logprobs.as_array().iter().copied().collect();
+        let t = py.detach(|| dart_tree::best_first(&toks, &lps, d, k, root, b)).map_err(errors::tree)?;
+        Ok(tree_arrays(py, t))
+    })
 }
 
 /// Top-k ids and their log-probabilities, `[d, k]` each.
@@ -249,91 +261,47 @@ fn topk_logprobs<'py>(
     k: usize,
     id_map: Option<PyReadonlyArray1<'py, i64>>,
 ) -> PyResult<TopK<'py>> {
-    let rows = logits.shape()[0];
-    let x = c_slice(&logits, "logits")?;
-    let map = id_map.as_ref().map(|m| c_slice(m, "id_map")).transpose()?;
-    if let Some(m) = map {
-        if m.len() != logits.shape()[1] {
-            return Err(errors::tree_msg(format!("id_map has {} entries for {} logits a row", m.len(), logits.shape()[1])));
+    guard("topk_logprobs", || {
+        let rows = logits.shape()[0];
+        let x = c_slice(&logits, "logits")?;
+        let map = id_map.as_ref().map(|m| c_slice(m, "id_map")).transpose()?;
+        if let Some(m) = map {
+            if m.len() != logits.shape()[1] {
+                return Err(errors::tree_msg(format!("id_map has {} entries for {} logits a row", m.len(), logits.shape()[1])));
+            }
         }
-    }
-    let (ids, lps) = py.detach(|| dart_tree::topk_logprobs(x, rows.max(1), k)).map_err(errors::tree)?;
-    let ids: Vec<i64> = match map {
-        Some(m) => ids.iter().map(|&i| m[i as usize]).collect(),
-        None => ids.into_iter().map(i64::from).collect(),
-    };
-    Ok((PyArray1::from_vec(py, ids).reshape([rows, k])?, PyArray1::from_vec(py, lps).reshape([rows, k])?))
+        let (ids, lps) = py.detach(|| dart_tree::topk_logprobs(x, rows.max(1), k)).map_err(errors::tree)?;
+        let ids: Vec<i64> = match map {
+            Some(m) => ids.iter().map(|&i| m[i as usize]).collect(),
+            None => ids.into_iter().map(i64::from).collect(),
+        };
+        Ok((PyArray1::from_vec(py, ids).reshape([rows, k])?, PyArray1::from_vec(py, lps).reshape([rows, k])?))
+    })
 }
 
 /// ancestor_bits(parents int64[n]) -> uint64[n, ceil(n/64)]; parents must be -1 (root) or earlier.
 #[pyfunction]
 fn ancestor_bits<'py>(py: Python<'py>, parents: PyReadonlyArray1<'py, i64>) -> PyResult<Bound<'py, PyArray2<u64>>> {
-    let par: Vec<i32> = parents
-        .as_array()
-        .iter()
-        .enumerate()
-        .map(|(i, &p)| {
-            if p == -1 || (p >= 0 && (p as usize) < i) {
-                Ok(p as i32)
-            } else {
-                Err(errors::tree_msg(format!("parents[{i}] = {p}: must be -1 or the index of an earlier node (depth order)")))
-            }
-        })
-        .collect::<PyResult<_>>()?;
-    let n = par.len();
-    let bits = dart_tree::ancestor_bits(&par);
-    PyArray1::from_vec(py, bits).reshape([n, n.div_ceil(64)])
-}
-
-/// Benchmark helper (tools/bench_tree.py): same inputs as `beam_search_batch`; times every
-/// search alone on the calling thread, replays their index queries, and times batches of
-/// `batch` on the pool. -> dict(search_ns, search_cpu_ns: uint64[B], search_total_cpu_ns,
-/// ngram_total_cpu_ns, ngram_queries, batch_ns: uint64[*])
-#[pyfunction]
-#[allow(clippy::too_many_arguments, clippy::type_complexity)]
-fn bench_beam_search<'py>(
-    py: Python<'py>,
-    index: Bound<'py, PyNgramIndex>,
-    ctx_flat: PyReadonlyArray1<'py, i64>,
-    ctx_offsets: PyReadonlyArray1<'py, i64>,
-    topk_tokens: PyReadonlyArray3<'py, i64>,
-    topk_logprobs: PyReadonlyArray3<'py, f32>,
-    params: Params,
-    batch: usize,
-) -> PyResult<Bound<'py, PyDict>> {
-    let p = params.into_core()?;
-    let ix = index.get().inner.clone();
-    let (b, d, k) = {
-        let s = topk_tokens.shape();
-        (s[0], s[1], s[2])
-    };
-    if topk_logprobs.shape() != topk_tokens.shape() {
-        return Err(errors::tree_msg("topk_tokens and topk_logprobs differ in shape"));
-    }
-    let flat = ids(ctx_flat.as_array().iter(), "contexts")?;
-    let offs: Vec<usize> = ctx_offsets.as_array().iter().map(|&o| o.max(0) as usize).collect();
-    if offs.len() != b + 1 || offs.windows(2).any(|w| w[1] < w[0]) || offs[b] != flat.len() {
-        return Err(errors::tree_msg("context offsets do not match the batch"));
-    }
-    let contexts: Vec<&[u32]> = offs.windows(2).map(|w| &flat[w[0]..w[1]]).collect();
-    let toks = ids(topk_tokens.as_array().iter(), "topk_tokens")?;
-    let lps: Vec<f32> = topk_logprobs.as_array().iter().copied().collect();
-    let t = py
-        .detach(|| dart_tree::timing::time_beam_search(&*ix, &contexts, &toks, &lps, d, k, &p, batch))
-        .map_err(errors::tree)?;
-    let out = PyDict::new(py);
-    out.set_item("search_ns", PyArray1::from_vec(py, t.search_ns))?;
-    out.set_item("search_cpu_ns", PyArray1::from_vec(py, t.search_cpu_ns))?;
-    out.set_item("search_total_cpu_ns", t.search_total_cpu_ns)?;
-    out.set_item("ngram_total_cpu_ns", t.ngram_total_cpu_ns)?;
-    out.set_item("ngram_queries", t.ngram_queries)?;
-    out.set_item("ngram_candidates", t.ngram_candidates)?;
-    out.set_item("batch_ns", PyArray1::from_vec(py, t.batch_ns))?;
-    Ok(out)
+    guard("ancestor_bits", || {
+        let par: Vec<i32> = parents
+            .as_array()
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| {
+                if p == -1 || (p >= 0 && (p as usize) < i) {
+                    Ok(p as i32)
+                } else {
+                    Err(errors::tree_msg(format!("parents[{i}] = {p}: must be -1 or the index of an earlier node (depth order)")))
+                }
+            })
+            .collect::<PyResult<_>>()?;
+        let n = par.len();
+        let bits = dart_tree::ancestor_bits(&par);
+        PyArray1::from_vec(py, bits).reshape([n, n.div_ceil(64)])
+    })
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(bench_beam_search, m)?)?;
     m.add_function(wrap_pyfunction!(search_defaults, m)?)?;
     m.add_function(wrap_pyfunction!(beam_search, m)?)?;
     m.add_function(wrap_pyfunction!(beam_search_batch, m)?)?;

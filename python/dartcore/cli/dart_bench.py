@@ -2,8 +2,12 @@
 side with plain AR decoding and Hugging Face's generate / prompt lookup in the
 same run. Writes bench.json, bench.md and PNG plots to --out.
 
-    dart-bench --index smollm2.idx --n 5 --out artifacts/bench
-    dart-bench --index smollm2.idx --verify-cost-only --out artifacts/bench
+    dart-bench --index artifacts/demo/smollm2.idx --n 5 --out artifacts/bench
+    dart-bench --index artifacts/demo/smollm2.idx --verify-cost-only --out artifacts/bench
+
+Tree methods: any registered tree builder (listed under --methods); hf-generate and
+hf-prompt-lookup are Hugging Face's own decoding. Speedups are against `ar` (the same
+decoder loop with no draft), which every run includes.
 """
 
 from __future__ import annotations
@@ -13,28 +17,41 @@ import json
 import sys
 from pathlib import Path
 
+from dartcore.cli._common import (
+    ArgumentParser,
+    HelpFormatter,
+    UsageError,
+    check_choice,
+    check_drafter,
+    check_index,
+    check_index_tokenizer,
+    check_target,
+    run_cli,
+)
+
 __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
     from dartcore.benchmark.datasets import DATASETS
-    from dartcore.benchmark.runner import DEFAULT_METHODS
+    from dartcore.benchmark.runner import DEFAULT_METHODS, HF_METHODS
+    from dartcore.builders import tree_builders
 
-    p = argparse.ArgumentParser(prog="dart-bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", default="smollm2", help="target model name or path (default: smollm2)")
-    p.add_argument("--drafter", default="smollm2", help="drafter directory or built-in name")
-    p.add_argument("--index", help="n-gram index built with the target's tokenizer (ngram-build)")
+    p = ArgumentParser(prog="dart-bench", description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument("--target", default="smollm2", help="target model: built-in name, HF model directory or .gguf")
+    p.add_argument("--drafter", default="smollm2", help="drafter directory (dart-train's drafter/) or built-in name")
+    p.add_argument("--index", help="n-gram index built with the target's tokenizer (ngram-build); "
+                                   "needed by the methods that read one")
     p.add_argument("--datasets", default="humaneval,gsm8k,code_alpaca",
                    help=f"comma-separated, from {', '.join(DATASETS)}")
     p.add_argument("--n", type=int, default=5, help="prompts per dataset")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
-                   help="comma-separated tree builders (ar, dart, dart-no-ngram, dart-chain, ngram-only, "
-                        "dartree, hybrid, ddtree, ...) and hf-generate, hf-prompt-lookup")
+                   help="comma-separated, from the tree builders " + ", ".join(tree_builders())
+                        + " and " + ", ".join(HF_METHODS))
     p.add_argument("--temperatures", default="0,1", help="comma-separated sampling temperatures")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt")
     p.add_argument("--repeats", type=int, default=1, help="runs per prompt; the median time is kept")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
     p.add_argument("--data-dir", help="shared data directory (default: $DARTCORE_DATA or ../shared/data)")
     p.add_argument("--max-nodes", type=int, help="tree budget for every tree method (default: the builder's)")
     p.add_argument("--threads", type=int, help="torch CPU threads")
@@ -46,33 +63,84 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix-len", type=int, default=256, help="cached prefix of the verify-cost forwards")
     p.add_argument("--budgets", default="",
                    help="comma-separated node budgets at which to measure dart's T=0 tau on --budget-prompts "
-                        "prompts of the first dataset (feeds the budget choice), e.g. 4,8,16,24,32")
-    p.add_argument("--budget-prompts", type=int, default=3)
-    p.add_argument("--out", default="artifacts/bench", help="output directory")
+                        "prompts of the first dataset (feeds the budget choice), e.g. 4,8,16,24,32 (default: none)")
+    p.add_argument("--budget-prompts", type=int, default=3, help="prompts per budget of --budgets")
+    p.add_argument("--out", default="artifacts/bench", help="output directory (bench.json, bench.md, PNG plots)")
     p.add_argument("--json", action="store_true", help="print the JSON result on stdout")
-    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
     return p
+
+
+def _floats(flag: str, text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise UsageError(f"{flag} {text!r}: expected comma-separated numbers, e.g. 0,1") from None
+
+
+def _check(args) -> tuple[str, ...]:
+    """Every argument a user can get wrong, before the model loads; returns the methods."""
+    from dartcore.benchmark.datasets import DATASETS, load_prompts
+    from dartcore.benchmark.runner import HF_METHODS
+    from dartcore.builders import make_tree_builder, tree_builders
+    from dartcore.errors import CorpusError
+
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    if not methods and not args.verify_cost_only:
+        raise UsageError("--methods is empty: pass e.g. --methods ar,dart")
+    for m in methods:
+        check_choice("--methods", m, [*tree_builders(), *HF_METHODS])
+    datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
+    for d in datasets:
+        check_choice("--datasets", d, DATASETS)
+    if args.n <= 0 or args.max_new_tokens <= 0 or args.repeats <= 0:
+        raise UsageError("--n, --max-new-tokens and --repeats must be positive")
+    if any(t < 0 for t in _floats("--temperatures", args.temperatures)):
+        raise UsageError(f"--temperatures {args.temperatures!r}: temperatures are 0 (greedy) or more")
+    try:
+        [int(b) for b in args.budgets.split(",") if b.strip()]
+    except ValueError:
+        raise UsageError(f"--budgets {args.budgets!r}: expected comma-separated integers, e.g. 4,8,16") from None
+    if args.data_dir is not None and not Path(args.data_dir).is_dir():
+        raise UsageError(f"--data-dir {args.data_dir} is not a directory: pass the shared data directory "
+                         "(the one holding eval/)")
+    if not args.verify_cost_only:
+        for d in datasets:
+            try:
+                load_prompts(d, 1, args.data_dir)
+            except CorpusError as exc:
+                raise CorpusError(f"--datasets {d}: {exc}") from None
+    check_target(args.target)
+    tree_methods = [m for m in methods if m not in HF_METHODS]
+    if any(getattr(make_tree_builder(m), "needs_drafter", False) for m in tree_methods) or args.budgets:
+        check_drafter(args.drafter)
+    # Which methods read the index: the builders say so themselves (`needs_index`).
+    needed = [] if args.verify_cost_only else [m for m in tree_methods if make_tree_builder(m).needs_index]
+    if args.budgets and "dart" not in needed:
+        needed.append("--budgets (dart)")
+    index = check_index(args.index, needed_by=[f"--methods {', '.join(needed)}"] if needed else [],
+                        alternative="only methods without one (ar, dart-no-ngram, hf-generate)")
+    if index is not None:
+        check_index_tokenizer(index, args.target)
+    return methods
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    return run_cli("dart-bench", lambda: _run(args))
+
+
+def _run(args) -> int:
+    methods = _check(args)
     import torch
 
     from dartcore.benchmark.report import markdown_table, plot_all, plot_verify_cost
     from dartcore.benchmark.runner import HF_METHODS, BenchConfig, machine_info, run_benchmark
-    from dartcore.builders import make_tree_builder
 
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-    # Which methods read the index: the builders say so themselves (`needs_index`).
-    index_methods = [m for m in methods if m not in HF_METHODS and make_tree_builder(m).needs_index]
-    if index_methods and not args.index and not args.verify_cost_only:
-        print("dart-bench: --index is required for " + ", ".join(index_methods)
-              + " (build one with: ngram-build --tokenizer smollm2 ...)", file=sys.stderr)
-        return 2
     report: dict = {}
     if not args.verify_cost_only:
         tree_params = {}

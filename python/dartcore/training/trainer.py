@@ -9,6 +9,8 @@ import contextlib
 import json
 import os
 import random
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -264,6 +266,7 @@ class Trainer:
         self.tokens = 0
         self.elapsed = 0.0
         self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.interrupted: str | None = None
         if not train_seqs:
             raise DartError("no training sequences (is the data empty or all prompts without responses?)")
 
@@ -316,7 +319,36 @@ class Trainer:
         with open(self.out / "log.jsonl", "a") as f:
             f.write(json.dumps(rec) + "\n")
 
+    @contextlib.contextmanager
+    def _stop_on_signals(self):
+        """SIGINT / SIGTERM end the run after the current step, with a checkpoint, instead of
+        losing the minutes since the last one; a second signal interrupts at once."""
+        self.interrupted = None
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+        def stop(signum, frame):
+            self.interrupted = signal.Signals(signum).name
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+        for s in previous:
+            signal.signal(s, stop)
+        try:
+            yield
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
     def run(self) -> dict:
+        """Train to ``max_steps`` (or ``max_minutes``); a SIGINT / SIGTERM stops it early with a
+        checkpoint and ``"interrupted"`` (the signal's name) in the summary."""
+        with self._stop_on_signals():
+            return self._run()
+
+    def _run(self) -> dict:
         from tqdm import tqdm
 
         cfg = self.cfg
@@ -327,7 +359,7 @@ class Trainer:
         last_ckpt = time.time()
         last_eval = None
         ema = None
-        while self.step < cfg.max_steps:
+        while self.step < cfg.max_steps and not self.interrupted:
             if cfg.max_minutes is not None and time.time() - start > cfg.max_minutes * 60:
                 break
             epoch, i = divmod(self.cursor, len(self.seqs))
@@ -362,6 +394,9 @@ class Trainer:
                 last_ckpt = time.time()
         bar.close()
         self.save_checkpoint()
+        if self.interrupted:
+            return {"step": self.step, "tokens": self.tokens, "elapsed_s": self.elapsed, "eval": last_eval,
+                    "interrupted": self.interrupted}
         if self.evalset is not None and (last_eval is None or last_eval["step"] != self.step):
             last_eval = self.run_eval()
         return {"step": self.step, "tokens": self.tokens, "elapsed_s": self.elapsed, "eval": last_eval}

@@ -1,0 +1,202 @@
+"""The reduce step: the runs of one or more mapped work dirs -> the index (k-way merge),
+and the build's summary."""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from dartcore.build.inputs import check_not_an_input, check_output
+from dartcore.build.map import MapOptions, _threads
+from dartcore.build.workdir import MANIFEST, _read_manifest
+from dartcore.errors import IndexBuildError
+
+
+def _check_unchanged(shard: dict, work: Path) -> None:
+    """A shard file that changed since it was mapped (size or mtime; no hashing here) makes
+    its runs stale. A file that is absent is fine: reduce may run on another machine."""
+    rec, path = shard.get("input"), shard.get("file")
+    if not rec or not path:
+        return
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    if (st.st_size, st.st_mtime_ns) != (rec["size"], rec["mtime_ns"]):
+        raise IndexBuildError(
+            f"{path} changed since it was mapped into {work}; map again with --resume "
+            f"(ngram-build map --resume --work-dir {work} ...) before reduce"
+        )
+
+
+def run_reduce(work_dirs: list[Path], output: Path, *, min_count: int = 1, threads: int = 0,
+               memory: int = 8 << 30, temp_dir: str | None = None, max_children: int | None = None,
+               log=None) -> dict:
+    """Merge the runs of one or more complete work dirs into the index at ``output``.
+
+    ``log``: called with one line before the merge (what is merged, how many bytes)."""
+    from dartcore.index import merge_runs
+
+    output = check_output(output)
+    if threads:
+        _threads(threads)
+    if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
+        raise IndexBuildError(f"--min-count must be an integer of at least 1, got {min_count!r}")
+    if max_children is not None and (isinstance(max_children, bool) or not isinstance(max_children, int)
+                                     or not 1 <= max_children < 1 << 32):
+        raise IndexBuildError(f"--max-children must be an integer in 1..{(1 << 32) - 1}, got {max_children!r}")
+    for w in work_dirs:
+        check_not_an_input(output, [Path(w) / MANIFEST], [w])
+
+    manifests = []
+    for w in work_dirs:
+        m = _read_manifest(Path(w))
+        if m is None:
+            raise IndexBuildError(f"{w}: no {MANIFEST}; run `ngram-build map --work-dir {w}` first")
+        manifests.append((Path(w), m))
+    config = manifests[0][1]["config"]
+    for w, m in manifests[1:]:
+        if m["config"] != config:
+            raise IndexBuildError(f"{w} was mapped with other settings than {manifests[0][0]}; cannot merge them")
+    shards: dict[str, tuple[Path, dict]] = {}
+    limit = False
+    for w, m in manifests:
+        for k, s in m["shards"].items():
+            shards.setdefault(k, (w, s))
+        limit = limit or any(s.get("limit_reached") for s in m["shards"].values())
+    n_files = len(config["corpus"]["files"])
+    missing = [i for i in range(n_files) if str(i) not in shards]
+    if missing and not limit:
+        raise IndexBuildError(
+            f"{len(missing)} of {n_files} shards are not mapped yet (first: {config['corpus']['files'][missing[0]]}); "
+            "finish the map step (ngram-build map --resume) before reduce"
+        )
+    runs: list[str] = []
+    docs = tokens = 0
+    damage = {"bad_lines": 0, "invalid_utf8": 0, "corrupt_streams": 0, "split_documents": 0}
+    for k in sorted(shards, key=int):
+        w, s = shards[k]
+        _check_unchanged(s, w)
+        runs += [str(w / r) for r in s["runs"]]
+        docs += s["documents"]
+        tokens += s["tokens"]
+        for d in damage:
+            damage[d] += s.get(d, 0)
+    for r in runs:
+        if not Path(r).is_file():
+            raise IndexBuildError(f"run file {r} listed in the manifest is missing; map that shard again")
+    check_not_an_input(output, runs)
+    # Deterministic metadata only (no times, hosts or paths of work dirs): a resumed
+    # build must produce the same bytes as an uninterrupted one.
+    from dartcore import __version__
+
+    metadata = {
+        "tokenizer": config["tokenizer"],
+        "corpus": {**config["corpus"], **damage, "shards_mapped": len(shards)},
+        "documents": docs,
+        "tokens": tokens,
+        "build": {
+            "tool": "ngram-build",
+            "dartcore_version": __version__,
+            "eos_appended": True,
+            "min_count": min_count,
+            "max_children": max_children,
+            "max_docs": config["max_docs"],
+            "max_tokens": config["max_tokens"],
+        },
+    }
+    kwargs: dict[str, Any] = {"vocab_size": config["tokenizer"]["vocab_size"], "metadata": metadata,
+                              "min_count": min_count}
+    if max_children is not None:
+        kwargs["max_children"] = max_children
+    if threads:
+        kwargs["threads"] = threads
+    if temp_dir:
+        kwargs["temp_dir"] = temp_dir
+    kwargs["memory_limit"] = memory
+    if log is not None:
+        size = sum(os.path.getsize(r) for r in runs)
+        log(f"ngram-build reduce: merging {len(runs)} runs ({size / 2**20:,.1f} MiB) into {output}")
+    t0 = time.monotonic()
+    summary = merge_runs(runs, str(output), **kwargs)
+    summary = dict(summary) if summary is not None else {}
+    summary.setdefault("reduce_seconds", time.monotonic() - t0)
+    summary["runs_merged"] = len(runs)
+    return summary
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process image.
+
+    /proc's VmHWM, not getrusage's ru_maxrss: Linux keeps ru_maxrss across execve, so
+    a process spawned by a big parent (pytest, a benchmark driver) would report the
+    parent's size at fork time."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def _summary(output: Path, manifest: dict, reduce: dict, *, wall: float, map_s: float, reduce_s: float,
+             opts: MapOptions) -> dict:
+    from dartcore.index import NgramIndex
+
+    stats = NgramIndex(str(output)).stats()
+    stats = dict(stats) if not isinstance(stats, dict) else stats
+    meta_docs = sum(s["documents"] for s in manifest["shards"].values())
+    meta_tokens = sum(s["tokens"] for s in manifest["shards"].values())
+    ms = manifest.get("map_stats", {})
+    return {
+        "output": str(output),
+        "documents": meta_docs,
+        "tokens": meta_tokens,
+        "nodes": {
+            "unigram": stats.get("unigram_nodes"),
+            "bigram": stats.get("bigram_nodes"),
+            "trigram": stats.get("trigram_nodes"),
+            "total": stats.get("nodes"),
+        },
+        "file_bytes": output.stat().st_size,
+        "bytes_per_node": stats.get("bytes_per_node"),
+        "wall_s": wall,
+        "map_s": map_s,
+        "reduce_s": reduce_s,
+        "tokenize_s": ms.get("tokenize_s"),
+        "count_s": ms.get("count_s"),
+        "read_wait_s": ms.get("read_wait_s"),
+        "threads": ms.get("threads"),
+        "memory_limit_bytes": opts.memory,
+        "builder_memory_bytes": ms.get("builder_memory_bytes"),
+        "peak_rss_bytes": peak_rss_bytes(),
+        "corpus_problems": {k: sum(s.get(k, 0) for s in manifest["shards"].values())
+                            for k in ("bad_lines", "invalid_utf8", "corrupt_streams", "split_documents")},
+        "tokenizer": manifest["config"]["tokenizer"],
+    }
+
+
+def print_summary(s: dict, file=None) -> None:
+    n = s["nodes"]
+    lines = [
+        f"index        {s['output']}",
+        f"documents    {s['documents']:,}",
+        f"tokens       {s['tokens']:,}",
+        f"nodes        {n['total']:,} (unigram {n['unigram']:,}, bigram {n['bigram']:,}, trigram {n['trigram']:,})",
+        f"file size    {s['file_bytes'] / 2**20:,.1f} MiB ({s['bytes_per_node'] or 0:.2f} bytes/node)",
+        f"wall time    {s['wall_s']:.1f} s (map {s['map_s']:.1f} s: tokenize {s['tokenize_s'] or 0:.1f} s, "
+        f"count {s['count_s'] or 0:.1f} s; reduce {s['reduce_s']:.1f} s)",
+        f"throughput   {s['tokens'] / max(s['wall_s'], 1e-9) / 1e6:.2f} M tokens/s end to end",
+        f"peak RSS     {s['peak_rss_bytes'] / 2**30:.2f} GiB (--memory {s['memory_limit_bytes'] / 2**30:.2f} GiB)",
+        f"tokenizer    {s['tokenizer']['name']} (fingerprint {s['tokenizer']['fingerprint']})",
+    ]
+    p = s["corpus_problems"]
+    if any(p.values()):
+        lines.append("skipped      " + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in p.items() if v))
+    print("\n".join(lines), file=file or sys.stdout)

@@ -1,0 +1,174 @@
+"""What dart-generate, dart-bench and dart-train share (the help formatter is the build
+CLIs', :mod:`dartcore.cli._help`): checks of
+arguments and files that run before a model loads (loading SmolLM2 costs ~4 s, a wrong
+path should not), and one-line errors that name the flag and the fix."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from pathlib import Path
+from typing import Callable, Iterable
+
+from dartcore.cli._help import HelpFormatter
+from dartcore.errors import DartError, IndexFormatError, TokenizerMismatchError
+
+__all__ = [
+    "UsageError",
+    "MissingFileError",
+    "ArgumentParser",
+    "HelpFormatter",
+    "closest",
+    "check_choice",
+    "check_tree",
+    "check_index",
+    "check_target",
+    "check_drafter",
+    "check_paths",
+    "run_cli",
+]
+
+DEMO_INDEX = "artifacts/demo/smollm2.idx"
+
+
+class UsageError(DartError, ValueError):
+    """A command-line argument that cannot work; the message names the flag and the fix."""
+
+
+class MissingFileError(DartError, FileNotFoundError):
+    """A file or directory named on the command line does not exist."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, whose errors are one line (no usage block) naming --help."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def closest(word: str, choices: Iterable[str]) -> str:
+    """' (did you mean X?)' for the nearest choice, or ''."""
+    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def check_choice(flag: str, value: str, choices: Iterable[str]) -> str:
+    choices = list(choices)
+    if value not in choices:
+        raise UsageError(f"{flag} {value!r} is not one of {', '.join(choices)}{closest(value, choices)}")
+    return value
+
+
+def check_tree(value: str, flag: str = "--tree") -> str:
+    from dartcore.builders import tree_builders
+
+    return check_choice(flag, value, tree_builders())
+
+
+def check_index(path: str | None, *, needed_by: list[str], flag: str = "--index",
+                alternative: str = "--tree dart-no-ngram or ar"):
+    """Open the index (header and checksummed metadata only: O(1)) or say what to pass.
+    Returns the opened :class:`~dartcore.NgramIndex`, or None when no tree needs one."""
+    if path is None:
+        if needed_by:
+            raise UsageError(
+                f"{' and '.join(needed_by)} need{'s' if len(needed_by) == 1 else ''} an n-gram index: pass "
+                f"{flag} FILE (bash tools/demo.sh builds {DEMO_INDEX}; ngram-build --tokenizer smollm2 "
+                f"builds one), or use {alternative}")
+        return None
+    p = Path(path).expanduser()
+    if not p.is_file():
+        what = "is a directory, not an index file" if p.is_dir() else "does not exist"
+        raise MissingFileError(f"{flag} {path} {what}: pass an index built by ngram-build "
+                               f"(bash tools/demo.sh builds {DEMO_INDEX})")
+    from dartcore.index import NgramIndex
+
+    try:
+        index = NgramIndex(p)
+        index.metadata  # noqa: B018 - parse it now, so a corrupt block fails here
+    except IndexFormatError as exc:
+        raise IndexFormatError(f"{flag} {path}: {_one_line(exc).replace(f'{p}: ', '')}") from None
+    return index
+
+
+def index_tokenizer(index) -> str | None:
+    meta = index.metadata if index is not None else {}
+    return (meta.get("tokenizer") or {}).get("name") if isinstance(meta, dict) else None
+
+
+def check_index_tokenizer(index, target: str, flag: str = "--index") -> None:
+    """Compare the tokenizer names before the model loads where both are dartcore's own
+    (a built-in target's tokenizer is named after it); the decoder compares fingerprints."""
+    from dartcore.models.hub import BUILTIN_TARGETS
+
+    name = index_tokenizer(index)
+    builtin = {"qwen3", *BUILTIN_TARGETS}
+    if name in builtin and target.lower() in BUILTIN_TARGETS and name != target.lower():
+        raise TokenizerMismatchError(
+            f"{flag} {index.path} was built with the {name} tokenizer, but --target {target} uses the "
+            f"{target.lower()} tokenizer: rebuild it with ngram-build --tokenizer {target.lower()} "
+            f"(or pass {DEMO_INDEX} after bash tools/demo.sh)")
+
+
+def check_target(value: str, flag: str = "--target") -> str:
+    from dartcore.models.hub import _ALIASES, BUILTIN_TARGETS
+
+    if value.lower() in BUILTIN_TARGETS or value.lower() in _ALIASES:
+        return value
+    p = Path(value).expanduser()
+    if not p.exists():
+        raise MissingFileError(
+            f"{flag} {value!r} is neither a built-in target ({', '.join(sorted(BUILTIN_TARGETS))}) nor an "
+            f"existing Hugging Face model directory or .gguf file{closest(value, BUILTIN_TARGETS)}")
+    if not ((p / "config.json").is_file() or (p.is_file() and p.suffix == ".gguf")):
+        raise UsageError(f"{flag} {value}: expected a Hugging Face model directory (with config.json) "
+                         f"or a .gguf file")
+    return value
+
+
+def check_drafter(value: str, flag: str = "--drafter") -> str:
+    from dartcore.drafter import BUILTIN_DRAFTERS, CONFIG_NAME, WEIGHTS_NAME
+
+    if value.lower() in BUILTIN_DRAFTERS:
+        return value
+    p = Path(value).expanduser()
+    if not ((p / CONFIG_NAME).is_file() and (p / WEIGHTS_NAME).is_file()):
+        what = "does not exist" if not p.exists() else f"holds no drafter ({CONFIG_NAME} + {WEIGHTS_NAME})"
+        raise MissingFileError(
+            f"{flag} {value} {what}: pass a built-in drafter ({', '.join(sorted(BUILTIN_DRAFTERS))}) or the "
+            f"drafter/ directory that dart-train writes{closest(value, BUILTIN_DRAFTERS)}")
+    return value
+
+
+def check_paths(flag: str, values: Iterable[str]) -> None:
+    for v in values:
+        if not Path(v).expanduser().exists():
+            raise MissingFileError(f"{flag} {v} does not exist: pass existing files or directories")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc)
+    if isinstance(exc, OSError) and exc.strerror:  # "[Errno 2] msg: 'path'" -> "msg (path)"
+        text = exc.strerror
+        if exc.filename and str(exc.filename) not in text:
+            text += f" ({exc.filename})"
+    return " ".join(text.split())
+
+
+def run_cli(prog: str, body: Callable[[], int]) -> int:
+    """Run ``body``; a user error becomes one line on stderr and exit status 2 (as argparse's
+    usage errors), Ctrl-C one line and 130."""
+    try:
+        return body()
+    except UsageError as exc:
+        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except (DartError, FileNotFoundError, ValueError, TypeError) as exc:
+        # The library's argument checks raise ValueError/TypeError naming the argument (a
+        # temperature out of range, say): a user error here too, not a traceback.
+        print(f"{prog}: error: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
