@@ -409,3 +409,16 @@ def test_a_worker_that_cannot_load_stops_the_server_with_its_error(tmp_path):
     assert proc.returncode == 1
     assert ("dart-serve: the server did not start (a worker could not start: FileNotFoundError: no drafter at "
             "/nonexistent") in proc.stderr
+
+
+def test_bad_paths_are_refused_before_any_worker_starts():
+    from serve_process import REPO, free_port
+
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    proc = subprocess.run([sys.executable, "-m", "dartcore.cli.dart_serve", "--index", "/nonexistent.idx",
+                           "--port", str(free_port())], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "dart-serve: error: MissingFileError: --index /nonexistent.idx does not exist" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "dartcore.cli.dart_serve", "--budget", "-1"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--budget must be 'adaptive' or a node count >= 0" in proc.stderr

@@ -14,13 +14,26 @@ header X-Dart-Stats: 1. SIGTERM drains the requests in flight, then exits.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
+from dartcore.cli._common import (
+    ArgumentParser,
+    HelpFormatter,
+    UsageError,
+    check_drafter,
+    check_index,
+    check_index_tokenizer,
+    check_target,
+    check_tree,
+    run_cli,
+)
 from dartcore.cli.dart_generate import _tree_param
 
 __all__ = ["main"]
+
+
+DEFAULT_FACTORY = "dartcore.serve.worker:load_engine"
 
 
 def _budget(text: str) -> str | int:
@@ -48,8 +61,7 @@ def _positive(name: str, minimum: int = 1):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dart-serve", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="dart-serve", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--target", default="smollm2", help="target model name or path (default: smollm2)")
     p.add_argument("--drafter", default="smollm2", help="drafter directory or built-in name (default: smollm2)")
     p.add_argument("--index", help="n-gram index built with the target's tokenizer (needed by --tree dart)")
@@ -79,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="map the index lazily instead of faulting it in at start")
     p.add_argument("--drain-timeout", type=float, default=60.0,
                    help="seconds SIGTERM waits for requests in flight (default 60)")
-    p.add_argument("--engine-factory", default="dartcore.serve.worker:load_engine",
+    p.add_argument("--engine-factory", default=DEFAULT_FACTORY,
                    help="module:function that loads a worker's engine (default: the real model and Engine)")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
     return p
@@ -87,13 +99,34 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    return run_cli("dart-serve", lambda: _run(args))
+
+
+def _check(args) -> None:
+    """What a user can get wrong, checked in the front before any worker loads a model."""
+    check_tree(args.tree)
+    from dartcore.builders import make_tree_builder
+
+    try:
+        builder = make_tree_builder(args.tree, **dict(args.tree_param))
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"--tree-param for --tree {args.tree}: {exc}") from None
+    check_target(args.target)
+    if builder.needs_drafter:
+        check_drafter(args.drafter)
+    index = check_index(args.index, needed_by=[f"--tree {args.tree}"] if builder.needs_index else [])
+    if index is not None:
+        check_index_tokenizer(index, args.target)
+    # `index` goes out of scope here: the front keeps no mapping, only the workers share one.
+
+
+def _run(args) -> int:
+    if args.engine_factory == DEFAULT_FACTORY:
+        _check(args)
     import uvicorn
 
     from dartcore.serve import WorkerConfig, WorkerPool, WorkerStartError, create_app
 
-    if args.index is not None and not os.path.isfile(args.index):
-        print(f"dart-serve: --index {args.index}: no such file (build one with ngram-build)", file=sys.stderr)
-        return 2
     config = WorkerConfig(
         target=args.target, drafter=args.drafter, index=args.index, tree=args.tree, budget=args.budget,
         max_batch=args.max_batch, max_seq_len=args.max_seq_len, threads=args.threads, device=args.device,
