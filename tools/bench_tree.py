@@ -30,6 +30,8 @@ searches made (``cond_probs``, ``trigram_context``, ``trigram_probs_at``, ``back
 one tight loop / total search CPU time. ``batch8_us`` = one ``beam_search_batch`` of 8 on
 the owned pool (``DART_NUM_THREADS``, default all CPUs). ``python_call_p50_us`` is the
 full ``dartcore.tree.beam_search`` call from Python (argument conversion included).
+``all_*``: the same searches with ``candidates="all"`` (every expansion a candidate);
+``all_same_tree_share``: of 100 searches, the share whose tree tokens equal the beam set's.
 
     python3 tools/bench_tree.py            # table
     python3 tools/bench_tree.py --json     # one JSON object on stdout
@@ -276,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     params = T.SearchParams(eos_token_ids=(meta["eos"],)).native()
     r = _native._bench.bench_beam_search(index._inner, flat, offsets, toks, lps, params, 8)
     r0 = _native._bench.bench_beam_search(index._inner, flat, offsets, toks, lps, dict(params, ngram_weight=0.0), 0)
+    # The paper's candidate set (every expansion a candidate), same inputs.
+    ra = _native._bench.bench_beam_search(index._inner, flat, offsets, toks, lps, dict(params, candidates="all"), 0)
     # Full Python call (wrapper + conversion), 300 calls.
     py_us = []
     for i in range(min(300, args.searches)):
@@ -283,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
         T.beam_search(index, contexts[i], toks[i], lps[i], eos_token_ids=(meta["eos"],))
         py_us.append((time.perf_counter() - t0) * 1e6)
     sizes = [T.beam_search(index, contexts[i], toks[i], lps[i]).size - 1 for i in range(100)]
+    same_all = sum(np.array_equal(T.beam_search(index, contexts[i], toks[i], lps[i], eos_token_ids=(meta["eos"],)).tokens,
+                                  T.beam_search(index, contexts[i], toks[i], lps[i], eos_token_ids=(meta["eos"],),
+                                                candidates="all").tokens) for i in range(100))
 
     us = np.asarray(r["search_ns"], dtype=np.float64) / 1e3
     cpu = np.asarray(r["search_cpu_ns"], dtype=np.float64) / 1e3
@@ -302,6 +309,11 @@ def main(argv: list[str] | None = None) -> int:
         "no_ngram_p50_us": pct(np.asarray(r0["search_ns"]) / 1e3, 50),
         "no_ngram_cpu_p50_us": pct(np.asarray(r0["search_cpu_ns"]) / 1e3, 50),
         "python_call_p50_us": pct(py_us, 50),
+        "all_search_p50_us": pct(np.asarray(ra["search_ns"]) / 1e3, 50),
+        "all_search_p99_us": pct(np.asarray(ra["search_ns"]) / 1e3, 99),
+        "all_search_cpu_p50_us": pct(np.asarray(ra["search_cpu_ns"]) / 1e3, 50),
+        "all_ngram_queries_per_search": round(ra["ngram_queries"] / args.searches, 1),
+        "all_same_tree_share": same_all / 100,
         "tree_nodes_mean": round(float(np.mean(sizes)), 1),
         "load_avg_1min": round(os.getloadavg()[0], 2),
         "cpus": os.cpu_count(),
@@ -323,7 +335,9 @@ def main(argv: list[str] | None = None) -> int:
                                           "search_cpu_p99_us", "ngram_share", "ngram_queries_per_search",
                                           "ngram_candidates_per_query", "ngram_us_per_query",
                                           "batch8_us", "batch_threads", "no_ngram_p50_us", "no_ngram_cpu_p50_us",
-                                          "python_call_p50_us", "tree_nodes_mean", "load_avg_1min", "cpus")]
+                                          "python_call_p50_us", "tree_nodes_mean", "load_avg_1min", "cpus",
+                                          "all_search_p50_us", "all_search_p99_us", "all_search_cpu_p50_us",
+                                          "all_ngram_queries_per_search", "all_same_tree_share")]
         print(f"index: {idx_path.name}, {result['index']}")
         print(f"corpus: {result['corpus']}")
         print("| metric | value |\n|---|---|")

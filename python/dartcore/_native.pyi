@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import types
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -58,6 +58,19 @@ class IndexBuilder:
     def write_runs(self, dir: str) -> list[str]: ...
     def finish(self, output: str, metadata_json: str) -> dict[str, Any]: ...
 
+def convert_dart_trie(
+    input: str,
+    output: str,
+    *,
+    vocab_size: int,
+    metadata_json: str = "{}",
+    memory_limit: int = ...,
+    temp_dir: str | None = None,
+    min_count: int = 1,
+    max_children: int | None = None,
+    threads: int | None = None,
+    progress: Callable[[str, int, int], object] | None = None,
+) -> dict[str, Any]: ...
 def merge_runs(
     runs: list[str],
     output: str,

@@ -398,7 +398,18 @@ def _search(params: dict[str, Any]) -> SearchParams:
     return SearchParams(**{k: v for k, v in params.items() if k != "max_nodes"})
 
 
+# Eq. (10)'s candidate set of the `dart` builder (dartcore.tree.beam_search): "beam" (each
+# level's best w expansions) or "all" (every expansion, the paper's). "beam" by measurement:
+# search CPU p50 99 vs 115 us for "all" (tools/bench_tree.py rows, d=8, k=25, w=20, theta=59,
+# 3 interleaved runs), and no tau gained by "all": tools/sim_tau.py on the demo index, one
+# greedy output (48 tokens) per eval set, humaneval / gsm8k / code_alpaca tau at the CPU budget
+# (4 nodes) 1.808 / 1.741 / 1.722 for both; at theta = 59 beam 2.238 / 2.474 / 2.818, all
+# 2.238 / 2.474 / 2.583.
+DART_CANDIDATES = "beam"
+
+
 def _dart(k: int = TOP_K, max_nodes: int | None = None, **params) -> BeamBuilder:
+    params.setdefault("candidates", DART_CANDIDATES)
     return BeamBuilder(search=_search(params), k=k, max_nodes=max_nodes)
 
 

@@ -441,6 +441,9 @@ class DartDrafter(nn.Module):
                 f"no drafter at {path} (needs {CONFIG_NAME} and {WEIGHTS_NAME}); built-in names: "
                 f"{sorted(BUILTIN_DRAFTERS)}; train one with dart-train"
             )
+        from dartcore.models.official_drafter import is_official_checkpoint, load_official_drafter
+        if is_official_checkpoint(path):  # a released DART checkpoint: converted at load
+            return load_official_drafter(path, target_model)
         try:
             cfg = DrafterConfig.from_dict(json.loads((path / CONFIG_NAME).read_text()))
         except (KeyError, TypeError, ValueError) as exc:

@@ -255,6 +255,9 @@ def _tail(context: Any) -> np.ndarray:
 MAX_BEAM_WIDTH = 4096
 # Largest node budget: the native tree indexes nodes with i32.
 MAX_NODES = 2**31 - 2
+# Eq. (10)'s candidate sets: "beam", each level's best ``beam_width`` expansions; "all", every
+# expansion of every level (the paper's).
+CANDIDATE_SETS = ("beam", "all")
 
 _DEFAULTS = _native.search_defaults()  # the one place the defaults are written: dart-tree's SearchParams
 # The tree builders' other two constants: k, the candidates per level (a drafter row's top-k, or
@@ -300,6 +303,7 @@ class SearchParams:
     ngram_first_level: bool = _DEFAULTS["ngram_first_level"]
     unigram_backoff: bool = _DEFAULTS["unigram_backoff"]
     eos_token_ids: tuple[int, ...] = ()
+    candidates: str = _DEFAULTS["candidates"]
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # frozen: normalise once here
@@ -315,6 +319,8 @@ class SearchParams:
         eos = self.eos_token_ids
         eos = () if eos is None else ((eos,) if isinstance(eos, (int, np.integer)) else tuple(eos))
         put(self, "eos_token_ids", tuple(_int_arg("eos_token_ids", t, 0, 2**63 - 1) for t in eos))
+        if self.candidates not in CANDIDATE_SETS:
+            raise TreeError(f"candidates must be one of {CANDIDATE_SETS}, got {self.candidates!r}")
 
     @classmethod
     def fields(cls) -> frozenset[str]:
@@ -357,7 +363,8 @@ def beam_search(index: Any, context: Any, topk_tokens: Any, topk_logprobs: Any,
     Each level expands the ``beam_width`` best non-EOS candidates by row l; every expanded
     node is a candidate and the tree is picked best-first (ancestor-closed by construction).
     ``index=None`` is allowed only with ``ngram_weight=0`` (the drafter-only tree);
-    ``beam_width=1`` gives a chain."""
+    ``beam_width=1`` gives a chain. ``candidates="all"``: every expansion of every level is a
+    candidate of the tree, not only each level's best ``beam_width`` (the paper's set)."""
     p = _search_params(params, overrides)
     arrays = _native.beam_search(_native_index(index), _tail(context), _ids(topk_tokens, 2, "topk_tokens"),
                                  _logprobs(topk_logprobs, 2, "topk_logprobs"), p.native())

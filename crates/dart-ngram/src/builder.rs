@@ -377,7 +377,7 @@ impl Builder {
     }
 }
 
-fn write_run(path: &Path, vocab: u32, documents: u64, pairs: impl Iterator<Item = (u64, u64)>) -> Result<()> {
+pub(crate) fn write_run(path: &Path, vocab: u32, documents: u64, pairs: impl Iterator<Item = (u64, u64)>) -> Result<()> {
     let io = |e| Error::io(path, e);
     let tmp = path.with_extension("partial");
     let f = File::create(&tmp).map_err(io)?;

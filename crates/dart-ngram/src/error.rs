@@ -29,6 +29,9 @@ pub enum Error {
     /// A token id is not below the vocabulary size.
     #[error("token id {token} is out of range for vocabulary size {vocab_size}")]
     TokenOutOfRange { token: u32, vocab_size: u32 },
+    /// A DART `.trie` file that cannot be converted ([`crate::dart_trie`]).
+    #[error("{}: {problem}", path.display())]
+    Trie { path: PathBuf, problem: crate::dart_trie::TrieProblem },
     /// Bad build or query options.
     #[error("invalid option: {0}")]
     InvalidOption(String),

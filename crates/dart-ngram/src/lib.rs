@@ -5,10 +5,12 @@
 //! * [`Index`]: O(1) open over any bytes (`Vec<u8>` in tests, `Mmap` in production) and the
 //!   queries of the Eq. (10) search: [`Index::children`], [`Index::count`], [`Index::prob`],
 //!   [`Index::cond_probs`], [`Index::children_batch`].
+//! * [`dart_trie`]: streaming conversion of the official DART `.trie` into an index.
 //! * [`pool`]: the one owned, named rayon pool (`DART_NUM_THREADS`), NUMA topology, fork safety.
 //! * `timing` (feature `bench`): per-query latencies measured in Rust, for the benchmarks.
 
 mod builder;
+pub mod dart_trie;
 mod error;
 pub mod format;
 pub mod pool;
@@ -18,6 +20,7 @@ mod reader_verify;
 #[cfg(feature = "bench")]
 pub mod timing;
 
+pub use dart_trie::{convert_dart_trie, TrieProblem, TrieProgress, TrieSummary};
 pub use builder::{merge_runs, BuildOptions, BuildSummary, Builder};
 pub use error::{Error, Result};
 /// The byte type of a file-backed index (`Index<Mmap>`), re-exported so dependants need no memmap2.

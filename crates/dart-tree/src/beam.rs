@@ -3,7 +3,11 @@
 //! Both searches run a beam search level by level: every beam entry is expanded by the
 //! level's tokens, the best `beam_width` expansions of the level are kept, and the kept ones
 //! that do not end in EOS are the next beam. The kept nodes of all levels are the
-//! *candidates* (so `beam_width = 1` yields one chain). The tree is then picked by a
+//! *candidates* (so `beam_width = 1` yields one chain). [`Candidates::All`] is the paper's
+//! set instead (the official searcher records every expansion in `all`): every expansion of
+//! every level is a candidate, and the best `beam_width` non-EOS expansions of a level are the
+//! next beam; from the same inputs it can pick nodes the beam set never has (with k > w at
+//! level 0, the (w+1)-th drafter token). The tree is then picked by a
 //! best-first traversal of the candidate tree: a heap keyed by score (ties: shallower first,
 //! then creation order) that starts with the level-0 candidates and, on popping a node,
 //! pushes the node's candidate children. The first `max_nodes` popped nodes plus the root
@@ -16,6 +20,18 @@ use std::collections::BinaryHeap;
 
 use crate::memo::{Cache, Memo};
 use crate::{Error, NgramScorer, Result, Tree};
+
+/// Which expansions of the Eq. (10) search are candidates of the tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Candidates {
+    /// Each level's best `beam_width` expansions (EOS-ended ones included); the non-EOS ones
+    /// among them are the next beam.
+    #[default]
+    Beam,
+    /// Every expansion of every level (Eq. (10) as the paper and its code have it); the best
+    /// `beam_width` non-EOS expansions of a level are the next beam.
+    All,
+}
 
 /// Every constant of Eq. (10). `Default` gives the paper's values.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,6 +56,8 @@ pub struct SearchParams {
     /// Token ids that end a sequence: such nodes can be kept (and be in the tree) but are
     /// never expanded.
     pub eos: Vec<u32>,
+    /// The candidate set ([`Candidates`]); the n-gram-only tree always uses `Beam`.
+    pub candidates: Candidates,
 }
 
 impl Default for SearchParams {
@@ -54,6 +72,7 @@ impl Default for SearchParams {
             ngram_first_level: true,
             unigram_backoff: true,
             eos: Vec::new(),
+            candidates: Candidates::Beam,
         }
     }
 }
@@ -106,8 +125,12 @@ struct Cand {
     child_len: u32,
     /// Index in the output tree once selected.
     tree_idx: u32,
-    /// Among the best `beam_width` of its level: a candidate of the tree.
+    /// A candidate of the tree (among the best `beam_width` of its level, or any stored
+    /// expansion with [`Candidates::All`]).
     kept: bool,
+    /// The lowest score on the path to this node (itself included), for the pruning of
+    /// [`Candidates::All`].
+    path_min: f64,
 }
 
 /// Reused buffers: one search allocates nothing after the first on a thread.
@@ -172,6 +195,8 @@ struct Scratch {
     sub_tokens: Vec<u32>,
     sub_cols: Vec<u32>,
     top: TopW,
+    /// [`Candidates::All`]: the best `max_nodes` path minima of the candidates so far.
+    tree_top: BestOf,
     popped: Vec<u32>,
     heap: BinaryHeap<HeapKey>,
     child_tokens: Vec<u32>,
@@ -248,6 +273,38 @@ impl TopW {
     }
 }
 
+/// The best `n` of a stream of score keys, for the θ-th best path minimum of
+/// [`Candidates::All`]: a min-heap of at most `n` keys. (A sorted array like [`TopW`] shifts
+/// ~θ/2 entries per insertion with θ = 59, and all-candidates searches insert hundreds.)
+#[derive(Default)]
+struct BestOf(BinaryHeap<std::cmp::Reverse<u64>>);
+
+impl BestOf {
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+    /// Would key `x` enter the best `n` (ties lose)?
+    #[inline]
+    fn admits(&self, x: u64, n: usize) -> bool {
+        self.0.len() < n || self.0.peek().is_some_and(|m| x > m.0)
+    }
+    #[inline]
+    fn insert(&mut self, x: u64, n: usize) {
+        if self.0.len() >= n {
+            self.0.pop();
+        }
+        self.0.push(std::cmp::Reverse(x));
+    }
+    /// The n-th best score so far, −inf while fewer than n were seen.
+    #[inline]
+    fn floor(&self, n: usize) -> f64 {
+        match self.0.peek() {
+            Some(m) if self.0.len() >= n => from_total_key(m.0),
+            _ => f64::NEG_INFINITY,
+        }
+    }
+}
+
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
@@ -291,6 +348,7 @@ fn push_cand(cands: &mut Vec<Cand>, score: f64, token: u32, prev: u32, parent: u
         child_len: 0,
         tree_idx: NONE,
         kept: false,
+        path_min: score,
     });
 }
 
@@ -420,6 +478,8 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
     s.beam.clear();
     s.resolved.clear();
     s.gmemo.clear();
+    s.tree_top.clear();
+    let all = params.candidates == Candidates::All;
     for l in 0..d {
         let row_tokens = &topk_tokens[l * k..(l + 1) * k];
         let row_lp = &topk_logprobs[l * k..(l + 1) * k];
@@ -517,7 +577,16 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
             // (tools/bench_tree.py): ~4x fewer cond_probs candidates and ln() calls. (Taking
             // the pairs of a level in best-bound-first order instead saved under 10% of the
             // lookups there: the bound is loose, real n-gram terms are far below it.)
-            let floor = s.top.floor(params.beam_width);
+            //
+            // With Candidates::All an expansion also matters when it can be in the tree. The
+            // tree holds no node with θ candidates ahead of it in an ancestor-closed set: the
+            // candidates whose path minimum beats it (the best-first traversal pops all of
+            // them first). So the threshold is the lower of the beam's floor and the θ-th
+            // best path minimum so far (`tree_top`), and the same bounds prune the lookups.
+            let mut floor = s.top.floor(params.beam_width);
+            if all {
+                floor = floor.min(s.tree_top.floor(params.max_nodes));
+            }
             let margin = 1e-9 * (1.0 + floor.abs());
             if pscore + amax + bmax + margin < floor {
                 break;
@@ -579,7 +648,27 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
                     // others are never kept, so never in the tree nor expanded. Skipping them
                     // keeps the creation order of the stored ones, the tie-breaker everywhere.
                     let key = total_key(score);
-                    if s.top.admits(key, params.beam_width) {
+                    if all {
+                        // Stored when it can be in the beam (non-EOS, among the best w so far)
+                        // or in the tree (ahead of the θ-th best path minimum: a tie loses,
+                        // being deeper or later than every candidate before it).
+                        let to_beam = !s.eos[vi] && s.top.admits(key, params.beam_width);
+                        if to_beam || s.tree_top.admits(key, params.max_nodes) {
+                            let idx = s.cands.len() as u32;
+                            if to_beam {
+                                s.top.insert(key, idx, params.beam_width);
+                            }
+                            let pmin = if parent == NONE { score } else { s.cands[parent as usize].path_min.min(score) };
+                            let pkey = total_key(pmin);
+                            if s.tree_top.admits(pkey, params.max_nodes) {
+                                s.tree_top.insert(pkey, params.max_nodes);
+                            }
+                            s.push_cand(score, row_tokens[s.valid[vi] as usize], ctx[1], parent, l);
+                            let c = s.cands.last_mut().expect("just pushed");
+                            c.kept = true;
+                            c.path_min = pmin;
+                        }
+                    } else if s.top.admits(key, params.beam_width) {
                         let idx = s.cands.len() as u32;
                         s.top.insert(key, idx, params.beam_width);
                         s.push_cand(score, row_tokens[s.valid[vi] as usize], ctx[1], parent, l);
@@ -591,6 +680,15 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
         keep_top(s, params);
         if s.beam.is_empty() {
             break;
+        }
+    }
+    if all {
+        // A candidate whose score is below the final θ-th best path minimum M is never
+        // selected (θ candidates, ancestors included, beat it), so the traversal need not
+        // push it: the paper's set stores ~3x the beam set's candidates, most of them such.
+        let m = s.tree_top.floor(params.max_nodes);
+        for c in s.cands.iter_mut() {
+            c.kept = c.score >= m;
         }
     }
     Ok(select_tree(s, root, params.max_nodes))

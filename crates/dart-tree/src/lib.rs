@@ -23,7 +23,7 @@ mod tree;
 
 use rayon::prelude::*;
 
-pub use beam::{beam_search, ngram_tree, SearchParams};
+pub use beam::{beam_search, ngram_tree, Candidates, SearchParams};
 pub use error::{Error, Result};
 pub use scorer::{NgramScorer, NoNgram};
 pub use topb::{best_first, top_b};

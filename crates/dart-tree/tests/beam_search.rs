@@ -52,6 +52,7 @@ fn case() -> impl Strategy<Value = Case> {
                     eps,
                     level_decay: decay,
                     depth_exponent: expo,
+                    candidates: dart_tree::Candidates::Beam,
                 };
                 Case { seq, context, toks, lps, d, k, params }
             })

@@ -7,7 +7,7 @@
 //! | `dart_ngram::Error::NotFound`          | `FileNotFoundError`         |
 //! | `dart_ngram::Error::NotAFile`          | `dartcore.IndexPathError`   |
 //! | `dart_ngram::Error::Io`                | `OSError`                   |
-//! | `dart_ngram::Error::Format`            | `dartcore.IndexFormatError` |
+//! | `dart_ngram::Error::Format`, `Trie`    | `dartcore.IndexFormatError` |
 //! | `dart_ngram::Error::Run`               | `dartcore.IndexBuildError`  |
 //! | `TokenOutOfRange`, `InvalidOption`     | `ValueError`                |
 //! | any other `dart_ngram::Error`          | `dartcore.DartError`        |
@@ -89,7 +89,7 @@ pub(crate) fn ngram(e: dart_ngram::Error) -> PyErr {
         E::NotFound { path } => PyFileNotFoundError::new_err((2, msg, path.display().to_string())),
         E::NotAFile { .. } => new(Kind::IndexPath, msg),
         E::Io { .. } => PyOSError::new_err(msg),
-        E::Format(_) => new(Kind::IndexFormat, msg),
+        E::Format(_) | E::Trie { .. } => new(Kind::IndexFormat, msg),
         E::Run { .. } => new(Kind::IndexBuild, msg),
         E::TokenOutOfRange { .. } | E::InvalidOption(_) => PyValueError::new_err(msg),
         _ => new(Kind::Dart, msg),

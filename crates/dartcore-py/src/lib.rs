@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 
 mod arrays;
 mod bench;
+mod dart_trie;
 mod errors;
 mod index;
 mod linear;
@@ -22,5 +23,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     linear::register(m)?;
     ops::register(m)?;
     bench::register(m)?;
+    dart_trie::register(m)?;
     Ok(())
 }

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use dart_ngram::{Index, Mmap};
-use dart_tree::{NgramScorer, NoNgram, SearchParams, Tree};
+use dart_tree::{Candidates, NgramScorer, NoNgram, SearchParams, Tree};
 use numpy::ndarray::ArrayView2;
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -47,6 +47,9 @@ pub(crate) struct Params {
     ngram_first_level: bool,
     unigram_backoff: bool,
     eos_token_ids: Vec<i64>,
+    /// "beam" (the default when absent) or "all".
+    #[pyo3(default)]
+    candidates: Option<String>,
 }
 
 impl Params {
@@ -62,6 +65,13 @@ impl Params {
             unigram_backoff: self.unigram_backoff,
             // EOS ids outside u32 can never match a token: drop them.
             eos: self.eos_token_ids.into_iter().filter_map(|t| u32::try_from(t).ok()).collect(),
+            candidates: match self.candidates.as_deref() {
+                None | Some("beam") => Candidates::Beam,
+                Some("all") => Candidates::All,
+                Some(other) => {
+                    return Err(errors::tree_msg(format!("candidates must be 'beam' or 'all', got {other:?}")))
+                }
+            },
         })
     }
 }
@@ -81,6 +91,10 @@ fn search_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
         out.set_item("eps", p.eps)?;
         out.set_item("ngram_first_level", p.ngram_first_level)?;
         out.set_item("unigram_backoff", p.unigram_backoff)?;
+        out.set_item("candidates", match p.candidates {
+            Candidates::Beam => "beam",
+            Candidates::All => "all",
+        })?;
         Ok(out)
     })
 }

@@ -30,13 +30,12 @@ BUILTIN_PROMPTS = [
 
 
 def find_data_dir(explicit: str | os.PathLike[str] | None = None) -> Path | None:
-    """The shared evaluation data directory, or None when there is none."""
-    candidates = [explicit, os.environ.get("DARTCORE_DATA"),
-                  Path(__file__).resolve().parents[3].parent / "shared" / "data"]
-    for c in candidates:
-        if c and (Path(c) / "eval").is_dir():
-            return Path(c)
-    return None
+    """The shared evaluation data directory, or None when there is none. A directory the user
+    names (``explicit``, else ``$DARTCORE_DATA``) is the only one tried, so a wrong one is an
+    error rather than a silent fallback; with neither, ``../shared/data`` beside the checkout."""
+    named = explicit or os.environ.get("DARTCORE_DATA")
+    c = Path(named) if named else Path(__file__).resolve().parents[3].parent / "shared" / "data"
+    return c if (c / "eval").is_dir() else None
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -65,9 +64,11 @@ def load_prompts(dataset: str, n: int, data_dir: str | os.PathLike[str] | None =
     else:
         root = find_data_dir(data_dir)
         if root is None:
+            named = data_dir or os.environ.get("DARTCORE_DATA")
+            where = f"{named!s} has no eval/ directory" if named else "none found"
             raise CorpusError(
-                f"dataset {dataset!r} needs the shared evaluation data (eval/*.json*); pass "
-                "--data-dir or set DARTCORE_DATA, or use the 'builtin' prompts"
+                f"dataset {dataset!r} needs the shared evaluation data (eval/*.json*; {where}); "
+                "pass --data-dir or set DARTCORE_DATA, or use the 'builtin' prompts"
             )
         texts = _user_texts(dataset, root)
     if n <= 0:

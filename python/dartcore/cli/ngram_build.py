@@ -128,6 +128,7 @@ def build_parser(prog: str = "ngram-build") -> argparse.ArgumentParser:
         epilog=EPILOG, formatter_class=HelpFormatter,
     )
     _add_input_args(ap)
+    ap.add_argument("--from-dart-trie", type=Path, help="convert this DART .trie instead of counting a corpus")
     _add_resource_args(ap)
     g = ap.add_argument_group("output")
     g.add_argument("-o", "--output", required=True, type=Path,
@@ -233,6 +234,10 @@ def _main_reduce(argv: list[str]) -> int:
 
 def _main_build(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if args.from_dart_trie is not None:
+        from dartcore.dart_trie import main_from_args
+
+        return main_from_args(args)
     output = args.output.expanduser()
     work_dir = args.work_dir or output.with_name(output.name + ".work")
     summary = build(_map_options(args, work_dir), output, min_count=args.min_count,
