@@ -77,7 +77,8 @@ def test_packed_verify_on_cuda():
     rng = np.random.default_rng(1)
     prompts = [[1] + rng.integers(3, 64, size=k).tolist() for k in (1, 50, 17, 90)]
     refs = [hf_greedy(model, p, 30) for p in prompts]
-    dec = DartDecoder(model, CharTokenizer(), tree="test-batch-oracle", references=[p + r for p, r in zip(prompts, refs)])
+    dec = DartDecoder(model, CharTokenizer(), tree="test-batch-oracle",
+                      references=[p + r for p, r in zip(prompts, refs)])
     dec.eos_token_ids = ()
     for budget in (0, 8, "adaptive"):
         assert [r.tokens for r in dec.generate_batch(prompts, max_new_tokens=30, budget=budget)] == refs

@@ -78,9 +78,8 @@ def load_prompts(tok, n: int, data_dir) -> list[list[int]]:
     return out
 
 
-def run_one(engine_cls, params_cls, dec, prompts, concurrency: int, budget, max_new: int, max_seq_len: int,
-            remeasure: bool):
-    engine = engine_cls(dec, max_batch=concurrency, max_seq_len=max_seq_len, budget=budget, remeasure=remeasure)
+def run_one(engine_cls, params_cls, dec, prompts, concurrency: int, budget, max_new: int, max_seq_len: int):
+    engine = engine_cls(dec, max_batch=concurrency, max_seq_len=max_seq_len, budget=budget)
     params = params_cls(max_new_tokens=max_new)
     pending = list(enumerate(prompts))
     joined: dict[str, tuple[int, float]] = {}
@@ -144,12 +143,18 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.max_new_tokens} new tokens, backend {dec.backend.name}, {torch.get_num_threads()} torch threads",
           file=sys.stderr)
 
+    if "dart-adaptive" in methods:  # the cost curve for the largest concurrency, measured (or read) once
+        from dartcore.controller import CostCurve
+
+        nodes = max(dec.max_nodes, drafter.d)
+        CostCurve.for_target(dec.target, dec.backend, max_rows=max(concurrencies) * (nodes + 1),
+                             remeasure=args.remeasure)
     rows, outputs = [], {}
     for c in concurrencies:
         for method in methods:
             budget = args.budget if METHODS[method] is None else METHODS[method]
             engine, res, wall = run_one(Engine, SamplingParams, dec, prompts, c, budget, args.max_new_tokens,
-                                        max_seq_len, args.remeasure)
+                                        max_seq_len)
             outputs[(method, c)] = [res[i]["tokens"] for i in range(len(prompts))]
             new = sum(len(r["tokens"]) for r in res.values())
             rounds = sum(r["stats"]["rounds"] for r in res.values())

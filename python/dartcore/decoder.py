@@ -327,9 +327,9 @@ class DartDecoder:
         for rid in rids:
             t, out = done[rid]
             stats = GenerationStats(prompt_tokens=out.stats["prompt_tokens"], new_tokens=len(out.tokens),
-                                                rounds=out.stats["rounds"], accept_hist=out.stats["accept_hist"],
-                                                budget_hist=out.stats["budget_hist"], total_s=t - start,
-                                                finish_reason=out.stats.get("finish_detail") or "empty")
+                                    rounds=out.stats["rounds"], accept_hist=out.stats["accept_hist"],
+                                    budget_hist=out.stats["budget_hist"], total_s=t - start,
+                                    finish_reason=out.stats.get("finish_detail") or "empty")
             results.append(GenerationResult(tokens=list(out.tokens), text=self._decode(out.tokens), stats=stats))
         return results
 
@@ -392,7 +392,7 @@ class DartDecoder:
         clock.lap("accept")  # the consumer's time (text decoding, streaming) counts as "other"
         while not done:
             with self.backend.round_scope():
-                max_depth, budget = self._limits(seq)
+                max_depth, _ = self._limits(seq)  # sets seq.budget
                 (drafted,) = self._draft([seq], [max_depth])
                 clock.lap("draft")
                 (tree,) = self._search([seq], [drafted], [max_depth])
