@@ -1,0 +1,157 @@
+"""dart-serve: an OpenAI-compatible server for DART speculative decoding.
+
+    dart-serve --target smollm2 --drafter smollm2 --index smollm2.idx --workers 2 --port 8000
+    dart-serve --index smollm2.idx --budget 0          # the same server, speculation off (AR steps)
+
+Endpoints: POST /v1/chat/completions, POST /v1/completions (stream over SSE),
+GET /v1/models, GET /health, GET /metrics (Prometheus). Each of the --workers
+processes loads its own model and batched engine and maps the same index file
+(one copy in the page cache). Per-request speculative statistics: send
+"dart": {"stats": true} in the body (openai client: extra_body=...) or the
+header X-Dart-Stats: 1. SIGTERM drains the requests in flight, then exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from dartcore.cli._common import (
+    ArgumentParser,
+    HelpFormatter,
+    UsageError,
+    check_drafter,
+    check_index,
+    check_index_tokenizer,
+    check_target,
+    check_tree,
+    run_cli,
+)
+from dartcore.cli.dart_generate import _tree_param
+
+__all__ = ["main"]
+
+
+DEFAULT_FACTORY = "dartcore.serve.worker:load_engine"
+
+
+def _budget(text: str) -> str | int:
+    if text == "adaptive":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--budget must be 'adaptive' or a node count >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"--budget must be 'adaptive' or a node count >= 0, got {value}")
+    return value
+
+
+def _positive(name: str, minimum: int = 1):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer >= {minimum}, got {value}")
+        return value
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(prog="dart-serve", description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument("--target", default="smollm2", help="target model name or path (default: smollm2)")
+    p.add_argument("--drafter", default="smollm2", help="drafter directory or built-in name (default: smollm2)")
+    p.add_argument("--index", help="n-gram index built with the target's tokenizer (needed by --tree dart)")
+    p.add_argument("--tree", default="dart", help="tree builder (dart, dart-no-ngram, ngram-only, ar, ...)")
+    p.add_argument("--tree-param", action="append", type=_tree_param, default=[], metavar="KEY=VALUE",
+                   help="tree builder parameter (repeatable)")
+    p.add_argument("--budget", type=_budget, default="adaptive",
+                   help="node budget per sequence and step: 'adaptive' (the controller, default) or a fixed "
+                        "count; 0 = speculation off (plain AR steps)")
+    p.add_argument("--workers", type=_positive("--workers"), default=1, help="worker processes (default 1)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=_positive("--port", 0), default=8000)
+    p.add_argument("--max-batch", type=_positive("--max-batch"), default=8,
+                   help="sequences each worker decodes together (default 8)")
+    p.add_argument("--max-seq-len", type=_positive("--max-seq-len", 2), default=2048,
+                   help="per-sequence KV capacity = the context requests are checked against (default 2048)")
+    p.add_argument("--max-queue", type=_positive("--max-queue", 0), default=16,
+                   help="requests held beyond the workers' batches before answering 429 (default 16)")
+    p.add_argument("--default-max-tokens", type=_positive("--default-max-tokens"), default=256,
+                   help="max_tokens of a chat request that gives none (default 256)")
+    p.add_argument("--served-model-name", action="append", default=[],
+                   help="model name clients send (repeatable; default: the --target name)")
+    p.add_argument("--threads", type=_positive("--threads"), default=1, help="torch threads per worker (default 1)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--no-prefault-index", action="store_true",
+                   help="map the index lazily instead of faulting it in at start")
+    p.add_argument("--drain-timeout", type=float, default=60.0,
+                   help="seconds SIGTERM waits for requests in flight (default 60)")
+    p.add_argument("--engine-factory", default=DEFAULT_FACTORY,
+                   help="module:function that loads a worker's engine (default: the real model and Engine)")
+    p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    return run_cli("dart-serve", lambda: _run(args))
+
+
+def _check(args) -> None:
+    """What a user can get wrong, checked in the front before any worker loads a model."""
+    check_tree(args.tree)
+    from dartcore.builders import make_tree_builder
+
+    try:
+        builder = make_tree_builder(args.tree, **dict(args.tree_param))
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"--tree-param for --tree {args.tree}: {exc}") from None
+    check_target(args.target)
+    if builder.needs_drafter:
+        check_drafter(args.drafter)
+    index = check_index(args.index, needed_by=[f"--tree {args.tree}"] if builder.needs_index else [])
+    if index is not None:
+        check_index_tokenizer(index, args.target)
+    # `index` goes out of scope here: the front keeps no mapping, only the workers share one.
+
+
+def _run(args) -> int:
+    if args.engine_factory == DEFAULT_FACTORY:
+        _check(args)
+    import uvicorn
+
+    from dartcore.serve import WorkerConfig, WorkerPool, WorkerStartError, create_app
+
+    config = WorkerConfig(
+        target=args.target, drafter=args.drafter, index=args.index, tree=args.tree, budget=args.budget,
+        max_batch=args.max_batch, max_seq_len=args.max_seq_len, threads=args.threads, device=args.device,
+        dtype=args.dtype, prefault_index=not args.no_prefault_index, default_max_tokens=args.default_max_tokens,
+        tree_params=dict(args.tree_param), engine_factory=args.engine_factory)
+    models = tuple(args.served_model_name) or (Path(args.target).name,)
+    pool = WorkerPool(config, args.workers, max_queue=args.max_queue)
+    app = create_app(pool, models, drain_timeout=args.drain_timeout)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, http="h11", lifespan="on",
+                                           log_level=args.log_level, timeout_graceful_shutdown=args.drain_timeout,
+                                           access_log=args.log_level in ("info", "debug")))
+    try:
+        server.run()
+    except WorkerStartError as exc:
+        print(f"dart-serve: {exc}", file=sys.stderr)
+        return 1
+    except SystemExit:  # uvicorn exits with status 3 when the app's startup fails
+        if server.started:
+            raise
+    if not server.started:
+        why = f"a worker could not start: {pool.start_error}" if pool.start_error else "see the errors above"
+        print(f"dart-serve: the server did not start ({why})", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

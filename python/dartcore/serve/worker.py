@@ -1,0 +1,345 @@
+"""A dart-serve worker process: one model, one batched engine, one mapping of the index.
+
+The front talks to each worker over its own duplex ``multiprocessing`` pipe
+(see :mod:`dartcore.serve.pool` for why). Messages, all tuples of plain data:
+
+front -> worker
+    ``("add", rid, request)``   a :meth:`GenRequest.to_worker` dict
+    ``("abort", rid)``          the client went away: free the slot
+    ``("exit",)``               finish nothing more, exit now (the front has drained)
+
+worker -> front
+    ``("ready", info)``         model loaded: pid, context length, model name
+    ``("fatal", message)``      the model or index could not be loaded (bad configuration)
+    ``("step", outputs, snapshot)``  after every engine step: per-request deltas and the
+                                worker's load / speculation counters
+    ``("error", rid, status, message, param, code)``  a request this worker refuses
+
+The loop is the engine's: take what the pipe holds, ``engine.step()``, push each
+request's new text back. Tokenising, the chat template and detokenising happen
+here, next to the model, so the front never loads a tokenizer.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from dartcore.errors import DartError
+
+__all__ = ["WorkerConfig", "Loaded", "load_engine", "run_worker"]
+
+
+@dataclass
+class WorkerConfig:
+    target: str = "smollm2"
+    drafter: str | None = "smollm2"
+    index: str | None = None
+    tree: str = "dart"
+    budget: str | int = "adaptive"  # the engine's: "adaptive" or a fixed node count (0 = AR)
+    max_batch: int = 8
+    max_seq_len: int | None = 2048  # per-sequence KV capacity (the context requests are checked against)
+    threads: int = 1
+    device: str = "cpu"
+    dtype: str = "float32"
+    prefault_index: bool = True  # fault the whole index in at start, so every worker maps one resident copy
+    default_max_tokens: int = 256  # chat requests without max_tokens
+    tree_params: dict = field(default_factory=dict)
+    # "module:function" returning a Loaded; the default loads the real model and Engine.
+    engine_factory: str = "dartcore.serve.worker:load_engine"
+
+
+@dataclass
+class Loaded:
+    engine: Any  # dartcore.engine.Engine (or anything following its contract)
+    tokenizer: Any  # a Hugging Face tokenizer: __call__, decode, apply_chat_template
+    context_length: int
+    sampling_params: Any  # the engine's SamplingParams class
+
+
+def load_engine(config: WorkerConfig) -> Loaded:
+    """The target, drafter and index as DartDecoder takes them, wrapped in the batched Engine."""
+    import torch
+
+    from dartcore.decoder import DartDecoder
+    from dartcore.engine import Engine, SamplingParams
+    from dartcore.models.hub import load_target
+
+    torch.set_num_threads(config.threads)
+    model, tok = load_target(config.target, dtype=getattr(torch, config.dtype), device=config.device)
+    drafter = None
+    if config.drafter is not None and config.tree not in ("ar", "ngram-only"):
+        from dartcore.drafter import DartDrafter
+
+        drafter = DartDrafter.from_pretrained(config.drafter, model, tokenizer=tok)
+    index = None
+    if config.index is not None:
+        from dartcore.index import NgramIndex
+
+        index = NgramIndex(config.index, prefault=config.prefault_index)
+    decoder = DartDecoder(model, tok, drafter, index, tree=config.tree, device=config.device,
+                          **config.tree_params)
+    engine = Engine(decoder, max_batch=config.max_batch, max_seq_len=config.max_seq_len, budget=config.budget)
+    context = decoder.context_length
+    if config.max_seq_len is not None:
+        context = min(context, config.max_seq_len)
+    return Loaded(engine=engine, tokenizer=tok, context_length=int(context), sampling_params=SamplingParams)
+
+
+def _factory(spec: str):
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+class _RequestError(Exception):
+    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.message, self.param, self.code, self.status = message, param, code, status
+
+
+@dataclass
+class _Live:
+    prompt_tokens: int
+    echo: str  # echo: the prompt text, which the response text starts with
+    prefix_text: str = ""  # what of it is still to be streamed (before the first token)
+    stops: tuple[str, ...] = ()
+    shown: str = ""
+
+
+class _Worker:
+    def __init__(self, conn, config: WorkerConfig, loaded: Loaded):
+        self.conn = conn
+        self.config = config
+        self.engine = loaded.engine
+        self.tok = loaded.tokenizer
+        self.context = loaded.context_length
+        self.params_cls = loaded.sampling_params
+        self.vocab = len(self.tok)
+        self.live: dict[str, _Live] = {}
+        self.draining = False
+        # Counters the front turns into /metrics (cumulative since this process started).
+        self.counters: dict[str, Any] = {"steps": 0, "step_s": 0.0, "finished": 0, "aborted": 0}
+
+    # -- requests -----------------------------------------------------------------------
+
+    def _prompt_ids(self, req: dict) -> tuple[list[int], str]:
+        prompt = req["prompt"]
+        if req["kind"] == "chat":
+            try:
+                rendered = self.tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+            except Exception as exc:  # noqa: BLE001 - a template that refuses these messages (jinja raise_exception)
+                raise _RequestError(f"messages: the model's chat template refused them: {exc}", "messages",
+                                    "invalid_value") from exc
+            ids = rendered["input_ids"] if hasattr(rendered, "keys") else rendered
+            return [int(t) for t in ids], ""
+        if isinstance(prompt, str):
+            ids = self.tok(prompt)["input_ids"]
+            return [int(t) for t in ids], prompt if req.get("echo") else ""
+        bad = [t for t in prompt if not 0 <= t < self.vocab]
+        if bad:
+            raise _RequestError(f"prompt: token id {bad[0]} is outside the model's vocabulary [0, {self.vocab})",
+                                "prompt", "invalid_value")
+        return list(prompt), self.tok.decode(prompt) if req.get("echo") else ""
+
+    def add(self, rid: str, req: dict) -> None:
+        if self.draining:
+            raise _RequestError("the server is shutting down; retry on another instance", None, "shutting_down", 503)
+        ids, prefix = self._prompt_ids(req)
+        what = "messages" if req["kind"] == "chat" else "prompt"
+        if not ids:
+            raise _RequestError(f"{what} has no tokens", what, "invalid_value")
+        if len(ids) >= self.context:
+            raise _RequestError(f"This model's maximum context length is {self.context} tokens. However, your "
+                                f"{what} is {len(ids)} tokens, which leaves no room for the completion. Please "
+                                f"reduce the length of the {what}.", what, "context_length_exceeded")
+        max_tokens = req["max_tokens"]
+        if max_tokens is None:
+            max_tokens = min(self.config.default_max_tokens, self.context - len(ids))
+        if len(ids) + max_tokens > self.context:
+            raise _RequestError(f"This model's maximum context length is {self.context} tokens. However, you "
+                                f"requested {len(ids) + max_tokens} tokens ({len(ids)} in the {what}, {max_tokens} "
+                                f"in the completion). Please reduce the length of the {what} or the completion "
+                                "(max_tokens).", "max_tokens", "context_length_exceeded")
+        try:
+            params = self.params_cls(max_new_tokens=max_tokens, temperature=req["temperature"], top_p=req["top_p"],
+                                     top_k=0, seed=req["seed"], stop=list(req["stop"]))
+        except (ValueError, TypeError) as exc:
+            raise _RequestError(str(exc), None, "invalid_value") from exc
+        self.engine.add_request(ids, params, request_id=rid)
+        self.live[rid] = _Live(prompt_tokens=len(ids), echo=prefix, prefix_text=prefix, stops=tuple(req["stop"]))
+
+    def abort(self, rid: str) -> None:
+        if self.live.pop(rid, None) is None:
+            return  # finished already (its last step crossed the abort in the pipe)
+        self.counters["aborted"] += 1
+        try:
+            self.engine.abort(rid)
+        except DartError:  # the engine finished it in the same step: nothing to free
+            pass
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def handle(self, msg) -> bool:
+        """One message from the front; False on exit."""
+        kind = msg[0]
+        if kind == "add":
+            rid = msg[1]
+            try:
+                self.add(rid, msg[2])
+            except _RequestError as exc:
+                self.conn.send(("error", rid, exc.status, exc.message, exc.param, exc.code))
+            except (DartError, ValueError, TypeError) as exc:  # the engine's own checks (e.g. ContextLengthError)
+                self.conn.send(("error", rid, 400, str(exc), None, "invalid_value"))
+            except Exception as exc:  # noqa: BLE001 - one request must not take the worker down
+                self.conn.send(("error", rid, 500, f"{type(exc).__name__}: {exc}", None, "engine_error"))
+        elif kind == "abort":
+            self.abort(msg[1])
+        elif kind == "exit":
+            return False
+        return True
+
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tok.decode(tokens, skip_special_tokens=True) if tokens else ""
+
+    def step(self) -> None:
+        t0 = time.perf_counter()
+        outs = self.engine.step()
+        dt = time.perf_counter() - t0
+        self.counters["steps"] += 1
+        self.counters["step_s"] += dt
+        sent = []
+        for out in outs:
+            live = self.live.get(out.request_id)
+            if live is None:
+                continue  # aborted while it ran
+            final = getattr(out, "text", None) if out.finished else None
+            # The engine's final text ends before a stop string (its tokens may run into it).
+            text = final if final is not None else self._decode(list(out.tokens))
+            if out.finished:
+                delta = text[len(live.shown):] if text.startswith(live.shown) else ""
+            else:
+                visible = text[:-1] if text.endswith("\ufffd") else text  # hold back a partial character
+                visible = visible[:len(visible) - _stop_overlap(visible, live.stops)]
+                delta = visible[len(live.shown):] if visible.startswith(live.shown) else ""
+                live.shown += delta
+            if live.prefix_text:
+                delta, live.prefix_text = live.prefix_text + delta, ""
+            item = {"rid": out.request_id, "delta": delta, "new": len(out.new_tokens), "finished": bool(out.finished),
+                    "finish_reason": out.finish_reason, "prompt_tokens": live.prompt_tokens,
+                    "completion_tokens": len(out.tokens)}
+            if out.finished:
+                item["text"] = live.echo + text
+                item["stats"] = _plain(getattr(out, "stats", {}) or {})
+                self.live.pop(out.request_id, None)
+                self.counters["finished"] += 1
+            sent.append(item)
+        self.conn.send(("step", sent, self.snapshot()))
+
+    def snapshot(self) -> dict:
+        return {"waiting": int(self.engine.num_waiting()), "running": int(self.engine.num_running()),
+                "counters": _plain(self.counters), "engine": _engine_totals(self.engine)}
+
+    def run(self) -> None:
+        conn = self.conn
+        while True:
+            busy = self.engine.has_unfinished()
+            if self.draining and not busy and not self.live:
+                return
+            try:
+                # Idle: block on the pipe (1 s, to notice a SIGTERM). Busy: take what is there.
+                if busy or conn.poll(1.0):
+                    while conn.poll(0):
+                        if not self.handle(conn.recv()):
+                            return
+            except (EOFError, OSError):
+                return  # the front is gone
+            if self.engine.has_unfinished():
+                self.step()
+            elif not busy:
+                conn.send(("step", [], self.snapshot()))
+
+
+def _stop_overlap(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest end of ``text`` that begins a stop string: held back from the
+    stream until the next tokens show whether the stop string completes (the engine then cuts
+    the text before it, and streamed text cannot be taken back)."""
+    best = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), best, -1):
+            if text.endswith(stop[:n]):
+                best = n
+                break
+    return best
+
+
+def _engine_totals(engine) -> dict:
+    """Cumulative numbers the engine's stats object exposes (numbers and dicts of numbers only)."""
+    stats = getattr(engine, "stats", None)
+    if stats is None:
+        return {}
+    data = stats.as_dict() if hasattr(stats, "as_dict") else getattr(stats, "__dict__", {})
+    out = {}
+    for k, v in dict(data).items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[k] = v
+        elif isinstance(v, dict) and all(isinstance(x, (int, float)) for x in v.values()):
+            out[k] = dict(v)
+    return out
+
+
+def _plain(value):
+    """JSON-safe copy (numpy scalars and arrays, tuples, dataclasses)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (str, bool, int, float)) or value is None:
+        return value
+    if hasattr(value, "tolist"):
+        return _plain(value.tolist())
+    if hasattr(value, "__dataclass_fields__"):
+        from dataclasses import asdict
+
+        return _plain(asdict(value))
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def run_worker(conn, config: WorkerConfig, worker_id: int) -> None:
+    """Process entry point (multiprocessing, spawn)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the front decides
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    worker: _Worker | None = None
+
+    def _drain(signum, frame):  # SIGTERM sent to a worker itself: finish its requests, then exit
+        if worker is not None:
+            worker.draining = True
+
+    signal.signal(signal.SIGTERM, _drain)
+    try:
+        loaded = _factory(config.engine_factory)(config)
+    except Exception as exc:  # noqa: BLE001 - reported to the front, which refuses to start
+        conn.send(("fatal", f"{type(exc).__name__}: {exc}"))
+        return
+    worker = _Worker(conn, config, loaded)
+    conn.send(("ready", {"pid": os.getpid(), "worker": worker_id, "context_length": loaded.context_length}))
+    try:
+        worker.run()
+    except (EOFError, OSError, BrokenPipeError):
+        return
+    except Exception as exc:  # noqa: BLE001 - an engine failure: fail its requests, exit, get restarted
+        message = f"worker {worker_id} failed: {type(exc).__name__}: {exc}"
+        traceback.print_exc()
+        for rid in list(worker.live):
+            try:
+                conn.send(("error", rid, 500, message, None, "engine_error"))
+            except OSError:
+                break
+        raise SystemExit(1) from exc
