@@ -147,8 +147,9 @@ def test_kill_9_of_a_worker_during_a_request(server, client):
 
     def long_request():
         try:
-            client.completions.create(model="smollm2", prompt="Tell me a long story about a dragon.",
-                                      max_tokens=400, temperature=0)
+            # A chat request: as a bare completion prompt this one ends at once with EOS.
+            client.chat.completions.create(model="smollm2", max_tokens=400, temperature=0, messages=[
+                {"role": "user", "content": "Tell me a long story about a dragon."}])
             results["victim"] = "finished"
         except openai.APIStatusError as exc:
             results["victim"] = exc
