@@ -216,7 +216,7 @@ pub(crate) fn sorted_candidates<'a>(c: &'a PyReadonlyArray1<'_, u32>, vocab: u32
     Ok(c)
 }
 
-fn summary_dict<'py>(py: Python<'py>, s: &BuildSummary) -> PyResult<Bound<'py, PyDict>> {
+pub(crate) fn summary_dict<'py>(py: Python<'py>, s: &BuildSummary) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("output", s.output.display().to_string())?;
     d.set_item("documents", s.documents)?;
@@ -235,7 +235,7 @@ fn summary_dict<'py>(py: Python<'py>, s: &BuildSummary) -> PyResult<Bound<'py, P
 }
 
 #[allow(clippy::too_many_arguments)]
-fn options(
+pub(crate) fn options(
     vocab_size: u32,
     memory_limit: u64,
     temp_dir: Option<PathBuf>,
