@@ -42,11 +42,12 @@ def build_default_index(tok, data_dir) -> Path:
     from dartcore.tokenizers import fingerprint
     from dartcore.training.data import read_documents
 
-    out = Path(os.path.expanduser("~")) / ".cache" / "dartcore" / "bench_batch" / "smollm2-responses.idx"
+    data = find_data_dir(data_dir)
+    name = "smollm2-responses+train.idx" if data is not None else "smollm2-responses.idx"
+    out = Path(os.path.expanduser("~")) / ".cache" / "dartcore" / "bench_batch" / name
     if out.is_file():
         return out
     files = [REPO / "python" / "dartcore" / "assets" / "corpus" / "smollm2_responses.jsonl.gz"]
-    data = find_data_dir(data_dir)
     if data is not None:
         files += sorted((data / "train").glob("*.json*"))
     docs = []
@@ -110,8 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", default="1,2,4,8,16")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--budget", type=int, default=4, help="dart-fixed's nodes per sequence (default 4)")
-    p.add_argument("--data-dir", default=os.environ.get("DARTCORE_DATA") or str(REPO.parents[1] / "shared" / "data"),
-                   help="the shared data directory (eval/ and train/)")
+    p.add_argument("--data-dir", default=None,
+                   help="the shared data directory (eval/ and train/; default $DARTCORE_DATA, else "
+                        "../shared/data beside the checkout)")
     p.add_argument("--index", help="n-gram index (default: built once from the shipped responses)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default torch's)")
     p.add_argument("--remeasure", action="store_true", help="measure the verify-cost curve again")
