@@ -1,7 +1,8 @@
 """The batched engine's packed verify forward through the Triton tree-attention kernel:
 under the Triton interpreter on the CPU (``TRITON_INTERPRET=1``, in a subprocess so the
 flag is set before Triton is imported) and on CUDA (``gpu``). Every sequence of the batch
-equals Hugging Face ``generate(do_sample=False)``."""
+equals Hugging Face ``generate(do_sample=False)``, and a step of several sequences runs as
+one kernel launch per layer over all of them (``PackedAttention``)."""
 
 from __future__ import annotations
 
@@ -38,19 +39,29 @@ def counting(*a, **kw):
     calls.append(a[0].shape[1])
     return launch(*a, **kw)
 tt.tree_attention_triton = counting
+packed_calls = []
+packed_launch = tt.PackedAttention.__call__
+def packed_counting(self, q, layer, **kw):
+    packed_calls.append(int(self.seg.numel() // 7))
+    return packed_launch(self, q, layer, **kw)
+tt.PackedAttention.__call__ = packed_counting
 dec = DartDecoder(model, CharTokenizer(), tree="test-batch-oracle", references=[p + r for p, r in zip(prompts, refs)])
 dec.eos_token_ids = ()
 with ta.force_backend("triton"):
     out = dec.generate_batch(prompts, max_new_tokens=12, budget=4)
 assert [r.tokens for r in out] == refs, ([r.tokens for r in out], refs)
 assert calls, "the kernel ran"
-print("OK", len(calls))
+# steps with several sequences ran as one launch per layer over all of them
+assert packed_calls and max(packed_calls) == len(prompts), packed_calls
+print("OK", len(calls), len(packed_calls))
 """
 
 
 def test_packed_verify_through_triton_in_interpreter():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO / "python") + os.pathsep
+    # Native CPU kernels off: a CUDA forward never has them, and with them on the CPU the
+    # verify forwards of <= 16 rows would run the native attention instead of the kernel.
+    env = dict(os.environ, TRITON_INTERPRET="1", DARTCORE_LINEAR_ISA="none", PYTHONPATH=str(REPO / "python") + os.pathsep
                + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-c", _SCRIPT.format(tests=str(REPO / "tests"))], env=env,
                           capture_output=True, text=True, timeout=900)

@@ -91,6 +91,7 @@ def test_dispatcher_override():
 _INTERPRETER_SCRIPT = r"""
 import numpy as np, torch
 from dartcore.kernels.tree_attention import force_backend, tree_attention, tree_attention_reference
+from dartcore.models.cache import KVCache
 from dartcore.verify import ancestor_mask
 rng = np.random.default_rng(0)
 worst = 0.0
@@ -123,6 +124,37 @@ for backend in ("triton", "reference"):
         outs.append(target.forward(cache, torch.arange(30, 37), torch.from_numpy(depths + 20),
                                    torch.from_numpy(ancestor_mask(parents))).logits)
 worst = max(worst, float((outs[0] - outs[1]).abs().max()) / float(outs[1].abs().max()))
+# a packed batch in one launch: sequences in slots of one KV pool, each with its own prefix
+# length (0 included), block size, mask (None = causal) and position in the packing
+from dartcore.kernels.tree_attention import pack_block_mask
+from dartcore.kernels.triton_tree import PackedAttention
+from dartcore.models.kv_pool import KVPool
+pool = KVPool(slots=4, capacity=200, layers=3, kv_heads=2, head_dim=16, dtype=torch.float32, device="cpu")
+seqs = [(0, 5), (37, 1), (120, 70), (3, 9)]  # (prefix, block rows)
+caches, masks, bits = [], [], []
+for prefix, n in seqs:
+    _, cache, _ = pool.acquire()
+    cache.k[:, :, :prefix + n] = torch.randn(3, 2, prefix + n, 16)
+    cache.v[:, :, :prefix + n] = torch.randn(3, 2, prefix + n, 16)
+    cache.commit(prefix)
+    parents = np.array([-1] + [int(rng.integers(0, i)) for i in range(1, n)])
+    m = None if n == 9 else torch.from_numpy(ancestor_mask(parents))
+    caches.append(cache)
+    masks.append(m)
+    bits.append(pack_block_mask(m if m is not None else torch.ones(n, n, dtype=torch.bool).tril()))
+assert PackedAttention.supports(caches) and not PackedAttention.supports([caches[0], KVCache(3, 2, 16, 50, dtype=torch.float32, device="cpu")])
+plan = PackedAttention(caches, [n for _, n in seqs], bits)
+total = sum(n for _, n in seqs)
+for layer in range(3):
+    q = torch.randn(4, total, 16)
+    got = plan(q, layer, scale=0.25)
+    a = 0
+    for cache, (prefix, n), m in zip(caches, seqs, masks):
+        keys, values = cache.view(layer, n)
+        ref = tree_attention_reference(q[:, a:a + n], keys, values, prefix,
+                                       m if m is not None else torch.ones(n, n, dtype=torch.bool).tril(), scale=0.25)
+        worst = max(worst, float((got[:, a:a + n] - ref).abs().max()))
+        a += n
 print("MAXDIFF", worst)
 """
 

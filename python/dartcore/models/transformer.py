@@ -27,7 +27,7 @@ import torch
 
 from dartcore.errors import DartError
 from dartcore.kernels.linear import MAX_ROWS, NativeWeight, linear_threads, native_linear_available, torch_threads
-from dartcore.kernels.tree_attention import tree_attention
+from dartcore.kernels.tree_attention import backend_for, pack_block_mask, tree_attention
 from dartcore.models.cache import KVCache
 
 __all__ = ["TargetModel", "ForwardOutput", "SUPPORTED_FAMILIES", "column_major_linears_"]
@@ -218,11 +218,12 @@ class TargetModel:
             with torch_threads(1):  # the kernel's helpers spin; torch's small ops need no pool
                 h = self._ops.layers(self, segments, tokens, cos, sin, tap_set, captured)
         else:
+            packed = self._packed_attention(segments)
             h = self.embed(tokens)  # [n, H]
             for i, layer in enumerate(self.layers):
                 if i in tap_set:
                     captured[i] = h
-                h = h + self._attention(layer.self_attn, i, layer.input_layernorm(h), cos, sin, segments)
+                h = h + self._attention(layer.self_attn, i, layer.input_layernorm(h), cos, sin, segments, packed)
                 h = h + self._mlp(i, layer.mlp, layer.post_attention_layernorm(h))
             h = self.norm(h)
         if self.num_layers in tap_set:
@@ -243,7 +244,25 @@ class TargetModel:
         parts = [self._head(hidden[i:i + MAX_ROWS]) for i in range(0, hidden.shape[0], MAX_ROWS)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def _attention(self, attn, layer_idx: int, x: torch.Tensor, cos, sin, segments) -> torch.Tensor:
+    def _packed_attention(self, segments):
+        """The Triton kernel's one-launch-per-layer plan for a packed batch of several
+        sequences whose caches are views of one pool (the batched engine's), else None
+        (one attention call per sequence)."""
+        if len(segments) < 2 or backend_for(self.device) != "triton":
+            return None
+        from dartcore.kernels.triton_tree import PackedAttention
+
+        caches = [c for c, _, _, _ in segments]
+        if not PackedAttention.supports(caches):
+            return None
+        bits = []
+        for _, a, b, m in segments:
+            if m is None:
+                m = torch.ones(b - a, b - a, dtype=torch.bool, device=self.device).tril_()
+            bits.append(pack_block_mask(m))
+        return PackedAttention(caches, [b - a for _, a, b, _ in segments], bits)
+
+    def _attention(self, attn, layer_idx: int, x: torch.Tensor, cos, sin, segments, packed=None) -> torch.Tensor:
         n = x.shape[0]
         fused = self._fused[layer_idx] if self._fused is not None else None
         if fused is not None:
@@ -261,12 +280,17 @@ class TargetModel:
         q = self._rotate(q.transpose(0, 1), cos, sin)  # [heads, n, D]
         k = self._rotate(k.transpose(0, 1), cos, sin)
         v = v.transpose(0, 1)
-        outs = []
-        for cache, a, b, block_mask in segments:  # each sequence's rows over its own cache
-            cache.write(layer_idx, k[:, a:b], v[:, a:b])
-            keys, values = cache.view(layer_idx, b - a)
-            outs.append(tree_attention(q[:, a:b], keys, values, cache.length, block_mask, scale=self.scale))
-        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        if packed is not None:  # every sequence in one launch, over its own slot of the pool
+            for cache, a, b, _ in segments:
+                cache.write(layer_idx, k[:, a:b], v[:, a:b])
+            out = packed(q, layer_idx, scale=self.scale)
+        else:
+            outs = []
+            for cache, a, b, block_mask in segments:  # each sequence's rows over its own cache
+                cache.write(layer_idx, k[:, a:b], v[:, a:b])
+                keys, values = cache.view(layer_idx, b - a)
+                outs.append(tree_attention(q[:, a:b], keys, values, cache.length, block_mask, scale=self.scale))
+            out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         out = out.transpose(0, 1).reshape(n, self.num_heads * self.head_dim)
         return fused.o(out) if fused is not None else attn.o_proj(out)
 
