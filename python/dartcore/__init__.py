@@ -25,6 +25,7 @@ from dartcore.errors import (
     TokenizerError,
     TokenizerMismatchError,
     TreeError,
+    WeightFormatError,
 )
 
 __version__ = "0.1.0"
@@ -56,6 +57,7 @@ __all__ = [
     "TokenizerError",
     "TokenizerMismatchError",
     "TreeError",
+    "WeightFormatError",
     *_LAZY,
 ]
 

@@ -158,6 +158,8 @@ def _curve_key(target) -> dict:
         "intermediate": int(getattr(cfg, "intermediate_size", 0) or 0),
         "device": str(target.device), "dtype": str(target.dtype), "threads": int(target.threads),
         "torch_threads": int(torch.get_num_threads()), "native": bool(target.native_linear),
+        # GGML block weights cost differently from float32 ones at every row count
+        "blocks": bool(getattr(target, "blocks", False)),
     }
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
     return {**fields, "digest": digest}

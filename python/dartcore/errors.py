@@ -17,6 +17,7 @@ __all__ = [
     "TreeError",
     "ContextLengthError",
     "InternalError",
+    "WeightFormatError",
 ]
 
 
@@ -63,6 +64,11 @@ class TreeError(DartError, ValueError):
 
 class ContextLengthError(DartError, ValueError):
     """A prompt (plus the requested tokens) does not fit in the model's context."""
+
+
+class WeightFormatError(DartError, ValueError):
+    """A weight or weight file in a form the kernels do not read: an unknown block format, a
+    byte length that is not the shape's, a GGUF file that is not one (or truncated)."""
 
 
 class InternalError(DartError, RuntimeError):

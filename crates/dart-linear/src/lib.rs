@@ -19,7 +19,12 @@
 //!
 //! Weights may also be stored as fp16 or bf16 ([`Weights`]) and are converted exactly on the
 //! fly: a weight whose values are exactly representable there (the DART drafter ships fp16)
-//! gives bit for bit its f32 results while half the bytes stream.
+//! gives bit for bit its f32 results while half the bytes stream. Or as the GGML blocks of a
+//! GGUF file (Q4_0, Q4_1, Q8_0: [`quant`], [`Weights::Blocks`]): a block format's step is one
+//! block per weight row, its fp16 scales widened once and its 32 weights formed in registers
+//! with the reference dequantiser's two roundings (a multiply, then a separate add); the FMA
+//! chains that follow are the f32 kernel's, so the results are bit for bit those of the
+//! dequantised f32 weight, from 4.5 (Q4_1: 20 bytes per 32 weights) or 8.5 bits per weight.
 //!
 //! Every output element is computed by the same instructions whatever the number of rows and
 //! however the weight rows are split between threads: L lane-wise fused multiply-add chains
@@ -36,6 +41,7 @@
 //! 306, on column-major ones (its best layout) 60.9 / 98.3 / 223 / 248 / 287.
 
 pub mod ops;
+pub mod quant;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 mod team;
@@ -133,13 +139,25 @@ pub enum Weights<'a> {
     F16(&'a [u16]),
     /// bfloat16 (the upper 16 bits of an f32), as bit patterns.
     Bf16(&'a [u16]),
+    /// A GGML block format ([`quant`]): `n` rows of `k / 32` blocks, as the GGUF file stores
+    /// them. Each block is read once and its weights formed in registers with the reference
+    /// dequantiser's roundings ([`quant::dequantize`]), so the results are bit for bit those
+    /// of the f32 weights it dequantises to.
+    Blocks(quant::Format, &'a [u8]),
 }
 
 impl Weights<'_> {
-    fn len(&self) -> usize {
-        match self {
+    /// Checks that the weight holds `n` rows of `k` elements.
+    fn check(&self, n: usize, k: usize) -> Result<(), ShapeError> {
+        let len = match self {
             Weights::F32(w) => w.len(),
             Weights::F16(w) | Weights::Bf16(w) => w.len(),
+            Weights::Blocks(f, w) => return f.check(w.len(), n, k),
+        };
+        if Some(len) == n.checked_mul(k) {
+            Ok(())
+        } else {
+            Err(ShapeError(format!("w has {len} elements, expected {n} x {k}")))
         }
     }
 
@@ -147,6 +165,7 @@ impl Weights<'_> {
         match self {
             Weights::F32(w) => w.as_ptr().cast(),
             Weights::F16(w) | Weights::Bf16(w) => w.as_ptr().cast(),
+            Weights::Blocks(_, w) => w.as_ptr(),
         }
     }
 }
@@ -193,7 +212,7 @@ pub fn linear_on<'w>(
     threads: usize,
 ) -> Result<(), ShapeError> {
     let w = w.into();
-    check(x, rows, k, w.len(), n, bias, out)?;
+    check(x, rows, k, &w, n, bias, out)?;
     if !isa.supported() {
         return Err(ShapeError(format!("this CPU does not run {}: use the framework's GEMM", isa.name())));
     }
@@ -218,7 +237,7 @@ pub fn linear_on<'w>(
     Ok(())
 }
 
-fn check(x: &[f32], rows: usize, k: usize, w_len: usize, n: usize, bias: Option<&[f32]>, out: &[f32]) -> Result<(), ShapeError> {
+fn check(x: &[f32], rows: usize, k: usize, w: &Weights<'_>, n: usize, bias: Option<&[f32]>, out: &[f32]) -> Result<(), ShapeError> {
     if rows > MAX_ROWS {
         return Err(ShapeError(format!("{rows} rows: at most {MAX_ROWS} per call")));
     }
@@ -230,7 +249,7 @@ fn check(x: &[f32], rows: usize, k: usize, w_len: usize, n: usize, bias: Option<
         }
     };
     want("x", x.len(), rows, k)?;
-    want("w", w_len, n, k)?;
+    w.check(n, k)?;
     want("out", out.len(), rows, n)?;
     if let Some(b) = bias {
         want("bias", b.len(), n, 1)?;
@@ -275,11 +294,14 @@ macro_rules! tiles {
 fn run_part(isa: Isa, x: &[f32], rows: usize, k: usize, w: Weights<'_>, n: usize, bias: Option<&[f32]>, out: OutPart, n0: usize, n1: usize) {
     #[cfg(target_arch = "x86_64")]
     {
-        use simd::{BF16, F16, F32};
+        use simd::{BF16, F16, F32, Q4_0, Q4_1, Q8_0};
         let fmt = match w {
             Weights::F32(_) => F32,
             Weights::F16(_) => F16,
             Weights::Bf16(_) => BF16,
+            Weights::Blocks(quant::Format::Q4_0, _) => Q4_0,
+            Weights::Blocks(quant::Format::Q4_1, _) => Q4_1,
+            Weights::Blocks(quant::Format::Q8_0, _) => Q8_0,
         };
         let wp = w.ptr();
         macro_rules! go {
@@ -290,7 +312,10 @@ fn run_part(isa: Isa, x: &[f32], rows: usize, k: usize, w: Weights<'_>, n: usize
                 match fmt {
                     F32 => unsafe { $entry::<$m, $r, F32>(x, k, wp, n, bias, out.ptr, out.len, n0, n1) },
                     F16 => unsafe { $entry::<$m, $r, F16>(x, k, wp, n, bias, out.ptr, out.len, n0, n1) },
-                    _ => unsafe { $entry::<$m, $r, BF16>(x, k, wp, n, bias, out.ptr, out.len, n0, n1) },
+                    BF16 => unsafe { $entry::<$m, $r, BF16>(x, k, wp, n, bias, out.ptr, out.len, n0, n1) },
+                    Q4_0 => unsafe { $entry::<$m, $r, Q4_0>(x, k, wp, n, bias, out.ptr, out.len, n0, n1) },
+                    Q4_1 => unsafe { $entry::<$m, $r, Q4_1>(x, k, wp, n, bias, out.ptr, out.len, n0, n1) },
+                    _ => unsafe { $entry::<$m, $r, Q8_0>(x, k, wp, n, bias, out.ptr, out.len, n0, n1) },
                 }
             };
         }
@@ -396,7 +421,7 @@ unsafe fn kernel<S: simd::Lanes, const M: usize, const R: usize, const FMT: u8>(
     assert!(x.len() >= M * k && len >= M * n && n0 <= n1 && n1 <= n);
     let xp = x.as_ptr();
     let width = simd::width(FMT);
-    let row_bytes = k * width;
+    let row_bytes = simd::offset(FMT, k);
     let lanes = S::L;
     let unroll = S::unroll(FMT);
     let step = lanes * unroll;
@@ -419,7 +444,7 @@ unsafe fn kernel<S: simd::Lanes, const M: usize, const R: usize, const FMT: u8>(
             let far_on = r0 + AHEAD * R + R <= n1;
             let near_on = r0 + 2 * R <= n1;
             while kb < full {
-                let off = kb * width;
+                let off = simd::offset(FMT, kb);
                 for r in 0..R {
                     if far_on {
                         unsafe { _mm_prefetch::<_MM_HINT_T1>(rows[r].wrapping_add(AHEAD * R * row_bytes + off) as *const i8) };
@@ -428,9 +453,15 @@ unsafe fn kernel<S: simd::Lanes, const M: usize, const R: usize, const FMT: u8>(
                         unsafe { _mm_prefetch::<_MM_HINT_T0>(rows[r].wrapping_add(R * row_bytes + off) as *const i8) };
                     }
                 }
+                // A block format's step is one block per row: its scales widened once.
+                let sc: [(S::V, S::V); R] = std::array::from_fn(|r| unsafe {
+                    if simd::blocked(FMT) { S::scales::<FMT>(rows[r].add(off)) } else { (S::zero(), S::zero()) }
+                });
                 for u in 0..unroll {
                     let ku = kb + u * lanes;
-                    let wv: [S::V; R] = std::array::from_fn(|r| unsafe { S::load_w::<FMT>(rows[r].add(ku * width)) });
+                    let wv: [S::V; R] = std::array::from_fn(|r| unsafe {
+                        if simd::blocked(FMT) { S::load_q::<FMT>(rows[r].add(off), sc[r], u) } else { S::load_w::<FMT>(rows[r].add(ku * width)) }
+                    });
                     for m in 0..M {
                         // SAFETY: row m < M of x, columns ku..ku + L <= full <= k.
                         let xv = unsafe { S::load(xp.add(m * k + ku)) };
@@ -448,16 +479,23 @@ unsafe fn kernel<S: simd::Lanes, const M: usize, const R: usize, const FMT: u8>(
                 if r < rr {
                     // SAFETY: row r0 + r < n1 <= n and kb < k: inside w (the tail reads
                     // only the k - kb elements left).
-                    let p = unsafe { w.add((r0 + r) * row_bytes + kb * width) };
-                    *v = if kb < vectors { unsafe { S::load_w::<FMT>(p) } } else { unsafe { load_w_tail::<S, FMT>(p, k - kb) } };
+                    let p = unsafe { w.add((r0 + r) * row_bytes + simd::offset(FMT, kb)) };
+                    *v = if simd::blocked(FMT) {
+                        // (k is whole blocks, so whole vectors: no tail)
+                        unsafe { S::load_q::<FMT>(p, S::scales::<FMT>(p), kb % 32 / lanes) }
+                    } else if kb < vectors {
+                        unsafe { S::load_w::<FMT>(p) }
+                    } else {
+                        unsafe { load_w_tail::<S, FMT>(p, k - kb) }
+                    };
                     // SAFETY (both): prefetches of addresses inside w; they never fault.
                     let ahead = r0 + AHEAD * R + r;
                     if ahead < n1 {
-                        unsafe { _mm_prefetch::<_MM_HINT_T1>(w.add(ahead * row_bytes + kb * width) as *const i8) };
+                        unsafe { _mm_prefetch::<_MM_HINT_T1>(w.add(ahead * row_bytes + simd::offset(FMT, kb)) as *const i8) };
                     }
                     let near = r0 + R + r;
                     if near < n1 {
-                        unsafe { _mm_prefetch::<_MM_HINT_T0>(w.add(near * row_bytes + kb * width) as *const i8) };
+                        unsafe { _mm_prefetch::<_MM_HINT_T0>(w.add(near * row_bytes + simd::offset(FMT, kb)) as *const i8) };
                     }
                 }
             }
@@ -610,6 +648,69 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `n` rows of `k` weights in `format`: random bytes, scales drawn from the fp16 range
+    /// the files use (finite, both signs, subnormals included).
+    fn random_blocks(format: quant::Format, n: usize, k: usize, seed: u64) -> Vec<u8> {
+        let bytes = format.row_bytes(k).unwrap() * n;
+        let raw = data(bytes, seed);
+        let mut w: Vec<u8> = raw.iter().map(|v| (v.to_bits() >> 9) as u8).collect();
+        let scales = data(bytes, seed + 1);
+        for (b, block) in w.chunks_exact_mut(format.block_bytes()).enumerate() {
+            let halves = if format == quant::Format::Q4_1 { 2 } else { 1 };
+            for h in 0..halves {
+                // magnitudes 2^-20 .. 2^-2, and an occasional subnormal
+                let bits = (scales[b * 2 + h].to_bits() >> 7) as u16 & 0x8fff | 0x1000;
+                let bits = if b % 17 == 3 { bits & 0x83ff } else { bits };
+                block[2 * h..2 * h + 2].copy_from_slice(&bits.to_le_bytes());
+            }
+        }
+        w
+    }
+
+    #[test]
+    fn block_weights_give_the_results_of_their_dequantised_f32_values_bit_for_bit() {
+        use quant::Format;
+        let shapes = [(576, 37), (32, 1), (64, 7), (1536, 9), (96, 13), (576, 4), (160, 5)];
+        for isa in Isa::supported_here() {
+            for format in [Format::Q4_0, Format::Q4_1, Format::Q8_0] {
+                for (i, &(k, n)) in shapes.iter().enumerate() {
+                    let blocks = random_blocks(format, n, k, 11 + i as u64);
+                    let mut wide = vec![0f32; n * k];
+                    quant::dequantize(format, &blocks, n, k, &mut wide).unwrap();
+                    assert!(wide.iter().all(|v| v.is_finite()));
+                    let x = data(MAX_ROWS * k, 12);
+                    let b = data(n, 13);
+                    for rows in 1..=MAX_ROWS {
+                        for threads in [1, 2, 3] {
+                            let bias = if rows % 2 == 0 { Some(&b[..]) } else { None };
+                            let (mut a, mut e) = (vec![0f32; rows * n], vec![0f32; rows * n]);
+                            linear_on(isa, &x[..rows * k], rows, k, Weights::Blocks(format, &blocks), n, bias, &mut a, threads).unwrap();
+                            linear_on(isa, &x[..rows * k], rows, k, &wide[..], n, bias, &mut e, 1).unwrap();
+                            let same = a.iter().zip(&e).all(|(p, q)| p.to_bits() == q.to_bits());
+                            assert!(same, "{isa:?} {format:?} k {k} n {n} rows {rows} threads {threads}: differs from its f32 values");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn block_weights_of_the_wrong_size_are_errors() {
+        use quant::Format;
+        let (x, mut y) = (vec![0f32; 2 * 64], vec![0f32; 2 * 3]);
+        let ok = vec![0u8; 3 * 2 * 20];
+        assert!(linear(&x, 2, 64, Weights::Blocks(Format::Q4_1, &ok), 3, None, &mut y, 1).is_ok() || !available());
+        let e = linear(&x, 2, 64, Weights::Blocks(Format::Q4_1, &ok[1..]), 3, None, &mut y, 1).unwrap_err();
+        assert!(e.0.contains("bytes"), "{e}");
+        let e = linear(&x, 2, 64, Weights::Blocks(Format::Q8_0, &ok), 3, None, &mut y, 1).unwrap_err();
+        assert!(e.0.contains("q8_0"), "{e}");
+        // rows that are not whole blocks
+        let (x, mut y) = (vec![0f32; 2 * 40], vec![0f32; 2]);
+        let e = linear(&x, 2, 40, Weights::Blocks(Format::Q4_0, &[0u8; 18]), 1, None, &mut y, 1).unwrap_err();
+        assert!(e.0.contains("whole number"), "{e}");
     }
 
     #[test]

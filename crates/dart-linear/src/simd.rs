@@ -10,10 +10,42 @@ use std::arch::x86_64::*;
 pub(crate) const F32: u8 = 0;
 pub(crate) const F16: u8 = 1;
 pub(crate) const BF16: u8 = 2;
+/// GGML block formats (`crate::quant`): rows of 32-weight blocks.
+pub(crate) const Q4_0: u8 = 3;
+pub(crate) const Q4_1: u8 = 4;
+pub(crate) const Q8_0: u8 = 5;
 
-/// Bytes per weight element.
+/// Bytes per weight element (the plain formats).
 pub(crate) const fn width(fmt: u8) -> usize {
     if fmt == F32 { 4 } else { 2 }
+}
+
+/// Whether `fmt` is a block format.
+pub(crate) const fn blocked(fmt: u8) -> bool {
+    fmt >= Q4_0
+}
+
+/// Bytes per 32-weight block of a block format.
+pub(crate) const fn block_bytes(fmt: u8) -> usize {
+    match fmt {
+        Q4_0 => 18,
+        Q4_1 => 20,
+        _ => 34,
+    }
+}
+
+/// The byte offset of weight `i` (a multiple of 32 for a block format: its block's start)
+/// in a row.
+#[inline(always)]
+pub(crate) const fn offset(fmt: u8, i: usize) -> usize {
+    if blocked(fmt) { i / 32 * block_bytes(fmt) } else { i * width(fmt) }
+}
+
+/// The block's fp16 scale at `p` (unaligned) as bits.
+#[inline(always)]
+unsafe fn half_at(p: *const u8) -> i16 {
+    // SAFETY: two bytes at p (caller).
+    unsafe { p.cast::<i16>().read_unaligned() }
 }
 
 /// An instruction set's f32 vector and the operations the kernels use. Every function is
@@ -36,6 +68,13 @@ pub(crate) trait Lanes {
     unsafe fn load_tail(p: *const f32, lanes: usize) -> Self::V;
     /// L consecutive weights of format `FMT` at `p` as f32 (exact conversions).
     unsafe fn load_w<const FMT: u8>(p: *const u8) -> Self::V;
+    /// A block's scale and offset widened to f32 in every lane: `(d, m)` for Q4_1, `(d, 0)`
+    /// for Q4_0 and Q8_0 (`p`: the block).
+    unsafe fn scales<const FMT: u8>(p: *const u8) -> (Self::V, Self::V);
+    /// Weights `u·L .. (u+1)·L` of the block at `p` (`u < 32 / L`) as f32, with its
+    /// [`Lanes::scales`]: `d · q + m` (Q4_1), `d · (q − 8)` (Q4_0), `d · q` (Q8_0), a
+    /// multiply and a separate add as the reference dequantiser rounds them.
+    unsafe fn load_q<const FMT: u8>(p: *const u8, sc: (Self::V, Self::V), u: usize) -> Self::V;
     /// `a · b + c`, one rounding.
     unsafe fn fmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     /// `c - a · b`, one rounding.
@@ -67,10 +106,11 @@ impl Lanes for Avx512 {
     const L: usize = 16;
 
     #[inline(always)]
-    fn unroll(_fmt: u8) -> usize {
-        // One vector per step whatever the format: 64 bytes of f32, 32 of a 16-bit format
-        // (the prefetch of the second half-line is redundant, measured as cheap).
-        1
+    fn unroll(fmt: u8) -> usize {
+        // One vector per step whatever the plain format: 64 bytes of f32, 32 of a 16-bit
+        // format (the prefetch of the second half-line is redundant, measured as cheap); a
+        // whole block (two vectors) of a block format, its scales widened once.
+        if blocked(fmt) { 2 } else { 1 }
     }
 
     #[inline(always)]
@@ -100,6 +140,34 @@ impl Lanes for Avx512 {
                 F32 => _mm512_loadu_ps(p.cast()),
                 F16 => _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())),
                 _ => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast())))),
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn scales<const FMT: u8>(p: *const u8) -> (__m512, __m512) {
+        unsafe {
+            let d = _mm512_cvtph_ps(_mm256_set1_epi16(half_at(p)));
+            let m = if FMT == Q4_1 { _mm512_cvtph_ps(_mm256_set1_epi16(half_at(p.add(2)))) } else { _mm512_setzero_ps() };
+            (d, m)
+        }
+    }
+    #[inline(always)]
+    unsafe fn load_q<const FMT: u8>(p: *const u8, (d, m): (__m512, __m512), u: usize) -> __m512 {
+        unsafe {
+            match FMT {
+                Q8_0 => _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(2 + 16 * u).cast()))), d),
+                _ => {
+                    // the 16 bytes' low nibbles (u = 0) or high nibbles (u = 1)
+                    let qs = p.add(if FMT == Q4_1 { 4 } else { 2 });
+                    let b = _mm512_cvtepu8_epi32(_mm_loadu_si128(qs.cast()));
+                    let b = if u == 0 { b } else { _mm512_srli_epi32::<4>(b) };
+                    let q = _mm512_and_si512(b, _mm512_set1_epi32(0x0f));
+                    if FMT == Q4_1 {
+                        _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(q)), m)
+                    } else {
+                        _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(8))))
+                    }
+                }
             }
         }
     }
@@ -169,8 +237,9 @@ impl Lanes for Avx2 {
 
     #[inline(always)]
     fn unroll(fmt: u8) -> usize {
-        // 32 bytes of f32 or 16 of a 16-bit format per vector: 2 or 4 vectors per line.
-        64 / (8 * width(fmt))
+        // 32 bytes of f32 or 16 of a 16-bit format per vector: 2 or 4 vectors per line; a
+        // whole block (four vectors) of a block format, its scales widened once.
+        if blocked(fmt) { 4 } else { 64 / (8 * width(fmt)) }
     }
 
     #[inline(always)]
@@ -204,6 +273,34 @@ impl Lanes for Avx2 {
                 F32 => _mm256_loadu_ps(p.cast()),
                 F16 => _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
                 _ => _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast())))),
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn scales<const FMT: u8>(p: *const u8) -> (__m256, __m256) {
+        unsafe {
+            let d = _mm256_cvtph_ps(_mm_set1_epi16(half_at(p)));
+            let m = if FMT == Q4_1 { _mm256_cvtph_ps(_mm_set1_epi16(half_at(p.add(2)))) } else { _mm256_setzero_ps() };
+            (d, m)
+        }
+    }
+    #[inline(always)]
+    unsafe fn load_q<const FMT: u8>(p: *const u8, (d, m): (__m256, __m256), u: usize) -> __m256 {
+        unsafe {
+            match FMT {
+                Q8_0 => _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(2 + 8 * u).cast()))), d),
+                _ => {
+                    // bytes (u % 2) * 8 .. + 8: their low nibbles (u < 2) or high nibbles
+                    let qs = p.add(if FMT == Q4_1 { 4 } else { 2 } + 8 * (u % 2));
+                    let b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(qs.cast()));
+                    let b = if u < 2 { b } else { _mm256_srli_epi32::<4>(b) };
+                    let q = _mm256_and_si256(b, _mm256_set1_epi32(0x0f));
+                    if FMT == Q4_1 {
+                        _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(q)), m)
+                    } else {
+                        _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(8))))
+                    }
+                }
             }
         }
     }

@@ -2,6 +2,7 @@
 //! projections and LM head through (`dartcore.kernels.linear`). Thin: check, release the
 //! GIL, run on the calling thread (and dart-linear's helper threads).
 
+use dart_linear::quant::Format;
 use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
@@ -11,7 +12,9 @@ use crate::errors::{self, guard};
 /// linear_rows(x float32[m, k], w [n, k], bias float32[n] | None, out float32[m, n],
 /// threads=1, format="f32"): out = x @ w.T + bias, m <= 16, every array C-contiguous. `w` is
 /// float32 for format "f32", or uint16 bit patterns for "f16" (IEEE half) and "bf16" (each
-/// converted to f32 exactly). On the calling thread, or with `threads > 1` on it and the
+/// converted to f32 exactly), or for a GGML block format ("q4_0", "q4_1", "q8_0") uint8
+/// `[n, k / 32 * block bytes]`: the rows' blocks as the GGUF file stores them (bit for bit the
+/// products of their dequantised f32 values). On the calling thread, or with `threads > 1` on it and the
 /// spinning helpers of dart-linear's team.
 #[pyfunction]
 #[pyo3(signature = (x, w, bias, out, threads = 1, format = "f32"))]
@@ -26,10 +29,23 @@ fn linear_rows(
     format: &str,
 ) -> PyResult<()> {
     guard("linear_rows", || {
+        if let Some(fmt) = Format::from_name(format) {
+            let blocks = w.extract::<PyReadonlyArray2<'_, u8>>().map_err(|_| wrong_w(format))?;
+            let (rows, k) = (x.shape()[0], x.shape()[1]);
+            let n = blocks.shape()[0];
+            if out.shape() != [rows, n] {
+                return Err(errors::value(format!("linear_rows: x {:?}, w {:?} ({format}), out {:?} do not fit out = x @ w.T", x.shape(), blocks.shape(), out.shape())));
+            }
+            let xs = c_slice(&x, "linear_rows: x")?;
+            let ws = dart_linear::Weights::Blocks(fmt, c_slice(&blocks, "linear_rows: w")?);
+            let bs = bias.as_ref().map(|b| c_slice(b, "linear_rows: bias")).transpose()?;
+            let os = c_slice_mut(&mut out, "linear_rows: out")?;
+            return py.detach(|| dart_linear::linear(xs, rows, k, ws, n, bs, os, threads)).map_err(|e| errors::value(format!("linear_rows: {}", e.0)));
+        }
         let (w32, w16) = match format {
             "f32" => (Some(w.extract::<PyReadonlyArray2<'_, f32>>().map_err(|_| wrong_w(format))?), None),
             "f16" | "bf16" => (None, Some(w.extract::<PyReadonlyArray2<'_, u16>>().map_err(|_| wrong_w(format))?)),
-            _ => return Err(errors::value(format!("linear_rows: unknown weight format {format:?} (f32, f16, bf16)"))),
+            _ => return Err(errors::value(format!("linear_rows: unknown weight format {format:?} (f32, f16, bf16, q4_0, q4_1, q8_0)"))),
         };
         let w_shape = match (&w32, &w16) {
             (Some(a), _) => a.shape().to_vec(),
@@ -59,8 +75,29 @@ fn linear_rows(
     })
 }
 
+/// dequantize_rows(w uint8[n, k / 32 * block bytes], out float32[n, k], format): the f32
+/// values of GGML block rows ("q4_0", "q4_1", "q8_0"), as the `gguf` package's dequantiser
+/// computes them (fp16 scales widened; a multiply, then a separate add).
+#[pyfunction]
+fn dequantize_rows(py: Python<'_>, w: PyReadonlyArray2<'_, u8>, mut out: PyReadwriteArray2<'_, f32>, format: &str) -> PyResult<()> {
+    guard("dequantize_rows", || {
+        let fmt = Format::from_name(format).ok_or_else(|| errors::value(format!("dequantize_rows: unknown block format {format:?} (q4_0, q4_1, q8_0)")))?;
+        let (n, k) = (out.shape()[0], out.shape()[1]);
+        if w.shape()[0] != n {
+            return Err(errors::value(format!("dequantize_rows: w has {} rows, out {n}", w.shape()[0])));
+        }
+        let ws = c_slice(&w, "dequantize_rows: w")?;
+        let os = c_slice_mut(&mut out, "dequantize_rows: out")?;
+        py.detach(|| dart_linear::quant::dequantize(fmt, ws, n, k, os)).map_err(|e| errors::value(format!("dequantize_rows: {}", e.0)))
+    })
+}
+
 fn wrong_w(format: &str) -> PyErr {
-    let dtype = if format == "f32" { "float32" } else { "uint16 (bit patterns)" };
+    let dtype = match format {
+        "f32" => "float32",
+        "f16" | "bf16" => "uint16 (bit patterns)",
+        _ => "uint8 (the rows' blocks)",
+    };
     errors::value(format!("linear_rows: w must be a 2-D {dtype} array for format {format:?}"))
 }
 
@@ -80,6 +117,7 @@ fn linear_isa() -> Option<&'static str> {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(linear_rows, m)?)?;
     m.add_function(wrap_pyfunction!(linear_available, m)?)?;
+    m.add_function(wrap_pyfunction!(dequantize_rows, m)?)?;
     m.add_function(wrap_pyfunction!(linear_isa, m)?)?;
     Ok(())
 }

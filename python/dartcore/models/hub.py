@@ -8,6 +8,10 @@ Loading a GGUF takes ~20-30 s (de-quantisation), so the first load converts it
 once into a float safetensors directory under the cache (``$DARTCORE_CACHE`` or
 ``~/.cache/dartcore``), written to a temp directory and renamed into place so an
 interrupted conversion never leaves a half-written model behind.
+
+``load_target(..., quantized=True)`` keeps a GGUF target's Q4_0 / Q4_1 / Q8_0 tensors as the
+file's blocks instead (:mod:`dartcore.models.gguf`; the converted directory gives the config
+and tokenizer): same values, about the file's size in memory.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from pathlib import Path
 
 from dartcore.errors import DartError
 
-__all__ = ["BUILTIN_TARGETS", "cache_dir", "resolve_target", "load_target", "load_hf_tokenizer"]
+__all__ = ["BUILTIN_TARGETS", "cache_dir", "gguf_source", "resolve_target", "load_target", "load_hf_tokenizer"]
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,19 @@ def resolve_target(name_or_path: str | os.PathLike[str]) -> Path:
     )
 
 
+def gguf_source(name_or_path: str | os.PathLike[str]) -> Path | None:
+    """The GGUF file a target comes from (a built-in name's shipped file, or a ``.gguf``
+    path), or None (a Hugging Face directory, or a built-in whose package is missing)."""
+    text = str(name_or_path)
+    key = _ALIASES.get(text.lower(), text.lower())
+    if key in BUILTIN_TARGETS:
+        spec = BUILTIN_TARGETS[key]
+        pkg = _package_dir(spec.module)
+        return pkg / spec.gguf if pkg is not None and (pkg / spec.gguf).is_file() else None
+    path = Path(text).expanduser()
+    return path if path.is_file() and path.suffix == ".gguf" else None
+
+
 def load_hf_tokenizer(name_or_path: str | os.PathLike[str]):
     """The Hugging Face tokenizer of a target (name, directory or .gguf)."""
     from transformers import AutoTokenizer
@@ -134,12 +151,25 @@ def load_hf_tokenizer(name_or_path: str | os.PathLike[str]):
     return AutoTokenizer.from_pretrained(resolve_target(name_or_path))
 
 
-def load_target(name_or_path: str | os.PathLike[str], *, dtype=None, device: str = "cpu"):
-    """Load (model, tokenizer) as Hugging Face objects, in eval mode."""
+def load_target(name_or_path: str | os.PathLike[str], *, dtype=None, device: str = "cpu",
+                quantized: bool = False):
+    """Load (model, tokenizer) as Hugging Face objects, in eval mode. ``quantized``: a GGUF
+    target keeps its block tensors as blocks (float32 CPU only; see the module docs); an error
+    for a target that is not a GGUF."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_target(name_or_path)
+    if quantized:
+        source = gguf_source(name_or_path)
+        if source is None:
+            raise DartError(f"quantized=True needs a GGUF target (a .gguf file or {sorted(BUILTIN_TARGETS)}), "
+                            f"not {str(name_or_path)!r}")
+        if device != "cpu" or dtype not in (None, torch.float32):
+            raise DartError("quantized=True runs on the CPU in float32: pass device='cpu' and no dtype")
+        from dartcore.models.gguf import load_gguf_model
+
+        return load_gguf_model(source, path), AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
     model.to(device).eval()
     tok = AutoTokenizer.from_pretrained(path)

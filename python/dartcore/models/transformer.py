@@ -23,10 +23,12 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from dartcore.errors import DartError
-from dartcore.kernels.linear import MAX_ROWS, NativeWeight, linear_threads, native_linear_available, torch_threads
+from dartcore.kernels.linear import (MAX_ROWS, BlockWeight, NativeWeight, linear_threads, native_linear_available,
+                                     torch_threads)
 from dartcore.kernels.tree_attention import backend_for, pack_block_mask, tree_attention
 from dartcore.models.cache import KVCache
 
@@ -72,6 +74,13 @@ class TargetModel:
     products 18.2 / 23.8, with the native layer ops 21.3 / 28.9; two threads, MKL 24-31 / 26-34,
     native 31-35 / 38-42 (the machine's noise). A prefill longer than 16 rows keeps torch's
     threads and ops (GEMM-bound).
+
+    A model whose projections are GGML blocks (:func:`dartcore.models.gguf.load_gguf_model`:
+    ``BlockLinear`` / ``BlockEmbedding`` modules) keeps them as blocks: q|k|v and gate|up are
+    fused as stacked block rows, the products of 1-16 rows stream the blocks (bit for bit the
+    dequantised float32 weight's products), a causal prefill runs through the same kernels
+    16 rows at a time, and any other block of more than 16 rows multiplies by a temporary
+    float32 copy of each weight (:class:`dartcore.kernels.linear.BlockWeight`).
     Off (or unavailable), the fused weights are column-major (``[in, out]``) for
     MKL: with a row-major weight its GEMM falls off a cliff from 4 rows on (a 576 x
     4608 product: 0.44 ms for 1-3 rows, 0.84 ms for 4, 1.3 ms for 8 on one core of
@@ -116,6 +125,17 @@ class TargetModel:
         self._fused: list[_FusedLayer] | None = None
         # The native kernel's threads: torch's now (or DARTCORE_LINEAR_THREADS).
         self.threads = linear_threads()
+        self.blocks = any(isinstance(getattr(m, "block", None), BlockWeight) for m in hf_model.modules())
+        if self.blocks:
+            if self.device.type != "cpu" or self.dtype != torch.float32:
+                raise DartError("a model with GGML block weights runs on the CPU in float32 (load the float32 "
+                                "conversion for another device or dtype)")
+            self._fused = [_FusedLayer.adopt_blocks(layer, threads=self.threads) for layer in self.layers]
+            head = getattr(self.lm_head, "block", None)
+            self._head = head if isinstance(head, BlockWeight) else NativeWeight(self.lm_head.weight, self.lm_head.bias,
+                                                                                  threads=self.threads)
+            self._ops = NativeLayerOps.adopt(self) if native_linear_available() else None
+            return
         if fuse_cpu_weights if fuse_cpu_weights is not None else self.device.type == "cpu":
             # Row-major ([out, in]) for the native small-batch kernel, column-major for MKL.
             # Default: native wherever it runs (see the class docs for the measurements).
@@ -130,7 +150,7 @@ class TargetModel:
     @property
     def native_linear(self) -> bool:
         """Whether decoding-size products run through the native small-batch kernel."""
-        return self._head is not None
+        return self._head is not None and (not self.blocks or native_linear_available())
 
     @property
     def device(self) -> torch.device:
@@ -217,6 +237,8 @@ class TargetModel:
         if self._ops is not None and n <= MAX_ROWS:
             with torch_threads(1):  # the kernel's helpers spin; torch's small ops need no pool
                 h = self._ops.layers(self, segments, tokens, cos, sin, tap_set, captured)
+        elif self._ops is not None and self.blocks and len(segments) == 1 and segments[0][3] is None:
+            h = self._causal_chunks(segments[0][0], tokens, cos, sin, tap_set, captured)
         else:
             packed = self._packed_attention(segments)
             h = self.embed(tokens)  # [n, H]
@@ -232,6 +254,23 @@ class TargetModel:
         logits = self.logits(rows)
         tap_out = torch.cat([captured[int(t)] for t in taps], dim=-1) if len(taps) else None
         return ForwardOutput(logits=logits, taps=tap_out, hidden=h)
+
+    def _causal_chunks(self, cache: KVCache, tokens, cos, sin, tap_set, captured) -> torch.Tensor:
+        """A causal block of more than MAX_ROWS rows (a prefill) through the native layers,
+        MAX_ROWS rows at a time: chunk c sees the cached prefix and chunks < c as its prefix
+        (their keys are in the cache by then), and itself causally -- the same attention as
+        the whole block's. Block weights then never need a float32 copy."""
+        n, hs, parts = tokens.shape[0], [], {}
+        with torch_threads(1):
+            for c0 in range(0, n, MAX_ROWS):
+                c1 = min(n, c0 + MAX_ROWS)
+                got: dict[int, torch.Tensor] = {}
+                hs.append(self._ops.layers(self, [(cache, 0, c1 - c0, None)], tokens[c0:c1], cos[c0:c1], sin[c0:c1],
+                                           tap_set, got, prefix=cache.length + c0))
+                for t, v in got.items():
+                    parts.setdefault(t, []).append(v)
+        captured.update({t: torch.cat(v) for t, v in parts.items()})
+        return torch.cat(hs)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -351,6 +390,46 @@ class _FusedLayer:
              for b, m in zip(biases, linears)])
         return fused, bias
 
+    @staticmethod
+    def _fuse_blocks(linears, threads):
+        """The group's block rows stacked ([sum(out), row bytes]) as one BlockWeight; each
+        module's blocks become a view of its rows (one copy)."""
+        blocks = [m.block for m in linears]
+        if len({(b.format, b.shape[1]) for b in blocks}) != 1:
+            raise DartError(f"fused projections of formats {[b.format for b in blocks]}: one format per group")
+        data = np.concatenate([b.data for b in blocks])
+        biases = [m.bias for m in linears]
+        bias = None if all(b is None for b in biases) else torch.cat(
+            [b.detach() if b is not None else torch.zeros(m.out_features) for b, m in zip(biases, linears)])
+        start = 0
+        for b in blocks:
+            b.data = data[start:start + b.shape[0]]
+            start += b.shape[0]
+        return BlockWeight(data, blocks[0].shape[1], blocks[0].format, bias, threads=threads)
+
+    @classmethod
+    def adopt_blocks(cls, layer, *, threads: int | None = None) -> "_FusedLayer":
+        """:meth:`adopt` for a layer whose projections are GGML blocks (``BlockLinear``):
+        each fused group stacked as block rows; a group of float32 ``nn.Linear`` fused as
+        :meth:`adopt` fuses it (row-major)."""
+        attn, mlp = layer.self_attn, layer.mlp
+        if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+            raise DartError(f"unsupported MLP layout {type(mlp).__name__}: expected gate/up/down projections")
+
+        def group(linears):
+            if all(isinstance(getattr(m, "block", None), BlockWeight) for m in linears):
+                return cls._fuse_blocks(linears, threads)
+            w, b = cls._fuse(linears, True)
+            return NativeWeight(w, b, threads=threads)
+
+        projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+        self = cls.__new__(cls)
+        self.qkv, self.o = group(projs), group((attn.o_proj,))
+        self.gu, self.down = group((mlp.gate_proj, mlp.up_proj)), group((mlp.down_proj,))
+        self.splits = [p.weight.shape[0] for p in projs]
+        self.inter, self.act, self.row_major = mlp.gate_proj.weight.shape[0], mlp.act_fn, True
+        return self
+
     @classmethod
     def adopt(cls, layer, *, row_major: bool = False, threads: int | None = None) -> "_FusedLayer":
         attn, mlp = layer.self_attn, layer.mlp
@@ -412,10 +491,11 @@ class NativeLayerOps:
                    [view(layer.post_attention_layernorm) for layer in model.layers],
                    view(model.norm), float(model.norm.variance_epsilon), qk)
 
-    def layers(self, model: "TargetModel", segments, tokens, cos, sin, tap_set, captured):
+    def layers(self, model: "TargetModel", segments, tokens, cos, sin, tap_set, captured, prefix: int | None = None):
         """Embedding -> every layer -> final norm for n <= MAX_ROWS packed rows (``segments``:
         ``(cache, start, end, block_mask)`` per sequence, see ``TargetModel.forward_batch``);
-        the final normed states ``[n, H]``, taps in ``captured``."""
+        the final normed states ``[n, H]``, taps in ``captured``. ``prefix``: the cached rows
+        the block follows (one sequence; default its cache's length)."""
         from dartcore import _native
 
         n = tokens.shape[0]
@@ -426,7 +506,7 @@ class NativeLayerOps:
         att = torch.empty(n, model.num_heads * model.head_dim)
         an = att.numpy()
         cn, sn = cos.contiguous().numpy(), sin.contiguous().numpy()
-        segs = [(cache.k.numpy(), cache.v.numpy(), cache.length, a, b,
+        segs = [(cache.k.numpy(), cache.v.numpy(), cache.length if prefix is None else prefix, a, b,
                  None if m is None else m.contiguous().numpy()) for cache, a, b, m in segments]
         eps, delta = self.eps, None
         for i, fused in enumerate(model._fused):

