@@ -161,3 +161,17 @@ def test_killed_driver_resumes(local_ray, corpus, tmp_path, monkeypatch, capsys)
     assert summary["map_tasks"] == []  # every shard was mapped before: none is mapped again
     assert out.read_bytes() == ref
     assert not work.exists()
+
+
+@pytest.mark.slow  # a local Ray takes ~20 s to start
+def test_a_task_error_is_the_build_error(local_ray, tmp_path, capsys):
+    """A map task that raises (a damaged shard under --strict) is not retried: its own
+    error, one line, is the build's; the good shards are kept for --resume."""
+    root = _many_shards(tmp_path, n_shards=2, docs_per=10, seed=4)
+    (root / "documents" / "part-009.json.gz").write_bytes(b"\x1f\x8b\x08\x00broken")
+    out = tmp_path / "strict.idx"
+    assert run("--corpus-dir", root, "--output", out, "--engine", "ray", "--quiet", "--strict") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ngram-build: error (CorpusError): ") and "--strict" in err and "--resume" in err
+    assert len(err.splitlines()) == 1
+    assert not out.exists()

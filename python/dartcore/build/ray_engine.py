@@ -29,7 +29,7 @@ from dartcore.build.inputs import _corpus_inputs, _inside, _real, check_not_an_i
 from dartcore.build.map import MapOptions, open_inputs, run_map
 from dartcore.build.reduce import _summary, merge_partition, peak_rss_bytes, run_reduce
 from dartcore.build.workdir import _read_manifest, _WorkDirLock
-from dartcore.errors import IndexBuildError
+from dartcore.errors import DartError, IndexBuildError
 
 MAP_RETRIES = 3
 # Fault injection for the tests: the map task of this shard index exits its worker process
@@ -44,6 +44,11 @@ def _import_ray():
     except ImportError:
         raise IndexBuildError("--engine ray needs Ray: pip install 'dartcore[ray]'") from None
     return ray
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _probe(address: str, timeout: float = 5.0) -> None:
@@ -76,8 +81,7 @@ def _connect(ray, address: str | None, num_cpus: int | None) -> bool:
             ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     except Exception as e:  # ConnectionError, RuntimeError, ValueError: Ray's own types vary
         where = f"--address {address}" if address else "a local Ray"
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise IndexBuildError(f"cannot start or reach {where}: {first}") from None
+        raise IndexBuildError(f"cannot start or reach {where}: {_first_line(e)}") from None
     return True
 
 
@@ -184,10 +188,17 @@ def _build(ray, opts: MapOptions, output: Path, work: Path, n: int, *, min_count
                     dt = max(time.monotonic() - t0, 1e-9)
                     bar.update(1)
                     bar.set_postfix_str(f"{tokens / dt:,.0f} tok/s", refresh=False)
-    except ray.exceptions.RayError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise IndexBuildError(f"a map task failed after {MAP_RETRIES} retries ({first}); the finished shards "
-                              f"are kept in {work}: fix the problem and rerun with --resume") from None
+    except ray.exceptions.RayTaskError as e:  # the task raised: its own error (not retried)
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, DartError):
+            cause.args = (f"{cause} (the finished shards are kept in {work}: fix the problem and rerun "
+                          "with --resume)",)
+            raise cause from None
+        raise IndexBuildError(f"a map task failed: {_first_line(e)}; the finished shards are kept in {work}: "
+                              "fix the problem and rerun with --resume") from None
+    except ray.exceptions.RayError as e:  # its worker died on every attempt
+        raise IndexBuildError(f"a map task failed after {MAP_RETRIES} retries ({_first_line(e)}); the finished "
+                              f"shards are kept in {work}: rerun with --resume") from None
     finally:
         if bar is not None:
             bar.close()
@@ -212,7 +223,7 @@ def _build(ray, opts: MapOptions, output: Path, work: Path, n: int, *, min_count
                             log=None if opts.quiet else (lambda s: log(s, file=sys.stderr)))
     except Exception as e:
         if isinstance(e, ray.exceptions.RayError):
-            first = str(e).strip().splitlines()[0]
+            first = _first_line(e)
             raise IndexBuildError(f"a reduce task failed ({first}); the mapped shards are kept in {work}: "
                                   "rerun with --resume to retry the reduce") from None
         e.args = (f"{e} (the mapped shards are kept in {work}: rerun with --resume to retry the reduce)",)
