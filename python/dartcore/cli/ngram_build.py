@@ -172,6 +172,8 @@ def _reduce_parser() -> argparse.ArgumentParser:
                     help="a mapped work dir (repeat to merge the parts of several machines)")
     ap.add_argument("-o", "--output", type=Path, required=True, help="index file to write")
     _add_reduce_args(ap)
+    ap.add_argument("--reduce-partitions", type=_int_at_least("--reduce-partitions", 1), default=1,
+                    help="merge this many first-token ranges at once on the pool, then those (same bytes)")
     _add_resource_args(ap)
     return ap
 
@@ -231,7 +233,7 @@ def _main_reduce(argv: list[str]) -> int:
     t0 = time.monotonic()
     summary = run_reduce(args.work_dir, args.output, min_count=args.min_count, threads=args.threads,
                          memory=args.memory, temp_dir=args.temp_dir, max_children=args.max_children,
-                         log=None if args.quiet else (lambda s: print(s, file=sys.stderr)))
+                         partitions=args.reduce_partitions, log=None if args.quiet else (lambda s: print(s, file=sys.stderr)))
     summary["wall_s"] = time.monotonic() - t0
     summary["peak_rss_bytes"] = peak_rss_bytes()
     if args.json:
