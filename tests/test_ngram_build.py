@@ -221,6 +221,10 @@ def test_map_parts_then_reduce_equals_one_command_build(tmp_path):
     assert run("reduce", "--work-dir", tmp_path / "w0", "--work-dir", tmp_path / "w1", "--output", two,
                "--quiet") == 0
     assert two.read_bytes() == one.read_bytes()
+    three = tmp_path / "three.idx"
+    assert run("reduce", "--work-dir", tmp_path / "w0", "--work-dir", tmp_path / "w1", "--output", three,
+               "--quiet", "--reduce-partitions", 3) == 0
+    assert three.read_bytes() == one.read_bytes()
 
 
 def test_help_documents_map_and_reduce(capsys):

@@ -11,6 +11,12 @@ Three measurements:
   count     the index builder alone (add_many + finish: sort, write) on the same
             sample, pre-tokenised.
 
+--engine ray (or both) builds the same corpus with the local engine and with
+`--engine ray` (a local Ray unless --address), alternating, --repeat times each:
+median wall of each, the bytes compared (sha256), peak RSS per Ray worker, and a
+model of wall time on N machines fitted from the measured per-shard map tasks and
+per-partition reduce tasks (see ``wall_model``).
+
 Rates are M tokens/s per core: tokens / wall seconds / cores used. The machine may be
 shared, so the table also gives tokens per CPU-second of the process (the per-core rate
 a quiet machine would show when every core is busy). Prints a table; --json prints the
@@ -95,11 +101,16 @@ def bench_stages(corpus: Path, tokenizer: str, threads: int, sample_bytes: int) 
     }
 
 
-def bench_e2e(corpus: Path, tokenizer: str, threads: int, memory: str, max_tokens: int | None, out_dir: Path) -> dict:
-    output = out_dir / "bench.idx"
+def bench_e2e(corpus: Path, tokenizer: str, threads: int, memory: str, max_tokens: int | None, out_dir: Path,
+              engine: str = "local", address: str | None = None, partitions: int = 0, name: str = "bench") -> dict:
+    output = out_dir / f"{name}.idx"
     cmd = [sys.executable, "-m", "dartcore.cli.ngram_build", "--corpus", "dolma", "--corpus-dir", str(corpus),
-           "--tokenizer", tokenizer, "--output", str(output), "--memory", memory, "--threads", str(threads),
-           "--json", "--quiet"]
+           "--tokenizer", tokenizer, "--output", str(output), "--memory", memory, "--json", "--quiet",
+           "--engine", engine, "--reduce-partitions", str(partitions)]
+    # The Ray engine runs one task per CPU, each with one thread (its --threads is per task).
+    cmd += ["--threads", str(threads if engine == "local" else 1)]
+    if address:
+        cmd += ["--address", address]
     if max_tokens:
         cmd += ["--max-tokens", str(max_tokens)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -117,7 +128,42 @@ def bench_e2e(corpus: Path, tokenizer: str, threads: int, memory: str, max_token
     # The child's own VmHWM: RUSAGE_CHILDREN's ru_maxrss is the largest child so far, and
     # Linux carries ru_maxrss across execve (a child forked from this big process inherits it).
     summary["process_peak_rss_bytes"] = summary["peak_rss_bytes"]
+    summary["sha256"] = _sha256(output)
     return summary
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def wall_model(ray: dict, machines=(1, 2, 4, 8, 16, 64), cores_per_machine: int = 2) -> list[dict]:
+    """Wall time for N machines of ``cores_per_machine`` cores from the measured Ray run:
+    map = the per-shard task times spread over N·cores task slots (longest-first onto the
+    least loaded slot, i.e. what a greedy scheduler achieves with these shards); reduce =
+    the per-partition times (measured with one partition per core here, so at N machines
+    the same work cut into N·cores partitions: Σ partition time / (N·cores)) plus the final
+    merge, which is serial; plus the driver's fixed cost (wall − map − reduce)."""
+    import heapq
+
+    shards = sorted((t["seconds"] for t in ray["map_tasks"]), reverse=True)
+    parts = [p["seconds"] for p in ray["reduce_partitions"]]
+    final = ray.get("final_merge_s") or 0.0
+    fixed = max(0.0, ray["wall_s"] - ray["map_s"] - ray["reduce_s"])
+    rows = []
+    for n in machines:
+        slots = [0.0] * (n * cores_per_machine)
+        for t in shards:
+            heapq.heapreplace(slots, slots[0] + t)
+        m = max(slots)
+        r = sum(parts) / (n * cores_per_machine) + final
+        rows.append({"machines": n, "map_s": m, "reduce_s": r, "wall_s": m + r + fixed})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="threads of every stage (default 0: the pool's, i.e. DART_NUM_THREADS or all CPUs)")
     ap.add_argument("--max-tokens", type=int, default=None, help="stop the e2e build after this many tokens")
     ap.add_argument("--sample-mb", type=float, default=32, help="text for the tokenize/count stage benchmarks")
+    ap.add_argument("--engine", choices=["local", "ray", "both"], default="local",
+                    help="ray / both: also build with --engine ray on the same corpus (bytes compared)")
+    ap.add_argument("--address", help="--address of the Ray engine (default: a local Ray)")
+    ap.add_argument("--reduce-partitions", type=int, default=0, help="--reduce-partitions of the builds (0: default)")
+    ap.add_argument("--repeat", type=int, default=1, help="builds per engine, alternating (medians reported)")
     ap.add_argument("--json", action="store_true", help="print the JSON record")
     ap.add_argument("--out", type=Path, help="also write the JSON record here")
     args = ap.parse_args(argv)
@@ -140,8 +191,18 @@ def main(argv: list[str] | None = None) -> int:
     args.threads = args.threads or num_threads()
     corpus = ensure_corpus(args.corpus_dir)
     stages = bench_stages(corpus, args.tokenizer, args.threads, int(args.sample_mb * 1e6))
-    with tempfile.TemporaryDirectory(prefix="bench-build-") as tmp:
-        e2e = bench_e2e(corpus, args.tokenizer, args.threads, args.memory, args.max_tokens, Path(tmp))
+    runs: dict[str, list[dict]] = {"local": [], "ray": []}
+    engines = ["local"] + (["ray"] if args.engine in ("ray", "both") else [])
+    with tempfile.TemporaryDirectory(prefix="bench-build-", dir=os.environ.get("BENCH_BUILD_TMP")) as tmp:
+        for rep in range(max(1, args.repeat)):
+            for eng in engines if rep % 2 == 0 else engines[::-1]:  # alternate the order: shared machine
+                r = bench_e2e(corpus, args.tokenizer, args.threads, args.memory, args.max_tokens, Path(tmp),
+                              engine=eng, address=args.address if eng == "ray" else None,
+                              partitions=args.reduce_partitions, name=f"{eng}-{rep}")
+                Path(tmp, f"{eng}-{rep}.idx").unlink()
+                runs[eng].append(r)
+                print(f"{eng} build {rep + 1}: {r['process_wall_s']:.1f} s (build {r['wall_s']:.1f} s)", file=sys.stderr)
+    e2e = runs["local"][0]
 
     cores = args.threads
     tokens = e2e["tokens"]
@@ -181,6 +242,39 @@ def main(argv: list[str] | None = None) -> int:
         ("wall (map / reduce)", f"{rec['e2e_wall_s']:.1f} s ({rec['map_s']:.1f} / {rec['reduce_s']:.1f})"),
         ("cores / load avg", f"{cores} / {rec['load_average_1m']:.1f}"),
     ]
+    if runs["ray"]:
+        import statistics
+
+        med = {e: {k: statistics.median(r[k] for r in runs[e]) for k in ("process_wall_s", "wall_s", "map_s", "reduce_s")}
+               for e in engines}
+        ray = runs["ray"][len(runs["ray"]) // 2]
+        rec["engines"] = {
+            e: {"median": med[e], "runs": [{k: r[k] for k in ("process_wall_s", "wall_s", "map_s", "reduce_s",
+                                                                "peak_rss_bytes", "sha256")} for r in runs[e]]}
+            for e in engines
+        }
+        rec["bytes_identical"] = len({r["sha256"] for e in engines for r in runs[e]}) == 1
+        rec["ray_over_local_wall"] = med["ray"]["wall_s"] / med["local"]["wall_s"]
+        rec["ray_over_local_process_wall"] = med["ray"]["process_wall_s"] / med["local"]["process_wall_s"]
+        rec["ray_map_tasks"] = ray["map_tasks"]
+        rec["ray_reduce_partitions"] = ray["reduce_partitions"]
+        rec["ray_final_merge_s"] = ray.get("final_merge_s")
+        rec["ray_peak_rss_worker_gb"] = ray["peak_rss_worker_bytes"] / 2**30
+        rec["ray_peak_rss_driver_gb"] = ray["peak_rss_bytes"] / 2**30
+        rec["wall_model"] = wall_model(ray, cores_per_machine=args.threads)
+        for e in engines:
+            m = med[e]
+            rows.append((f"{e}: wall, process (build: map / reduce)",
+                         f"{m['process_wall_s']:.1f} s ({m['wall_s']:.1f} s: {m['map_s']:.1f} / {m['reduce_s']:.1f}); "
+                         f"{tokens / m['wall_s'] / cores / 1e6:.2f} M tok/s per core"))
+        rows.append(("ray / local wall (build; process)",
+                     f"{rec['ray_over_local_wall']:.3f}; {rec['ray_over_local_process_wall']:.3f}"))
+        rows.append(("ray peak RSS per worker / driver GB",
+                     f"{rec['ray_peak_rss_worker_gb']:.2f} / {rec['ray_peak_rss_driver_gb']:.2f}"))
+        rows.append(("bytes identical (sha256)", str(rec["bytes_identical"])))
+        for w in rec["wall_model"]:
+            rows.append((f"model: {w['machines']} machines x {args.threads} cores",
+                         f"{w['wall_s']:.1f} s (map {w['map_s']:.1f}, reduce {w['reduce_s']:.1f})"))
     width = max(len(k) for k, _ in rows)
     print("| metric | value |\n|---|---|", file=sys.stderr if args.json else sys.stdout)
     for k, v in rows:

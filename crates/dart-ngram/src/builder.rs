@@ -424,6 +424,8 @@ struct RunReader {
     vocab: u32,
     documents: u64,
     tokens: u64,
+    /// Opened by `open_range`: the whole-file checksum is not checked at the end.
+    ranged: bool,
 }
 
 impl RunReader {
@@ -457,11 +459,15 @@ impl RunReader {
             vocab: g32(16),
             documents: g64(32),
             tokens: g64(40),
+            ranged: false,
         })
     }
 
     fn next(&mut self) -> Result<Option<(u64, u64)>> {
         let bad = |p: &Path, reason: &str| Error::Run { path: p.to_path_buf(), reason: reason.into() };
+        if self.left == 0 && self.ranged {
+            return Ok(None);
+        }
         if self.left == 0 {
             let mut t = [0u8; 4];
             self.r.read_exact(&mut t).map_err(|_| bad(&self.path, "truncated checksum"))?;
@@ -478,6 +484,127 @@ impl RunReader {
         let c = u64::from_le_bytes(b[8..].try_into().unwrap_or([0; 8]));
         Ok(Some((k, c)))
     }
+}
+
+impl RunReader {
+    /// The entries with `lo <= key < hi` only: binary searches over the fixed-size entries
+    /// find the range, the reader seeks to it and stops at its end. The run's checksum
+    /// covers the whole file, so a ranged read cannot check it; the header is checked, and
+    /// the merged output carries its own checksum.
+    fn open_range(path: &Path, buf: usize, lo: u64, hi: u64) -> Result<Self> {
+        let mut r = RunReader::open(path, buf)?;
+        let n = r.left;
+        let f = r.r.get_mut();
+        let key_at = |f: &mut File, i: u64| -> Result<u64> {
+            let mut b = [0u8; 8];
+            f.seek(SeekFrom::Start(RUN_HEADER as u64 + 16 * i)).map_err(|e| Error::io(path, e))?;
+            f.read_exact(&mut b).map_err(|e| Error::io(path, e))?;
+            Ok(u64::from_le_bytes(b))
+        };
+        let lower_bound = |f: &mut File, x: u64| -> Result<u64> {
+            let (mut a, mut b) = (0u64, n);
+            while a < b {
+                let m = a + (b - a) / 2;
+                if key_at(f, m)? < x {
+                    a = m + 1;
+                } else {
+                    b = m;
+                }
+            }
+            Ok(a)
+        };
+        let first = lower_bound(f, lo)?;
+        let end = if hi == u64::MAX { n } else { lower_bound(f, hi)?.max(first) };
+        r.r.seek(SeekFrom::Start(RUN_HEADER as u64 + 16 * first)).map_err(|e| Error::io(path, e))?;
+        r.left = end - first;
+        r.ranged = true;
+        Ok(r)
+    }
+}
+
+/// One partition of a partitioned reduce: the k-way merge of the entries with
+/// `lo <= key < hi` of every run into one sorted run at `output` (keys are
+/// `a << 42 | b << 21 | c`, so a range of first tokens `a0..a1` is `a0 << 42 .. a1 << 42`;
+/// `hi = u64::MAX`: to the end). The partitions of disjoint ranges that cover the key space
+/// are merged by [`merge_runs`] into the same index, byte for byte, as the runs themselves:
+/// the writer sees the same sorted, aggregated stream. The partition with `lo == 0` carries
+/// the documents of all runs (the others 0), so the final merge counts them once.
+/// Memory: read buffers share a quarter of `options.memory_limit_bytes`, as in `merge_runs`.
+pub fn merge_run_range(runs: &[PathBuf], output: &Path, options: &BuildOptions, lo: u64, hi: u64) -> Result<BuildSummary> {
+    let started = Instant::now();
+    options.check()?;
+    if lo >= hi {
+        return Err(Error::Run { path: output.to_path_buf(), reason: format!("empty key range {lo}..{hi}") });
+    }
+    if runs.iter().any(|r| r == output) {
+        return Err(Error::Run { path: output.to_path_buf(), reason: "the output is one of the input runs".into() });
+    }
+    let buf = ((options.memory_limit_bytes / 4) / runs.len().max(1) as u64).clamp(64 << 10, 1 << 20) as usize;
+    let mut readers = Vec::with_capacity(runs.len());
+    let mut documents = 0u64;
+    for p in runs {
+        let r = RunReader::open_range(p, buf, lo, hi)?;
+        if r.vocab != options.vocab_size {
+            return Err(Error::Run {
+                path: p.clone(),
+                reason: format!("built for vocab_size {}, this merge uses {}", r.vocab, options.vocab_size),
+            });
+        }
+        documents += r.documents;
+        readers.push(r);
+    }
+    let mut heap = BinaryHeap::with_capacity(readers.len());
+    for (i, r) in readers.iter_mut().enumerate() {
+        if let Some((k, c)) = r.next()? {
+            heap.push(Reverse((k, i, c)));
+        }
+    }
+    let mut err: Option<Error> = None;
+    let mut prev_key_of: Vec<Option<u64>> = vec![None; readers.len()];
+    let mut tokens = 0u64;
+    let merged = std::iter::from_fn(|| {
+        if err.is_some() {
+            return None;
+        }
+        let mut cur: Option<(u64, u64)> = None;
+        loop {
+            let Some(&Reverse((k, i, c))) = heap.peek() else { return cur };
+            if let Some((ck, _)) = cur {
+                if ck != k {
+                    return cur;
+                }
+            }
+            heap.pop();
+            if prev_key_of[i].is_some_and(|p| p >= k) {
+                err = Some(Error::Run { path: runs[i].clone(), reason: "keys are not sorted".into() });
+                return None;
+            }
+            prev_key_of[i] = Some(k);
+            cur = Some(match cur {
+                Some((ck, cc)) => (ck, cc + c),
+                None => (k, c),
+            });
+            match readers[i].next() {
+                Ok(Some((k2, c2))) => heap.push(Reverse((k2, i, c2))),
+                Ok(None) => {}
+                Err(e) => {
+                    err = Some(e);
+                    return None;
+                }
+            }
+        }
+    })
+    .inspect(|&(_, c)| tokens += c);
+    let documents = if lo == 0 { documents } else { 0 };
+    write_run(output, options.vocab_size, documents, merged)?;
+    if let Some(e) = err {
+        let _ = std::fs::remove_file(output);
+        return Err(e);
+    }
+    let bytes = std::fs::metadata(output).map_err(|e| Error::io(output, e))?.len();
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(BuildSummary { output: output.to_path_buf(), documents, tokens, bytes, runs: runs.len(), seconds,
+                      write_seconds: seconds, ..BuildSummary::default() })
 }
 
 /// Reduce side of a sharded build: k-way merge of run files (from one or many builders with

@@ -21,7 +21,7 @@ mod reader_verify;
 pub mod timing;
 
 pub use dart_trie::{convert_dart_trie, TrieProblem, TrieProgress, TrieSummary};
-pub use builder::{merge_runs, BuildOptions, BuildSummary, Builder};
+pub use builder::{merge_run_range, merge_runs, BuildOptions, BuildSummary, Builder};
 pub use error::{Error, Result};
 /// The byte type of a file-backed index (`Index<Mmap>`), re-exported so dependants need no memmap2.
 pub use memmap2::Mmap;

@@ -293,6 +293,48 @@ fn sharded_map_reduce_equals_single_build() {
 }
 
 #[test]
+fn partitioned_reduce_equals_single_build() {
+    // Partitions by first-token range (including empty ones and a cut inside the data),
+    // merged per range into sorted runs, then those runs merged: the same bytes as the
+    // single build, and the same documents.
+    let vocab = 50;
+    let docs = zipf_docs(7, 300, 300, vocab);
+    let dir = tempfile::tempdir().unwrap();
+    let opts = BuildOptions { vocab_size: vocab, memory_limit_bytes: 1 << 20, ..Default::default() };
+    let mut runs = Vec::new();
+    for shard in docs.chunks(70) {
+        let mut b = Builder::new(opts.clone()).unwrap();
+        for d in shard {
+            b.add_document(d).unwrap();
+        }
+        runs.extend(b.write_runs(&dir.path().join("runs")).unwrap());
+    }
+    let single = build(&docs, opts.clone(), false);
+    for cuts in [vec![], vec![1u64], vec![3, 9, 20, 21, 49], vec![60]] {
+        let mut bounds = vec![0u64];
+        bounds.extend(cuts.iter().map(|a| a << 42));
+        bounds.push(u64::MAX);
+        let mut parts = Vec::new();
+        for (i, w) in bounds.windows(2).enumerate() {
+            let p = dir.path().join(format!("part-{i}.dartrun"));
+            let s = dart_ngram::merge_run_range(&runs, &p, &opts, w[0], w[1]).unwrap();
+            assert_eq!(s.documents, if i == 0 { docs.len() as u64 } else { 0 });
+            parts.push(p);
+        }
+        let out = dir.path().join("parts.idx");
+        let s = dart_ngram::merge_runs(&parts, &out, &opts, r#"{"test":true}"#).unwrap();
+        assert_eq!(s.documents, docs.len() as u64);
+        assert!(std::fs::read(&out).unwrap() == single, "partitioned reduce {cuts:?} differs from the single build");
+        for p in parts {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+    let p = dir.path().join("bad.dartrun");
+    assert!(matches!(dart_ngram::merge_run_range(&runs, &p, &opts, 5, 5), Err(Error::Run { .. })));
+    assert!(matches!(dart_ngram::merge_run_range(&runs, &runs[0], &opts, 0, u64::MAX), Err(Error::Run { .. })));
+}
+
+#[test]
 fn empty_corpus_is_a_valid_empty_index() {
     let ix = Index::from_bytes(build(&[], BuildOptions { vocab_size: 10, ..Default::default() }, false)).unwrap();
     ix.verify().unwrap();

@@ -365,6 +365,26 @@ fn merge_runs<'py>(
     })
 }
 
+/// One partition of a partitioned reduce: the runs' entries with `lo <= key < hi`, merged
+/// into one sorted run at `output` (see `dart_ngram::merge_run_range`).
+#[pyfunction]
+#[pyo3(signature = (runs, output, *, vocab_size, lo, hi, memory_limit = 2u64 << 30))]
+fn merge_run_range<'py>(
+    py: Python<'py>,
+    runs: Vec<PathBuf>,
+    output: PathBuf,
+    vocab_size: u32,
+    lo: u64,
+    hi: u64,
+    memory_limit: u64,
+) -> PyResult<Bound<'py, PyDict>> {
+    guard("merge_run_range", || {
+        let opts = options(vocab_size, memory_limit, None, 1, None, Some(1), None);
+        let s = py.detach(|| dart_ngram::merge_run_range(&runs, &output, &opts, lo, hi)).map_err(errors::ngram)?;
+        summary_dict(py, &s)
+    })
+}
+
 /// Size the shared dart-ngram pool (rebuilt on next use).
 #[pyfunction]
 fn set_num_threads(n: usize) -> PyResult<()> {
@@ -413,6 +433,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyNgramIndex>()?;
     m.add_class::<PyIndexBuilder>()?;
     m.add_function(wrap_pyfunction!(merge_runs, m)?)?;
+    m.add_function(wrap_pyfunction!(merge_run_range, m)?)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(numa_topology, m)?)?;

@@ -4,7 +4,10 @@
 is the command line over this module):
 
 * ``run_map``: shards -> sorted run files in a work dir + ``manifest.json``;
-* ``run_reduce``: the runs of one or more work dirs -> the index (k-way merge).
+* ``run_reduce``: the runs of one or more work dirs -> the index (k-way merge; with
+  ``partitions`` > 1 several merges of key ranges at once, then one merge of those).
+
+``dartcore.build.ray_engine.build_ray`` schedules the same two steps as Ray tasks.
 
 The map step handles one shard (file) at a time: it reads and tokenises the shard's
 documents in batches (a reader thread decompresses and parses while the tokenizer's
@@ -47,7 +50,7 @@ __all__ = ["MapOptions", "build", "run_map", "run_reduce", "open_inputs", "check
 
 
 def build(opts: MapOptions, output: str | os.PathLike, *, min_count: int = 1, max_children: int | None = None,
-          keep_work: bool = False, log=print) -> dict:
+          keep_work: bool = False, partitions: int = 1, log=print) -> dict:
     """map + reduce; returns the summary (see ``_summary``).
 
     Everything that can be checked is checked before the map starts: the options, the
@@ -91,7 +94,7 @@ def build(opts: MapOptions, output: str | os.PathLike, *, min_count: int = 1, ma
     try:
         reduce = run_reduce([opts.work_dir], output, min_count=min_count, threads=opts.threads,
                             memory=opts.memory, temp_dir=opts.temp_dir, max_children=max_children,
-                            log=None if opts.quiet else (lambda s: log(s, file=sys.stderr)))
+                            partitions=partitions, log=None if opts.quiet else (lambda s: log(s, file=sys.stderr)))
     except (DartError, ValueError) as e:
         e.args = (f"{e} (the mapped shards are kept in {work}: rerun with --resume to retry the reduce)",)
         raise

@@ -5,15 +5,23 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from dartcore.build.inputs import check_not_an_input, check_output
 from dartcore.build.map import MapOptions, _threads
-from dartcore.build.workdir import MANIFEST, _read_manifest
+from dartcore.build.workdir import MANIFEST, PARTITION_PREFIX, _read_manifest
 from dartcore.errors import IndexBuildError
+
+U64_MAX = (1 << 64) - 1
+_RUN_HEADER = 64  # run files: 64-byte header (entries at 24..32), then (key u64, count u64) pairs
+_KEY_TOKEN_SHIFT = 42  # key = a << 42 | b << 21 | c
 
 
 def _check_unchanged(shard: dict, work: Path) -> None:
@@ -35,8 +43,17 @@ def _check_unchanged(shard: dict, work: Path) -> None:
 
 def run_reduce(work_dirs: list[Path], output: Path, *, min_count: int = 1, threads: int = 0,
                memory: int = 8 << 30, temp_dir: str | None = None, max_children: int | None = None,
-               log=None) -> dict:
+               log=None, partitions: int = 1, run_partitions=None) -> dict:
     """Merge the runs of one or more complete work dirs into the index at ``output``.
+
+    ``partitions`` > 1: the partitioned reduce. The key space is cut into that many ranges
+    of first tokens (``partition_bounds``, from a sample of the runs' keys); each range's
+    entries of every run are merged into one sorted run (``merge_partition``, several at
+    once), and those runs, disjoint and in order, are merged into the index: the same
+    sorted stream reaches the writer, so the bytes equal the one-merge reduce.
+    ``run_partitions(jobs)``: runs ``merge_partition(*job)`` for every job and returns the
+    results in order (the Ray engine passes Ray tasks); default: a thread pool of
+    ``threads`` (the merges release the GIL).
 
     ``log``: called with one line before the merge (what is merged, how many bytes)."""
     from dartcore.index import merge_runs
@@ -121,12 +138,80 @@ def run_reduce(work_dirs: list[Path], output: Path, *, min_count: int = 1, threa
     if log is not None:
         size = sum(os.path.getsize(r) for r in runs)
         log(f"ngram-build reduce: merging {len(runs)} runs ({size / 2**20:,.1f} MiB) into {output}")
+    if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+        raise IndexBuildError(f"--reduce-partitions must be an integer of at least 1, got {partitions!r}")
     t0 = time.monotonic()
-    summary = merge_runs(runs, str(output), **kwargs)
+    parts: list[dict] = []
+    if partitions == 1:
+        summary = merge_runs(runs, str(output), **kwargs)
+    else:
+        bounds = partition_bounds(runs, partitions)
+        pdir = Path(tempfile.mkdtemp(prefix=PARTITION_PREFIX, dir=temp_dir or Path(work_dirs[0])))
+        try:
+            jobs = [(runs, str(pdir / f"partition-{i:05d}.dartrun"), config["tokenizer"]["vocab_size"], lo, hi,
+                     memory // max(1, min(partitions, threads or _threads(0))))
+                    for i, (lo, hi) in enumerate(zip(bounds, bounds[1:]))]
+            if run_partitions is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), threads or _threads(0)))) as ex:
+                    parts = list(ex.map(lambda j: merge_partition(*j), jobs))
+            else:
+                parts = list(run_partitions(jobs))
+            t_parts = time.monotonic() - t0
+            summary = merge_runs([j[1] for j in jobs], str(output), **kwargs)
+        finally:
+            shutil.rmtree(pdir, ignore_errors=True)
     summary = dict(summary) if summary is not None else {}
     summary.setdefault("reduce_seconds", time.monotonic() - t0)
     summary["runs_merged"] = len(runs)
+    summary["partitions"] = len(parts) or 1
+    if parts:
+        summary["partition_seconds"] = [p["seconds"] for p in parts]
+        summary["partition_wall_s"] = t_parts
+        summary["final_merge_s"] = summary["reduce_seconds"] - t_parts
     return summary
+
+
+def partition_bounds(runs: list[str], partitions: int, samples: int = 1024) -> list[int]:
+    """Key bounds ``[0, b1, ..., u64::MAX]`` of at most ``partitions`` ranges of first
+    tokens holding about equal numbers of run entries. Reads ``samples`` keys per partition
+    spread over all runs in proportion to their sizes (a few pages of each run); each
+    bound is a first token's first key (``a << 42``), so a context never spans two
+    partitions, and equal bounds collapse (one very frequent first token)."""
+    counts = []
+    for r in runs:
+        with open(r, "rb") as f:
+            counts.append(int.from_bytes(f.read(64)[24:32], "little"))
+    total = sum(counts)
+    if partitions == 1 or total == 0:
+        return [0, U64_MAX]
+    want = partitions * samples
+    firsts = []
+    for r, n in zip(runs, counts):
+        if n == 0:
+            continue
+        k = max(1, min(n, round(want * n / total)))
+        keys = np.memmap(r, dtype="<u8", mode="r", offset=_RUN_HEADER, shape=(2 * n,))[0::2]
+        firsts.append(np.asarray(keys[np.linspace(0, n - 1, k).astype(np.int64)]) >> np.uint64(_KEY_TOKEN_SHIFT))
+        del keys
+    a = np.sort(np.concatenate(firsts))
+    cuts = {int(a[min(len(a) - 1, (len(a) * j) // partitions)]) for j in range(1, partitions)}
+    cuts.discard(0)
+    return [0] + [c << _KEY_TOKEN_SHIFT for c in sorted(cuts)] + [U64_MAX]
+
+
+def merge_partition(runs: list[str], output: str, vocab_size: int, lo: int, hi: int, memory: int) -> dict:
+    """One partition of the partitioned reduce (one home for both engines): the entries
+    with ``lo <= key < hi`` of every run, merged into one sorted run at ``output``."""
+    from dartcore import _native
+
+    t0 = time.monotonic()
+    s = dict(_native.merge_run_range(list(runs), output, vocab_size=vocab_size, lo=lo, hi=hi,
+                                     memory_limit=max(memory, 64 << 20)))
+    s["seconds"] = time.monotonic() - t0
+    s["peak_rss_bytes"] = peak_rss_bytes()
+    return s
 
 
 def peak_rss_bytes() -> int:

@@ -13,6 +13,7 @@ from dartcore.errors import IndexBuildError
 
 MANIFEST = "manifest.json"
 SPILL_PREFIX = "tmp-ngram-build-spill-"
+PARTITION_PREFIX = "tmp-ngram-build-partitions-"
 MANIFEST_FORMAT = "dartcore-ngram-map/1"
 LOCK = "LOCK"
 
@@ -74,10 +75,10 @@ class _WorkDirLock:
 
 
 def _remove_leftovers(work: Path) -> None:
-    """Half-written shard dirs and spill dirs of an interrupted or killed run (the caller
+    """Half-written shard dirs, spill dirs and reduce partition dirs of an interrupted or killed run (the caller
     holds the work dir's lock, so no live map owns them)."""
     for p in work.iterdir():
-        if p.name.endswith(".partial") or p.name.startswith(SPILL_PREFIX):
+        if p.name.endswith(".partial") or p.name.startswith((SPILL_PREFIX, PARTITION_PREFIX)):
             shutil.rmtree(p, ignore_errors=True)
 
 

@@ -38,6 +38,7 @@ examples:
   ngram-build --corpus dolma --tokenizer qwen3 --output qwen3-dolma.idx --memory 8G
   ngram-build --corpus jsonl --files 'data/*.jsonl.zst' --text-field content --tokenizer ./tokenizer.json -o x.idx
   ngram-build --corpus npy --files 'tokens/*.npy' --tokenizer qwen3 --output tok.idx
+  ngram-build --engine ray --address auto --corpus-dir /shared/dolma --work-dir /shared/w -o /shared/x.idx
 
 Ctrl-C stops cleanly (temporary files removed); rerun the same command with --resume
 to continue from the last finished shard. Shards that changed since they were mapped
@@ -138,6 +139,14 @@ def build_parser(prog: str = "ngram-build") -> argparse.ArgumentParser:
     g.add_argument("--resume", action="store_true",
                    help="continue an interrupted build from its work dir (changed shards are mapped again)")
     g.add_argument("--keep-work", action="store_true", help="keep the run files after the index is written")
+    g.add_argument("--reduce-partitions", type=_int_at_least("--reduce-partitions", 0), default=0,
+                   help="merge this many first-token ranges at once, then those into the index (same bytes); "
+                        "0: local 1, ray the cluster's CPUs")
+    e = ap.add_argument_group("engine")
+    e.add_argument("--engine", choices=["local", "ray"], default="local",
+                   help="local: this process; ray: one Ray task per shard and per reduce partition "
+                        "(pip install 'dartcore[ray]'; --memory is then per task)")
+    e.add_argument("--address", help="Ray cluster address (e.g. ray://head:10001 or auto); default: start a local Ray")
     ap.add_argument("--stop-after-shards", type=int, help=argparse.SUPPRESS)  # test hook (simulated Ctrl-C)
     ap.add_argument("--batch-bytes", type=_size("--batch-bytes"), default=0, help=argparse.SUPPRESS)
     return ap
@@ -163,6 +172,8 @@ def _reduce_parser() -> argparse.ArgumentParser:
                     help="a mapped work dir (repeat to merge the parts of several machines)")
     ap.add_argument("-o", "--output", type=Path, required=True, help="index file to write")
     _add_reduce_args(ap)
+    ap.add_argument("--reduce-partitions", type=_int_at_least("--reduce-partitions", 1), default=1,
+                    help="merge this many first-token ranges at once on the pool, then those (same bytes)")
     _add_resource_args(ap)
     return ap
 
@@ -222,7 +233,7 @@ def _main_reduce(argv: list[str]) -> int:
     t0 = time.monotonic()
     summary = run_reduce(args.work_dir, args.output, min_count=args.min_count, threads=args.threads,
                          memory=args.memory, temp_dir=args.temp_dir, max_children=args.max_children,
-                         log=None if args.quiet else (lambda s: print(s, file=sys.stderr)))
+                         partitions=args.reduce_partitions, log=None if args.quiet else (lambda s: print(s, file=sys.stderr)))
     summary["wall_s"] = time.monotonic() - t0
     summary["peak_rss_bytes"] = peak_rss_bytes()
     if args.json:
@@ -240,8 +251,18 @@ def _main_build(argv: list[str]) -> int:
         return main_from_args(args)
     output = args.output.expanduser()
     work_dir = args.work_dir or output.with_name(output.name + ".work")
-    summary = build(_map_options(args, work_dir), output, min_count=args.min_count,
-                    max_children=args.max_children, keep_work=args.keep_work)
+    if args.address and args.engine != "ray":
+        raise DartError("--address is for --engine ray")
+    if args.engine == "ray":
+        from dartcore.build.ray_engine import build_ray
+
+        summary = build_ray(_map_options(args, work_dir), output, address=args.address, min_count=args.min_count,
+                            max_children=args.max_children, keep_work=args.keep_work,
+                            partitions=args.reduce_partitions)
+    else:
+        summary = build(_map_options(args, work_dir), output, min_count=args.min_count,
+                        max_children=args.max_children, keep_work=args.keep_work,
+                        partitions=args.reduce_partitions or 1)
     if args.json:
         print(json.dumps(summary))
     elif not args.quiet:
