@@ -101,3 +101,28 @@ def test_decodes_losslessly_with_the_target(tiny):
         greedy = target.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
     assert list(out.tokens) == greedy[0, len(prompt):len(prompt) + len(out.tokens)].tolist()
     assert len(out.tokens) > 0
+
+
+def test_saved_conversion_reloads_with_the_same_logits(tiny, tmp_path):
+    """A converted released drafter saved with save_pretrained is a dartcore drafter: it
+    reloads from that directory (dartcore's format, not the released one) as the same model,
+    with identical logits and draft->target map."""
+    path, ref = tiny
+    target = _target(ref)
+    drafter = DartDrafter.from_pretrained(path, target)
+    out = tmp_path / "converted"
+    drafter.save_pretrained(out)
+    assert not is_official_checkpoint(out)
+    again = DartDrafter.from_pretrained(out, target)
+    assert type(again) is type(drafter)
+    assert again.d == drafter.d
+    assert torch.equal(again.draft_to_target, drafter.draft_to_target)
+    taps, ids = ref["aux_hidden_states"][0], ref["input_ids"][0]
+    with torch.no_grad():
+        want = drafter.draft(drafter.new_state(64), taps, ids)
+        got = again.draft(again.new_state(64), taps, ids)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(got, ref["logits"][0], atol=1e-5, rtol=0)
+    # and a second save of the reloaded drafter is the same checkpoint
+    again.save_pretrained(tmp_path / "twice")
+    assert (tmp_path / "twice" / "config.json").read_text() == (out / "config.json").read_text()

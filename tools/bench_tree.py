@@ -32,6 +32,11 @@ the owned pool (``DART_NUM_THREADS``, default all CPUs). ``python_call_p50_us`` 
 full ``dartcore.tree.beam_search`` call from Python (argument conversion included).
 ``all_*``: the same searches with ``candidates="all"`` (every expansion a candidate);
 ``all_same_tree_share``: of 100 searches, the share whose tree tokens equal the beam set's.
+``beam_cpu_p50_median_us`` / ``all_cpu_p50_median_us``: both sets alternated ``--repeats``
+times on the same inputs, the median of the runs' CPU p50 (``interleaved_p50_us`` has each run).
+
+``--index FILE`` skips the corpus and the index build: both candidate sets alternated on an
+existing SmolLM2 index with real rows (JSON).
 
     python3 tools/bench_tree.py            # table
     python3 tools/bench_tree.py --json     # one JSON object on stdout
@@ -230,6 +235,47 @@ def real_inputs(n: int, seed: int, positions: int = 200):
             len(contexts))
 
 
+def bench_on(args, idx_path: Path) -> int:
+    """The candidate sets alternated on an existing index (``--index``), real rows."""
+    from dartcore import _native
+    from dartcore import tree as T
+    from dartcore.index import NgramIndex
+    from dartcore.models.hub import load_hf_tokenizer
+
+    index = NgramIndex(idx_path)
+    eos = int(load_hf_tokenizer("smollm2").eos_token_id)
+    contexts, toks, lps, n_pos = real_inputs(args.searches, args.seed)
+    tails = [c[-2:] for c in contexts]
+    offsets = np.concatenate([[0], np.cumsum([t.size for t in tails])]).astype(np.int64)
+    flat = np.concatenate(tails).astype(np.int64)
+    params = T.SearchParams(eos_token_ids=(eos,)).native()
+    runs: dict[str, list] = {"beam_cpu": [], "all_cpu": [], "beam_wall": [], "all_wall": []}
+    queries: dict[str, float] = {}
+    for _ in range(args.repeats):
+        for name, prm in (("beam", params), ("all", dict(params, candidates="all"))):
+            res = _native._bench.bench_beam_search(index._inner, flat, offsets, toks, lps, prm, 0)
+            runs[f"{name}_cpu"].append(round(float(np.percentile(np.asarray(res["search_cpu_ns"]) / 1e3, 50)), 2))
+            runs[f"{name}_wall"].append(round(float(np.percentile(np.asarray(res["search_ns"]) / 1e3, 50)), 2))
+            queries[name] = round(res["ngram_queries"] / args.searches, 1)
+    result = {
+        "index": {"path": str(idx_path), **{k: v for k, v in index.stats().items() if "node" in k}},
+        "searches": args.searches, "positions": n_pos, "repeats": args.repeats,
+        "d": D, "k": K, "w": 20, "theta": 59,
+        "beam_cpu_p50_median_us": round(float(np.median(runs["beam_cpu"])), 2),
+        "all_cpu_p50_median_us": round(float(np.median(runs["all_cpu"])), 2),
+        "beam_wall_p50_median_us": round(float(np.median(runs["beam_wall"])), 2),
+        "all_wall_p50_median_us": round(float(np.median(runs["all_wall"])), 2),
+        "ngram_queries_per_search": queries,
+        "interleaved_p50_us": runs,
+        "load_avg_1min": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
+    }
+    text = json.dumps(result, indent=1)
+    if args.out:
+        args.out.write_text(text)
+    print(text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("DARTCORE_CACHE", Path.home() / ".cache" / "dartcore")) / "bench_tree")
@@ -238,6 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", choices=("real", "synthetic"), default="real", help="drafter rows (module docs)")
     ap.add_argument("--searches", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="runs of each candidate set, alternated (beam, all, beam, ...), for the medians")
+    ap.add_argument("--index", type=Path,
+                    help="an existing SmolLM2-tokenizer index instead of building one (real rows only; "
+                         "e.g. artifacts/demo/smollm2.idx): the candidate sets' timings in one run, alternated")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     ap.add_argument("--out", type=Path, help="also write the JSON here")
     args = ap.parse_args(argv)
@@ -247,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     from dartcore.index import NgramIndex, build_index, num_threads
 
     args.work.mkdir(parents=True, exist_ok=True)
+    if args.index is not None:
+        return bench_on(args, args.index)
     docs, meta = tokenize_corpus(args.work, args.corpus_mb)
     n_held = max(20, len(docs) // 50)
     rng = np.random.default_rng(1234)
@@ -278,8 +331,17 @@ def main(argv: list[str] | None = None) -> int:
     params = T.SearchParams(eos_token_ids=(meta["eos"],)).native()
     r = _native._bench.bench_beam_search(index._inner, flat, offsets, toks, lps, params, 8)
     r0 = _native._bench.bench_beam_search(index._inner, flat, offsets, toks, lps, dict(params, ngram_weight=0.0), 0)
-    # The paper's candidate set (every expansion a candidate), same inputs.
-    ra = _native._bench.bench_beam_search(index._inner, flat, offsets, toks, lps, dict(params, candidates="all"), 0)
+    # Both candidate sets on the same inputs, alternated --repeats times (the machine's load
+    # drifts between runs): the p50 of each run, and their median.
+    p50 = lambda res, key: float(np.percentile(np.asarray(res[key], dtype=np.float64) / 1e3, 50))  # noqa: E731
+    runs: dict[str, list] = {"beam_wall": [], "beam_cpu": [], "all_wall": [], "all_cpu": []}
+    for _ in range(args.repeats):
+        for name, prm in (("beam", params), ("all", dict(params, candidates="all"))):
+            res = _native._bench.bench_beam_search(index._inner, flat, offsets, toks, lps, prm, 0)
+            runs[f"{name}_wall"].append(round(p50(res, "search_ns"), 2))
+            runs[f"{name}_cpu"].append(round(p50(res, "search_cpu_ns"), 2))
+            if name == "all":
+                ra = res
     # Full Python call (wrapper + conversion), 300 calls.
     py_us = []
     for i in range(min(300, args.searches)):
@@ -312,6 +374,12 @@ def main(argv: list[str] | None = None) -> int:
         "all_search_p50_us": pct(np.asarray(ra["search_ns"]) / 1e3, 50),
         "all_search_p99_us": pct(np.asarray(ra["search_ns"]) / 1e3, 99),
         "all_search_cpu_p50_us": pct(np.asarray(ra["search_cpu_ns"]) / 1e3, 50),
+        "repeats": args.repeats,
+        "beam_cpu_p50_median_us": round(float(np.median(runs["beam_cpu"])), 2),
+        "all_cpu_p50_median_us": round(float(np.median(runs["all_cpu"])), 2),
+        "beam_wall_p50_median_us": round(float(np.median(runs["beam_wall"])), 2),
+        "all_wall_p50_median_us": round(float(np.median(runs["all_wall"])), 2),
+        "interleaved_p50_us": runs,
         "all_ngram_queries_per_search": round(ra["ngram_queries"] / args.searches, 1),
         "all_same_tree_share": same_all / 100,
         "tree_nodes_mean": round(float(np.mean(sizes)), 1),
@@ -337,7 +405,9 @@ def main(argv: list[str] | None = None) -> int:
                                           "batch8_us", "batch_threads", "no_ngram_p50_us", "no_ngram_cpu_p50_us",
                                           "python_call_p50_us", "tree_nodes_mean", "load_avg_1min", "cpus",
                                           "all_search_p50_us", "all_search_p99_us", "all_search_cpu_p50_us",
-                                          "all_ngram_queries_per_search", "all_same_tree_share")]
+                                          "all_ngram_queries_per_search", "all_same_tree_share", "repeats",
+                                          "beam_cpu_p50_median_us", "all_cpu_p50_median_us",
+                                          "beam_wall_p50_median_us", "all_wall_p50_median_us")]
         print(f"index: {idx_path.name}, {result['index']}")
         print(f"corpus: {result['corpus']}")
         print("| metric | value |\n|---|---|")

@@ -399,13 +399,15 @@ def _search(params: dict[str, Any]) -> SearchParams:
 
 
 # Eq. (10)'s candidate set of the `dart` builder (dartcore.tree.beam_search): "beam" (each
-# level's best w expansions) or "all" (every expansion, the paper's). "beam" by measurement:
-# search CPU p50 99 vs 115 us for "all" (tools/bench_tree.py rows, d=8, k=25, w=20, theta=59,
-# 3 interleaved runs), and no tau gained by "all": tools/sim_tau.py on the demo index, one
-# greedy output (48 tokens) per eval set, humaneval / gsm8k / code_alpaca tau at the CPU budget
-# (4 nodes) 1.808 / 1.741 / 1.722 for both; at theta = 59 beam 2.238 / 2.474 / 2.818, all
-# 2.238 / 2.474 / 2.583.
-DART_CANDIDATES = "beam"
+# level's best w expansions) or "all" (every expansion, the paper's). "all" by measurement
+# (docs/official.md): tools/sim_tau.py on the demo index, 10 greedy outputs x 64 tokens per
+# eval set, tau equal at the CPU budget (4 nodes: humaneval / gsm8k / code_alpaca 1.736 /
+# 2.006 / 2.169 for both) and higher with "all" at the GPU budget, theta = 59, on every set
+# (2.250 / 2.751 / 2.873 vs 2.226 / 2.739 / 2.830); it is also the paper's tree, which the
+# released drafters were trained against. Its cost is small since the search prunes against
+# the tree's theta-th best path: search CPU p50 66-72 vs 62-63 us for "beam"
+# (tools/bench_tree.py --index, real rows, d=8, k=25, w=20, theta=59, 7 alternated runs).
+DART_CANDIDATES = "all"
 
 
 def _dart(k: int = TOP_K, max_nodes: int | None = None, **params) -> BeamBuilder:

@@ -113,6 +113,10 @@ class DrafterConfig:
     attention_bias: bool = False
     mlp_bias: bool = False
     format_version: int = FORMAT_VERSION
+    # "dartcore", or "official": a released DART drafter converted at load and saved by
+    # save_pretrained (its MASK inputs and LM-head normalisation differ; see
+    # dartcore.models.official_drafter), which from_pretrained then rebuilds as such.
+    variant: str = "dartcore"
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -449,7 +453,14 @@ class DartDrafter(nn.Module):
         except (KeyError, TypeError, ValueError) as exc:
             raise DartError(f"{path / CONFIG_NAME} is not a valid drafter config: {exc}") from exc
         _check_target(cfg, target_model, tokenizer, path)
-        model = cls(cfg, target_model.get_input_embeddings())
+        if cfg.variant == "official":
+            from dartcore.models.official_drafter import OfficialDartDrafter
+            model = OfficialDartDrafter(cfg, target_model.get_input_embeddings())
+        elif cfg.variant == "dartcore":
+            model = cls(cfg, target_model.get_input_embeddings())
+        else:
+            raise DartError(f"{path / CONFIG_NAME}: unknown drafter variant {cfg.variant!r} (this build reads "
+                            "'dartcore' and 'official')")
         state = load_file(str(path / WEIGHTS_NAME))
         if "draft_to_target" in state:
             model.register_buffer("draft_to_target", model.draft_to_target, persistent=True)

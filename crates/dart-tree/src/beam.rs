@@ -128,8 +128,8 @@ struct Cand {
     /// A candidate of the tree (among the best `beam_width` of its level, or any stored
     /// expansion with [`Candidates::All`]).
     kept: bool,
-    /// The lowest score on the path to this node (itself included), for the pruning of
-    /// [`Candidates::All`].
+    /// The lowest score on the path to this node (itself included), for the pruning
+    /// against the tree.
     path_min: f64,
 }
 
@@ -195,8 +195,11 @@ struct Scratch {
     sub_tokens: Vec<u32>,
     sub_cols: Vec<u32>,
     top: TopW,
-    /// [`Candidates::All`]: the best `max_nodes` path minima of the candidates so far.
+    /// The best `max_nodes` path minima of the candidates so far (with [`Candidates::Beam`],
+    /// of the finished levels).
     tree_top: BestOf,
+    /// Per level, what the levels from it on can add to a score ([`gain_bounds`]).
+    rest: Vec<f64>,
     popped: Vec<u32>,
     heap: BinaryHeap<HeapKey>,
     child_tokens: Vec<u32>,
@@ -459,7 +462,53 @@ pub fn beam_search<S: NgramScorer + ?Sized>(
     let vocab = scorer.vocab_size();
     check_context(context, vocab)?;
     check_topk(topk_tokens, topk_logprobs, d, k, vocab)?;
-    with_scratch(|s| beam_search_in(s, scorer, context, topk_tokens, topk_logprobs, d, k, params))
+    with_scratch(|s| beam_search_in(s, scorer, context, topk_tokens, topk_logprobs, d, k, params, true))
+}
+
+/// [`beam_search`] without any of its pruning: every expansion of a reachable beam entry is
+/// scored (all its n-gram terms looked up) and offered to the level's best w and the tree.
+/// The tests compare it with [`beam_search`], which must return the same tree bit for bit.
+#[doc(hidden)]
+pub fn beam_search_unpruned<S: NgramScorer + ?Sized>(
+    scorer: &S,
+    context: &[u32],
+    topk_tokens: &[u32],
+    topk_logprobs: &[f32],
+    d: usize,
+    k: usize,
+    params: &SearchParams,
+) -> Result<Tree> {
+    params.validate()?;
+    let vocab = scorer.vocab_size();
+    check_context(context, vocab)?;
+    check_topk(topk_tokens, topk_logprobs, d, k, vocab)?;
+    with_scratch(|s| beam_search_in(s, scorer, context, topk_tokens, topk_logprobs, d, k, params, false))
+}
+
+/// Upper bounds for the pruning against the tree's θ-th best path minimum (see
+/// [`beam_search_in`]): `rest[l]` bounds what levels `l..d` can add to a score (the sum of
+/// each level's largest possible positive term; zero unless ε makes ln(1 + ε) > 0 or a weight
+/// is negative), and `margin` absorbs rounding, one value for the whole search.
+fn gain_bounds(rest: &mut Vec<f64>, d: usize, params: &SearchParams) -> f64 {
+    rest.clear();
+    rest.resize(d + 1, 0.0);
+    let (ln_top, ln_eps) = ((1.0 + params.eps).ln(), params.eps.ln());
+    // The largest |term| of any level bounds |score| / d; NaN or inf (ε = 0) turns the
+    // pruning off (an infinite margin), never on.
+    let mut mag = 0.0f64;
+    for l in (0..d).rev() {
+        let div = ((l + 1) as f64).powf(params.depth_exponent);
+        let decay = params.level_decay.powi(l as i32);
+        let use_ngram = params.ngram_weight != 0.0 && (l > 0 || params.ngram_first_level);
+        let scale = if use_ngram { params.ngram_weight / div } else { 0.0 };
+        let (a_hi, a_lo) = (decay * ln_top / div, decay * ln_eps / div);
+        let (b_hi, b_lo) = (scale * ln_top, scale * ln_eps);
+        let gain = a_hi.max(a_lo).max(0.0) + b_hi.max(b_lo).max(0.0);
+        rest[l] = rest[l + 1] + if gain.is_nan() { f64::INFINITY } else { gain };
+        let m = a_hi.abs().max(a_lo.abs()) + b_hi.abs().max(b_lo.abs());
+        mag += if m.is_nan() { f64::INFINITY } else { m };
+    }
+    1e-9 * (1.0 + mag)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -472,6 +521,7 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
     d: usize,
     k: usize,
     params: &SearchParams,
+    prune: bool,
 ) -> Result<Tree> {
     let root = *context.last().expect("checked non-empty");
     s.cands.clear();
@@ -480,6 +530,7 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
     s.gmemo.clear();
     s.tree_top.clear();
     let all = params.candidates == Candidates::All;
+    let mmargin = gain_bounds(&mut s.rest, d, params);
     for l in 0..d {
         let row_tokens = &topk_tokens[l * k..(l + 1) * k];
         let row_lp = &topk_logprobs[l * k..(l + 1) * k];
@@ -583,22 +634,50 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
             // candidates whose path minimum beats it (the best-first traversal pops all of
             // them first). So the threshold is the lower of the beam's floor and the θ-th
             // best path minimum so far (`tree_top`), and the same bounds prune the lookups.
-            let mut floor = s.top.floor(params.beam_width);
+            let bfloor = s.top.floor(params.beam_width);
+            let mut floor = bfloor;
             if all {
                 floor = floor.min(s.tree_top.floor(params.max_nodes));
             }
             let margin = 1e-9 * (1.0 + floor.abs());
-            if pscore + amax + bmax + margin < floor {
-                break;
-            }
             // Column a is out of reach when pscore + a + bmax + margin < floor, i.e. when
             // a < floor − pscore − bmax − margin (`low`): one comparison per column, eight
             // columns' flags packed into bits by one multiplication (no shift and OR per
             // column): ~18 k fewer instructions per search on tools/bench_tree.py (real rows).
             // Rounding either way is far inside the margin, so the test stays exact pruning.
             // NaN (−inf + inf with ε = 0, or floor = pscore = −inf) keeps every column, as
-            // NaN in the sum did.
-            let low = floor - pscore - bmax - margin;
+            // NaN in the sum did (`f64::max` ignores a NaN bound).
+            let mut low = floor - pscore - bmax - margin;
+            // Pruning against the tree (both candidate sets). M, the θ-th best path minimum
+            // of the candidates so far (`tree_top`; with `Beam` only of finished levels,
+            // whose candidates are final), only rises. A node whose score stays below M is
+            // never in the tree: θ candidates whose whole paths score above it are popped
+            // first. Such nodes still compete for the beam, but dropping them changes the
+            // best w of a level only below them: the nodes that enter the beam in their place
+            // score lower still, so they and all their descendants stay below M too, and are
+            // dropped in turn (an entry below M − rest is skipped whole). Every node that is
+            // in one search and not the other thus scores below M, and the tree is the same,
+            // bit for bit. `rest[l]` bounds what levels l.. can add (children can outscore
+            // their parent by ln(1 + ε) > 0), `mmargin` the rounding. So a column is
+            // dropped when its bound cannot reach M − rest[l + 1]; with `All` that is the
+            // only test for a child of a parent on a path above M (every expansion is a
+            // candidate), and a child of a parent below M (never in the tree itself) must
+            // also be able to enter the beam.
+            let mt = s.tree_top.floor(params.max_nodes);
+            let tree_low = mt - s.rest[l + 1] - pscore - bmax - mmargin;
+            low = low.max(tree_low);
+            if !prune {
+                low = f64::NEG_INFINITY;
+            } else if pscore + 0.5 * mmargin < mt - s.rest[l] || amax < low {
+                // Later entries score lower: out of reach too.
+                break;
+            }
+            if prune && all && parent != NONE && s.cands[parent as usize].path_min < mt {
+                low = low.max(bfloor - pscore - bmax - 1e-9 * (1.0 + bfloor.abs()));
+                if amax < low {
+                    continue;
+                }
+            }
             let mut any = 0u64;
             for (wi, word) in s.alive.iter_mut().enumerate() {
                 // `drafter` is padded to whole words; the padding's bits are cleared below.
@@ -628,7 +707,7 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
             }
             let memo = if use_ngram {
                 let slot = memo_offset(s, ctx, nv);
-                ngram_terms(s, scorer, slot, nv, wn, (scale, scale_ln_eps), params, pscore - floor + margin);
+                ngram_terms(s, scorer, slot, nv, wn, (scale, scale_ln_eps), params, -(low + bmax));
                 s.memo_ctx[slot].off
             } else {
                 usize::MAX
@@ -653,7 +732,7 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
                         // or in the tree (ahead of the θ-th best path minimum: a tie loses,
                         // being deeper or later than every candidate before it).
                         let to_beam = !s.eos[vi] && s.top.admits(key, params.beam_width);
-                        if to_beam || s.tree_top.admits(key, params.max_nodes) {
+                        if to_beam || !prune || s.tree_top.admits(key, params.max_nodes) {
                             let idx = s.cands.len() as u32;
                             if to_beam {
                                 s.top.insert(key, idx, params.beam_width);
@@ -671,18 +750,20 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
                     } else if s.top.admits(key, params.beam_width) {
                         let idx = s.cands.len() as u32;
                         s.top.insert(key, idx, params.beam_width);
+                        let pmin = if parent == NONE { score } else { s.cands[parent as usize].path_min.min(score) };
                         s.push_cand(score, row_tokens[s.valid[vi] as usize], ctx[1], parent, l);
+                        s.cands.last_mut().expect("just pushed").path_min = pmin;
                     }
                 }
             }
             s.close_children(parent, child_start);
         }
-        keep_top(s, params);
+        keep_top(s, params, !all);
         if s.beam.is_empty() {
             break;
         }
     }
-    if all {
+    if all && prune {
         // A candidate whose score is below the final θ-th best path minimum M is never
         // selected (θ candidates, ancestors included, beat it), so the traversal need not
         // push it: the paper's set stores ~3x the beam set's candidates, most of them such.
@@ -937,11 +1018,18 @@ fn gather_wanted(s: &mut Scratch, wn: usize, bound: f64, gap: f64) -> usize {
 
 /// Mark the level's best `beam_width` expansions (`s.top`) as candidates; those not ending in
 /// EOS, best first, are the next beam. Equals [`select_beam`] over every expansion of the level.
-fn keep_top(s: &mut Scratch, params: &SearchParams) {
+/// With `to_tree`, their path minima also enter `s.tree_top` (they are final candidates).
+fn keep_top(s: &mut Scratch, params: &SearchParams, to_tree: bool) {
     s.beam.clear();
     for &(_, i) in &s.top.0 {
         let c = &mut s.cands[i as usize];
         c.kept = true;
+        if to_tree {
+            let pkey = total_key(c.path_min);
+            if s.tree_top.admits(pkey, params.max_nodes) {
+                s.tree_top.insert(pkey, params.max_nodes);
+            }
+        }
         if !params.eos.contains(&c.token) {
             s.beam.push(i);
         }

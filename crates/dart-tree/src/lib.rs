@@ -24,6 +24,8 @@ mod tree;
 use rayon::prelude::*;
 
 pub use beam::{beam_search, ngram_tree, Candidates, SearchParams};
+#[doc(hidden)]
+pub use beam::beam_search_unpruned;
 pub use error::{Error, Result};
 pub use scorer::{NgramScorer, NoNgram};
 pub use topb::{best_first, top_b};

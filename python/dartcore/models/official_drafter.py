@@ -25,6 +25,10 @@ differences, each handled by :class:`OfficialDartDrafter`:
 * ``d2t`` stores ``target - draft`` offsets: ``draft_to_target = arange + d2t``.
 
 ``draft_length`` MASK rows plus the last real row give ``d = draft_length + 1`` rows.
+
+``save_pretrained`` writes the converted drafter in dartcore's format, its config marked
+``variant = "official"``: ``DartDrafter.from_pretrained`` reloads it as an
+:class:`OfficialDartDrafter` with the same logits (``tests/test_official_drafter.py``).
 """
 
 from __future__ import annotations
@@ -138,6 +142,7 @@ def _config(raw: dict, target_model, path: Path) -> DrafterConfig:
         max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
         attention_bias=bool(raw.get("attention_bias", False)),
         mlp_bias=bool(raw.get("mlp_bias", False)),
+        variant="official",
     )
 
 
