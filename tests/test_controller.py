@@ -101,6 +101,31 @@ def test_rates_follow_observations_and_new_sequences_start_from_the_batch():
     assert acc.rates[1] < 0.01
 
 
+def test_a_sequence_at_ar_drafts_again_and_probes_rarely_while_it_keeps_missing():
+    ctrl = BudgetController(CURVES["cpu"], max_nodes=4)
+    acc = ctrl.new_sequence()
+    acc.rates[:] = 0.02  # a stretch the drafter missed: AR is the choice
+    ctrl.prior.rates[:] = 0.02
+    rounds = 0
+    while ctrl.choose([acc], [4]) == [0]:
+        rounds += 1
+        assert rounds < 60, "an idle sequence's rates never came back"
+    assert 1 <= rounds <= 40  # from a near-zero estimate: a few dozen rounds
+    assert np.all(ctrl.prior.rates > 0.02)  # no sequence drafted: the prior relaxed too
+    drafted = 0
+    for _ in range(300):  # every draft misses from now on
+        if ctrl.choose([acc], [4])[0] > 0:
+            drafted += 1
+            ctrl.observe(acc, tree_depth=4, accepted=0)
+    assert 0 < drafted < 75  # it keeps probing, about one round in five
+    for _ in range(300):  # the drafter is right again: back to the full budget
+        n = ctrl.choose([acc], [4])[0]
+        if n:
+            ctrl.observe(acc, tree_depth=n, accepted=n)
+    assert ctrl.choose([acc], [4]) == [4]
+    assert ctrl.choose([acc], [0]) == [0] and np.all(acc.rates > 0.9)  # no room: not "idle"
+
+
 def test_measured_times_fold_into_the_model():
     ctrl = BudgetController(CURVES["cpu"], max_nodes=4, draft_ms=2.0)
     for _ in range(100):  # the machine is now twice as slow as when the curve was measured

@@ -19,6 +19,13 @@ maximise the batch's committed tokens per second, ``E / T``:
   rows it visits: about one per committed token) and the controller's own time are running
   means of what the engine measured.
 
+A sequence given no nodes is not observed that round, so an estimate that fell (a stretch of
+text the drafter misses) would keep it at AR for good; instead every round it could have
+drafted and did not, its rates relax by :data:`RELAX` toward :data:`PRIOR_RATE`, so it drafts
+again after a few rounds and its rates follow what it measures then (the batch prior relaxes
+likewise in a round where no sequence drafted). RELAX is a quarter of ALPHA: while every draft
+misses, a sequence probes about one round in five.
+
 The rule (seed note Eq. 13): add the node whose ΔE/E exceeds ΔT/T by the most, while one
 does. T depends on the total row count only, so every candidate node has the same ΔT and
 "by the most" is the node with the largest ΔE -- the next node of the sequence whose next
@@ -51,6 +58,8 @@ ALPHA = 0.15
 # Prior acceptance rate per depth before anything was observed: DART's SmolLM2 drafter accepts
 # ~0.5 of depth-1 nodes on the eval prompts (tau 1.77 at 4 nodes, README).
 PRIOR_RATE = 0.5
+# Per round without drafting, an idle sequence's rates move this far toward PRIOR_RATE.
+RELAX = ALPHA / 4
 
 
 def expected_tokens(rates: np.ndarray, n: int) -> float:
@@ -70,6 +79,11 @@ class Acceptance:
 
     def copy(self) -> "Acceptance":
         return Acceptance(self.rates.copy())
+
+    def relax(self, alpha: float = RELAX, toward: float = PRIOR_RATE) -> None:
+        """A round this sequence could have drafted and did not: the rates move toward the
+        prior (see the module docs)."""
+        self.rates += alpha * (toward - self.rates)
 
     def observe(self, tree_depth: int, accepted: int, alpha: float = ALPHA) -> None:
         """One round: a tree reaching ``tree_depth`` accepted ``accepted`` drafted tokens.
@@ -220,6 +234,11 @@ class BudgetController:
         """Budgets ``n_i <= caps[i]`` maximising ``E / T`` (see the module docs)."""
         t0 = time.perf_counter()
         budgets = self._choose(accs, caps)
+        idle = [acc for acc, cap, n in zip(accs, caps, budgets) if n == 0 and min(int(cap), self.max_nodes) > 0]
+        for acc in idle:
+            acc.relax(self.alpha / 4)
+        if idle and not any(budgets):
+            self.prior.relax(self.alpha / 4)
         dt = time.perf_counter() - t0
         self.choose_s += dt
         self.controller_ms += 0.2 * (1e3 * dt - self.controller_ms)
