@@ -429,6 +429,16 @@ struct RunReader {
 }
 
 impl RunReader {
+    /// A merge takes runs of one vocabulary only.
+    fn check_vocab(&self, path: &Path, vocab_size: u32) -> Result<()> {
+        if self.vocab != vocab_size {
+            return Err(Error::Run {
+                path: path.to_path_buf(),
+                reason: format!("built for vocab_size {}, this merge uses {}", self.vocab, vocab_size),
+            });
+        }
+        Ok(())
+    }
     fn open(path: &Path, buf: usize) -> Result<Self> {
         let bad = |reason: String| Error::Run { path: path.to_path_buf(), reason };
         let f = File::open(path).map_err(|e| Error::io(path, e))?;
@@ -544,12 +554,7 @@ pub fn merge_run_range(runs: &[PathBuf], output: &Path, options: &BuildOptions, 
     let mut documents = 0u64;
     for p in runs {
         let r = RunReader::open_range(p, buf, lo, hi)?;
-        if r.vocab != options.vocab_size {
-            return Err(Error::Run {
-                path: p.clone(),
-                reason: format!("built for vocab_size {}, this merge uses {}", r.vocab, options.vocab_size),
-            });
-        }
+        r.check_vocab(p, options.vocab_size)?;
         documents += r.documents;
         readers.push(r);
     }
@@ -620,12 +625,7 @@ pub fn merge_runs(runs: &[PathBuf], output: &Path, options: &BuildOptions, metad
     let buf = ((options.memory_limit_bytes / 4) / runs.len().max(1) as u64).clamp(64 << 10, 1 << 20) as usize;
     for p in runs {
         let r = RunReader::open(p, buf)?;
-        if r.vocab != options.vocab_size {
-            return Err(Error::Run {
-                path: p.clone(),
-                reason: format!("built for vocab_size {}, this merge uses {}", r.vocab, options.vocab_size),
-            });
-        }
+        r.check_vocab(p, options.vocab_size)?;
         documents += r.documents;
         readers.push(r);
     }

@@ -458,11 +458,7 @@ pub fn beam_search<S: NgramScorer + ?Sized>(
     k: usize,
     params: &SearchParams,
 ) -> Result<Tree> {
-    params.validate()?;
-    let vocab = scorer.vocab_size();
-    check_context(context, vocab)?;
-    check_topk(topk_tokens, topk_logprobs, d, k, vocab)?;
-    with_scratch(|s| beam_search_in(s, scorer, context, topk_tokens, topk_logprobs, d, k, params, true))
+    checked_search(scorer, context, topk_tokens, topk_logprobs, d, k, params, true)
 }
 
 /// [`beam_search`] without any of its pruning: every expansion of a reachable beam entry is
@@ -478,11 +474,27 @@ pub fn beam_search_unpruned<S: NgramScorer + ?Sized>(
     k: usize,
     params: &SearchParams,
 ) -> Result<Tree> {
+    checked_search(scorer, context, topk_tokens, topk_logprobs, d, k, params, false)
+}
+
+/// The arguments checked, then one search on this thread's scratch (`prune`: see
+/// [`beam_search_unpruned`]).
+#[allow(clippy::too_many_arguments)]
+fn checked_search<S: NgramScorer + ?Sized>(
+    scorer: &S,
+    context: &[u32],
+    topk_tokens: &[u32],
+    topk_logprobs: &[f32],
+    d: usize,
+    k: usize,
+    params: &SearchParams,
+    prune: bool,
+) -> Result<Tree> {
     params.validate()?;
     let vocab = scorer.vocab_size();
     check_context(context, vocab)?;
     check_topk(topk_tokens, topk_logprobs, d, k, vocab)?;
-    with_scratch(|s| beam_search_in(s, scorer, context, topk_tokens, topk_logprobs, d, k, params, false))
+    with_scratch(|s| beam_search_in(s, scorer, context, topk_tokens, topk_logprobs, d, k, params, prune))
 }
 
 /// Upper bounds for the pruning against the tree's θ-th best path minimum (see
