@@ -34,6 +34,13 @@ V = 151_669
 EOS = V - 1
 
 
+def zipf_tokens(rng, n: int, a: float, table: np.ndarray, ids: int) -> np.ndarray:
+    """``n`` tokens of the generator (module docs) over ids ``0..ids-1``: ``(z_i + H[z_{i-1}
+    mod M]) mod ids``, ``z ~ Zipf(a)``, ``H = table`` (M entries)."""
+    z = rng.zipf(a, n + 1).astype(np.int64) - 1
+    return ((z[1:] % ids) + table[z[:-1] % len(table)]) % ids
+
+
 def gen_shards(work: Path, tokens: int, *, a: float, m: int, seed: int, shard_tokens: int = 4_000_000) -> list[Path]:
     work.mkdir(parents=True, exist_ok=True)
     tag = f"zipf-a{a}-m{m}-s{seed}-n{tokens}"
@@ -49,8 +56,7 @@ def gen_shards(work: Path, tokens: int, *, a: float, m: int, seed: int, shard_to
     i = 0
     while made < tokens:
         n = min(shard_tokens, tokens - made)
-        z = rng.zipf(a, n + 1).astype(np.int64) - 1
-        t = ((z[1:] % (V - 1)) + table[z[:-1] % m]) % (V - 1)
+        t = zipf_tokens(rng, n, a, table, V - 1)
         lens = rng.integers(200, 4000, n // 200 + 2)
         cuts = np.cumsum(lens)
         cuts = cuts[cuts < n]
