@@ -5,11 +5,17 @@ nodes; ``n_i = 0`` is a plain autoregressive step for that sequence) and commits
 ``E = sum_i E_i(n_i)`` tokens in expectation. The controller picks the budgets that
 maximise the batch's committed tokens per second, ``E / T``:
 
-* ``E_i(n) = 1 + sum_{j <= n} prod_{k <= j} r_{i,k}``: node j's chance of being accepted is
-  the chance that depths 1..j all are, with ``r_{i,k}`` sequence i's acceptance rate at depth
-  k given depth k-1 was accepted, exponentially averaged over its recent rounds
-  (:class:`Acceptance`). A new sequence starts from the batch's prior: the same average
-  over every sequence's rounds.
+* ``E_i(n) = 1 + sum_{j <= n} p_{i,j}``: the accepted length is the number of accepted nodes,
+  so its expectation is the sum of the nodes' chances of being accepted (on the path the
+  target takes), over the ``n`` nodes the sequence verifies. A node's chance comes from what
+  the search already knows about it: its depth and its path score (Eq. 10's cumulative
+  score, which falls along every path), through :class:`NodeCalibration`, a table of the
+  accepted share of the verified nodes of each (depth, score) cell, learned over every
+  round of the batch and shrunk toward ``PRIOR_RATE ** depth`` where it has seen little. So a
+  round where the drafter is sure of four tokens gets four nodes, and one where it guesses
+  gets few, whatever the sequence did before; and a tree's siblings count what they add
+  (a chain model of per-depth rates prices a budget's nodes as one chain, and undervalues
+  the siblings of a tree).
 * ``T = s * verify(R) + [any n_i > 0] * (draft + search) + per_token * E + controller``: the
   target forward's time for R rows is the verify-cost curve of this machine
   (:class:`CostCurve`, measured once per model / device / dtype / thread count and cached on
@@ -19,22 +25,31 @@ maximise the batch's committed tokens per second, ``E / T``:
   rows it visits: about one per committed token) and the controller's own time are running
   means of what the engine measured.
 
-A sequence given no nodes is not observed that round, so an estimate that fell (a stretch of
-text the drafter misses) would keep it at AR for good; instead every round it could have
-drafted and did not, its rates relax by :data:`RELAX` toward :data:`PRIOR_RATE`, so it drafts
-again after a few rounds and its rates follow what it measures then (the batch prior relaxes
-likewise in a round where no sequence drafted). RELAX is a quarter of ALPHA: while every draft
-misses, a sequence probes about one round in five.
+Two decisions a step. Before drafting (:meth:`BudgetController.choose`), which sequences
+draft at all, from each sequence's expected marginals ``p_{i,j}`` of its recent trees
+(:class:`Acceptance`: the calibrated chances of the j-th best node of its last trees,
+exponentially averaged; a new sequence starts from the batch's prior, the same average over
+every sequence). Those that draft get a tree of their whole cap; after the search
+(:meth:`BudgetController.refine`), with each tree's own calibrated chances and the draft
+now paid, the budgets are chosen again and each tree keeps its best ``n_i`` nodes
+(:func:`best_nodes`: ancestor-closed, since a child's chance never exceeds its parent's).
+
+A sequence given no nodes draws no tree, so an estimate that fell (a stretch of text the
+drafter misses) would keep it at AR for good; instead every round it could have drafted and
+did not, its expected marginals relax by :data:`RELAX` toward the prior's
+``PRIOR_RATE ** j``, so it drafts again after a few rounds and follows what its trees show
+then (the batch prior relaxes likewise in a round where no sequence drafted). RELAX is a
+quarter of ALPHA: while every draft misses, a sequence probes about one round in five.
 
 The rule (seed note Eq. 13): add the node whose ΔE/E exceeds ΔT/T by the most, while one
 does. T depends on the total row count only, so every candidate node has the same ΔT and
 "by the most" is the node with the largest ΔE -- the next node of the sequence whose next
-marginal ``prod r`` is largest. Those marginals never grow along a sequence, so the first
-K nodes of that order are the allocation with the largest E among all with K nodes; the
-controller walks that order to the end of the caps and keeps the K with the best E / T,
-which is the exact optimum of the model even where T is not convex (the CPU's native kernel
-takes 16 rows per call: the curve has steps) -- stopping at the first node that does not pay
-would stop at such a step. tests/test_controller.py checks it against brute force.
+marginal is largest. Those marginals never grow along a sequence, so the first K nodes of
+that order are the allocation with the largest E among all with K nodes; the controller walks
+that order to the end of the caps and keeps the K with the best E / T, which is the exact
+optimum of the model even where T is not convex (the CPU's native kernel takes 16 rows per
+call: the curve has steps) -- stopping at the first node that does not pay would stop at
+such a step. tests/test_controller.py checks it against brute force.
 """
 
 from __future__ import annotations
@@ -50,46 +65,136 @@ import numpy as np
 
 from dartcore.errors import DartError
 
-__all__ = ["Acceptance", "BudgetController", "CostCurve", "cost_cache_dir", "expected_tokens"]
+__all__ = ["Acceptance", "BudgetController", "CostCurve", "NodeCalibration", "best_nodes", "cost_cache_dir",
+           "expected_tokens"]
 
 # Exponential averaging weight of one round's outcome (a rate follows a change in ~1 / ALPHA
 # rounds: a few sentences of new text).
 ALPHA = 0.15
-# Prior acceptance rate per depth before anything was observed: DART's SmolLM2 drafter accepts
-# ~0.5 of depth-1 nodes on the eval prompts (tau 1.77 at 4 nodes, README).
+# A node's chance of acceptance before anything was observed: PRIOR_RATE ** depth (DART's SmolLM2
+# drafter accepts ~0.5 of depth-1 nodes on the eval prompts, tau 1.77 at 4 nodes, README).
 PRIOR_RATE = 0.5
-# Per round without drafting, an idle sequence's rates move this far toward PRIOR_RATE.
+# Per round without drafting, an idle sequence's marginals move this far toward the prior's.
 RELAX = ALPHA / 4
+# NodeCalibration's cells: depth 1, 2, 3 and deeper, by path score. Measured on SmolLM2 with the
+# shipped drafter and the bench index (one greedy run, 8-node trees): depth-1 nodes scoring
+# above -0.5 were accepted 93 % of the time, -1.5..-2 48 %, -2..-3 28 %, -4..-6 5 %, below -6 1 %.
+SCORE_EDGES = (-0.25, -0.5, -1.0, -1.5, -2.0, -2.5, -3.0, -4.0, -5.0, -6.0, -8.0)
+CALIBRATION_DEPTHS = 3
+# The prior's weight in a cell, in verified nodes; and the decay of the counts per round (a cell
+# follows the last ~1 / (1 - DECAY) rounds).
+PRIOR_WEIGHT = 4.0
+DECAY = 0.998
 
 
-def expected_tokens(rates: np.ndarray, n: int) -> float:
-    """``E(n) = 1 + sum_{j<=n} prod_{k<=j} rates[k-1]`` (the chain model, see the module docs)."""
-    return 1.0 + float(np.cumprod(rates[:n]).sum()) if n > 0 else 1.0
+def expected_tokens(gains: np.ndarray, n: int) -> float:
+    """``E(n) = 1 + sum_{j<=n} gains[j-1]``: the bonus token plus the chances of the ``n``
+    verified nodes (see the module docs)."""
+    return 1.0 + float(np.sum(gains[:n])) if n > 0 else 1.0
+
+
+def prior_gains(n: int) -> np.ndarray:
+    """The prior's marginals: the j-th best node of a chain, ``PRIOR_RATE ** j``."""
+    return PRIOR_RATE ** np.arange(1, n + 1, dtype=np.float64)
 
 
 @dataclass
 class Acceptance:
-    """Per-depth acceptance rates of one sequence (or of the batch: the prior)."""
+    """One sequence's (or the batch prior's) expected marginals: ``gains[j]``, the calibrated
+    chance of the (j+1)-th best node of its recent trees, exponentially averaged. Never
+    increasing in j."""
 
-    rates: np.ndarray
+    gains: np.ndarray
 
     @classmethod
     def prior(cls, depth: int) -> "Acceptance":
-        return cls(np.full(depth, PRIOR_RATE))
+        return cls(prior_gains(depth))
 
     def copy(self) -> "Acceptance":
-        return Acceptance(self.rates.copy())
+        return Acceptance(self.gains.copy())
 
-    def relax(self, alpha: float = RELAX, toward: float = PRIOR_RATE) -> None:
-        """A round this sequence could have drafted and did not: the rates move toward the
-        prior (see the module docs)."""
-        self.rates += alpha * (toward - self.rates)
+    def relax(self, alpha: float = RELAX) -> None:
+        """A round this sequence could have drafted and did not: the marginals move toward the
+        prior's (see the module docs)."""
+        self.gains += alpha * (prior_gains(len(self.gains)) - self.gains)
 
-    def observe(self, tree_depth: int, accepted: int, alpha: float = ALPHA) -> None:
-        """One round: a tree reaching ``tree_depth`` accepted ``accepted`` drafted tokens.
-        Depth k is observed when depth k - 1 was accepted and the tree had depth k."""
-        for k in range(1, min(tree_depth, accepted + 1, len(self.rates)) + 1):
-            self.rates[k - 1] += alpha * (float(accepted >= k) - self.rates[k - 1])
+    def observe(self, marginals: np.ndarray, cap: int, alpha: float = ALPHA) -> None:
+        """One tree of ``cap`` nodes (fewer when the search found fewer) had these ranked
+        chances: the first ``cap`` marginals move toward them (zero past the tree's end)."""
+        cap = min(int(cap), len(self.gains))
+        if cap <= 0:
+            return
+        got = np.zeros(cap)
+        m = np.asarray(marginals, dtype=np.float64)[:cap]
+        got[:len(m)] = m
+        self.gains[:cap] += alpha * (got - self.gains[:cap])
+        np.minimum.accumulate(self.gains, out=self.gains)
+
+
+class NodeCalibration:
+    """P(a tree node is accepted | its depth, its path score), from the verified nodes of every
+    round: per cell (depth 1, 2, 3+ x :data:`SCORE_EDGES`) the decayed counts of accepted and
+    verified nodes, shrunk toward ``PRIOR_RATE ** depth`` by :data:`PRIOR_WEIGHT` nodes. The
+    table is made monotone -- never larger for a lower score, never larger for a deeper
+    node at the same score -- so a child's chance never exceeds its parent's (the path score
+    only falls along a path) and the best nodes of a tree are ancestor-closed."""
+
+    def __init__(self):
+        shape = (CALIBRATION_DEPTHS, len(SCORE_EDGES) + 1)
+        self.hits = np.zeros(shape)
+        self.seen = np.zeros(shape)
+        self._edges = -np.asarray(SCORE_EDGES)  # ascending, for searchsorted on -score
+        self._prior = PRIOR_RATE ** np.arange(1, CALIBRATION_DEPTHS + 1, dtype=np.float64)[:, None]
+        self._table: np.ndarray | None = None
+
+    def _cells(self, depths: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        d = np.clip(np.asarray(depths, dtype=np.int64), 1, CALIBRATION_DEPTHS) - 1
+        return d, np.searchsorted(self._edges, -np.asarray(scores, dtype=np.float64), side="left")
+
+    def table(self) -> np.ndarray:
+        if self._table is None:
+            w = self.seen + PRIOR_WEIGHT
+            t = (self.hits + PRIOR_WEIGHT * self._prior) / w
+            # lower score: never more likely (each depth's cells pooled where they disagree,
+            # weighted by what they saw); deeper: never more likely
+            t = np.array([_decreasing(row, wr) for row, wr in zip(t, w)])
+            self._table = np.minimum.accumulate(t, axis=0)
+        return self._table
+
+    def probs(self, depths, scores) -> np.ndarray:
+        """The chance of each node (depth >= 1) given its depth and path score."""
+        d, b = self._cells(depths, scores)
+        return self.table()[d, b]
+
+    def observe(self, depths, scores, accepted) -> None:
+        """One round's verified nodes (depth >= 1) and whether each was on the accepted path."""
+        self.hits *= DECAY
+        self.seen *= DECAY
+        d, b = self._cells(depths, scores)
+        np.add.at(self.seen, (d, b), 1.0)
+        np.add.at(self.hits, (d, b), np.asarray(accepted, dtype=np.float64))
+        self._table = None
+
+
+def _decreasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """The weighted least-squares non-increasing fit of ``values`` (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for v, w in zip(values, weights):
+        blocks.append([float(v), float(w), 1])
+        while len(blocks) > 1 and blocks[-2][0] < blocks[-1][0]:
+            m2, w2, c2 = blocks.pop()
+            m1, w1, c1 = blocks[-1]
+            blocks[-1] = [(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, c1 + c2]
+    return np.concatenate([np.full(c, m) for m, _, c in blocks])
+
+
+def best_nodes(probs: np.ndarray, depths: np.ndarray) -> np.ndarray:
+    """Indices of a tree's non-root nodes (1-based), best first: by chance, ties shallower then
+    earlier. With chances that never grow from parent to child, every prefix is
+    ancestor-closed."""
+    probs = np.asarray(probs, dtype=np.float64)
+    idx = np.arange(1, len(probs) + 1)
+    return idx[np.lexsort((idx, np.asarray(depths), -probs))]
 
 
 class CostCurve:
@@ -182,7 +287,7 @@ def _curve_key(target) -> dict:
 @dataclass
 class BudgetController:
     """Chooses each step's budgets (see the module docs). ``curve``: the verify-cost curve;
-    ``max_nodes``: the largest budget per sequence (and the depth of the rates kept)."""
+    ``max_nodes``: the largest budget per sequence (and the length of the marginals kept)."""
 
     curve: CostCurve
     max_nodes: int
@@ -192,24 +297,50 @@ class BudgetController:
     controller_ms: float = 0.0
     verify_scale: float = 1.0  # measured verify time / curve
     prior: Acceptance = field(init=False)
+    calibration: NodeCalibration = field(init=False)
     choose_s: float = 0.0  # total time spent choosing
 
     def __post_init__(self):
         if self.max_nodes < 0:
             raise ValueError(f"max_nodes must be >= 0, got {self.max_nodes}")
         self.prior = Acceptance.prior(max(self.max_nodes, 1))
+        self.calibration = NodeCalibration()
         if self.draft_ms is None:
             # Until a draft was timed: about a quarter of a one-row verify (SmolLM2's drafter
             # is one layer and a head over 8k tokens against 30 layers and a 49k head).
             self.draft_ms = 0.25 * float(self.curve(1))
 
     def new_sequence(self) -> Acceptance:
-        """A new sequence's rates: the batch's prior."""
+        """A new sequence's expected marginals: the batch's prior."""
         return self.prior.copy()
 
-    def observe(self, acc: Acceptance, tree_depth: int, accepted: int) -> None:
-        acc.observe(tree_depth, accepted, self.alpha)
-        self.prior.observe(tree_depth, accepted, self.alpha)
+    # -- what a tree's nodes are worth ------------------------------------------------------
+
+    def node_probs(self, tree) -> np.ndarray:
+        """The calibrated chance of each non-root node of ``tree`` (node order)."""
+        return self.calibration.probs(tree.depths[1:], tree.scores[1:])
+
+    def ranked(self, tree) -> tuple[np.ndarray, np.ndarray]:
+        """``tree``'s non-root nodes best first (:func:`best_nodes`) and their chances."""
+        p = self.node_probs(tree)
+        order = best_nodes(p, tree.depths[1:])
+        return order, p[order - 1]
+
+    def observe_tree(self, acc: Acceptance, marginals: np.ndarray, cap: int) -> None:
+        """A sequence drew a tree of (up to) ``cap`` nodes with these ranked chances."""
+        acc.observe(marginals, cap, self.alpha)
+        self.prior.observe(marginals, cap, self.alpha)
+
+    def observe_verified(self, tree, path) -> None:
+        """The verified ``tree`` and its accepted ``path`` (node indices from the root):
+        every non-root node is one observation of its calibration cell."""
+        if len(tree) < 2:
+            return
+        accepted = np.zeros(len(tree) - 1)
+        accepted[np.asarray(path[1:], dtype=np.int64) - 1] = 1.0
+        self.calibration.observe(tree.depths[1:], tree.scores[1:], accepted)
+
+    # -- times --------------------------------------------------------------------------------
 
     def timed(self, *, rows: int, verify_ms: float, draft_ms: float | None, per_token_ms: float | None) -> None:
         """Fold one step's measured times into the running means: its verify forward of
@@ -230,38 +361,55 @@ class BudgetController:
         return (self.verify_scale * float(self.curve(rows)) + (self.draft_ms if drafting else 0.0)
                 + self.per_token_ms * expected + self.controller_ms)
 
+    # -- the two decisions --------------------------------------------------------------------
+
     def choose(self, accs: list[Acceptance], caps: list[int]) -> list[int]:
-        """Budgets ``n_i <= caps[i]`` maximising ``E / T`` (see the module docs)."""
+        """Before drafting: budgets ``n_i <= caps[i]`` maximising ``E / T`` from each
+        sequence's expected marginals (see the module docs); a sequence with ``n_i > 0``
+        draws a tree."""
         t0 = time.perf_counter()
-        budgets = self._choose(accs, caps)
-        idle = [acc for acc, cap, n in zip(accs, caps, budgets) if n == 0 and min(int(cap), self.max_nodes) > 0]
+        caps = [min(int(c), self.max_nodes, len(a.gains)) for a, c in zip(accs, caps)]
+        budgets = self._allocate([a.gains[:c] for a, c in zip(accs, caps)], self.draft_ms)
+        idle = [acc for acc, cap, n in zip(accs, caps, budgets) if n == 0 and cap > 0]
         for acc in idle:
             acc.relax(self.alpha / 4)
         if idle and not any(budgets):
             self.prior.relax(self.alpha / 4)
+        self._timed_choice(t0)
+        return budgets
+
+    def refine(self, marginals: list[np.ndarray]) -> list[int]:
+        """After the search: budgets from each tree's own ranked chances (``marginals[i]``,
+        empty for a sequence without a tree), the draft already paid."""
+        t0 = time.perf_counter()
+        budgets = self._allocate(marginals, 0.0)
+        self._timed_choice(t0)
+        return budgets
+
+    def _timed_choice(self, t0: float) -> None:
         dt = time.perf_counter() - t0
         self.choose_s += dt
         self.controller_ms += 0.2 * (1e3 * dt - self.controller_ms)
-        return budgets
 
-    def _choose(self, accs: list[Acceptance], caps: list[int]) -> list[int]:
-        b = len(accs)
+    def _allocate(self, marginals: list[np.ndarray], draft_ms: float) -> list[int]:
+        """The exact optimum of ``E / T`` over budgets ``n_i <= len(marginals[i])`` for
+        marginals that never grow along a sequence (see the module docs)."""
+        b = len(marginals)
         owners, gains = [], []
-        for i, (acc, cap) in enumerate(zip(accs, caps)):
-            cap = min(int(cap), self.max_nodes, len(acc.rates))
-            if cap > 0:
-                gains.append(np.cumprod(acc.rates[:cap]))
-                owners.append(np.full(cap, i))
+        for i, m in enumerate(marginals):
+            if len(m):
+                gains.append(np.asarray(m, dtype=np.float64))
+                owners.append(np.full(len(m), i))
         budgets = [0] * b
         if not gains:
             return budgets
         gain = np.concatenate(gains)
         owner = np.concatenate(owners)
-        # Largest marginal first; ties keep each sequence's nodes in depth order (stable sort).
+        # Largest marginal first; ties keep each sequence's nodes in order (stable sort).
         order = np.argsort(-gain, kind="stable")
         e = b + np.concatenate(([0.0], np.cumsum(gain[order])))
         k = np.arange(len(e))
-        t = (self.verify_scale * self.curve(b + k) + np.where(k > 0, self.draft_ms, 0.0) + self.per_token_ms * e
+        t = (self.verify_scale * self.curve(b + k) + np.where(k > 0, draft_ms, 0.0) + self.per_token_ms * e
              + self.controller_ms)
         best = int(np.argmax(e / t))
         for i in owner[order[:best]]:

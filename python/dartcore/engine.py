@@ -5,9 +5,12 @@ Per :meth:`Engine.step` (ARCHITECTURE.md "Batched decoding")::
     admit     queued requests take free KV slots; their prompts run through the target
               (prefill, one forward each) and commit their first token
     budgets   each running sequence's node budget: fixed, or the controller's choice
-              (dartcore.controller: expected committed tokens per second of the batch)
+              (dartcore.controller: expected committed tokens per second of the batch;
+              a sequence it lets draft draws a tree of its whole cap)
     draft     ONE drafter pass over every drafting sequence's new positions
-    search    the trees (beam_search_batch for the DART builder, else per sequence)
+    search    the trees (beam_search_batch for the DART builder, else per sequence);
+              under the controller each tree is then cut to the budget chosen again from
+              its own nodes' calibrated chances
     verify    ONE target forward over all trees' rows, each row at its own position under
               its own ancestor mask over its own sequence's prefix
     accept    per sequence: acceptance walk, bonus token, KV compaction, stop checks
@@ -43,6 +46,8 @@ from dartcore.errors import ContextLengthError, DartError
 from dartcore.models.kv_pool import KVPool
 from dartcore.sampling import Sampler, check_seed
 from dartcore.sampling import SamplingParams as _Warpers
+from dartcore.tree import Tree
+from dartcore.verify import keep_nodes
 
 __all__ = ["Engine", "SamplingParams", "RequestOutput", "EngineStats", "StepStats", "UnknownRequestError"]
 
@@ -300,14 +305,18 @@ class Engine:
                     depths.append(depth)
                     caps.append(cap)
                 if self.controller is not None:
+                    # who draws a tree; each that does draws one of its whole cap
                     chosen = self.controller.choose([r.acceptance for r in running], caps)
-                    for seq, n in zip(seqs, chosen):
-                        seq.budget = n
+                    for seq, n, cap in zip(seqs, chosen, caps):
+                        seq.budget = cap if n > 0 else 0
                 lap("controller")
                 drafted = dec._draft(seqs, depths)
                 lap("draft")
                 trees = dec._search(seqs, drafted, depths)
                 lap("search")
+                if self.controller is not None:
+                    trees = self._refine(running, trees)
+                    lap("controller")
                 outs = dec._verify(seqs, trees)
                 lap("verify")
                 logits = dec.backend.tree_logits_batch(outs, trees)
@@ -317,7 +326,7 @@ class Engine:
                     new = seq.generated[base:]
                     req.budgets.append(len(tree) - 1)
                     if self.controller is not None:
-                        self.controller.observe(req.acceptance, int(tree.depths.max()), seq.accepted)
+                        self.controller.observe_verified(tree, seq.path)
                     st.committed += len(new)
                     if done:
                         self._running.remove(req)
@@ -340,6 +349,28 @@ class Engine:
         return outputs
 
     # -- helpers ------------------------------------------------------------------------------
+
+    def _refine(self, running: list[_Request], trees: list[Tree]) -> list[Tree]:
+        """The controller's second decision (dartcore.controller): each drawn tree's nodes
+        ranked by their calibrated chances, the budgets chosen again from them, and each tree
+        cut to its best ``n_i`` nodes (an ancestor-closed subtree)."""
+        ctrl = self.controller
+        ranked = []
+        for req, tree in zip(running, trees):
+            if len(tree) > 1:
+                order, marginals = ctrl.ranked(tree)
+                ctrl.observe_tree(req.acceptance, marginals, req.seq.budget)
+            else:
+                order, marginals = np.zeros(0, dtype=np.int64), np.zeros(0)
+            ranked.append((order, marginals))
+        budgets = ctrl.refine([m for _, m in ranked])
+        out = []
+        for req, tree, (order, _), n in zip(running, trees, ranked, budgets):
+            if n < len(tree) - 1:
+                tree = keep_nodes(tree, np.concatenate(([0], np.sort(order[:n]))))
+            req.seq.budget = n
+            out.append(tree)
+        return out
 
     def _admit(self, req: _Request) -> RequestOutput | None:
         dec = self.decoder

@@ -44,7 +44,13 @@ def prune(tree: Tree, *, max_depth: int, max_nodes: int) -> Tree:
     with it on trees from builders that overshoot it (the built-in ones never do)."""
     if max_nodes < 1:
         raise TreeError("a tree keeps at least its root (max_nodes >= 1)")
-    keep = np.flatnonzero(tree.depths <= max_depth)[:max_nodes]
+    return keep_nodes(tree, np.flatnonzero(tree.depths <= max_depth)[:max_nodes])
+
+
+def keep_nodes(tree: Tree, keep: np.ndarray) -> Tree:
+    """The tree of nodes ``keep`` (ascending indices, the root and every kept node's parent
+    among them), in their order."""
+    keep = np.asarray(keep, dtype=np.int64)
     if len(keep) == len(tree):
         return tree
     remap = np.full(len(tree), -1, dtype=np.int64)
