@@ -46,15 +46,13 @@ def _save(path: Path, tokens: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
-def write_real(out: Path, files: list[str], tokenizer: str, shard_tokens: int) -> int:
-    """The real documents, tokenised, EOS after each; returns the tokens written."""
+def write_real(out: Path, files: list[str], tok, shard_tokens: int) -> int:
+    """The real documents, tokenised by ``tok``, EOS after each; returns the tokens written."""
     from dartcore.corpus import open_corpus
-    from dartcore.tokenizers import load_tokenizer
 
     done = out / "real.DONE"
     if done.exists():
         return int(done.read_text())
-    tok = load_tokenizer(tokenizer)
     corpus = open_corpus("dolma", files=files)
     eos = np.array([tok.eos_id], dtype=np.uint16)
     parts, size, shard, total, batch = [], 0, 0, 0, []
@@ -131,7 +129,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     tok = load_tokenizer("smollm2")
     t0 = time.perf_counter()
-    real = write_real(args.out, files, "smollm2", args.shard_tokens)
+    real = write_real(args.out, files, tok, args.shard_tokens)
     print(f"real: {real:,} tokens from {len(files)} files ({time.perf_counter() - t0:.0f} s)", flush=True)
     t0 = time.perf_counter()
     synth = write_synthetic(args.out, args.synthetic_tokens, vocab=tok.vocab_size, eos_id=tok.eos_id,

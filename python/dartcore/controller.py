@@ -124,10 +124,8 @@ class Acceptance:
         cap = min(int(cap), len(self.gains))
         if cap <= 0:
             return
-        got = np.zeros(cap)
         m = np.asarray(marginals, dtype=np.float64)[:cap]
-        got[:len(m)] = m
-        self.gains[:cap] += alpha * (got - self.gains[:cap])
+        self.gains[:cap] += alpha * (np.pad(m, (0, cap - len(m))) - self.gains[:cap])
         np.minimum.accumulate(self.gains, out=self.gains)
 
 
@@ -144,7 +142,7 @@ class NodeCalibration:
         self.hits = np.zeros(shape)
         self.seen = np.zeros(shape)
         self._edges = -np.asarray(SCORE_EDGES)  # ascending, for searchsorted on -score
-        self._prior = PRIOR_RATE ** np.arange(1, CALIBRATION_DEPTHS + 1, dtype=np.float64)[:, None]
+        self._prior = prior_gains(CALIBRATION_DEPTHS)[:, None]
         self._table: np.ndarray | None = None
 
     def _cells(self, depths: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -147,7 +147,6 @@ class _Sequence:
     new_next: list[int] = field(default_factory=list)  # the token after each of those positions
     limit: int = 0  # committed tokens this sequence may reach (the context, or its KV slot)
     budget: int = 0  # this round's node budget
-    accepted: int = 0  # drafted tokens the last round accepted
     path: list[int] = field(default_factory=lambda: [0])  # the last round's accepted nodes, root first
 
     @property
@@ -559,7 +558,6 @@ class DartDecoder:
         seq.cache.compact(acc.path)
         new = [int(t) for t in tree.tokens[acc.path[1:]]] + [acc.bonus]
         seq.stats._count(acc.accepted, len(tree) - 1)
-        seq.accepted = acc.accepted
         seq.path = acc.path
         seq.committed.extend(new)
         if self.drafter is not None:
