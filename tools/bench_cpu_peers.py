@@ -2,7 +2,9 @@
 """dartcore against llama.cpp on the CPU, same SmolLM2-135M-Instruct GGUF, same prompts.
 
 In one run, on the same chat prompts (token ids from the GGUF's chat template), greedy, the
-same number of new tokens and threads:
+same number of new tokens and threads, each engine's group of rows in a fresh process of its
+own (engines that share a process slow each other: llama.cpp ran at a quarter of its speed
+after dartcore's decoders in the same process):
 
 * dartcore with the GGUF's blocks (``quantized``: Q4_1 layers, Q8_0 embedding / LM head,
   streamed by the native kernels): ``ar``, ``dart``, ``dart+ctx``;
@@ -129,47 +131,56 @@ def drafter_bytes(drafter) -> int:
     return sum(p.numel() * 2 for n, p in drafter.named_parameters() if "embed" not in n)
 
 
-def run_dartcore(args, prompts_ids, index, report):
-    import torch
-
+def run_dartcore(args, path: str, prompts_ids, index) -> list[dict]:
+    """dartcore's rows on one weight path (``quantized`` or ``fp32``)."""
     from dartcore import DartDecoder
     from dartcore.drafter import DartDrafter
     from dartcore.models.hub import load_target
 
-    rows, reference = [], None
-    for path in ("quantized", "fp32"):
-        model, tok = load_target("smollm2", quantized=(path == "quantized"))
-        drafter = DartDrafter.from_pretrained(args.drafter, model, tokenizer=tok)
-        decs = {m: DartDecoder(model, tok, drafter, index, tree=m) for m in METHODS}
-        assert decs["ar"].target.blocks == (path == "quantized")
-        wbytes = weight_bytes(decs["ar"].target)
-        dbytes = drafter_bytes(drafter)
-        for dec in decs.values():  # warm-up
-            dec.generate(prompts_ids[0], max_new_tokens=8)
-        for m, dec in decs.items():
-            toks, secs, rounds, outs = 0, 0.0, 0, []
-            for ids in prompts_ids:
-                res = dec.generate(ids, max_new_tokens=args.max_new_tokens)
-                toks += res.stats.new_tokens
-                secs += res.stats.total_s
-                rounds += res.stats.rounds
-                outs.append(list(res.tokens))
-            if path == "fp32" and m == "ar":
-                reference = outs
-            per_round = wbytes + (dbytes if m != "ar" else 0)
-            # forwards = rounds + one prefill per prompt (its weights read once per 16 rows: ignored)
-            bytes_per_token = per_round * (rounds + len(prompts_ids)) / max(toks, 1)
-            rows.append({"engine": "dartcore", "weights": path, "method": m, "new_tokens": toks, "seconds": secs,
-                         "tok_per_s": toks / secs, "tau": (toks - len(prompts_ids)) / rounds if rounds else None,
-                         "weight_bytes_per_forward": per_round, "bytes_per_token": bytes_per_token,
-                         "read_gb_per_s": bytes_per_token * toks / secs / 1e9, "outputs": outs})
-            print(f"dartcore {path:9s} {m:9s} {toks / secs:7.1f} tok/s", flush=True)
-        del decs, drafter, model
-        torch.cuda.empty_cache() if torch.cuda.is_available() else None
-    for r in rows:
-        r["identical_to_fp32_ar"] = sum(o == ref for o, ref in zip(r["outputs"], reference)) / len(reference)
-    report["rows"].extend(rows)
-    return reference
+    rows = []
+    model, tok = load_target("smollm2", quantized=(path == "quantized"))
+    drafter = DartDrafter.from_pretrained(args.drafter, model, tokenizer=tok)
+    decs = {m: DartDecoder(model, tok, drafter, index, tree=m) for m in METHODS}
+    assert decs["ar"].target.blocks == (path == "quantized")
+    wbytes = weight_bytes(decs["ar"].target)
+    dbytes = drafter_bytes(drafter)
+    for dec in decs.values():  # warm-up
+        dec.generate(prompts_ids[0], max_new_tokens=8)
+    for m, dec in decs.items():
+        toks, secs, rounds, outs = 0, 0.0, 0, []
+        for ids in prompts_ids:
+            res = dec.generate(ids, max_new_tokens=args.max_new_tokens)
+            toks += res.stats.new_tokens
+            secs += res.stats.total_s
+            rounds += res.stats.rounds
+            outs.append(list(res.tokens))
+        per_round = wbytes + (dbytes if m != "ar" else 0)
+        # forwards = rounds + one prefill per prompt (its weights read once per 16 rows: ignored)
+        bytes_per_token = per_round * (rounds + len(prompts_ids)) / max(toks, 1)
+        rows.append({"engine": "dartcore", "weights": path, "method": m, "new_tokens": toks, "seconds": secs,
+                     "tok_per_s": toks / secs, "tau": (toks - len(prompts_ids)) / rounds if rounds else None,
+                     "weight_bytes_per_forward": per_round, "bytes_per_token": bytes_per_token,
+                     "read_gb_per_s": bytes_per_token * toks / secs / 1e9, "outputs": outs})
+        print(f"dartcore {path:9s} {m:9s} {toks / secs:7.1f} tok/s", file=sys.stderr, flush=True)
+    return rows
+
+
+def run_child(group: str, args, prompts_ids, q_path: Path, out_dir: Path) -> dict:
+    """One engine's rows in a fresh process (``--engine-child``): engines that share a process
+    slow each other down (llama.cpp decoded at 16 tok/s after dartcore's decoders in the same
+    process, 57-71 alone), so each runs on its own."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    res = out_dir / f"child-{group}.json"
+    cmd = [sys.executable, __file__, "--engine-child", group, "--child-out", str(res), "--out", str(out_dir),
+           "--threads", str(args.threads), "--prompts", str(args.prompts), "--max-new-tokens",
+           str(args.max_new_tokens), "--lookup-tokens", str(args.lookup_tokens), "--drafter", args.drafter]
+    if args.index:
+        cmd += ["--index", args.index]
+    res.unlink(missing_ok=True)
+    done = subprocess.run(cmd, env=env, timeout=3600)
+    if done.returncode != 0 or not res.is_file():
+        raise SystemExit(f"bench_cpu_peers: the {group} run failed (exit {done.returncode})")
+    return json.loads(res.read_text())
 
 
 def f32_gguf(q_path: Path, out_dir: Path, threads: int) -> Path:
@@ -193,18 +204,18 @@ def f32_gguf(q_path: Path, out_dir: Path, threads: int) -> Path:
     return out
 
 
-def run_llama_cpp(args, prompts_ids, reference, report, q_path: Path, out_dir: Path):
+def run_llama_cpp(args, prompts_ids, q_path: Path, out_dir: Path) -> dict:
+    """llama.cpp's rows (``rows``) and its version, or why it was skipped (``skipped``)."""
     try:
         import llama_cpp
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
     except ImportError as e:
-        report["llama_cpp"] = {"skipped": f"llama-cpp-python is not installed here ({e}); "
-                                          "pip install 'dartcore[peers]' builds it (cmake, a few minutes)"}
-        print(report["llama_cpp"]["skipped"], flush=True)
-        return
-    report["llama_cpp"] = {"version": llama_cpp.__version__,
-                           "system_info": llama_cpp.llama_print_system_info().decode(errors="replace")}
+        return {"skipped": f"llama-cpp-python is not installed here ({e}); "
+                           "pip install 'dartcore[peers]' builds it (cmake, a few minutes)"}
+    info = {"version": llama_cpp.__version__,
+            "system_info": llama_cpp.llama_print_system_info().decode(errors="replace")}
+    rows = []
     files = {"q4_1": q_path, "f32": f32_gguf(q_path, out_dir, args.threads)}
     for weights, path in files.items():
         for method in ("plain", "prompt-lookup"):
@@ -228,15 +239,14 @@ def run_llama_cpp(args, prompts_ids, reference, report, q_path: Path, out_dir: P
                 toks += len(got)
                 outs.append(got)
             nbytes = path.stat().st_size
-            report["rows"].append({"engine": "llama.cpp", "weights": weights, "method": method, "new_tokens": toks,
-                                   "seconds": secs, "tok_per_s": toks / secs, "tau": None,
-                                   "weight_bytes_per_forward": nbytes,
-                                   "bytes_per_token": None if method != "plain" else nbytes,
-                                   "read_gb_per_s": None if method != "plain" else nbytes * toks / secs / 1e9,
-                                   "identical_to_fp32_ar": sum(o == r for o, r in zip(outs, reference)) / len(reference),
-                                   "outputs": outs})
-            print(f"llama.cpp {weights:8s} {method:13s} {toks / secs:7.1f} tok/s", flush=True)
+            rows.append({"engine": "llama.cpp", "weights": weights, "method": method, "new_tokens": toks,
+                         "seconds": secs, "tok_per_s": toks / secs, "tau": None, "weight_bytes_per_forward": nbytes,
+                         "bytes_per_token": None if method != "plain" else nbytes,
+                         "read_gb_per_s": None if method != "plain" else nbytes * toks / secs / 1e9,
+                         "outputs": outs})
+            print(f"llama.cpp {weights:8s} {method:13s} {toks / secs:7.1f} tok/s", file=sys.stderr, flush=True)
             del llm
+    return {**info, "rows": rows}
 
 
 def markdown(report: dict) -> str:
@@ -281,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(REPO / "artifacts" / "bench_cpu_peers"))
     p.add_argument("--json", action="store_true", help="print the JSON report")
     p.add_argument("--rss-child", choices=["quantized", "fp32"], help=argparse.SUPPRESS)
+    p.add_argument("--engine-child", choices=["quantized", "fp32", "llama.cpp"], help=argparse.SUPPRESS)
+    p.add_argument("--child-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.rss_child:
         rss_child(args.rss_child, args.threads)
@@ -292,7 +304,6 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     from dartcore.benchmark.datasets import load_prompts
-    from dartcore.index import NgramIndex
     from dartcore.kernels.linear import native_linear_isa
     from dartcore.models.hub import gguf_source, load_hf_tokenizer
 
@@ -305,6 +316,17 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load_prompts("builtin", args.prompts)
     ids = [tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True) for m in prompts]
     ids = [list(e["input_ids"]) if hasattr(e, "keys") else list(e) for e in ids]
+    if args.engine_child:
+        if args.engine_child == "llama.cpp":
+            got = run_llama_cpp(args, ids, q_path, out_dir)
+        else:
+            from dartcore.index import NgramIndex
+
+            got = {"rows": run_dartcore(args, args.engine_child, ids, NgramIndex(args.index))}
+        tmp = Path(args.child_out + ".tmp")
+        tmp.write_text(json.dumps(got))
+        os.replace(tmp, args.child_out)
+        return 0
     report = {"gguf": q_path.name, "prompts": len(ids), "max_new_tokens": args.max_new_tokens, "rows": [],
               "machine": {"cpu": _cpu_name(), "cpus": os.cpu_count(), "threads": args.threads,
                           "isa": native_linear_isa(), "platform": platform.platform()},
@@ -312,9 +334,18 @@ def main(argv: list[str] | None = None) -> int:
               "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])}
     report["read_bandwidth_gb_s"] = read_bandwidth(args.threads)
     print(f"read bandwidth {report['read_bandwidth_gb_s']:.1f} GB/s", flush=True)
-    reference = run_dartcore(args, ids, NgramIndex(args.index), report)
+    for group in ("quantized", "fp32"):
+        report["rows"] += run_child(group, args, ids, q_path, out_dir)["rows"]
     if not args.no_llama_cpp:
-        run_llama_cpp(args, ids, reference, report, q_path, out_dir)
+        peer = run_child("llama.cpp", args, ids, q_path, out_dir)
+        report["rows"] += peer.pop("rows", [])
+        report["llama_cpp"] = peer
+        if "skipped" in peer:
+            print(peer["skipped"], flush=True)
+    reference = next(r["outputs"] for r in report["rows"] if r["engine"] == "dartcore" and r["weights"] == "fp32"
+                     and r["method"] == "ar")
+    for r in report["rows"]:
+        r["identical_to_fp32_ar"] = sum(o == ref for o, ref in zip(r["outputs"], reference)) / len(reference)
     if not args.no_rss:
         report["rss"] = measure_rss(args.threads)
     text = markdown(report)
