@@ -16,11 +16,13 @@ maximise the batch's committed tokens per second, ``E / T``:
   gets few, whatever the sequence did before; and a tree's siblings count what they add
   (a chain model of per-depth rates prices a budget's nodes as one chain, and undervalues
   the siblings of a tree).
-* ``T = s * verify(R) + [any n_i > 0] * (draft + search) + per_token * E + controller``: the
-  target forward's time for R rows is the verify-cost curve of this machine
+* ``T = s(R) * verify(R) + [any n_i > 0] * (draft + search) + per_token * E + controller``:
+  the target forward's time for R rows is the verify-cost curve of this machine
   (:class:`CostCurve`, measured once per model / device / dtype / thread count and cached on
-  disk), scaled by ``s``, the running ratio of the engine's measured verify times to the
-  curve (a shared machine's load changes after the curve was measured); the draft + search
+  disk), scaled by ``s(R)``, the running ratio of the engine's measured verify times of R
+  rows to the curve, shrunk toward the ratio over all steps where few steps had R rows (a
+  shared machine's load changes after the curve was measured, and the forward inside the
+  engine need not cost what it did alone), kept non-decreasing in R; the draft + search
   time, the acceptance time per committed token (on the CPU the walk computes the LM-head
   rows it visits: about one per committed token) and the controller's own time are running
   means of what the engine measured.
@@ -29,7 +31,10 @@ Two decisions a step. Before drafting (:meth:`BudgetController.choose`), which s
 draft at all, from each sequence's expected marginals ``p_{i,j}`` of its recent trees
 (:class:`Acceptance`: the calibrated chances of the j-th best node of its last trees,
 exponentially averaged; a new sequence starts from the batch's prior, the same average over
-every sequence). Those that draft get a tree of their whole cap; after the search
+every sequence). Those that draft get a tree of their budget plus :data:`DRAW_SLACK` nodes
+(within their cap: room for a round where the drafter is surer than usual, without the
+drafter rows of a whole cap -- two sequences of 8 rows each plus their new positions pass the
+native draft's 16 rows, 9.8 ms a draft against 4.0 for 4 rows each); after the search
 (:meth:`BudgetController.refine`), with each tree's own calibrated chances and the draft
 now paid, the budgets are chosen again and each tree keeps its best ``n_i`` nodes
 (:func:`best_nodes`: ancestor-closed, since a child's chance never exceeds its parent's).
@@ -65,8 +70,8 @@ import numpy as np
 
 from dartcore.errors import DartError
 
-__all__ = ["Acceptance", "BudgetController", "CostCurve", "NodeCalibration", "best_nodes", "cost_cache_dir",
-           "expected_tokens"]
+__all__ = ["DRAW_SLACK", "Acceptance", "BudgetController", "CostCurve", "NodeCalibration", "best_nodes",
+           "cost_cache_dir", "expected_tokens"]
 
 # Exponential averaging weight of one round's outcome (a rate follows a change in ~1 / ALPHA
 # rounds: a few sentences of new text).
@@ -85,6 +90,13 @@ CALIBRATION_DEPTHS = 3
 # follows the last ~1 / (1 - DECAY) rounds).
 PRIOR_WEIGHT = 4.0
 DECAY = 0.998
+# The verify time of each row count as the engine measured it: per count, the decayed mean of
+# the measured / curve ratios (a count follows its last ~1 / (1 - ROW_DECAY) steps), shrunk
+# toward the ratio over all steps by ROW_PRIOR steps.
+ROW_PRIOR = 4.0
+# A sequence that drafts draws a tree of its chosen budget plus this many nodes (module docs).
+DRAW_SLACK = 2
+ROW_DECAY = 0.995
 
 
 def expected_tokens(gains: np.ndarray, n: int) -> float:
@@ -186,6 +198,11 @@ def _decreasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return np.concatenate([np.full(c, m) for m, _, c in blocks])
 
 
+def _increasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """The weighted least-squares non-decreasing fit of ``values``."""
+    return -_decreasing(-np.asarray(values, dtype=np.float64), weights)
+
+
 def best_nodes(probs: np.ndarray, depths: np.ndarray) -> np.ndarray:
     """Indices of a tree's non-root nodes (1-based), best first: by chance, ties shallower then
     earlier. With chances that never grow from parent to child, every prefix is
@@ -205,10 +222,12 @@ class CostCurve:
             raise DartError("a verify-cost curve needs measured points with rows >= 1")
         self.points = pts
         self.rows = np.array([p[0] for p in pts], dtype=np.float64)
-        # A forward of more rows never costs less, and another job's noise on a shared machine
-        # only adds time (seen: 128 ms for 1 row, 105 ms for 2; 331 ms for 10 rows, 165 for 12):
-        # the curve is the lower envelope, each point the least time measured at its size or more.
-        self.ms = np.minimum.accumulate(np.array([p[1] for p in pts], dtype=np.float64)[::-1])[::-1].copy()
+        # A forward of more rows never costs less: the curve is the least-squares non-decreasing
+        # fit of the measured medians (pool adjacent violators). Not their lower envelope: one
+        # low reading (5 rows at 39 ms after 1-4 rows at 39-47) would make every smaller size
+        # as cheap, and the slope the controller weighs nodes by would vanish.
+        ms = np.array([p[1] for p in pts], dtype=np.float64)
+        self.ms = _increasing(ms, np.ones_like(ms))
 
     def __call__(self, rows) -> np.ndarray | float:
         r = np.asarray(rows, dtype=np.float64)
@@ -246,10 +265,9 @@ class CostCurve:
         sizes = sorted({r for r in (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 17, 20, 24, 32, 40, 48, 64, 80, 96, 128,
                                     160, 192, 256) if r <= max_rows} | {max_rows})
         with backend.round_scope():  # the forward as the engine's verify runs it
-            passes = [measure_verify_cost(target, prefix_len=128, sizes=sizes, repeats=3, seed=seed,
-                                          logits_rows=backend.verify_logits_rows()) for seed in (0, 1)]
-        # two passes over the sizes, the smaller median of each: a burst of load in one pass
-        points = [{"rows": a["nodes"], "ms": min(a["ms"], b["ms"])} for a, b in zip(*passes)]
+            measured = measure_verify_cost(target, prefix_len=128, sizes=sizes, repeats=5,
+                                           logits_rows=backend.verify_logits_rows())
+        points = [{"rows": a["nodes"], "ms": a["ms"]} for a in measured]
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps({"key": key, "points": points, "measured_at": time.time()}, indent=1))
@@ -293,7 +311,7 @@ class BudgetController:
     draft_ms: float | None = None  # running means of the engine's measured stage times:
     per_token_ms: float = 0.0  # acceptance (LM-head rows on the CPU) per committed token
     controller_ms: float = 0.0
-    verify_scale: float = 1.0  # measured verify time / curve
+    verify_scale: float = 1.0  # measured verify time / curve, over all steps
     prior: Acceptance = field(init=False)
     calibration: NodeCalibration = field(init=False)
     choose_s: float = 0.0  # total time spent choosing
@@ -303,6 +321,11 @@ class BudgetController:
             raise ValueError(f"max_nodes must be >= 0, got {self.max_nodes}")
         self.prior = Acceptance.prior(max(self.max_nodes, 1))
         self.calibration = NodeCalibration()
+        # per row count r (index r): decayed sums of measured / curve ratios, and their weights
+        self._ratio_sum = np.zeros(2)
+        self._ratio_n = np.zeros(2)
+        self._verify_table: np.ndarray | None = None
+        self._table_scale = self.verify_scale
         if self.draft_ms is None:
             # Until a draft was timed: about a quarter of a one-row verify (SmolLM2's drafter
             # is one layer and a head over 8k tokens against 30 layers and a 49k head).
@@ -346,17 +369,51 @@ class BudgetController:
         time per committed token."""
         a = 0.2
         predicted = float(self.curve(rows))
-        if predicted > 0 and verify_ms > 0:
-            self.verify_scale += a * (verify_ms / predicted - self.verify_scale)
+        if predicted > 0 and verify_ms > 0 and rows >= 1:
+            ratio = verify_ms / predicted
+            self.verify_scale += a * (ratio - self.verify_scale)
+            if rows >= len(self._ratio_n):
+                grow = int(rows) + 1 - len(self._ratio_n)
+                self._ratio_sum = np.concatenate((self._ratio_sum, np.zeros(grow)))
+                self._ratio_n = np.concatenate((self._ratio_n, np.zeros(grow)))
+            self._ratio_sum *= ROW_DECAY
+            self._ratio_n *= ROW_DECAY
+            self._ratio_sum[rows] += ratio
+            self._ratio_n[rows] += 1.0
+        self._verify_table = None
         if draft_ms is not None:
             self.draft_ms += a * (draft_ms - self.draft_ms)
         if per_token_ms is not None:
             self.per_token_ms += a * (per_token_ms - self.per_token_ms)
 
+    def verify_ms(self, rows) -> np.ndarray | float:
+        """The model's verify time of ``rows`` rows: the curve, scaled at each row count by the
+        ratio the engine measured there (shrunk toward the ratio over all steps where few steps
+        had that count; the count of a fixed budget is measured often, its neighbours seldom),
+        made non-decreasing in rows. The curve's slope is the price of a node, and a curve
+        measured outside the engine (another prefix, a quiet moment, no drafter between
+        forwards) can get it wrong: on a 2-vCPU AVX2 VM, 1-6 rows measured flat at ~48 ms
+        while the engine's steps took 41 ms for 1 row and 50 for 5."""
+        if self._verify_table is None or self._table_scale != self.verify_scale:
+            self._table_scale = self.verify_scale
+            count = np.arange(len(self._ratio_n))
+            scale = (self._ratio_sum + ROW_PRIOR * self.verify_scale) / (self._ratio_n + ROW_PRIOR)
+            t = scale * self.curve(np.maximum(count, 1))
+            t[1:] = _increasing(t[1:], self._ratio_n[1:] + ROW_PRIOR)
+            t[0] = 0.0
+            self._verify_table = t
+        table = self._verify_table
+        r = np.asarray(rows, dtype=np.int64)
+        last = len(table) - 1
+        # past the counts seen: the curve with the overall ratio, never below the last count's
+        out = np.where(r <= last, table[np.minimum(r, last)],
+                       np.maximum(self.verify_scale * self.curve(np.maximum(r, 1)), table[last]))
+        return float(out) if out.ndim == 0 else out
+
     def step_ms(self, rows: int, drafting: bool, expected: float) -> float:
         """The model's time of one step verifying ``rows`` rows and committing ``expected``
         tokens."""
-        return (self.verify_scale * float(self.curve(rows)) + (self.draft_ms if drafting else 0.0)
+        return (float(self.verify_ms(rows)) + (self.draft_ms if drafting else 0.0)
                 + self.per_token_ms * expected + self.controller_ms)
 
     # -- the two decisions --------------------------------------------------------------------
@@ -407,7 +464,7 @@ class BudgetController:
         order = np.argsort(-gain, kind="stable")
         e = b + np.concatenate(([0.0], np.cumsum(gain[order])))
         k = np.arange(len(e))
-        t = (self.verify_scale * self.curve(b + k) + np.where(k > 0, draft_ms, 0.0) + self.per_token_ms * e
+        t = (self.verify_ms(b + k) + np.where(k > 0, draft_ms, 0.0) + self.per_token_ms * e
              + self.controller_ms)
         best = int(np.argmax(e / t))
         for i in owner[order[:best]]:

@@ -6,7 +6,7 @@ Per :meth:`Engine.step` (ARCHITECTURE.md "Batched decoding")::
               (prefill, one forward each) and commit their first token
     budgets   each running sequence's node budget: fixed, or the controller's choice
               (dartcore.controller: expected committed tokens per second of the batch;
-              a sequence it lets draft draws a tree of its whole cap)
+              a sequence it lets draft draws a tree of its budget + DRAW_SLACK nodes)
     draft     ONE drafter pass over every drafting sequence's new positions
     search    the trees (beam_search_batch for the DART builder, else per sequence);
               under the controller each tree is then cut to the budget chosen again from
@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from dartcore.controller import Acceptance, BudgetController, CostCurve
+from dartcore.controller import DRAW_SLACK, Acceptance, BudgetController, CostCurve
 from dartcore.errors import ContextLengthError, DartError
 from dartcore.models.kv_pool import KVPool
 from dartcore.sampling import Sampler, check_seed
@@ -305,10 +305,10 @@ class Engine:
                     depths.append(depth)
                     caps.append(cap)
                 if self.controller is not None:
-                    # who draws a tree; each that does draws one of its whole cap
+                    # who draws a tree; each that does draws one of its budget + DRAW_SLACK nodes
                     chosen = self.controller.choose([r.acceptance for r in running], caps)
                     for seq, n, cap in zip(seqs, chosen, caps):
-                        seq.budget = cap if n > 0 else 0
+                        seq.budget = min(cap, n + DRAW_SLACK) if n > 0 else 0
                 lap("controller")
                 drafted = dec._draft(seqs, depths)
                 lap("draft")

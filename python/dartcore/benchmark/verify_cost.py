@@ -43,30 +43,33 @@ def measure_verify_cost(target, *, prefix_len: int = 256, sizes: Sequence[int] =
     """Median wall time (ms) of one target forward over a random tree of each size
     after ``prefix_len`` cached tokens. ``target`` is a
     :class:`dartcore.models.transformer.TargetModel`; ``logits_rows`` as for its forward
-    (default: logits of every row; lazy verification passes ``slice(0, 0)``)."""
+    (default: logits of every row; lazy verification passes ``slice(0, 0)``).
+
+    The repeats are interleaved: each round times every size once (in turn ascending and
+    descending), so a burst of load on a shared machine lands on a few sizes' single samples,
+    which each size's median drops, instead of on all the samples of the sizes it overlaps."""
     rng = np.random.default_rng(seed)
     vocab = target.vocab_size
     cache = target.new_cache(prefix_len + max(sizes) + 1)
     prompt = torch.from_numpy(rng.integers(0, vocab, prefix_len))
     target.forward(cache, prompt, torch.arange(prefix_len), logits_rows=slice(-1, None))
     cache.commit(prefix_len)
-    rows = []
+    trees = {}
     for n in sizes:
         depths, mask = _random_tree_mask(n, rng)
-        tokens = torch.from_numpy(rng.integers(0, vocab, n))
-        positions = depths + prefix_len
-        target.forward(cache, tokens, positions, mask, logits_rows=logits_rows)  # warm-up (allocations, kernels)
-        times = []
-        for _ in range(repeats):
+        trees[n] = (torch.from_numpy(rng.integers(0, vocab, n)), depths + prefix_len, mask)
+        target.forward(cache, *trees[n], logits_rows=logits_rows)  # warm-up (allocations, kernels)
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for rep in range(repeats):
+        for n in (sizes if rep % 2 == 0 else list(sizes)[::-1]):
             if target.device.type == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            target.forward(cache, tokens, positions, mask, logits_rows=logits_rows)
+            target.forward(cache, *trees[n], logits_rows=logits_rows)
             if target.device.type == "cuda":
                 torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-        rows.append({"nodes": int(n), "ms": 1e3 * statistics.median(times)})
-    return rows
+            times[n].append(time.perf_counter() - t0)
+    return [{"nodes": int(n), "ms": 1e3 * statistics.median(times[n])} for n in sizes]
 
 
 def choose_budget(curve: list[dict], tau_at: dict[int, float] | None = None) -> dict:
