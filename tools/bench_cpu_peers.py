@@ -101,9 +101,14 @@ def rss_child(path: str, threads: int) -> None:
                       "weights_mb": weight_bytes(dec.target) / 2**20}))
 
 
+def _child_env() -> dict:
+    """The environment of this script's child processes: this checkout's package first."""
+    return {**os.environ, "PYTHONPATH": str(REPO / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
 def measure_rss(threads: int) -> dict:
     out = {}
-    env = {**os.environ, "PYTHONPATH": str(REPO / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = _child_env()
     for path in ("quantized", "fp32"):
         done = subprocess.run([sys.executable, __file__, "--rss-child", path, "--threads", str(threads)],
                               capture_output=True, text=True, env=env, timeout=900)
@@ -169,7 +174,7 @@ def run_child(group: str, args, prompts_ids, q_path: Path, out_dir: Path) -> dic
     """One engine's rows in a fresh process (``--engine-child``): engines that share a process
     slow each other down (llama.cpp decoded at 16 tok/s after dartcore's decoders in the same
     process, 57-71 alone), so each runs on its own."""
-    env = {**os.environ, "PYTHONPATH": str(REPO / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = _child_env()
     res = out_dir / f"child-{group}.json"
     cmd = [sys.executable, __file__, "--engine-child", group, "--child-out", str(res), "--out", str(out_dir),
            "--threads", str(args.threads), "--prompts", str(args.prompts), "--max-new-tokens",

@@ -70,8 +70,8 @@ import numpy as np
 
 from dartcore.errors import DartError
 
-__all__ = ["DRAW_SLACK", "Acceptance", "BudgetController", "CostCurve", "NodeCalibration", "best_nodes",
-           "cost_cache_dir", "expected_tokens"]
+__all__ = ["Acceptance", "BudgetController", "CostCurve", "NodeCalibration", "best_nodes", "cost_cache_dir",
+           "expected_tokens"]
 
 # Exponential averaging weight of one round's outcome (a rate follows a change in ~1 / ALPHA
 # rounds: a few sentences of new text).
@@ -94,9 +94,9 @@ DECAY = 0.998
 # the measured / curve ratios (a count follows its last ~1 / (1 - ROW_DECAY) steps), shrunk
 # toward the ratio over all steps by ROW_PRIOR steps.
 ROW_PRIOR = 4.0
+ROW_DECAY = 0.995
 # A sequence that drafts draws a tree of its chosen budget plus this many nodes (module docs).
 DRAW_SLACK = 2
-ROW_DECAY = 0.995
 
 
 def expected_tokens(gains: np.ndarray, n: int) -> float:
@@ -324,8 +324,7 @@ class BudgetController:
         # per row count r (index r): decayed sums of measured / curve ratios, and their weights
         self._ratio_sum = np.zeros(2)
         self._ratio_n = np.zeros(2)
-        self._verify_table: np.ndarray | None = None
-        self._table_scale = self.verify_scale
+        self._verify_table: np.ndarray | None = None  # verify_ms per row count; None after timed()
         if self.draft_ms is None:
             # Until a draft was timed: about a quarter of a one-row verify (SmolLM2's drafter
             # is one layer and a head over 8k tokens against 30 layers and a 49k head).
@@ -394,8 +393,7 @@ class BudgetController:
         measured outside the engine (another prefix, a quiet moment, no drafter between
         forwards) can get it wrong: on a 2-vCPU AVX2 VM, 1-6 rows measured flat at ~48 ms
         while the engine's steps took 41 ms for 1 row and 50 for 5."""
-        if self._verify_table is None or self._table_scale != self.verify_scale:
-            self._table_scale = self.verify_scale
+        if self._verify_table is None:
             count = np.arange(len(self._ratio_n))
             scale = (self._ratio_sum + ROW_PRIOR * self.verify_scale) / (self._ratio_n + ROW_PRIOR)
             t = scale * self.curve(np.maximum(count, 1))
@@ -432,6 +430,11 @@ class BudgetController:
             self.prior.relax(self.alpha / 4)
         self._timed_choice(t0)
         return budgets
+
+    def draws(self, accs: list[Acceptance], caps: list[int]) -> list[int]:
+        """:meth:`choose`, as the tree size each sequence draws: its budget plus
+        :data:`DRAW_SLACK` nodes within its cap, 0 for a sequence that does not draft."""
+        return [min(int(cap), n + DRAW_SLACK) if n > 0 else 0 for n, cap in zip(self.choose(accs, caps), caps)]
 
     def refine(self, marginals: list[np.ndarray]) -> list[int]:
         """After the search: budgets from each tree's own ranked chances (``marginals[i]``,

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from dartcore.controller import DRAW_SLACK, Acceptance, BudgetController, CostCurve
+from dartcore.controller import Acceptance, BudgetController, CostCurve
 from dartcore.errors import ContextLengthError, DartError
 from dartcore.models.kv_pool import KVPool
 from dartcore.sampling import Sampler, check_seed
@@ -305,10 +305,9 @@ class Engine:
                     depths.append(depth)
                     caps.append(cap)
                 if self.controller is not None:
-                    # who draws a tree; each that does draws one of its budget + DRAW_SLACK nodes
-                    chosen = self.controller.choose([r.acceptance for r in running], caps)
-                    for seq, n, cap in zip(seqs, chosen, caps):
-                        seq.budget = min(cap, n + DRAW_SLACK) if n > 0 else 0
+                    # who draws a tree, and of how many nodes
+                    for seq, n in zip(seqs, self.controller.draws([r.acceptance for r in running], caps)):
+                        seq.budget = n
                 lap("controller")
                 drafted = dec._draft(seqs, depths)
                 lap("draft")
