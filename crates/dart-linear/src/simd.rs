@@ -68,8 +68,9 @@ pub(crate) trait Lanes {
     unsafe fn load_tail(p: *const f32, lanes: usize) -> Self::V;
     /// L consecutive weights of format `FMT` at `p` as f32 (exact conversions).
     unsafe fn load_w<const FMT: u8>(p: *const u8) -> Self::V;
-    /// A block's scale and offset widened to f32 in every lane: `(d, m)` for Q4_1, `(d, 0)`
-    /// for Q4_0 and Q8_0 (`p`: the block).
+    /// What [`Lanes::load_q`] needs of a block's fp16 scales, widened to f32 once per block
+    /// (`p`: the block): its scale and offset in every lane, `(d, m)` for Q4_1 and `(d, 0)`
+    /// for Q4_0 and Q8_0; or (AVX-512, 4-bit formats) the block's sixteen possible weights.
     unsafe fn scales<const FMT: u8>(p: *const u8) -> (Self::V, Self::V);
     /// Weights `u·L .. (u+1)·L` of the block at `p` (`u < 32 / L`) as f32, with its
     /// [`Lanes::scales`]: `d · q + m` (Q4_1), `d · (q − 8)` (Q4_0), `d · q` (Q8_0), a
@@ -147,26 +148,35 @@ impl Lanes for Avx512 {
     unsafe fn scales<const FMT: u8>(p: *const u8) -> (__m512, __m512) {
         unsafe {
             let d = _mm512_cvtph_ps(_mm256_set1_epi16(half_at(p)));
-            let m = if FMT == Q4_1 { _mm512_cvtph_ps(_mm256_set1_epi16(half_at(p.add(2)))) } else { _mm512_setzero_ps() };
-            (d, m)
+            match FMT {
+                // A 4-bit block's sixteen possible weights, one per lane: lane q holds
+                // `d · q + m` (Q4_1) or `d · (q − 8)` (Q4_0), rounded as the reference rounds
+                // them (a multiply, then a separate add); `load_q` picks lanes by nibble.
+                Q4_1 => {
+                    let m = _mm512_cvtph_ps(_mm256_set1_epi16(half_at(p.add(2))));
+                    let q = _mm512_setr_ps(0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12., 13., 14., 15.);
+                    (_mm512_add_ps(_mm512_mul_ps(d, q), m), _mm512_setzero_ps())
+                }
+                Q4_0 => {
+                    let q = _mm512_setr_ps(-8., -7., -6., -5., -4., -3., -2., -1., 0., 1., 2., 3., 4., 5., 6., 7.);
+                    (_mm512_mul_ps(d, q), _mm512_setzero_ps())
+                }
+                _ => (d, _mm512_setzero_ps()),
+            }
         }
     }
     #[inline(always)]
-    unsafe fn load_q<const FMT: u8>(p: *const u8, (d, m): (__m512, __m512), u: usize) -> __m512 {
+    unsafe fn load_q<const FMT: u8>(p: *const u8, (t, _): (__m512, __m512), u: usize) -> __m512 {
         unsafe {
             match FMT {
-                Q8_0 => _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(2 + 16 * u).cast()))), d),
+                Q8_0 => _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(2 + 16 * u).cast()))), t),
                 _ => {
-                    // the 16 bytes' low nibbles (u = 0) or high nibbles (u = 1)
+                    // the 16 bytes' low nibbles (u = 0) or high nibbles (u = 1) pick lanes of
+                    // the block's table (a permute reads only an index's low four bits)
                     let qs = p.add(if FMT == Q4_1 { 4 } else { 2 });
                     let b = _mm512_cvtepu8_epi32(_mm_loadu_si128(qs.cast()));
                     let b = if u == 0 { b } else { _mm512_srli_epi32::<4>(b) };
-                    let q = _mm512_and_si512(b, _mm512_set1_epi32(0x0f));
-                    if FMT == Q4_1 {
-                        _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(q)), m)
-                    } else {
-                        _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(8))))
-                    }
+                    _mm512_permutexvar_ps(b, t)
                 }
             }
         }
