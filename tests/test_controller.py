@@ -131,6 +131,21 @@ def test_calibration_learns_the_accepted_share_of_each_cell_and_stays_monotone()
     assert cal.probs([1], [-7.0])[0] <= cal.probs([1], [-5.5])[0]
 
 
+def test_low_score_cells_start_below_the_flat_prior_and_do_not_lift_their_neighbours():
+    cal = NodeCalibration()
+    # unseen: PRIOR_RATE ** depth, bounded by exp of the cell's highest score
+    assert cal.probs([1, 1, 2], [-0.1, -6.5, -9.0]) == pytest.approx([PRIOR_RATE, np.exp(-6.0), np.exp(-8.0)])
+    # a small budget verifies many nodes scoring -4.5 (3 % accepted) and almost none below:
+    # the seldom-seen cells under them must not pool it upward (with a flat prior the cell
+    # below -8, two nodes seen, sat at ~0.4 and the pooled run at ~0.07)
+    rng = np.random.default_rng(1)
+    for _ in range(400):
+        cal.observe([1], [-4.5], [rng.random() < 0.03])
+    cal.observe([1, 1], [-9.0, -7.0], [False, False])
+    assert cal.probs([1], [-4.5])[0] < 0.05
+    assert cal.probs([1], [-9.0])[0] <= cal.probs([1], [-7.0])[0] <= cal.probs([1], [-4.5])[0]
+
+
 def test_best_nodes_of_a_tree_are_ancestor_closed():
     rng = np.random.default_rng(3)
     cal = NodeCalibration()
