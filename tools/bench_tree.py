@@ -36,7 +36,8 @@ full ``dartcore.tree.beam_search`` call from Python (argument conversion include
 times on the same inputs, the median of the runs' CPU p50 (``interleaved_p50_us`` has each run).
 
 ``--index FILE`` skips the corpus and the index build: both candidate sets alternated on an
-existing SmolLM2 index with real rows (JSON).
+existing SmolLM2 index with real rows (JSON): per repeat the p50 and p99 of each clock, and
+their medians over the repeats (``beam_cpu_p50_median_us``, ``beam_cpu_p99_median_us``, ...).
 
     python3 tools/bench_tree.py            # table
     python3 tools/bench_tree.py --json     # one JSON object on stdout
@@ -249,13 +250,16 @@ def bench_on(args, idx_path: Path) -> int:
     offsets = np.concatenate([[0], np.cumsum([t.size for t in tails])]).astype(np.int64)
     flat = np.concatenate(tails).astype(np.int64)
     params = T.SearchParams(eos_token_ids=(eos,)).native()
-    runs: dict[str, list] = {"beam_cpu": [], "all_cpu": [], "beam_wall": [], "all_wall": []}
+    runs: dict[str, list] = {f"{m}_{c}": [] for m in ("beam", "all") for c in ("cpu", "wall")}
+    tails: dict[str, list] = {f"{m}_{c}": [] for m in ("beam", "all") for c in ("cpu", "wall")}
     queries: dict[str, float] = {}
     for _ in range(args.repeats):
         for name, prm in (("beam", params), ("all", dict(params, candidates="all"))):
             res = _native._bench.bench_beam_search(index._inner, flat, offsets, toks, lps, prm, 0)
-            runs[f"{name}_cpu"].append(round(float(np.percentile(np.asarray(res["search_cpu_ns"]) / 1e3, 50)), 2))
-            runs[f"{name}_wall"].append(round(float(np.percentile(np.asarray(res["search_ns"]) / 1e3, 50)), 2))
+            for clock, key in (("cpu", "search_cpu_ns"), ("wall", "search_ns")):
+                us = np.asarray(res[key], dtype=np.float64) / 1e3
+                runs[f"{name}_{clock}"].append(round(float(np.percentile(us, 50)), 2))
+                tails[f"{name}_{clock}"].append(round(float(np.percentile(us, 99)), 2))
             queries[name] = round(res["ngram_queries"] / args.searches, 1)
     result = {
         "index": {"path": str(idx_path), **{k: v for k, v in index.stats().items() if "node" in k}},
@@ -265,8 +269,10 @@ def bench_on(args, idx_path: Path) -> int:
         "all_cpu_p50_median_us": round(float(np.median(runs["all_cpu"])), 2),
         "beam_wall_p50_median_us": round(float(np.median(runs["beam_wall"])), 2),
         "all_wall_p50_median_us": round(float(np.median(runs["all_wall"])), 2),
+        **{f"{k}_p99_median_us": round(float(np.median(v)), 2) for k, v in tails.items()},
         "ngram_queries_per_search": queries,
         "interleaved_p50_us": runs,
+        "interleaved_p99_us": tails,
         "load_avg_1min": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
     }
     text = json.dumps(result, indent=1)
