@@ -236,6 +236,33 @@ def real_inputs(n: int, seed: int, positions: int = 200):
             len(contexts))
 
 
+def interleaved(index, flat, offsets, toks, lps, params, repeats: int):
+    """Both candidate sets on the same inputs, alternated ``repeats`` times (the machine's load
+    drifts between runs): per set and clock (``beam_cpu``, ``all_wall``, ...) each run's p50
+    and p99 in µs, the index queries per search, and each set's last result."""
+    from dartcore import _native
+
+    p50s: dict[str, list] = {f"{m}_{c}": [] for m in ("beam", "all") for c in ("cpu", "wall")}
+    p99s: dict[str, list] = {k: [] for k in p50s}
+    queries: dict[str, float] = {}
+    last: dict[str, dict] = {}
+    for _ in range(repeats):
+        for name, prm in (("beam", params), ("all", dict(params, candidates="all"))):
+            res = _native._bench.bench_beam_search(index._inner, flat, offsets, toks, lps, prm, 0)
+            for clock, key in (("cpu", "search_cpu_ns"), ("wall", "search_ns")):
+                us = np.asarray(res[key], dtype=np.float64) / 1e3
+                p50s[f"{name}_{clock}"].append(round(float(np.percentile(us, 50)), 2))
+                p99s[f"{name}_{clock}"].append(round(float(np.percentile(us, 99)), 2))
+            queries[name] = round(res["ngram_queries"] / (len(offsets) - 1), 1)
+            last[name] = res
+    return p50s, p99s, queries, last
+
+
+def medians(runs: dict[str, list], stat: str) -> dict[str, float]:
+    """``{set_clock}_{stat}_median_us``: the median over the runs."""
+    return {f"{k}_{stat}_median_us": round(float(np.median(v)), 2) for k, v in runs.items()}
+
+
 def bench_on(args, idx_path: Path) -> int:
     """The candidate sets alternated on an existing index (``--index``), real rows."""
     from dartcore import _native
@@ -250,29 +277,16 @@ def bench_on(args, idx_path: Path) -> int:
     offsets = np.concatenate([[0], np.cumsum([t.size for t in tails])]).astype(np.int64)
     flat = np.concatenate(tails).astype(np.int64)
     params = T.SearchParams(eos_token_ids=(eos,)).native()
-    runs: dict[str, list] = {f"{m}_{c}": [] for m in ("beam", "all") for c in ("cpu", "wall")}
-    tails: dict[str, list] = {f"{m}_{c}": [] for m in ("beam", "all") for c in ("cpu", "wall")}
-    queries: dict[str, float] = {}
-    for _ in range(args.repeats):
-        for name, prm in (("beam", params), ("all", dict(params, candidates="all"))):
-            res = _native._bench.bench_beam_search(index._inner, flat, offsets, toks, lps, prm, 0)
-            for clock, key in (("cpu", "search_cpu_ns"), ("wall", "search_ns")):
-                us = np.asarray(res[key], dtype=np.float64) / 1e3
-                runs[f"{name}_{clock}"].append(round(float(np.percentile(us, 50)), 2))
-                tails[f"{name}_{clock}"].append(round(float(np.percentile(us, 99)), 2))
-            queries[name] = round(res["ngram_queries"] / args.searches, 1)
+    runs, p99s, queries, _ = interleaved(index, flat, offsets, toks, lps, params, args.repeats)
     result = {
         "index": {"path": str(idx_path), **{k: v for k, v in index.stats().items() if "node" in k}},
         "searches": args.searches, "positions": n_pos, "repeats": args.repeats,
         "d": D, "k": K, "w": 20, "theta": 59,
-        "beam_cpu_p50_median_us": round(float(np.median(runs["beam_cpu"])), 2),
-        "all_cpu_p50_median_us": round(float(np.median(runs["all_cpu"])), 2),
-        "beam_wall_p50_median_us": round(float(np.median(runs["beam_wall"])), 2),
-        "all_wall_p50_median_us": round(float(np.median(runs["all_wall"])), 2),
-        **{f"{k}_p99_median_us": round(float(np.median(v)), 2) for k, v in tails.items()},
+        **medians(runs, "p50"),
+        **medians(p99s, "p99"),
         "ngram_queries_per_search": queries,
         "interleaved_p50_us": runs,
-        "interleaved_p99_us": tails,
+        "interleaved_p99_us": p99s,
         "load_avg_1min": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
     }
     text = json.dumps(result, indent=1)
@@ -337,17 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     params = T.SearchParams(eos_token_ids=(meta["eos"],)).native()
     r = _native._bench.bench_beam_search(index._inner, flat, offsets, toks, lps, params, 8)
     r0 = _native._bench.bench_beam_search(index._inner, flat, offsets, toks, lps, dict(params, ngram_weight=0.0), 0)
-    # Both candidate sets on the same inputs, alternated --repeats times (the machine's load
-    # drifts between runs): the p50 of each run, and their median.
-    p50 = lambda res, key: float(np.percentile(np.asarray(res[key], dtype=np.float64) / 1e3, 50))  # noqa: E731
-    runs: dict[str, list] = {"beam_wall": [], "beam_cpu": [], "all_wall": [], "all_cpu": []}
-    for _ in range(args.repeats):
-        for name, prm in (("beam", params), ("all", dict(params, candidates="all"))):
-            res = _native._bench.bench_beam_search(index._inner, flat, offsets, toks, lps, prm, 0)
-            runs[f"{name}_wall"].append(round(p50(res, "search_ns"), 2))
-            runs[f"{name}_cpu"].append(round(p50(res, "search_cpu_ns"), 2))
-            if name == "all":
-                ra = res
+    runs, _, _, last = interleaved(index, flat, offsets, toks, lps, params, args.repeats)
+    ra = last["all"]
     # Full Python call (wrapper + conversion), 300 calls.
     py_us = []
     for i in range(min(300, args.searches)):
@@ -381,10 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         "all_search_p99_us": pct(np.asarray(ra["search_ns"]) / 1e3, 99),
         "all_search_cpu_p50_us": pct(np.asarray(ra["search_cpu_ns"]) / 1e3, 50),
         "repeats": args.repeats,
-        "beam_cpu_p50_median_us": round(float(np.median(runs["beam_cpu"])), 2),
-        "all_cpu_p50_median_us": round(float(np.median(runs["all_cpu"])), 2),
-        "beam_wall_p50_median_us": round(float(np.median(runs["beam_wall"])), 2),
-        "all_wall_p50_median_us": round(float(np.median(runs["all_wall"])), 2),
+        **medians(runs, "p50"),
         "interleaved_p50_us": runs,
         "all_ngram_queries_per_search": round(ra["ngram_queries"] / args.searches, 1),
         "all_same_tree_share": same_all / 100,
