@@ -256,3 +256,58 @@ def test_fused_cpu_weights_keep_values_memory_and_outputs(family, native):
     column_major_linears_(lin)
     assert torch.equal(lin.weight, w) and lin.weight.t().is_contiguous()
     assert torch.allclose(lin(x), before, atol=1e-6)
+
+
+def test_native_layer_stack_refuses_bad_arguments_and_writes_nothing():
+    """The one-call layer stack (``_native.LayerStack``) behind the native forward: wrong
+    dtypes, shapes, formats and segments are ValueErrors before any cache slot is written,
+    and a model whose MLP is not SiLU-gated keeps the torch path."""
+    from dartcore.kernels.linear import native_linear_available
+    from dartcore.models.transformer import NativeLayerOps
+
+    if not native_linear_available():
+        pytest.skip("the native layer stack needs AVX-512F or AVX2 + FMA + F16C")
+    from dartcore import _native
+
+    model = tiny_model("qwen3", layers=2)
+    target = TargetModel(model)
+    assert isinstance(target._ops, NativeLayerOps)
+    stack = target._ops.stack
+    assert len(stack) == 2
+    H, D = target.hidden_size, target.head_dim
+    cache = target.new_cache(8)
+    k, v = cache.k.numpy(), cache.v.numpy()
+    h = np.zeros((3, H), np.float32)
+    cs = np.ones((3, D), np.float32)
+    out = np.zeros_like(h)
+    bad = [
+        ((h, cs, cs, [(k, v, 6, 0, 3, None)], [], None, out), "exceed"),  # 3 rows after 6 of 8 slots
+        ((h, cs, cs, [(k, v, 0, 0, 2, None)], [], None, out), "cover"),
+        ((h, cs, cs, [(k, v, 0, 0, 3, np.ones((2, 2), bool))], [], None, out), "mask"),
+        ((h, cs, cs, [(k, v, 0, 0, 3, None)], [2], np.zeros((1, 3, H), np.float32), out), "taps"),
+        ((h, cs[:, :4], cs, [(k, v, 0, 0, 3, None)], [], None, out), "cos"),
+        ((h, cs, cs, [(k.astype(np.float64), v, 0, 0, 3, None)], [], None, out), "k_cache"),
+        ((np.zeros((17, H), np.float32), np.ones((17, D), np.float32), np.ones((17, D), np.float32),
+          [(k, v, 0, 0, 17, None)], [], None, np.zeros((17, H), np.float32)), "rows"),
+    ]
+    for args, match in bad:
+        with pytest.raises(ValueError, match=match):
+            stack.forward(*args)
+        assert not cache.k.any() and not cache.v.any(), match
+    with pytest.raises(TypeError):
+        stack.forward(h, cs, cs, "segments", [], None, out)
+
+    norm = np.ones(H, np.float32)
+    w = np.zeros((4, H), np.float32)
+    layer = (norm, norm, None, None, (w, "f32", None), (w, "f32", None), (w, "f32", None), (w, "f32", None))
+    for layers, match in [([layer], "qkv is"), ([(norm[:3], *layer[1:])], "norm weights"),
+                          ([(*layer[:4], (w, "q5_k", None), *layer[5:])], "unknown weight format"),
+                          ([(*layer[:4], (w.astype(np.float64), "f32", None), *layer[5:])], "float32"),
+                          ([(norm, norm, norm, None, *layer[4:])], "both q_norm and k_norm")]:
+        with pytest.raises(ValueError, match=match):
+            _native.LayerStack(layers, norm, 2, 1, H // 2, 8, 1e-6, 0.1)
+
+    gelu = tiny_model("llama", layers=2)
+    for layer in gelu.model.layers:
+        layer.mlp.act_fn = torch.nn.GELU()
+    assert TargetModel(gelu)._ops is None

@@ -42,6 +42,7 @@
 
 pub mod ops;
 pub mod quant;
+pub mod stack;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 mod team;
@@ -148,7 +149,7 @@ pub enum Weights<'a> {
 
 impl Weights<'_> {
     /// Checks that the weight holds `n` rows of `k` elements.
-    fn check(&self, n: usize, k: usize) -> Result<(), ShapeError> {
+    pub(crate) fn check(&self, n: usize, k: usize) -> Result<(), ShapeError> {
         let len = match self {
             Weights::F32(w) => w.len(),
             Weights::F16(w) | Weights::Bf16(w) => w.len(),

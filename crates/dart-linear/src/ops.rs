@@ -191,6 +191,42 @@ fn attend_on(isa: Option<crate::Isa>, call: &Call<'_>, k_cache: &mut [f32], v_ca
     attend(call, k_cache, v_cache, out);
 }
 
+/// The gated MLP's activation for `rows` rows of a fused gate | up product (`gate_up`
+/// `[rows, 2 · inter]`, each row its `inter` gate values then its `inter` up values):
+/// `out[r, j] = silu(gate[r, j]) · up[r, j]` with `silu(x) = x / (1 + e^-x)`, rounded as the
+/// framework computes it (the division, then the product). e^-x within 2 ulp (the SIMD path
+/// of the CPU, else the portable loop); each row's results do not depend on the other rows.
+pub fn silu_mul(gate_up: &[f32], rows: usize, inter: usize, out: &mut [f32]) -> Result<(), ShapeError> {
+    silu_mul_on(crate::isa(), gate_up, rows, inter, out)
+}
+
+/// [`silu_mul`] with the fast path of `isa` (None: the portable loop).
+fn silu_mul_on(isa: Option<crate::Isa>, gate_up: &[f32], rows: usize, inter: usize, out: &mut [f32]) -> Result<(), ShapeError> {
+    if Some(gate_up.len()) != rows.checked_mul(2 * inter) || out.len() != rows * inter {
+        return shape_error(format!("silu_mul: gate_up {} / out {} elements do not fit {rows} rows of {inter}", gate_up.len(), out.len()));
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(isa) = isa.filter(|i| i.supported()) {
+        // SAFETY: the CPU runs `isa`; shapes checked above.
+        unsafe { fast::silu_mul(isa, gate_up, rows, inter, out) };
+        return Ok(());
+    }
+    let _ = isa;
+    for (g, o) in gate_up.chunks_exact(2 * inter).zip(out.chunks_exact_mut(inter)) {
+        let (gate, up) = g.split_at(inter);
+        for ((o, &x), &u) in o.iter_mut().zip(gate).zip(up) {
+            *o = silu(x) * u;
+        }
+    }
+    Ok(())
+}
+
+/// `x / (1 + e^-x)`.
+#[inline(always)]
+fn silu(x: f32) -> f32 {
+    x / (1.0 + exp(-x))
+}
+
 /// The checked arguments of [`block_attention`] (besides the buffers it writes).
 struct Call<'a> {
     qkv: &'a [f32],
@@ -510,6 +546,56 @@ mod fast {
         }
     }
 
+    /// [`super::silu_mul`] with `isa`.
+    ///
+    /// # Safety
+    /// The CPU runs `isa`; `gate_up` holds `rows · 2 · inter` values, `out` `rows · inter`.
+    pub(super) unsafe fn silu_mul(isa: Isa, gate_up: &[f32], rows: usize, inter: usize, out: &mut [f32]) {
+        match isa {
+            // SAFETY (both): as for this function.
+            Isa::Avx512 => unsafe { silu_mul512(gate_up, rows, inter, out) },
+            Isa::Avx2 => unsafe { silu_mul256(gate_up, rows, inter, out) },
+        }
+    }
+
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn silu_mul512(gate_up: &[f32], rows: usize, inter: usize, out: &mut [f32]) {
+        // SAFETY: the CPU runs AVX-512F (caller).
+        unsafe { silu_mul_lanes::<Avx512>(gate_up, rows, inter, out) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn silu_mul256(gate_up: &[f32], rows: usize, inter: usize, out: &mut [f32]) {
+        // SAFETY: the CPU runs AVX2 (caller).
+        unsafe { silu_mul_lanes::<Avx2>(gate_up, rows, inter, out) }
+    }
+
+    /// L columns at a time, the row's last `inter % L` columns by the portable loop (the same
+    /// split in every row).
+    ///
+    /// # Safety
+    /// As [`silu_mul`], the CPU running `S`.
+    #[inline(always)]
+    unsafe fn silu_mul_lanes<S: Lanes>(gate_up: &[f32], rows: usize, inter: usize, out: &mut [f32]) {
+        let lanes = S::L;
+        let whole = inter - inter % lanes;
+        for r in 0..rows {
+            let (g, o) = (&gate_up[r * 2 * inter..(r + 1) * 2 * inter], &mut out[r * inter..(r + 1) * inter]);
+            for j in (0..whole).step_by(lanes) {
+                // SAFETY: L floats at j of the gate, the up values and the output row.
+                unsafe {
+                    let x = S::load(g.as_ptr().add(j));
+                    let e = exp::<S>(S::sub(S::zero(), x));
+                    let s = S::div(x, S::add(S::set1(1.0), e));
+                    S::store(o.as_mut_ptr().add(j), S::mul(s, S::load(g.as_ptr().add(inter + j))));
+                }
+            }
+            for j in whole..inter {
+                o[j] = super::silu(g[j]) * g[inter + j];
+            }
+        }
+    }
+
     /// [`super::exp`] on L lanes (same steps, fused multiply-adds in the polynomial).
     ///
     /// # Safety
@@ -517,7 +603,7 @@ mod fast {
     #[inline(always)]
     unsafe fn exp<S: Lanes>(x: S::V) -> S::V {
         unsafe {
-            let x = S::max(x, S::set1(-87.3));
+            let x = S::min(S::max(x, S::set1(-87.3)), S::set1(88.0));
             let round = S::set1(12_582_912.0);
             let k = S::sub(S::fmadd(x, S::set1(std::f32::consts::LOG2_E), round), round);
             let r = S::fnmadd(k, S::set1(-2.121_944_4e-4), S::fnmadd(k, S::set1(0.693_359_4), x));
@@ -567,24 +653,23 @@ fn softmax(row: &mut [f32], prefix: usize, visible: impl Fn(usize) -> bool) {
     row.iter_mut().for_each(|s| *s *= inv);
 }
 
-/// e^x for x <= 0 (a score minus its row's maximum), branch-free so that loops of it
-/// vectorise: x = k·ln2 + r with |r| <= ln2 / 2, e^r by its degree-7 Taylor polynomial
-/// (relative error < 2e-8 before rounding), times 2^k. Within 2 ulp of e^x down to x = -87.3;
-/// below that (e^x < 1.2e-38) it returns e^-87.3.
+/// e^x, branch-free so that loops of it vectorise: x = k·ln2 + r with |r| <= ln2 / 2, e^r by
+/// its degree-7 Taylor polynomial (relative error < 2e-8 before rounding), times 2^k. Within 2
+/// ulp of e^x for x in [-87.3, 88]; below (e^x < 1.2e-38) it returns e^-87.3, above e^88.
 #[inline(always)]
 fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4; // 355 / 512: k · LN2_HI is exact
     const LN2_LO: f32 = -2.121_944_4e-4;
     const ROUND: f32 = 12_582_912.0; // 1.5 · 2^23: adding and subtracting it rounds to an integer
-    let x = x.max(-87.3);
+    let x = x.clamp(-87.3, 88.0);
     let k = (x * LOG2E + ROUND) - ROUND;
     let r = (x - k * LN2_HI) - k * LN2_LO;
     let mut p = 1.0 / 5040.0;
     for c in [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
         p = p * r + c;
     }
-    // 2^k, k in [-126, 0], as a float's exponent field.
+    // 2^k, k in [-126, 127], as a float's exponent field.
     p * f32::from_bits(((k as i32 + 127) as u32) << 23)
 }
 
@@ -595,7 +680,7 @@ mod tests {
 
     #[test]
     fn exp_is_within_two_ulp_of_f64() {
-        let mut x = 0.0f32;
+        let mut x = 88.0f32;
         while x > -88.0 {
             let want = (x as f64).exp();
             let got = exp(x) as f64;
@@ -606,6 +691,39 @@ mod tests {
         }
         assert_eq!(exp(0.0), 1.0);
         assert!(exp(-100.0) < 1.3e-38 && exp(f32::NEG_INFINITY) < 1.3e-38);
+    }
+
+    #[test]
+    fn silu_mul_matches_a_float64_reference_on_every_path() {
+        // inter not a multiple of the lanes: the portable tail too; gate values over [-100, 100]
+        let (rows, inter) = (3, 45);
+        let mut gu = data(rows * 2 * inter, 9);
+        for (i, v) in gu.iter_mut().enumerate() {
+            if (i / inter) % 2 == 0 {
+                *v *= if i % 7 == 0 { 200.0 } else { 24.0 };
+            }
+        }
+        let paths = std::iter::once(None).chain(crate::Isa::supported_here().into_iter().map(Some));
+        for isa in paths {
+            let mut out = vec![0f32; rows * inter];
+            silu_mul_on(isa, &gu, rows, inter, &mut out).unwrap();
+            for r in 0..rows {
+                for j in 0..inter {
+                    let (x, u) = (gu[r * 2 * inter + j] as f64, gu[r * 2 * inter + inter + j] as f64);
+                    let want = x / (1.0 + (-x).exp()) * u;
+                    let got = out[r * inter + j] as f64;
+                    assert!((got - want).abs() <= 4.0 * f32::EPSILON as f64 * want.abs() + 1e-30, "{isa:?} row {r} [{j}]: silu({x}) * {u} = {got}, want {want}");
+                }
+            }
+            // one row alone: the same bits as inside the block
+            let mut one = vec![0f32; inter];
+            silu_mul_on(isa, &gu[2 * inter..4 * inter], 1, inter, &mut one).unwrap();
+            assert!(one.iter().zip(&out[inter..2 * inter]).all(|(a, b)| a.to_bits() == b.to_bits()));
+            assert!(silu_mul_on(isa, &gu[1..], rows, inter, &mut out).is_err());
+        }
+        let mut z = [7f32; 1];
+        silu_mul(&[0.0, 3.0], 1, 1, &mut z).unwrap();
+        assert_eq!(z[0], 0.0);
     }
 
     #[test]

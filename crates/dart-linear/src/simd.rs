@@ -84,6 +84,8 @@ pub(crate) trait Lanes {
     unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
     unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
     unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn min(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn div(a: Self::V, b: Self::V) -> Self::V;
     /// The horizontal sums of `v[..L]`: lane j = the sum of `v[j]`'s lanes, every one by the
     /// same tree (lanes (i, i + L/2), then (i, i + L/4), ... (i, i + 1)); `v[L..]` unused.
     unsafe fn reduce(v: &[Self::V; 16]) -> Self::V;
@@ -204,6 +206,14 @@ impl Lanes for Avx512 {
     #[inline(always)]
     unsafe fn max(a: __m512, b: __m512) -> __m512 {
         unsafe { _mm512_max_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn min(a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_min_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn div(a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_div_ps(a, b) }
     }
 
     /// Sixteen vectors folded pairwise (45 instructions instead of 16 x 8; the reduction was a
@@ -337,6 +347,14 @@ impl Lanes for Avx2 {
     #[inline(always)]
     unsafe fn max(a: __m256, b: __m256) -> __m256 {
         unsafe { _mm256_max_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn min(a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_min_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn div(a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_div_ps(a, b) }
     }
 
     /// Eight vectors folded pairwise: 7 + 4 + 2 additions and a permute instead of 8 x 3 +

@@ -12,6 +12,7 @@ mod errors;
 mod index;
 mod linear;
 mod ops;
+mod stack;
 mod tree;
 
 #[pymodule]
@@ -22,6 +23,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tree::register(m)?;
     linear::register(m)?;
     ops::register(m)?;
+    stack::register(m)?;
     bench::register(m)?;
     dart_trie::register(m)?;
     Ok(())

@@ -177,6 +177,11 @@ class NativeWeight:
             return F.linear(x, self.weight, self.bias)
         return _product(x, self._w, self._b, self.threads, self.format)
 
+    def native_parts(self) -> tuple[np.ndarray, str, np.ndarray | None] | None:
+        """``(w, format, bias)`` as the native kernel reads them, or None where it does not run
+        for this weight."""
+        return None if self._w is None else (self._w, self.format, self._b)
+
 
 def _fits(weight: torch.Tensor) -> bool:
     return (weight.dim() == 2 and weight.dtype == torch.float32 and weight.device.type == "cpu"
@@ -296,3 +301,8 @@ class BlockWeight:
                 and x.device.type == "cpu" and not (torch.is_grad_enabled() and x.requires_grad)):
             return _product(x, self.data, self._b, self.threads, self.format)
         return F.linear(x, self.dequantize().to(x.device, x.dtype), self.bias)
+
+    def native_parts(self) -> tuple[np.ndarray, str, np.ndarray | None] | None:
+        """``(block rows, format, bias)`` as the native kernel reads them (None where it does
+        not run here)."""
+        return (self.data, self.format, self._b) if _AVAILABLE else None

@@ -454,25 +454,28 @@ class _FusedLayer:
 
 
 class NativeLayerOps:
-    """The native path's layers for a block of at most MAX_ROWS rows: per layer the residual
-    add + RMSNorm and the block attention (q/k norm, RoPE, cache write, attention under the
-    block mask; its heads split between the products' threads) each in one native call
-    (``dart_linear::ops``), between the native products --
-    instead of ~60 small torch ops a layer, whose dispatch cost ~17 ms of a 49 ms SmolLM2 step
-    on one core of the dev box. Same arithmetic as the torch path up to float32 rounding of
-    the reductions (tests/test_models_transformer.py compares both with the Hugging Face
-    forward). ``adopt`` returns None where a layer's norms are not the plain RMSNorm it
-    implements (then the torch path runs)."""
+    """The native path's layers for a block of at most MAX_ROWS rows: the embedded rows go
+    through every decoder layer and the final norm in one native call
+    (``dart_linear::stack`` through ``_native.LayerStack``): per layer the residual add +
+    RMSNorm, the fused products, the block attention of each sequence over its own cache (q/k
+    norm, RoPE, cache write, attention under the block mask; heads split between the products'
+    threads) and SiLU · up -- instead of ~60 small torch ops a layer (whose dispatch cost ~17 ms
+    of a 49 ms SmolLM2 step on one core of the dev box), or ~7 native calls and a few torch
+    ops a layer from Python (~3-4 ms of a ~10 ms quantized step). Same arithmetic as the torch
+    path up to float32 rounding of the reductions and of e^x (tests/test_models_transformer.py
+    compares both with the Hugging Face forward). ``adopt`` returns None where a layer is not
+    what the stack implements (plain RMSNorms of one epsilon, a SiLU-gated MLP, native
+    products); then the torch path runs."""
 
-    def __init__(self, inputs, posts, final, eps, qk_norms):
-        self.inputs, self.posts, self.final, self.eps, self.qk_norms = inputs, posts, final, eps, qk_norms
+    def __init__(self, stack):
+        self.stack = stack
 
     @classmethod
     def adopt(cls, model: "TargetModel") -> "NativeLayerOps | None":
         try:
             from dartcore import _native
 
-            _native.block_attention  # noqa: B018 -- an older build lacks the ops
+            _native.LayerStack  # noqa: B018 -- an older build lacks the stack
         except (ImportError, AttributeError):
             return None
         norms = [m for layer in model.layers for m in (layer.input_layernorm, layer.post_attention_layernorm)]
@@ -481,48 +484,49 @@ class NativeLayerOps:
             norms += [m for layer in model.layers for m in (layer.self_attn.q_norm, layer.self_attn.k_norm)]
         if not all(_plain_rms_norm(m) for m in norms) or len({float(m.variance_epsilon) for m in norms}) != 1:
             return None
+        if not all(type(layer.mlp.act_fn).__name__ in _SILU for layer in model.layers):
+            return None
+        parts = [[getattr(p, "native_parts", lambda: None)() for p in (f.qkv, f.o, f.gu, f.down)]
+                 for f in model._fused or ()]
+        if not parts:
+            return None
+        if any(p is None for layer in parts for p in layer):
+            return None
 
         def view(m):
             return m.weight.detach().numpy()
 
-        qk = ([(view(layer.self_attn.q_norm), view(layer.self_attn.k_norm)) for layer in model.layers]
-              if model.qk_norm else [(None, None)] * model.num_layers)
-        return cls([view(layer.input_layernorm) for layer in model.layers],
-                   [view(layer.post_attention_layernorm) for layer in model.layers],
-                   view(model.norm), float(model.norm.variance_epsilon), qk)
+        layers = []
+        for layer, products in zip(model.layers, parts):
+            attn = layer.self_attn
+            qn, kn = (view(attn.q_norm), view(attn.k_norm)) if model.qk_norm else (None, None)
+            layers.append((view(layer.input_layernorm), view(layer.post_attention_layernorm), qn, kn, *products))
+        inter = model._fused[0].inter
+        stack = _native.LayerStack(layers, view(model.norm), model.num_heads, model.num_kv_heads, model.head_dim, inter,
+                                   float(model.norm.variance_epsilon), float(model.scale), model.threads)
+        return cls(stack)
 
     def layers(self, model: "TargetModel", segments, tokens, cos, sin, tap_set, captured, prefix: int | None = None):
         """Embedding -> every layer -> final norm for n <= MAX_ROWS packed rows (``segments``:
         ``(cache, start, end, block_mask)`` per sequence, see ``TargetModel.forward_batch``);
         the final normed states ``[n, H]``, taps in ``captured``. ``prefix``: the cached rows
         the block follows (one sequence; default its cache's length)."""
-        from dartcore import _native
-
         n = tokens.shape[0]
         h = model.embed(tokens).contiguous()
-        hn = h.numpy()
-        x = torch.empty_like(h)
-        xn = x.numpy()
-        att = torch.empty(n, model.num_heads * model.head_dim)
-        an = att.numpy()
-        cn, sn = cos.contiguous().numpy(), sin.contiguous().numpy()
+        out = torch.empty_like(h)
+        taps = sorted(t for t in tap_set if t < model.num_layers)
+        tap_out = torch.empty(len(taps), n, h.shape[1]) if taps else None
         segs = [(cache.k.numpy(), cache.v.numpy(), cache.length if prefix is None else prefix, a, b,
                  None if m is None else m.contiguous().numpy()) for cache, a, b, m in segments]
-        eps, delta = self.eps, None
-        for i, fused in enumerate(model._fused):
-            _native.add_rms_norm(hn, delta, self.inputs[i], eps, xn)
-            if i in tap_set:
-                captured[i] = h.clone()
-            qn, kn = self.qk_norms[i]
-            qkv = fused.qkv(x).numpy()
-            for kc, vc, length, a, b, mask in segs:  # each sequence's rows over its own cache
-                _native.block_attention(qkv[a:b], model.num_heads, model.num_kv_heads, cn[a:b], sn[a:b], kc[i],
-                                        vc[i], length, mask, model.scale, an[a:b], qn, kn, eps, model.threads)
-            _native.add_rms_norm(hn, fused.o(att).numpy(), self.posts[i], eps, xn)
-            delta = fused.mlp(x).numpy()
-        out = torch.empty_like(h)
-        _native.add_rms_norm(hn, delta, self.final, eps, out.numpy())
+        self.stack.forward(h.numpy(), cos.contiguous().numpy(), sin.contiguous().numpy(), segs, taps,
+                           None if tap_out is None else tap_out.numpy(), out.numpy())
+        for j, t in enumerate(taps):
+            captured[t] = tap_out[j]
         return out
+
+
+# The activation modules of a SiLU-gated MLP (transformers' and torch's).
+_SILU = ("SiLUActivation", "SiLU")
 
 
 def _plain_rms_norm(module) -> bool:
