@@ -1,10 +1,12 @@
 //! SmolLM2-135M's decoding products (30 layers' fused q|k|v, o, gate|up, down, and the LM
-//! head: 134 M f32 weights, streamed from memory) at 1..16 rows, per instruction set this CPU
-//! runs: the median of `REPEATS` passes, in ms.
+//! head: 134 M weights, streamed from memory) at 1..16 rows, per instruction set this CPU runs:
+//! the median of `REPEATS` passes, in ms. Weights f32, or a GGML block format named by the
+//! environment's `DART_LINEAR_FORMAT` (q4_0, q4_1, q8_0: random blocks).
 //!
-//!     cargo run --release -p dart-linear --example rows [threads] [repeats] [rows ...]
+//!     [DART_LINEAR_FORMAT=q4_1] cargo run --release -p dart-linear --example rows [threads] [repeats] [rows ...]
 
-use dart_linear::{linear_on, Isa};
+use dart_linear::quant::Format;
+use dart_linear::{linear_on, Isa, Weights};
 use std::time::Instant;
 
 fn main() {
@@ -22,18 +24,40 @@ fn main() {
         seed ^= seed << 17;
         ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.04
     };
-    let weights: Vec<Vec<f32>> = shapes.iter().map(|&(n, k)| (0..n * k).map(|_| next()).collect()).collect();
+    let format = std::env::var("DART_LINEAR_FORMAT").ok().and_then(|f| Format::from_name(&f));
+    let weights: Vec<Vec<f32>> = if format.is_none() { shapes.iter().map(|&(n, k)| (0..n * k).map(|_| next()).collect()).collect() } else { Vec::new() };
+    // block rows: random bytes, every block's fp16 scales (and Q4_1 offset) set to 2^-8
+    let blocks: Vec<Vec<u8>> = match format {
+        Some(f) => shapes
+            .iter()
+            .map(|&(n, k)| {
+                let mut b: Vec<u8> = (0..n * f.row_bytes(k).unwrap()).map(|_| (next() * 6000.0) as i32 as u8).collect();
+                let scales = if f == Format::Q4_1 { 4 } else { 2 };
+                for block in b.chunks_exact_mut(f.block_bytes()) {
+                    for s in block[..scales].chunks_exact_mut(2) {
+                        s.copy_from_slice(&0x1c00u16.to_le_bytes());
+                    }
+                }
+                b
+            })
+            .collect(),
+        None => Vec::new(),
+    };
     let x: Vec<f32> = (0..16 * i).map(|_| next()).collect();
     let mut out = vec![0f32; 16 * v];
-    println!("threads {threads}, median of {repeats} passes, ms");
+    println!("threads {threads}, {}, median of {repeats} passes, ms", format.map_or("f32", Format::name));
     for isa in Isa::supported_here() {
         let mut line = format!("{:>6}:", isa.name());
         for &rows in &counts {
             let mut times: Vec<f64> = (0..repeats + 1)
                 .map(|_| {
                     let t = Instant::now();
-                    for (w, &(n, k)) in weights.iter().zip(&shapes) {
-                        linear_on(isa, &x[..rows * k], rows, k, &w[..], n, None, &mut out[..rows * n], threads).unwrap();
+                    for (j, &(n, k)) in shapes.iter().enumerate() {
+                        let w = match format {
+                            Some(f) => Weights::Blocks(f, &blocks[j]),
+                            None => Weights::F32(&weights[j]),
+                        };
+                        linear_on(isa, &x[..rows * k], rows, k, w, n, None, &mut out[..rows * n], threads).unwrap();
                     }
                     t.elapsed().as_secs_f64() * 1e3
                 })

@@ -455,9 +455,13 @@ unsafe fn kernel<S: simd::Lanes, const M: usize, const R: usize, const FMT: u8>(
                     }
                 }
                 // A block format's step is one block per row: its scales widened once.
-                let sc: [(S::V, S::V); R] = std::array::from_fn(|r| unsafe {
-                    if simd::blocked(FMT) { S::scales::<FMT>(rows[r].add(off)) } else { (S::zero(), S::zero()) }
-                });
+                // (a loop: as `array::from_fn` its closure can stay a call in the hot loop)
+                let mut sc: [(S::V, S::V); R] = [unsafe { (S::zero(), S::zero()) }; R];
+                if simd::blocked(FMT) {
+                    for (v, row) in sc.iter_mut().zip(&rows) {
+                        *v = unsafe { S::scales::<FMT>(row.add(off)) };
+                    }
+                }
                 for u in 0..unroll {
                     let ku = kb + u * lanes;
                     let wv: [S::V; R] = std::array::from_fn(|r| unsafe {
