@@ -225,19 +225,29 @@ class TargetModel:
             starts.append(starts[-1] + int(size))
         segments = [(cache, starts[i], starts[i + 1], None if m is None else m.to(dev))
                     for i, (cache, m) in enumerate(zip(caches, block_masks))]
-        cos, sin = self._rope(positions)
         tap_set = {int(t) for t in taps}
         for t in tap_set:
             if not 0 <= t <= self.num_layers:
                 raise ValueError(f"tap index {t} out of range for a {self.num_layers}-layer model")
-        captured: dict[int, torch.Tensor] = {}
-
-        # The native layer ops take at most MAX_ROWS rows per call (the products' register
+        # The native layer stack takes at most MAX_ROWS rows per call (the products' register
         # blocking); a bigger packed block takes the torch path for this forward.
-        if self._ops is not None and n <= MAX_ROWS:
-            with torch_threads(1):  # the kernel's helpers spin; torch's small ops need no pool
-                h = self._ops.layers(self, segments, tokens, cos, sin, tap_set, captured)
-        elif self._ops is not None and self.blocks and len(segments) == 1 and segments[0][3] is None:
+        native = self._ops is not None and (
+            n <= MAX_ROWS or (self.blocks and len(segments) == 1 and segments[0][3] is None))
+        if not native:
+            return self._forward_rows(segments, tokens, positions, tap_set, taps, logits_rows, False)
+        # The kernel's helpers spin between its calls (the head follows the layers, the next
+        # forward the decoder's bookkeeping): torch's small ops here (RoPE tables, embedding
+        # rows, slicing) run on one thread so they never wait for a core the helpers hold.
+        with torch_threads(1):
+            return self._forward_rows(segments, tokens, positions, tap_set, taps, logits_rows, True)
+
+    def _forward_rows(self, segments, tokens, positions, tap_set, taps, logits_rows, native: bool) -> ForwardOutput:
+        n = int(tokens.shape[0])
+        cos, sin = self._rope(positions)
+        captured: dict[int, torch.Tensor] = {}
+        if native and n <= MAX_ROWS:
+            h = self._ops.layers(self, segments, tokens, cos, sin, tap_set, captured)
+        elif native:
             h = self._causal_chunks(segments[0][0], tokens, cos, sin, tap_set, captured)
         else:
             packed = self._packed_attention(segments)
@@ -261,14 +271,13 @@ class TargetModel:
         (their keys are in the cache by then), and itself causally -- the same attention as
         the whole block's. Block weights then never need a float32 copy."""
         n, hs, parts = tokens.shape[0], [], {}
-        with torch_threads(1):
-            for c0 in range(0, n, MAX_ROWS):
-                c1 = min(n, c0 + MAX_ROWS)
-                got: dict[int, torch.Tensor] = {}
-                hs.append(self._ops.layers(self, [(cache, 0, c1 - c0, None)], tokens[c0:c1], cos[c0:c1], sin[c0:c1],
-                                           tap_set, got, prefix=cache.length + c0))
-                for t, v in got.items():
-                    parts.setdefault(t, []).append(v)
+        for c0 in range(0, n, MAX_ROWS):
+            c1 = min(n, c0 + MAX_ROWS)
+            got: dict[int, torch.Tensor] = {}
+            hs.append(self._ops.layers(self, [(cache, 0, c1 - c0, None)], tokens[c0:c1], cos[c0:c1], sin[c0:c1],
+                                       tap_set, got, prefix=cache.length + c0))
+            for t, v in got.items():
+                parts.setdefault(t, []).append(v)
         captured.update({t: torch.cat(v) for t, v in parts.items()})
         return torch.cat(hs)
 
