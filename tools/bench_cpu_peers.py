@@ -7,8 +7,11 @@ own (engines that share a process slow each other: llama.cpp ran at a quarter of
 after dartcore's decoders in the same process):
 
 * dartcore with the GGUF's blocks (``quantized``: Q4_1 layers, Q8_0 embedding / LM head,
-  streamed by the native kernels): ``ar``, ``dart``, ``dart+ctx``;
-* dartcore on the float32 conversion (``fp32``): the same three methods;
+  streamed by the native kernels): ``ar``, ``dart``, ``dart+ctx`` (the decoder's fixed node
+  budget), and ``dart-adaptive`` (``generate_batch(budget="adaptive")``: the budget controller
+  sizes each round's tree from this machine's measured verify-cost curve, which on the blocks
+  rises faster with the rows than on float32);
+* dartcore on the float32 conversion (``fp32``): the same four methods;
 * llama.cpp through ``llama-cpp-python`` (optional extra ``peers``; its rows are skipped, and
   the report says so, where it is not installed) on the Q4_1 file and on the file dequantised
   to f32 (its ``llama_model_quantize`` with ``allow_requantize``, written once next to the
@@ -44,7 +47,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-METHODS = ("ar", "dart", "dart+ctx")
+METHODS = ("ar", "dart", "dart+ctx", "dart-adaptive")
+# the decoder each method runs on, and its generate_batch budget (None: generate, fixed budget)
+TREES = {"ar": ("ar", None), "dart": ("dart", None), "dart+ctx": ("dart+ctx", None), "dart-adaptive": ("dart", "adaptive")}
 
 
 def _rss_mb() -> float:
@@ -145,16 +150,22 @@ def run_dartcore(args, path: str, prompts_ids, index) -> list[dict]:
     rows = []
     model, tok = load_target("smollm2", quantized=(path == "quantized"))
     drafter = DartDrafter.from_pretrained(args.drafter, model, tokenizer=tok)
-    decs = {m: DartDecoder(model, tok, drafter, index, tree=m) for m in METHODS}
+    decs = {m: DartDecoder(model, tok, drafter, index, tree=TREES[m][0]) for m in METHODS}
     assert decs["ar"].target.blocks == (path == "quantized")
     wbytes = weight_bytes(decs["ar"].target)
     dbytes = drafter_bytes(drafter)
-    for dec in decs.values():  # warm-up
-        dec.generate(prompts_ids[0], max_new_tokens=8)
+    def generate(m, ids, n):
+        budget = TREES[m][1]
+        if budget is None:
+            return decs[m].generate(ids, max_new_tokens=n)
+        return decs[m].generate_batch([ids], max_new_tokens=n, budget=budget)[0]
+
+    for m in decs:  # warm-up (the adaptive row's cost curve is measured, or read, here)
+        generate(m, prompts_ids[0], 8)
     for m, dec in decs.items():
         toks, secs, rounds, outs = 0, 0.0, 0, []
         for ids in prompts_ids:
-            res = dec.generate(ids, max_new_tokens=args.max_new_tokens)
+            res = generate(m, ids, args.max_new_tokens)
             toks += res.stats.new_tokens
             secs += res.stats.total_s
             rounds += res.stats.rounds
