@@ -11,8 +11,9 @@ the same instructions whatever the other rows (bit for bit, see crates/dart-line
 exactly representable in float16 / bfloat16 can stream in that format (``narrow``, same
 results).
 
-Threads: the calling thread plus helpers that spin between calls (a forward makes ~120
-calls; waking a parked thread per call cost more than the second thread gained), as many as
+Threads: the calling thread plus helpers that spin between calls (a forward runs ~120
+products and 30 attentions; waking a parked thread for each cost more than the second thread
+gained), as many as
 torch's intra-op threads when a weight is adopted, or ``DARTCORE_LINEAR_THREADS`` (read at
 import). Keep torch's own ops on one thread while the helpers spin (:func:`torch_threads`,
 which the decoder does): torch's spinning OpenMP workers and the helpers fight over the cores
