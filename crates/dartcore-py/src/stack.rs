@@ -193,9 +193,7 @@ impl PyLayerStack {
                     ],
                 });
             }
-            // SAFETY: a span's length is its array's.
-            let hidden = unsafe { final_span.get() }.len();
-            let shape = Shape { hidden, heads: Heads { heads, kv_heads, head_dim }, inter, eps, scale };
+            let shape = Shape { hidden: final_span.len, heads: Heads { heads, kv_heads, head_dim }, inter, eps, scale };
             let stack = PyLayerStack { layers: held, final_norm: final_span, shape, threads: threads.max(1), _owners: holder.owners };
             // SAFETY: held above.
             stack::check_layers(&stack.layers(), &stack.shape, unsafe { stack.final_norm.get() }).map_err(|e| errors::value(e.0))?;
@@ -244,10 +242,8 @@ impl PyLayerStack {
                 });
             }
             let mut segs = Vec::with_capacity(segments.len());
+            // (rows start > end are an empty range, which the stack refuses)
             for (((k, v), mask), (_, _, prefix, start, end, _)) in caches.iter_mut().zip(masks).zip(&segments) {
-                if start > end {
-                    return Err(errors::value(format!("LayerStack.forward: segment rows {start}..{end}")));
-                }
                 segs.push(Segment {
                     rows: *start..*end,
                     k_cache: c_slice_mut(k, "LayerStack.forward: k_cache")?,

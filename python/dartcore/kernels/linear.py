@@ -13,9 +13,8 @@ results).
 
 Threads: the calling thread plus helpers that spin between calls (a forward runs ~120
 products and 30 attentions; waking a parked thread for each cost more than the second thread
-gained), as many as
-torch's intra-op threads when a weight is adopted, or ``DARTCORE_LINEAR_THREADS`` (read at
-import). Keep torch's own ops on one thread while the helpers spin (:func:`torch_threads`,
+gained), as many as torch's intra-op threads when a weight is adopted, or
+``DARTCORE_LINEAR_THREADS`` (read at import). Keep torch's own ops on one thread while the helpers spin (:func:`torch_threads`,
 which the decoder does): torch's spinning OpenMP workers and the helpers fight over the cores
 (2-16-row forwards took 170-210 ms instead of ~40). Measured on the 2-vCPU dev box (6 eval
 prompts x 64 tokens, tok/s AR / dart, with the native layer ops): torch 2 threads + MKL 24-31 /

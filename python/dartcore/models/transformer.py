@@ -495,11 +495,10 @@ class NativeLayerOps:
             return None
         if not all(type(layer.mlp.act_fn).__name__ in _SILU for layer in model.layers):
             return None
+        # the products as the native kernel reads them (a column-major one has none)
         parts = [[getattr(p, "native_parts", lambda: None)() for p in (f.qkv, f.o, f.gu, f.down)]
                  for f in model._fused or ()]
-        if not parts:
-            return None
-        if any(p is None for layer in parts for p in layer):
+        if not parts or any(p is None for layer in parts for p in layer):
             return None
 
         def view(m):
