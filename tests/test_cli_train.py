@@ -110,3 +110,28 @@ def test_sigint_checkpoints_and_resumes_to_the_same_state(tiny, tmp_path):
             assert torch.equal(sa[p][k], sb[p][k]), (p, k)
     steps_logged = [r["step"] for r in map(json.loads, log.read_text().splitlines()) if not r.get("eval")]
     assert steps_logged == list(range(1, steps + 1))
+
+
+def test_init_with_draft_vocab_reselects_the_vocabulary(tiny, tmp_path):
+    """--init X --draft-vocab N: fine-tunes X with the N most frequent ids of the new data
+    (X's rows kept for ids it had); without --draft-vocab, X's vocabulary is kept."""
+    from safetensors.torch import load_file
+
+    target, corpus = tiny
+    first = tmp_path / "first"
+    r = run_cli("dart_train", *_common(target, corpus, first, 2), "--no-progress", "--draft-vocab", "40",
+                "--export", str(first / "export"), "--export-dtype", "fp32")
+    assert r.returncode == 0, r.stderr[-2000:]
+    again = tmp_path / "again"
+    r = run_cli("dart_train", *_common(target, corpus, again, 1), "--no-progress", "--init", str(first / "export"),
+                "--draft-vocab", "60", "--export", str(again / "export"), "--export-dtype", "fp32")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "re-selected the draft vocabulary" in r.stderr and "draft vocabulary 60" in r.stderr
+    a, b = load_file(str(first / "export" / "model.safetensors")), load_file(str(again / "export" / "model.safetensors"))
+    assert a["draft_to_target"].numel() == 40 and b["draft_to_target"].numel() == 60
+    assert set(a["draft_to_target"].tolist()) <= set(b["draft_to_target"].tolist())  # same data: a superset
+    kept = tmp_path / "kept"
+    r = run_cli("dart_train", *_common(target, corpus, kept, 1), "--no-progress", "--init", str(first / "export"),
+                "--export", str(kept / "export"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "draft vocabulary 40" in r.stderr

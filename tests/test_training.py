@@ -12,6 +12,7 @@ import torch
 
 from conftest import tiny_model
 from dartcore.drafter import DartDrafter
+from dartcore.errors import DartError
 from dartcore.training.data import pack_documents
 from dartcore.training.forward import train_forward
 from dartcore.training.loss import gamma_kl_loss, teacher_logprobs
@@ -361,3 +362,33 @@ def test_training_reduces_loss_and_resume_is_exact(tmp_path):
 
     losses = [json.loads(line)["loss"] for line in open(tmp_path / "long" / "log.jsonl")]
     assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:5])
+
+
+def test_with_draft_vocab_keeps_rows_and_starts_new_ids_from_the_target(tmp_path):
+    target = tiny_model("qwen3", layers=6)
+    dr = _random(target)  # draft vocabulary: the even ids
+    head = target.get_output_embeddings().weight
+    new = dr.with_draft_vocab([0, 1, 2, 3, 4, 9, 62], target)
+    assert new.config.draft_vocab_size == 7 and new.draft_to_target.tolist() == [0, 1, 2, 3, 4, 9, 62]
+    old_row = {t: i for i, t in enumerate(dr.draft_to_target.tolist())}
+    for j, t in enumerate(new.draft_to_target.tolist()):
+        expect = dr.lm_head.weight[old_row[t]] if t in old_row else head[t]
+        assert torch.equal(new.lm_head.weight[j], expect.float())
+    for name, p in dr.state_dict().items():
+        if name not in ("lm_head.weight", "draft_to_target"):
+            assert torch.equal(new.state_dict()[name], p), name
+    # the same hidden state gives the same logits for the ids both vocabularies hold
+    h = torch.randn(2, dr.config.hidden_size)
+    a, b = dr.head(h), new.head(h)
+    for j, t in enumerate(new.draft_to_target.tolist()):
+        if t in old_row:
+            assert torch.allclose(b[:, j], a[:, old_row[t]])
+    # saved and loaded with its map; the full vocabulary needs no map
+    new.save_pretrained(tmp_path / "d")
+    again = DartDrafter.from_pretrained(tmp_path / "d", target)
+    assert again.draft_to_target.tolist() == new.draft_to_target.tolist()
+    full = dr.with_draft_vocab(range(target.config.vocab_size), target)
+    assert full.config.draft_vocab_size == target.config.vocab_size and "draft_to_target" not in full.state_dict()
+    for bad, msg in (([], "target ids"), ([1, 1], "duplicate"), ([0, 10_000], "target ids")):
+        with pytest.raises(DartError, match=msg):
+            dr.with_draft_vocab(bad, target)

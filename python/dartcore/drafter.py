@@ -420,6 +420,45 @@ class DartDrafter(nn.Module):
                 model.norm.weight.copy_(final_norm.weight.float())
         return model
 
+    def with_draft_vocab(self, draft_vocab, target_model) -> "DartDrafter":
+        """A copy of this drafter with another draft vocabulary (1-D target ids; all of them
+        for the full vocabulary). Every weight but the LM head is kept; the head row of an id
+        this drafter already had is its own, a new id's row is the target's LM-head row (how
+        :meth:`from_target` starts every row). For fine-tuning on text whose tokens the old
+        vocabulary misses (``dart-train --init X --draft-vocab N``)."""
+        import dataclasses
+
+        if self.config.variant != "dartcore":
+            raise DartError(f"with_draft_vocab re-sizes dartcore drafters, not {self.config.variant!r} ones")
+        V = self.config.vocab_size
+        ids = torch.as_tensor(draft_vocab, dtype=torch.long).flatten()
+        if ids.numel() == 0 or ids.min() < 0 or ids.max() >= V:
+            raise DartError(f"draft_vocab must hold target ids in [0, {V})")
+        if torch.unique(ids).numel() != ids.numel():
+            raise DartError("draft_vocab has duplicate ids")
+        head = target_model.get_output_embeddings().weight
+        if head.shape[0] != V:
+            raise DartError(f"target's LM head has {head.shape[0]} rows, the drafter's vocabulary is {V}")
+        if ids.numel() == V:
+            ids = torch.arange(V)
+        model = type(self)(dataclasses.replace(self.config, draft_vocab_size=ids.numel()), self.target_embedding)
+        keep = {k: v for k, v in self.state_dict().items() if k not in ("lm_head.weight", "draft_to_target")}
+        missing, unexpected = model.load_state_dict(keep, strict=False)
+        if unexpected or set(missing) - {"lm_head.weight", "draft_to_target"}:
+            raise DartError(f"with_draft_vocab: weights do not carry over (missing {missing}, unexpected {unexpected})")
+        if ids.numel() != V:
+            model.draft_to_target.copy_(ids)
+            model.register_buffer("draft_to_target", model.draft_to_target, persistent=True)
+        old = {int(t): i for i, t in enumerate(self.draft_to_target.tolist())}
+        pairs = [(j, old[t]) for j, t in enumerate(ids.tolist()) if t in old]
+        with torch.no_grad():
+            rows = head.detach()[ids].to(model.lm_head.weight.dtype).clone()
+            if pairs:
+                new_rows, old_rows = (torch.tensor(x, dtype=torch.long) for x in zip(*pairs))
+                rows[new_rows] = self.lm_head.weight.detach()[old_rows].to(rows.dtype)
+            model.lm_head.weight.copy_(rows)
+        return model.to(self.fc.weight.device).train(self.training)
+
     def save_pretrained(self, path, *, dtype: torch.dtype | None = None) -> None:
         """safetensors + config.json; the target's embedding table is not saved."""
         from safetensors.torch import save_file

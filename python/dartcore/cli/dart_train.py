@@ -80,8 +80,9 @@ def _parser() -> argparse.ArgumentParser:
                         "(see `dart-train --correction-head --help`)")
     p.add_argument("--init", default=None,
                    help="start from this drafter (path or built-in name) instead of a fresh one: fine-tuning, "
-                        "e.g. on the target's own responses (tools/generate_target_responses.py); its draft "
-                        "vocabulary is kept and --draft-vocab / --d are ignored")
+                        "e.g. on the target's own responses (tools/generate_target_responses.py); --d is "
+                        "ignored, and its draft vocabulary is kept unless --draft-vocab N re-selects one from "
+                        "the training data (rows of ids it had kept, new ids start from the target's LM head)")
     p.add_argument("--resume", action="store_true",
                    help="continue from OUT/checkpoint.pt (same arguments; written on Ctrl-C too)")
     p.add_argument("--eval-only", action="store_true", help="only evaluate --drafter (or OUT/drafter)")
@@ -120,6 +121,15 @@ def generate_responses(target, tokenizer, docs, max_new_tokens: int, progress: b
         text = tokenizer.decode(gen[0, ids.shape[1]:], skip_special_tokens=True)
         out.append(Document(messages=prompt + [{"role": "assistant", "content": text}]))
     return out
+
+
+def _coverage(train_tok, ids) -> dict:
+    """Fraction of the training tokens (all, and response tokens) inside a draft vocabulary."""
+    keep = np.asarray(ids.tolist() if hasattr(ids, "tolist") else ids)
+    all_t = np.concatenate([t for t, _ in train_tok])
+    resp_t = np.concatenate([t[r] for t, r in train_tok])
+    return {"all_tokens": round(float(np.isin(all_t, keep).mean()), 5),
+            "response_tokens": round(float(np.isin(resp_t, keep).mean()), 5)}
 
 
 def _evaluate_with_progress(target, drafter, eval_seqs, progress: bool, batch_size: int = 2) -> dict:
@@ -262,22 +272,25 @@ def _run(args, argv: list[str]) -> int:
           f"{args.ctx_len}; {len(held)} held-out documents (responses {source}); prepared in {time.time() - t0:.1f} s",
           file=sys.stderr)
     draft_vocab = None
+    if args.draft_vocab and args.draft_vocab < target.config.vocab_size:
+        draft_vocab = build_draft_vocab((t for t, _ in train_tok), args.draft_vocab, target.config.vocab_size,
+                                        always=tok.all_special_ids)
+        cov = _coverage(train_tok, draft_vocab)
+        print(f"draft vocabulary: {len(draft_vocab)} ids; coverage of training tokens {cov}", file=sys.stderr)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "draft_vocab.json").write_text(json.dumps({"size": len(draft_vocab), "coverage": cov}) + "\n")
+    elif args.draft_vocab and args.init:  # back to the full vocabulary
+        draft_vocab = torch.arange(target.config.vocab_size)
     if args.init:
         drafter = DartDrafter.from_pretrained(args.init, target, tokenizer=tok).to(device)
         args.d = drafter.d
+        if draft_vocab is not None:
+            before = _coverage(train_tok, drafter.draft_to_target)
+            drafter = drafter.with_draft_vocab(draft_vocab, target).to(device)
+            print(f"re-selected the draft vocabulary of {args.init}: coverage of training tokens {before} -> "
+                  f"{_coverage(train_tok, drafter.draft_to_target)}", file=sys.stderr)
         print(f"fine-tuning {args.init} (d = {drafter.d}, draft vocabulary {drafter.config.draft_vocab_size})",
               file=sys.stderr)
-    elif args.draft_vocab and args.draft_vocab < target.config.vocab_size:
-        draft_vocab = build_draft_vocab((t for t, _ in train_tok), args.draft_vocab, target.config.vocab_size,
-                                        always=tok.all_special_ids)
-        ids = set(draft_vocab.tolist())
-        all_t = np.concatenate([t for t, r in train_tok])
-        resp_t = np.concatenate([t[r] for t, r in train_tok])
-        cov = {"all_tokens": float(np.isin(all_t, list(ids)).mean()),
-               "response_tokens": float(np.isin(resp_t, list(ids)).mean())}
-        print(f"draft vocabulary: {len(ids)} ids; coverage of training tokens {cov}", file=sys.stderr)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "draft_vocab.json").write_text(json.dumps({"size": len(ids), "coverage": cov}) + "\n")
     if not args.init:
         drafter = DartDrafter.from_target(target, d=args.d, draft_vocab=draft_vocab, target_name=args.target,
                                           tokenizer=tok).to(device)
