@@ -1,9 +1,15 @@
-"""Evaluation prompts: HumanEval, GSM8K test and CodeAlpaca-2k, as chat messages.
+"""Evaluation prompts: HumanEval, GSM8K test and CodeAlpaca-2k, general conversation, as chat
+messages.
 
-The files are the unchanged public releases listed in shared/data/README.md; the
+The first three are the unchanged public releases listed in shared/data/README.md; the
 directory is found at ``--data-dir``, ``$DARTCORE_DATA`` or ``../shared/data``
-beside the repository. A handful of embedded prompts (``builtin``) keep the
-README's demo runnable with no data at all.
+beside the repository. ``general`` is shipped with the package
+(``assets/eval/general_heldout.jsonl``): the general-conversation prompts that
+``tools/make_general_prompts.py`` held out of the drafter's training (requests the target wrote
+from a task type and topic, and instructions over local documents). A handful of embedded
+prompts (``builtin``) keep the README's demo runnable with no data at all. Any other name that
+is a ``.jsonl`` file is read as one prompt per line: ``{"messages": [...]}`` (the conversation up to
+its last user turn; the reply that follows is dropped) or ``{"prompt": ...}``.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ from dartcore.errors import CorpusError
 
 __all__ = ["DATASETS", "BUILTIN_PROMPTS", "find_data_dir", "load_prompts"]
 
-DATASETS = ("humaneval", "gsm8k", "code_alpaca", "builtin")
+DATASETS = ("humaneval", "gsm8k", "code_alpaca", "general", "builtin")
+
+GENERAL_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "eval" / "general_heldout.jsonl"
 
 BUILTIN_PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number iteratively.",
@@ -57,8 +65,42 @@ def _user_texts(dataset: str, data_dir: Path) -> list[str]:
     raise CorpusError(f"unknown dataset {dataset!r}; choose from {', '.join(DATASETS)}")
 
 
+def _file_prompts(path: Path) -> list[list[dict]]:
+    """One chat prompt per line of a JSONL file (see the module docs)."""
+    try:
+        rows = _read_jsonl(path)
+    except (OSError, UnicodeDecodeError, EOFError, json.JSONDecodeError) as exc:
+        raise CorpusError(f"cannot read prompts from {path}: {exc}") from exc
+    out = []
+    for i, r in enumerate(rows):
+        msgs = r.get("messages") if isinstance(r, dict) else None
+        if isinstance(msgs, list) and msgs and all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                                                   and m.get("role") in ("system", "user", "assistant")
+                                                   for m in msgs):
+            last = max((i for i, m in enumerate(msgs) if m["role"] == "user"), default=-1)
+            msgs = [{"role": m["role"], "content": m["content"]} for m in msgs[:last + 1]]
+        elif isinstance(r, dict) and isinstance(r.get("prompt"), str):
+            msgs = [{"role": "user", "content": r["prompt"]}]
+        else:
+            msgs = None
+        if not msgs or msgs[-1]["role"] != "user":
+            raise CorpusError(f"{path}:{i + 1}: expected {{\"messages\": [..., user]}} or {{\"prompt\": str}}")
+        out.append(msgs)
+    if not out:
+        raise CorpusError(f"{path}: no prompts")
+    return out
+
+
 def load_prompts(dataset: str, n: int, data_dir: str | os.PathLike[str] | None = None) -> list[list[dict]]:
-    """The first ``n`` prompts of a dataset as chat messages ``[{"role": "user", ...}]``."""
+    """The first ``n`` prompts of a dataset as chat messages (ending with the user's turn)."""
+    if n <= 0:
+        raise ValueError(f"n must be positive, got {n}")
+    if dataset == "general":
+        return _file_prompts(GENERAL_PROMPTS)[:n]
+    if dataset not in DATASETS and dataset.endswith(".jsonl"):
+        if not Path(dataset).is_file():
+            raise CorpusError(f"no such prompt file: {dataset}")
+        return _file_prompts(Path(dataset))[:n]
     if dataset == "builtin":
         texts = BUILTIN_PROMPTS
     else:
@@ -71,6 +113,4 @@ def load_prompts(dataset: str, n: int, data_dir: str | os.PathLike[str] | None =
                 "pass --data-dir or set DARTCORE_DATA, or use the 'builtin' prompts"
             )
         texts = _user_texts(dataset, root)
-    if n <= 0:
-        raise ValueError(f"n must be positive, got {n}")
     return [[{"role": "user", "content": t}] for t in texts[:n]]

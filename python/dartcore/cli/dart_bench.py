@@ -43,7 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--index", help="n-gram index built with the target's tokenizer (ngram-build); "
                                    "needed by the methods that read one")
     p.add_argument("--datasets", default="humaneval,gsm8k,code_alpaca",
-                   help=f"comma-separated, from {', '.join(DATASETS)}")
+                   help=f"comma-separated, from {', '.join(DATASETS)}, or .jsonl prompt files "
+                        "(one {\"messages\": [...]} or {\"prompt\": ...} per line)")
     p.add_argument("--n", type=int, default=5, help="prompts per dataset")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help="comma-separated, from the tree builders " + ", ".join(tree_builders())
@@ -92,7 +93,8 @@ def _check(args) -> tuple[str, ...]:
         check_choice("--methods", m, [*tree_builders(), *HF_METHODS])
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     for d in datasets:
-        check_choice("--datasets", d, DATASETS)
+        if not d.endswith(".jsonl"):
+            check_choice("--datasets", d, DATASETS)
     if args.n <= 0 or args.max_new_tokens <= 0 or args.repeats <= 0:
         raise UsageError("--n, --max-new-tokens and --repeats must be positive")
     if any(t < 0 for t in _floats("--temperatures", args.temperatures)):
