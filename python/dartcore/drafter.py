@@ -337,6 +337,16 @@ class DrafterState:
 # ---------------------------------------------------------------------------------------
 
 
+def _draft_vocab_ids(draft_vocab, vocab_size: int) -> torch.Tensor:
+    """A draft vocabulary as a 1-D tensor of distinct target ids in [0, vocab_size)."""
+    ids = torch.as_tensor(draft_vocab, dtype=torch.long).flatten()
+    if ids.numel() == 0 or ids.min() < 0 or ids.max() >= vocab_size:
+        raise DartError(f"draft_vocab must hold target ids in [0, {vocab_size})")
+    if torch.unique(ids).numel() != ids.numel():
+        raise DartError("draft_vocab has duplicate ids")
+    return ids
+
+
 class DartDrafter(nn.Module):
     def __init__(self, config: DrafterConfig, target_embedding: nn.Module | None = None):
         super().__init__()
@@ -398,11 +408,7 @@ class DartDrafter(nn.Module):
         tc = target_model.config
         ids = None
         if draft_vocab is not None:
-            ids = torch.as_tensor(draft_vocab, dtype=torch.long).flatten()
-            if ids.numel() == 0 or ids.min() < 0 or ids.max() >= tc.vocab_size:
-                raise DartError(f"draft_vocab must hold target ids in [0, {tc.vocab_size})")
-            if torch.unique(ids).numel() != ids.numel():
-                raise DartError("draft_vocab has duplicate ids")
+            ids = _draft_vocab_ids(draft_vocab, tc.vocab_size)
         name = target_name or getattr(tc, "name_or_path", None) or None
         cfg = DrafterConfig.from_target_config(
             tc, d=d, taps=taps, draft_vocab_size=None if ids is None else ids.numel(),
@@ -431,11 +437,7 @@ class DartDrafter(nn.Module):
         if self.config.variant != "dartcore":
             raise DartError(f"with_draft_vocab re-sizes dartcore drafters, not {self.config.variant!r} ones")
         V = self.config.vocab_size
-        ids = torch.as_tensor(draft_vocab, dtype=torch.long).flatten()
-        if ids.numel() == 0 or ids.min() < 0 or ids.max() >= V:
-            raise DartError(f"draft_vocab must hold target ids in [0, {V})")
-        if torch.unique(ids).numel() != ids.numel():
-            raise DartError("draft_vocab has duplicate ids")
+        ids = _draft_vocab_ids(draft_vocab, V)
         head = target_model.get_output_embeddings().weight
         if head.shape[0] != V:
             raise DartError(f"target's LM head has {head.shape[0]} rows, the drafter's vocabulary is {V}")
@@ -446,9 +448,8 @@ class DartDrafter(nn.Module):
         missing, unexpected = model.load_state_dict(keep, strict=False)
         if unexpected or set(missing) - {"lm_head.weight", "draft_to_target"}:
             raise DartError(f"with_draft_vocab: weights do not carry over (missing {missing}, unexpected {unexpected})")
-        if ids.numel() != V:
+        if ids.numel() != V:  # the constructor made the buffer persistent for a reduced vocabulary
             model.draft_to_target.copy_(ids)
-            model.register_buffer("draft_to_target", model.draft_to_target, persistent=True)
         old = {int(t): i for i, t in enumerate(self.draft_to_target.tolist())}
         pairs = [(j, old[t]) for j, t in enumerate(ids.tolist()) if t in old]
         with torch.no_grad():
