@@ -11,10 +11,13 @@
 #      (assets/corpus/smollm2_responses.jsonl.gz), seeded shuffle.
 #   4. dart-train --init <the shipped drafter> on the mix (its draft vocabulary kept).
 # Usage: tools/finetune_general_drafter.sh [extra dart-train args, e.g. --resume]
+#   env: OUT (data dir), RUN (run dir, default $OUT/run), INIT (drafter to start from), LR,
+#   MAX_MINUTES, THREADS, MATHCODE, GEN_MORE=1 (generate responses for the prompts still without one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-artifacts/general}
 INIT=${INIT:-smollm2}
+RUN=${RUN:-$OUT/run}
 THREADS=${THREADS:-2}
 mkdir -p "$OUT"
 if [ ! -s "$OUT/train.jsonl" ]; then
@@ -58,9 +61,9 @@ EOF
 exec python3 -m dartcore.cli.dart_train \
   --target smollm2 --init "$INIT" \
   --data "$OUT/mix.jsonl" --holdout 24 --eval-docs 24 --eval-every "${EVAL_EVERY:-400}" \
-  --out "$OUT/run" --ctx-len 512 --batch-size 2 --anchors 256 --gamma 0.6 \
+  --out "$RUN" --ctx-len 512 --batch-size 2 --anchors 256 --gamma 0.6 \
   --lr "${LR:-3e-4}" --beta1 0.9 --beta2 0.999 --grad-clip 0.5 --warmup 10 \
   --max-steps 100000 --max-minutes "${MAX_MINUTES:-40}" --checkpoint-minutes 5 \
   --threads "$THREADS" --seed 0 --no-progress \
-  --export "$OUT/run/export_fp16" --export-dtype fp16 \
+  --export "$RUN/export_fp16" --export-dtype fp16 \
   "$@"
