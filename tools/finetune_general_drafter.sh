@@ -9,7 +9,8 @@
 #      assets/corpus/smollm2_general_responses.jsonl.gz, which the demo index reads) and the
 #      mix: every general conversation + MATHCODE of the shipped math/code responses
 #      (assets/corpus/smollm2_responses.jsonl.gz), seeded shuffle.
-#   4. dart-train --init <the shipped drafter> on the mix (its draft vocabulary kept).
+#   4. dart-train --init $INIT (default the shipped drafter) on the mix; its draft vocabulary is
+#      kept unless --draft-vocab N is passed.
 # Usage: tools/finetune_general_drafter.sh [extra dart-train args, e.g. --resume]
 #   env: OUT (data dir), RUN (run dir, default $OUT/run), INIT (drafter to start from), LR,
 #   MAX_MINUTES, THREADS, MATHCODE, GEN_MORE=1 (generate responses for the prompts still without one)
