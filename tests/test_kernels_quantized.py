@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from dartcore.errors import WeightFormatError
 from dartcore.kernels.linear import (BLOCK_FORMATS, MAX_ROWS, BlockWeight, NativeWeight, dequantize_blocks,
-                                     native_linear_available)
+                                     native_linear_available, pack_blocks)
 
 gguf = pytest.importorskip("gguf")
 from gguf.constants import GGMLQuantizationType as Q  # noqa: E402
@@ -71,6 +71,25 @@ def test_block_products_are_the_float32_kernels_products_on_the_dequantised_weig
 
 
 @pytest.mark.parametrize("fmt", sorted(BLOCK_FORMATS))
+def test_packed_rows_are_the_same_bytes_and_values(fmt):
+    n, k = 5, 576
+    data = _blocks(fmt, n, k, seed=9)
+    packed = pack_blocks(data, k, fmt)
+    assert packed.shape == data.shape and packed.dtype == np.uint8 and not np.array_equal(packed, data)
+    assert all(np.array_equal(np.sort(a), np.sort(b)) for a, b in zip(packed, data))  # a reordering
+    per, sb = BLOCK_FORMATS[fmt], 4 if fmt == "q4_1" else 2
+    blocks = data.reshape(n, k // 32, per)
+    assert np.array_equal(packed[:, :k // 32 * sb], blocks[:, :, :sb].reshape(n, -1))  # scales first
+    wide = dequantize_blocks(data, k, fmt)
+    assert torch.equal(dequantize_blocks(packed, k, fmt, packed=True).view(torch.int32), wide.view(torch.int32))
+    block = BlockWeight(data, k, fmt)
+    assert np.array_equal(block.data, packed) and block.nbytes == data.nbytes
+    assert torch.equal(block.dequantize().view(torch.int32), wide.view(torch.int32))
+    assert torch.equal(block.dequantize_rows(np.array([3, 0, 3])), wide[[3, 0, 3]])
+    assert np.array_equal(BlockWeight(packed, k, fmt, packed=True).data, packed)
+
+
+@pytest.mark.parametrize("fmt", sorted(BLOCK_FORMATS))
 def test_more_rows_than_the_kernel_takes_use_the_dequantised_weight(fmt):
     n, k = 9, 64
     data = _blocks(fmt, n, k, seed=5)
@@ -116,6 +135,17 @@ def test_the_native_entry_points_refuse_bad_shapes_without_panicking():
         _native.dequantize_rows(data, np.zeros((3, 64), dtype=np.float32), "q8_0")
     with pytest.raises(ValueError, match="rows"):
         _native.dequantize_rows(data, np.zeros((2, 64), dtype=np.float32), "q4_1")
+    _native.linear_rows(x, data, None, out, 1, "q4_1_packed")
+    with pytest.raises(ValueError, match="bytes"):
+        _native.linear_rows(x, data[:, :39].copy(), None, out, 1, "q4_1_packed")
+    with pytest.raises(ValueError, match="unknown"):
+        _native.linear_rows(x, data, None, out, 1, "q4_1_packedx")
+    with pytest.raises(ValueError, match="same shape"):
+        _native.pack_rows(data, np.zeros((3, 41), dtype=np.uint8), "q4_1")
+    with pytest.raises(ValueError, match="whole"):
+        _native.pack_rows(data, data.copy(), "q8_0")
+    with pytest.raises(ValueError, match="unknown"):
+        _native.pack_rows(data, data.copy(), "q4_1_packed")
 
 
 def _smollm2_gguf():

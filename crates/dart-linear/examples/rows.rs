@@ -38,7 +38,7 @@ fn main() {
                         s.copy_from_slice(&0x1c00u16.to_le_bytes());
                     }
                 }
-                b
+                dart_linear::quant::pack_vec(f, &b, n, k).unwrap()
             })
             .collect(),
         None => Vec::new(),
@@ -54,7 +54,7 @@ fn main() {
                     let t = Instant::now();
                     for (j, &(n, k)) in shapes.iter().enumerate() {
                         let w = match format {
-                            Some(f) => Weights::Blocks(f, &blocks[j]),
+                            Some(f) => Weights::Packed(f, &blocks[j]),
                             None => Weights::F32(&weights[j]),
                         };
                         linear_on(isa, &x[..rows * k], rows, k, w, n, None, &mut out[..rows * n], threads).unwrap();

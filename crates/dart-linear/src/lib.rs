@@ -141,10 +141,14 @@ pub enum Weights<'a> {
     /// bfloat16 (the upper 16 bits of an f32), as bit patterns.
     Bf16(&'a [u16]),
     /// A GGML block format ([`quant`]): `n` rows of `k / 32` blocks, as the GGUF file stores
-    /// them. Each block is read once and its weights formed in registers with the reference
-    /// dequantiser's roundings ([`quant::dequantize`]), so the results are bit for bit those
-    /// of the f32 weights it dequantises to.
+    /// them. A call packs them into a temporary ([`quant::pack`]) and runs as
+    /// [`Weights::Packed`]: for one-off products; a weight used again is packed once.
     Blocks(quant::Format, &'a [u8]),
+    /// The same blocks in the packed layout ([`quant::pack`]), which the kernel streams: each
+    /// block is read once and its weights formed in registers as the reference dequantiser
+    /// rounds them ([`quant::dequantize`]), so the results are bit for bit those of the f32
+    /// weights it dequantises to.
+    Packed(quant::Format, &'a [u8]),
 }
 
 impl Weights<'_> {
@@ -153,7 +157,7 @@ impl Weights<'_> {
         let len = match self {
             Weights::F32(w) => w.len(),
             Weights::F16(w) | Weights::Bf16(w) => w.len(),
-            Weights::Blocks(f, w) => return f.check(w.len(), n, k),
+            Weights::Blocks(f, w) | Weights::Packed(f, w) => return f.check(w.len(), n, k),
         };
         if Some(len) == n.checked_mul(k) {
             Ok(())
@@ -166,7 +170,7 @@ impl Weights<'_> {
         match self {
             Weights::F32(w) => w.as_ptr().cast(),
             Weights::F16(w) | Weights::Bf16(w) => w.as_ptr().cast(),
-            Weights::Blocks(_, w) => w.as_ptr(),
+            Weights::Blocks(_, w) | Weights::Packed(_, w) => w.as_ptr(),
         }
     }
 }
@@ -219,6 +223,10 @@ pub fn linear_on<'w>(
     }
     if rows == 0 || n == 0 {
         return Ok(());
+    }
+    if let Weights::Blocks(f, file) = w {
+        let packed = quant::pack_vec(f, file, n, k)?;
+        return linear_on(isa, x, rows, k, Weights::Packed(f, &packed), n, bias, out, threads);
     }
     if threads <= 1 || n <= BLOCK {
         run_part(isa, x, rows, k, w, n, bias, OutPart::new(out), 0, n);
@@ -300,9 +308,10 @@ fn run_part(isa: Isa, x: &[f32], rows: usize, k: usize, w: Weights<'_>, n: usize
             Weights::F32(_) => F32,
             Weights::F16(_) => F16,
             Weights::Bf16(_) => BF16,
-            Weights::Blocks(quant::Format::Q4_0, _) => Q4_0,
-            Weights::Blocks(quant::Format::Q4_1, _) => Q4_1,
-            Weights::Blocks(quant::Format::Q8_0, _) => Q8_0,
+            Weights::Packed(quant::Format::Q4_0, _) => Q4_0,
+            Weights::Packed(quant::Format::Q4_1, _) => Q4_1,
+            Weights::Packed(quant::Format::Q8_0, _) => Q8_0,
+            Weights::Blocks(..) => unreachable!("packed by linear_on"),
         };
         let wp = w.ptr();
         macro_rules! go {
@@ -332,6 +341,12 @@ fn run_part(isa: Isa, x: &[f32], rows: usize, k: usize, w: Weights<'_>, n: usize
         }
         match isa {
             // 32 registers: M x R accumulators + R weights + x.
+            // A block format holds R tables and R index vectors besides: 5 rows x 4 weight
+            // rows spilled accumulators (SmolLM2's products, 1 thread: 26-27 ms against 17
+            // with 5 x 2).
+            Isa::Avx512 if simd::blocked(fmt) => tiles!(rows, go512,
+                1 => 4, 2 => 4, 3 => 4, 4 => 4, 5 => 2, 6 => 2, 7 => 2, 8 => 2,
+                9 => 2, 10 => 2, 11 => 2, 12 => 2, 13 => 1, 14 => 1, 15 => 1, 16 => 1),
             Isa::Avx512 => tiles!(rows, go512,
                 1 => 4, 2 => 4, 3 => 4, 4 => 4, 5 => 4, 6 => 2, 7 => 2, 8 => 2,
                 9 => 2, 10 => 2, 11 => 2, 12 => 2, 13 => 1, 14 => 1, 15 => 1, 16 => 1),
@@ -380,6 +395,30 @@ unsafe fn kernel256<const M: usize, const R: usize, const FMT: u8>(x: &[f32], k:
 /// 34.0 / 38.8; both 34.5 / 37.8 (4 or 6 blocks ahead alike; `NTA`: 2.4x slower).
 #[cfg(target_arch = "x86_64")]
 const AHEAD: usize = 2;
+
+/// `count` fp16 scales at `p` widened to f32 at `out`, L at a time (the last few through a
+/// zeroed buffer, so that nothing past the `count` halves is read).
+///
+/// # Safety
+/// The CPU runs `S`; `p` holds `count` halves, `out` room for `count.next_multiple_of(L)` floats.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn widen<S: simd::Lanes>(p: *const u8, count: usize, out: *mut f32) {
+    let mut i = 0;
+    while i + S::L <= count {
+        // SAFETY: halves i..i + L < count at p, floats i..i + L in out (caller).
+        unsafe { S::widen(p.add(2 * i), out.add(i)) };
+        i += S::L;
+    }
+    if i < count {
+        let mut buf = [0u8; 32];
+        // SAFETY: the count - i < L halves left into a 32-byte buffer; L floats at out + i.
+        unsafe {
+            std::ptr::copy_nonoverlapping(p.add(2 * i), buf.as_mut_ptr(), 2 * (count - i));
+            S::widen(buf.as_ptr(), out.add(i));
+        }
+    }
+}
 
 /// The last `lanes` (< L) weights of a row at `p`, zeros in the other lanes.
 ///
@@ -430,6 +469,15 @@ unsafe fn kernel<S: simd::Lanes, const M: usize, const R: usize, const FMT: u8>(
     // tail joins the same L chains.
     let vectors = k / lanes * lanes;
     let full = k / step * step;
+    // A packed block row (`quant::pack`): the blocks' scales, then their quantised bytes.
+    let (sb, nb) = (simd::scale_bytes(FMT), k / 32);
+    let quants = |b: usize| nb * sb + b * (simd::block_bytes(FMT) - sb);
+    let per = sb / 2; // f32 scales per block
+    // A whole block of R rows first widens its scales into `widened` (row r's from r * stride),
+    // before the accumulators are live: widening inside the loop over the blocks (every
+    // few blocks) made the compiler spill accumulators there (4 rows of x: 2-4x slower).
+    let stride = (nb * per).next_multiple_of(16);
+    let mut widened = if simd::blocked(FMT) { vec![0f32; R * stride] } else { Vec::new() };
     let mut r0 = n0;
     while r0 < n1 {
         let rr = (n1 - r0).min(R);
@@ -444,28 +492,54 @@ unsafe fn kernel<S: simd::Lanes, const M: usize, const R: usize, const FMT: u8>(
             let rows: [*const u8; R] = std::array::from_fn(|r| unsafe { w.add((r0 + r) * row_bytes) });
             let far_on = r0 + AHEAD * R + R <= n1;
             let near_on = r0 + 2 * R <= n1;
+            if simd::blocked(FMT) {
+                for (r, row) in rows.iter().enumerate() {
+                    // SAFETY: the row's nb * per scales into `stride` floats from r * stride
+                    // (stride: rounded up to a whole vector).
+                    unsafe { widen::<S>(*row, nb * per, widened.as_mut_ptr().add(r * stride)) };
+                }
+            }
+            let widened = widened.as_ptr();
             while kb < full {
                 let off = simd::offset(FMT, kb);
-                for r in 0..R {
-                    if far_on {
-                        unsafe { _mm_prefetch::<_MM_HINT_T1>(rows[r].wrapping_add(AHEAD * R * row_bytes + off) as *const i8) };
+                if simd::blocked(FMT) {
+                    // The R rows are one contiguous span and so are the next groups': this
+                    // step's share of theirs, a line at a time (a block is not a whole
+                    // line, so per-row prefetches would ask for most lines two or three
+                    // times).
+                    let share = R * simd::offset(FMT, step);
+                    for j in 0..share.div_ceil(64) {
+                        let at = R * off + 64 * j;
+                        if far_on {
+                            unsafe { _mm_prefetch::<_MM_HINT_T1>(rows[0].wrapping_add(AHEAD * R * row_bytes + at) as *const i8) };
+                        }
+                        if near_on {
+                            unsafe { _mm_prefetch::<_MM_HINT_T0>(rows[0].wrapping_add(R * row_bytes + at) as *const i8) };
+                        }
                     }
-                    if near_on {
-                        unsafe { _mm_prefetch::<_MM_HINT_T0>(rows[r].wrapping_add(R * row_bytes + off) as *const i8) };
+                } else {
+                    for r in 0..R {
+                        if far_on {
+                            unsafe { _mm_prefetch::<_MM_HINT_T1>(rows[r].wrapping_add(AHEAD * R * row_bytes + off) as *const i8) };
+                        }
+                        if near_on {
+                            unsafe { _mm_prefetch::<_MM_HINT_T0>(rows[r].wrapping_add(R * row_bytes + off) as *const i8) };
+                        }
                     }
                 }
-                // A block format's step is one block per row: its scales widened once.
+                // A block format's step is one block per row: its scales read once.
                 // (a loop: as `array::from_fn` its closure can stay a call in the hot loop)
                 let mut sc: [(S::V, S::V); R] = [unsafe { (S::zero(), S::zero()) }; R];
+                let b = kb / 32;
                 if simd::blocked(FMT) {
-                    for (v, row) in sc.iter_mut().zip(&rows) {
-                        *v = unsafe { S::scales::<FMT>(row.add(off)) };
+                    for (r, v) in sc.iter_mut().enumerate() {
+                        *v = unsafe { S::scales::<FMT>(widened.add(r * stride + b * per)) };
                     }
                 }
                 for u in 0..unroll {
                     let ku = kb + u * lanes;
                     let wv: [S::V; R] = std::array::from_fn(|r| unsafe {
-                        if simd::blocked(FMT) { S::load_q::<FMT>(rows[r].add(off), sc[r], u) } else { S::load_w::<FMT>(rows[r].add(ku * width)) }
+                        if simd::blocked(FMT) { S::load_q::<FMT>(rows[r].add(quants(b)), sc[r], u) } else { S::load_w::<FMT>(rows[r].add(ku * width)) }
                     });
                     for m in 0..M {
                         // SAFETY: row m < M of x, columns ku..ku + L <= full <= k.
@@ -487,7 +561,14 @@ unsafe fn kernel<S: simd::Lanes, const M: usize, const R: usize, const FMT: u8>(
                     let p = unsafe { w.add((r0 + r) * row_bytes + simd::offset(FMT, kb)) };
                     *v = if simd::blocked(FMT) {
                         // (k is whole blocks, so whole vectors: no tail)
-                        unsafe { S::load_q::<FMT>(p, S::scales::<FMT>(p), kb % 32 / lanes) }
+                        let row = unsafe { w.add((r0 + r) * row_bytes) };
+                        let b = kb / 32;
+                        let mut scales = [0f32; 2];
+                        for (i, s) in scales.iter_mut().enumerate().take(per) {
+                            // SAFETY: scale i of block b < nb, inside the row's scales.
+                            *s = quant::f16_to_f32(unsafe { row.add(b * sb + 2 * i).cast::<u16>().read_unaligned() });
+                        }
+                        unsafe { S::load_q::<FMT>(row.add(quants(b)), S::scales::<FMT>(scales.as_ptr()), kb % 32 / lanes) }
                     } else if kb < vectors {
                         unsafe { S::load_w::<FMT>(p) }
                     } else {
@@ -677,7 +758,8 @@ mod tests {
     #[test]
     fn block_weights_give_the_results_of_their_dequantised_f32_values_bit_for_bit() {
         use quant::Format;
-        let shapes = [(576, 37), (32, 1), (64, 7), (1536, 9), (96, 13), (576, 4), (160, 5)];
+        // (4128: 129 blocks, an odd number of scales past a whole number of vectors)
+        let shapes = [(576, 37), (32, 1), (64, 7), (1536, 9), (96, 13), (576, 4), (160, 5), (4128, 6)];
         for isa in Isa::supported_here() {
             for format in [Format::Q4_0, Format::Q4_1, Format::Q8_0] {
                 for (i, &(k, n)) in shapes.iter().enumerate() {
@@ -687,13 +769,18 @@ mod tests {
                     assert!(wide.iter().all(|v| v.is_finite()));
                     let x = data(MAX_ROWS * k, 12);
                     let b = data(n, 13);
+                    let packed = quant::pack_vec(format, &blocks, n, k).unwrap();
+                    let mut unpacked = vec![0f32; n * k];
+                    quant::dequantize_packed(format, &packed, n, k, &mut unpacked).unwrap();
+                    assert!(unpacked.iter().zip(&wide).all(|(p, q)| p.to_bits() == q.to_bits()));
                     for rows in 1..=MAX_ROWS {
                         for threads in [1, 2, 3] {
                             let bias = if rows % 2 == 0 { Some(&b[..]) } else { None };
-                            let (mut a, mut e) = (vec![0f32; rows * n], vec![0f32; rows * n]);
+                            let (mut a, mut p, mut e) = (vec![0f32; rows * n], vec![0f32; rows * n], vec![0f32; rows * n]);
                             linear_on(isa, &x[..rows * k], rows, k, Weights::Blocks(format, &blocks), n, bias, &mut a, threads).unwrap();
+                            linear_on(isa, &x[..rows * k], rows, k, Weights::Packed(format, &packed), n, bias, &mut p, threads).unwrap();
                             linear_on(isa, &x[..rows * k], rows, k, &wide[..], n, bias, &mut e, 1).unwrap();
-                            let same = a.iter().zip(&e).all(|(p, q)| p.to_bits() == q.to_bits());
+                            let same = a.iter().zip(&e).all(|(p, q)| p.to_bits() == q.to_bits()) && a == p;
                             assert!(same, "{isa:?} {format:?} k {k} n {n} rows {rows} threads {threads}: differs from its f32 values");
                         }
                     }
@@ -712,6 +799,8 @@ mod tests {
         assert!(e.0.contains("bytes"), "{e}");
         let e = linear(&x, 2, 64, Weights::Blocks(Format::Q8_0, &ok), 3, None, &mut y, 1).unwrap_err();
         assert!(e.0.contains("q8_0"), "{e}");
+        let e = linear(&x, 2, 64, Weights::Packed(Format::Q4_1, &ok[2..]), 3, None, &mut y, 1).unwrap_err();
+        assert!(e.0.contains("bytes"), "{e}");
         // rows that are not whole blocks
         let (x, mut y) = (vec![0f32; 2 * 40], vec![0f32; 2]);
         let e = linear(&x, 2, 40, Weights::Blocks(Format::Q4_0, &[0u8; 18]), 1, None, &mut y, 1).unwrap_err();

@@ -9,9 +9,22 @@
 //!
 //! The value of each weight is what the `gguf` package's numpy dequantiser computes: the fp16
 //! scales widened to f32 (exact), the integer converted to f32 (exact), then an f32 multiply and
-//! (Q4_1) a separate f32 add -- two roundings, never a fused multiply-add. [`dequantize`] writes
-//! those values; the kernel ([`crate::linear`]) forms the same values in registers, so a
-//! product over block weights is bit for bit the product over their f32 values.
+//! (Q4_1) a separate f32 add -- two roundings. [`dequantize`] writes those values; the kernel
+//! ([`crate::linear`]) forms the same values in registers, so a product over block weights is
+//! bit for bit the product over their f32 values.
+//!
+//! The kernel streams the blocks in a *packed* layout ([`pack`]): the same bytes, each row
+//! reordered as its blocks' fp16 scales (`d`, or `d, m` for Q4_1, block after block) followed
+//! by their quantised bytes (16 or 32 per block, block after block), so a row is exactly as
+//! many bytes as in the file. The kernel widens a row's scales sixteen at a time into a
+//! small f32 buffer and reaches every vector lane with a broadcast load from it, instead of
+//! a shuffle and a conversion per scale per block: on AVX-512 those were most of the work
+//! (shuffle-port instructions per Q4_1 block 7 -> 3).
+//!
+//! The product `d · q` is exact in f32 in every format (an fp16 scale has at most 11
+//! significant bits, `q` at most 8, and the product's exponent stays in f32's normal range),
+//! so `d · q + m` rounded once (a fused multiply-add) equals the reference's multiply and
+//! separate add: the kernel uses the fused form.
 
 use crate::ShapeError;
 
@@ -34,6 +47,11 @@ impl Format {
             Format::Q4_1 => 20,
             Format::Q8_0 => 34,
         }
+    }
+
+    /// Bytes of a block's scales (`d`, or `d, m`: fp16 each).
+    pub const fn scale_bytes(self) -> usize {
+        if matches!(self, Format::Q4_1) { 4 } else { 2 }
     }
 
     /// `"q4_0"`, `"q4_1"`, `"q8_0"`.
@@ -135,6 +153,54 @@ pub fn dequantize(format: Format, bytes: &[u8], n: usize, k: usize, out: &mut [f
     Ok(())
 }
 
+/// `n` rows of `k` weights' blocks as the file stores them (`file`) in the packed layout
+/// (`out`, the same number of bytes; see the module docs).
+pub fn pack(format: Format, file: &[u8], n: usize, k: usize, out: &mut [u8]) -> Result<(), ShapeError> {
+    format.check(file.len(), n, k)?;
+    if out.len() != file.len() {
+        return Err(ShapeError(format!("pack {}: out has {} bytes, the blocks {}", format.name(), out.len(), file.len())));
+    }
+    let (bb, sb, nb) = (format.block_bytes(), format.scale_bytes(), k / BLOCK_WEIGHTS);
+    let row = nb * bb;
+    for (f, o) in file.chunks_exact(row).zip(out.chunks_exact_mut(row)) {
+        let (scales, quants) = o.split_at_mut(nb * sb);
+        for ((b, s), q) in f.chunks_exact(bb).zip(scales.chunks_exact_mut(sb)).zip(quants.chunks_exact_mut(bb - sb)) {
+            s.copy_from_slice(&b[..sb]);
+            q.copy_from_slice(&b[sb..]);
+        }
+    }
+    Ok(())
+}
+
+/// [`pack`] into a new buffer.
+pub fn pack_vec(format: Format, file: &[u8], n: usize, k: usize) -> Result<Vec<u8>, ShapeError> {
+    let mut out = vec![0u8; file.len()];
+    pack(format, file, n, k, &mut out)?;
+    Ok(out)
+}
+
+/// The f32 values of `n` packed rows of `k` block weights (`bytes`) into `out` (`[n, k]`):
+/// the values of the file's blocks they were packed from.
+pub fn dequantize_packed(format: Format, bytes: &[u8], n: usize, k: usize, out: &mut [f32]) -> Result<(), ShapeError> {
+    format.check(bytes.len(), n, k)?;
+    if Some(out.len()) != n.checked_mul(k) {
+        return Err(ShapeError(format!("dequantize: out has {} elements, expected {n} x {k}", out.len())));
+    }
+    let (bb, sb, nb) = (format.block_bytes(), format.scale_bytes(), k / BLOCK_WEIGHTS);
+    let mut file = vec![0u8; bb];
+    let mut block = [0f32; BLOCK_WEIGHTS];
+    for (row, o) in bytes.chunks_exact(nb * bb).zip(out.chunks_exact_mut(k)) {
+        let (scales, quants) = row.split_at(nb * sb);
+        for ((s, q), ob) in scales.chunks_exact(sb).zip(quants.chunks_exact(bb - sb)).zip(o.chunks_exact_mut(BLOCK_WEIGHTS)) {
+            file[..sb].copy_from_slice(s);
+            file[sb..].copy_from_slice(q);
+            dequantize_block(format, &file, &mut block);
+            ob.copy_from_slice(&block);
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,6 +245,55 @@ mod tests {
         let q80: Vec<u8> = [0x00, 0x38].into_iter().chain((0..32).map(|i| (i as i8 - 16) as u8)).collect();
         dequantize_block(Format::Q8_0, &q80, &mut out);
         assert!((0..32).all(|i| out[i] == 0.5 * (i as f32 - 16.0)));
+    }
+
+    #[test]
+    fn packed_blocks_hold_the_same_values() {
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 24) as u8
+        };
+        for f in [Format::Q4_0, Format::Q4_1, Format::Q8_0] {
+            let (n, k) = (3, 96);
+            let file: Vec<u8> = (0..n * f.row_bytes(k).unwrap()).map(|_| next()).collect();
+            let packed = pack_vec(f, &file, n, k).unwrap();
+            assert_eq!(packed.len(), file.len());
+            assert_ne!(packed, file);
+            let (mut a, mut b) = (vec![0f32; n * k], vec![0f32; n * k]);
+            dequantize(f, &file, n, k, &mut a).unwrap();
+            dequantize_packed(f, &packed, n, k, &mut b).unwrap();
+            assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())), "{f:?}");
+            // the first block's scales lead the row, its quants follow all of the row's scales
+            let sb = f.scale_bytes();
+            assert_eq!(packed[..sb], file[..sb]);
+            assert_eq!(packed[3 * sb..3 * sb + 4], file[sb..sb + 4]);
+            assert!(pack(f, &file[1..], n, k, &mut vec![0u8; packed.len() - 1]).is_err());
+            assert!(pack(f, &file, n, k, &mut vec![0u8; packed.len() - 1]).unwrap_err().0.contains("out"));
+            assert!(pack_vec(f, &file, n, k + 32).is_err());
+        }
+    }
+
+    #[test]
+    fn a_scaled_quant_is_exact_so_one_rounding_equals_two() {
+        // d · q is exact in f32 for every fp16 d and every quant q, so fma(d, q, m) equals the
+        // reference's (d · q) + m rounded twice (the kernel's fused form).
+        let qs: Vec<f32> = (-128..128).map(|q| q as f32).collect();
+        for h in (0..=u16::MAX).step_by(7) {
+            let d = f16_to_f32(h);
+            if !d.is_finite() {
+                continue;
+            }
+            let m = f16_to_f32(h.rotate_left(5));
+            for &q in &qs {
+                assert_eq!((d as f64 * q as f64) as f32 as f64, d as f64 * q as f64, "{h:#06x} {q}");
+                if (0.0..16.0).contains(&q) && m.is_finite() {
+                    assert_eq!(d.mul_add(q, m).to_bits(), (d * q + m).to_bits(), "{h:#06x} {q}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -10,7 +10,8 @@ use std::arch::x86_64::*;
 pub(crate) const F32: u8 = 0;
 pub(crate) const F16: u8 = 1;
 pub(crate) const BF16: u8 = 2;
-/// GGML block formats (`crate::quant`): rows of 32-weight blocks.
+/// GGML block formats in the packed layout (`crate::quant`): rows of 32-weight blocks, the
+/// row's fp16 scales, then its quantised bytes.
 pub(crate) const Q4_0: u8 = 3;
 pub(crate) const Q4_1: u8 = 4;
 pub(crate) const Q8_0: u8 = 5;
@@ -25,7 +26,7 @@ pub(crate) const fn blocked(fmt: u8) -> bool {
     fmt >= Q4_0
 }
 
-/// Bytes per 32-weight block of a block format.
+/// Bytes per 32-weight block of a block format (packed or not).
 pub(crate) const fn block_bytes(fmt: u8) -> usize {
     match fmt {
         Q4_0 => 18,
@@ -34,18 +35,16 @@ pub(crate) const fn block_bytes(fmt: u8) -> usize {
     }
 }
 
+/// Bytes of a block's fp16 scales (`d`, or `d, m` for Q4_1), which lead a packed row.
+pub(crate) const fn scale_bytes(fmt: u8) -> usize {
+    if fmt == Q4_1 { 4 } else { 2 }
+}
+
 /// The byte offset of weight `i` (a multiple of 32 for a block format: its block's start)
 /// in a row.
 #[inline(always)]
 pub(crate) const fn offset(fmt: u8, i: usize) -> usize {
     if blocked(fmt) { i / 32 * block_bytes(fmt) } else { i * width(fmt) }
-}
-
-/// The block's fp16 scale at `p` (unaligned) as bits.
-#[inline(always)]
-unsafe fn half_at(p: *const u8) -> i16 {
-    // SAFETY: two bytes at p (caller).
-    unsafe { p.cast::<i16>().read_unaligned() }
 }
 
 /// An instruction set's f32 vector and the operations the kernels use. Every function is
@@ -68,13 +67,16 @@ pub(crate) trait Lanes {
     unsafe fn load_tail(p: *const f32, lanes: usize) -> Self::V;
     /// L consecutive weights of format `FMT` at `p` as f32 (exact conversions).
     unsafe fn load_w<const FMT: u8>(p: *const u8) -> Self::V;
-    /// What [`Lanes::load_q`] needs of a block's fp16 scales, widened to f32 once per block
-    /// (`p`: the block): its scale and offset in every lane, `(d, m)` for Q4_1 and `(d, 0)`
-    /// for Q4_0 and Q8_0; or (AVX-512, 4-bit formats) the block's sixteen possible weights.
-    unsafe fn scales<const FMT: u8>(p: *const u8) -> (Self::V, Self::V);
-    /// Weights `u·L .. (u+1)·L` of the block at `p` (`u < 32 / L`) as f32, with its
-    /// [`Lanes::scales`]: `d · q + m` (Q4_1), `d · (q − 8)` (Q4_0), `d · q` (Q8_0), a
-    /// multiply and a separate add as the reference dequantiser rounds them.
+    /// L fp16 bit patterns at `p` (unaligned) widened to f32 at `out` (exact).
+    unsafe fn widen(p: *const u8, out: *mut f32);
+    /// What [`Lanes::load_q`] needs of a block's scales, widened to f32 (`p`: `d`, then `m`
+    /// for Q4_1), once per block: its scale and offset in every lane, `(d, m)` for Q4_1 and
+    /// `(d, 0)` for Q4_0 and Q8_0; or (AVX-512, 4-bit formats) the block's sixteen possible
+    /// weights.
+    unsafe fn scales<const FMT: u8>(p: *const f32) -> (Self::V, Self::V);
+    /// Weights `u·L .. (u+1)·L` of the block whose quantised bytes are at `p` (`u < 32 / L`)
+    /// as f32, with its [`Lanes::scales`]: `d · q + m` (Q4_1), `d · (q − 8)` (Q4_0), `d · q`
+    /// (Q8_0), the values the reference dequantiser's roundings give.
     unsafe fn load_q<const FMT: u8>(p: *const u8, sc: (Self::V, Self::V), u: usize) -> Self::V;
     /// `a · b + c`, one rounding.
     unsafe fn fmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
@@ -112,7 +114,7 @@ impl Lanes for Avx512 {
     fn unroll(fmt: u8) -> usize {
         // One vector per step whatever the plain format: 64 bytes of f32, 32 of a 16-bit
         // format (the prefetch of the second half-line is redundant, measured as cheap); a
-        // whole block (two vectors) of a block format, its scales widened once.
+        // whole block (two vectors) of a block format, its scales read once.
         if blocked(fmt) { 2 } else { 1 }
     }
 
@@ -147,17 +149,23 @@ impl Lanes for Avx512 {
         }
     }
     #[inline(always)]
-    unsafe fn scales<const FMT: u8>(p: *const u8) -> (__m512, __m512) {
+    unsafe fn widen(p: *const u8, out: *mut f32) {
+        unsafe { _mm512_storeu_ps(out, _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))) }
+    }
+    #[inline(always)]
+    unsafe fn scales<const FMT: u8>(p: *const f32) -> (__m512, __m512) {
         unsafe {
-            let d = _mm512_cvtph_ps(_mm256_set1_epi16(half_at(p)));
+            // broadcast loads: no shuffle-port work
+            let d = _mm512_set1_ps(*p);
             match FMT {
                 // A 4-bit block's sixteen possible weights, one per lane: lane q holds
                 // `d · q + m` (Q4_1) or `d · (q − 8)` (Q4_0), rounded as the reference rounds
-                // them (a multiply, then a separate add); `load_q` picks lanes by nibble.
+                // them (`d · q` is exact, so one fused rounding is the reference's multiply and
+                // add: see `crate::quant`); `load_q` picks lanes by nibble.
                 Q4_1 => {
-                    let m = _mm512_cvtph_ps(_mm256_set1_epi16(half_at(p.add(2))));
+                    let m = _mm512_set1_ps(*p.add(1));
                     let q = _mm512_setr_ps(0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12., 13., 14., 15.);
-                    (_mm512_add_ps(_mm512_mul_ps(d, q), m), _mm512_setzero_ps())
+                    (_mm512_fmadd_ps(d, q, m), _mm512_setzero_ps())
                 }
                 Q4_0 => {
                     let q = _mm512_setr_ps(-8., -7., -6., -5., -4., -3., -2., -1., 0., 1., 2., 3., 4., 5., 6., 7.);
@@ -171,12 +179,11 @@ impl Lanes for Avx512 {
     unsafe fn load_q<const FMT: u8>(p: *const u8, (t, _): (__m512, __m512), u: usize) -> __m512 {
         unsafe {
             match FMT {
-                Q8_0 => _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(2 + 16 * u).cast()))), t),
+                Q8_0 => _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(16 * u).cast()))), t),
                 _ => {
                     // the 16 bytes' low nibbles (u = 0) or high nibbles (u = 1) pick lanes of
                     // the block's table (a permute reads only an index's low four bits)
-                    let qs = p.add(if FMT == Q4_1 { 4 } else { 2 });
-                    let b = _mm512_cvtepu8_epi32(_mm_loadu_si128(qs.cast()));
+                    let b = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.cast()));
                     let b = if u == 0 { b } else { _mm512_srli_epi32::<4>(b) };
                     _mm512_permutexvar_ps(b, t)
                 }
@@ -258,7 +265,7 @@ impl Lanes for Avx2 {
     #[inline(always)]
     fn unroll(fmt: u8) -> usize {
         // 32 bytes of f32 or 16 of a 16-bit format per vector: 2 or 4 vectors per line; a
-        // whole block (four vectors) of a block format, its scales widened once.
+        // whole block (four vectors) of a block format, its scales read once.
         if blocked(fmt) { 4 } else { 64 / (8 * width(fmt)) }
     }
 
@@ -297,10 +304,14 @@ impl Lanes for Avx2 {
         }
     }
     #[inline(always)]
-    unsafe fn scales<const FMT: u8>(p: *const u8) -> (__m256, __m256) {
+    unsafe fn widen(p: *const u8, out: *mut f32) {
+        unsafe { _mm256_storeu_ps(out, _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))) }
+    }
+    #[inline(always)]
+    unsafe fn scales<const FMT: u8>(p: *const f32) -> (__m256, __m256) {
         unsafe {
-            let d = _mm256_cvtph_ps(_mm_set1_epi16(half_at(p)));
-            let m = if FMT == Q4_1 { _mm256_cvtph_ps(_mm_set1_epi16(half_at(p.add(2)))) } else { _mm256_setzero_ps() };
+            let d = _mm256_set1_ps(*p);
+            let m = if FMT == Q4_1 { _mm256_set1_ps(*p.add(1)) } else { _mm256_setzero_ps() };
             (d, m)
         }
     }
@@ -308,15 +319,16 @@ impl Lanes for Avx2 {
     unsafe fn load_q<const FMT: u8>(p: *const u8, (d, m): (__m256, __m256), u: usize) -> __m256 {
         unsafe {
             match FMT {
-                Q8_0 => _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(2 + 8 * u).cast()))), d),
+                Q8_0 => _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(8 * u).cast()))), d),
                 _ => {
                     // bytes (u % 2) * 8 .. + 8: their low nibbles (u < 2) or high nibbles
-                    let qs = p.add(if FMT == Q4_1 { 4 } else { 2 } + 8 * (u % 2));
+                    let qs = p.add(8 * (u % 2));
                     let b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(qs.cast()));
                     let b = if u < 2 { b } else { _mm256_srli_epi32::<4>(b) };
                     let q = _mm256_and_si256(b, _mm256_set1_epi32(0x0f));
                     if FMT == Q4_1 {
-                        _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(q)), m)
+                        // exact product, so one rounding is the reference's two (`crate::quant`)
+                        _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), m)
                     } else {
                         _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(8))))
                     }

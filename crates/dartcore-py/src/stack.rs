@@ -36,6 +36,7 @@ enum HeldWeights {
     F16(Span<u16>),
     Bf16(Span<u16>),
     Blocks(Format, Span<u8>),
+    Packed(Format, Span<u8>),
 }
 
 #[derive(Clone, Copy)]
@@ -57,7 +58,9 @@ struct HeldLayer {
 /// Llama-family decoder's layers, each `(input_norm, post_norm, q_norm | None, k_norm | None,
 /// qkv, o, gate_up, down)` with float32 norm weights and each product `(w, format, bias |
 /// None)` as `linear_rows` takes it (`w` `[n, k]` float32, uint16 bit patterns of "f16" /
-/// "bf16", or uint8 GGML block rows of "q4_0" / "q4_1" / "q8_0"); every array C-contiguous.
+/// "bf16", or uint8 GGML block rows of "q4_0" / "q4_1" / "q8_0", or packed ones of
+/// "q4_1_packed" etc.: the layout the kernel streams; file rows are packed per product);
+/// every array C-contiguous.
 /// The stack keeps references to the arrays and reads them in place (no copy): they must not be
 /// written while a forward runs.
 #[pyclass(frozen, name = "LayerStack", module = "dartcore._native")]
@@ -121,13 +124,14 @@ impl Holder {
                 (if format == "f16" { HeldWeights::F16(s) } else { HeldWeights::Bf16(s) }, n, k)
             }
             name => {
-                let fmt = Format::from_name(name).ok_or_else(|| errors::value(format!("LayerStack: {what}: unknown weight format {name:?} (f32, f16, bf16, q4_0, q4_1, q8_0)")))?;
+                let (fmt, packed) = crate::linear::block_format(name).ok_or_else(|| errors::value(format!("LayerStack: {what}: unknown weight format {name:?} (f32, f16, bf16, q4_0, q4_1, q8_0, each q with _packed)")))?;
                 let (s, shape) = self.hold::<u8>(w, what, "uint8 (block rows)")?;
                 let (n, bytes) = two_d(&shape)?;
                 if bytes % fmt.block_bytes() != 0 {
                     return Err(errors::value(format!("LayerStack: {what}: rows of {bytes} bytes are not whole {name} blocks")));
                 }
-                (HeldWeights::Blocks(fmt, s), n, bytes / fmt.block_bytes() * dart_linear::quant::BLOCK_WEIGHTS)
+                let held = if packed { HeldWeights::Packed(fmt, s) } else { HeldWeights::Blocks(fmt, s) };
+                (held, n, bytes / fmt.block_bytes() * dart_linear::quant::BLOCK_WEIGHTS)
             }
         };
         let bias = bias.as_ref().map(|b| self.vector(b, &format!("{what} bias"))).transpose()?;
@@ -145,6 +149,7 @@ impl PyLayerStack {
                 HeldWeights::F16(s) => Weights::F16(unsafe { s.get() }),
                 HeldWeights::Bf16(s) => Weights::Bf16(unsafe { s.get() }),
                 HeldWeights::Blocks(f, s) => Weights::Blocks(f, unsafe { s.get() }),
+                HeldWeights::Packed(f, s) => Weights::Packed(f, unsafe { s.get() }),
             },
             n: p.n,
             k: p.k,

@@ -27,9 +27,11 @@ non-float32 or non-CPU tensor, autograd, a CPU with neither, ``DARTCORE_NATIVE_L
 the environment at import -- it is ``F.linear``.
 
 :class:`BlockWeight` is a weight kept as the GGML blocks of a GGUF file (Q4_0, Q4_1, Q8_0:
-4.5-8.5 bits per weight): the kernel reads each block once and forms its f32 weights in
-registers exactly as the ``gguf`` package's dequantiser does, so the products are bit for bit
-those of the dequantised float32 weight (:func:`dequantize_blocks`), from 4-7x fewer bytes.
+4.5-8.5 bits per weight), their bytes reordered once into the kernel's packed layout (each
+row's scales, then its quantised bytes: the same bytes, crates/dart-linear/src/quant.rs): the
+kernel reads each block once and forms its f32 weights in registers exactly as the ``gguf``
+package's dequantiser does, so the products are bit for bit those of the dequantised float32
+weight (:func:`dequantize_blocks`), from 4-7x fewer bytes.
 Elsewhere (more rows, no kernel) it dequantises into a temporary float32 matrix for
 ``F.linear``.
 """
@@ -44,7 +46,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["BLOCK_FORMATS", "BlockWeight", "LINEAR_THREADS", "MAX_ROWS", "NativeWeight", "dequantize_blocks", "exact_narrow", "linear_threads", "native_linear_available",
+__all__ = ["BLOCK_FORMATS", "BlockWeight", "LINEAR_THREADS", "MAX_ROWS", "NativeWeight", "dequantize_blocks", "exact_narrow", "pack_blocks", "linear_threads", "native_linear_available",
            "native_linear_isa", "native_linears_", "small_linear", "torch_threads"]
 
 MAX_ROWS = 16  # crates/dart-linear's MAX_ROWS
@@ -249,40 +251,54 @@ def _block_row_bytes(fmt: str, k: int) -> int:
     return k // 32 * BLOCK_FORMATS[fmt]
 
 
-def dequantize_blocks(data: np.ndarray, k: int, fmt: str) -> torch.Tensor:
-    """The float32 values ``[n, k]`` of ``n`` rows of GGML blocks (``data`` uint8 ``[n, k / 32
-    * block bytes]``), natively, as the ``gguf`` package's dequantiser computes them."""
-    from dartcore import _native
-
+def _check_rows(data, k: int, fmt: str) -> None:
     row = _block_row_bytes(fmt, k)
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != row:
         from dartcore.errors import WeightFormatError
 
         got = f"{data.dtype} {list(data.shape)}" if isinstance(data, np.ndarray) else type(data).__name__
         raise WeightFormatError(f"data: {fmt} rows of {k} weights are uint8 [n, {row}], got {got}")
+
+
+def dequantize_blocks(data: np.ndarray, k: int, fmt: str, *, packed: bool = False) -> torch.Tensor:
+    """The float32 values ``[n, k]`` of ``n`` rows of GGML blocks (``data`` uint8 ``[n, k / 32
+    * block bytes]``, as the file stores them, or ``packed`` by :func:`pack_blocks`),
+    natively, as the ``gguf`` package's dequantiser computes them."""
+    from dartcore import _native
+
+    _check_rows(data, k, fmt)
     out = torch.empty(data.shape[0], k)
-    _native.dequantize_rows(np.ascontiguousarray(data), out.numpy(), fmt)
+    _native.dequantize_rows(np.ascontiguousarray(data), out.numpy(), fmt + "_packed" if packed else fmt)
+    return out
+
+
+def pack_blocks(data: np.ndarray, k: int, fmt: str) -> np.ndarray:
+    """Rows of GGML blocks as the file stores them (uint8 ``[n, k / 32 * block bytes]``) in
+    the kernel's packed layout (a new array of the same shape): each row's fp16 scales, block
+    after block, then its quantised bytes -- the same bytes, reordered so that the kernel
+    widens sixteen scales at a time instead of one (crates/dart-linear/src/quant.rs)."""
+    from dartcore import _native
+
+    _check_rows(data, k, fmt)
+    out = np.empty_like(data)
+    _native.pack_rows(np.ascontiguousarray(data), out, fmt)
     return out
 
 
 class BlockWeight:
     """A weight ``[n, k]`` kept as GGML blocks: ``data`` uint8 ``[n, k / 32 * block bytes]``
-    (each row its blocks, as the GGUF file stores them), ``fmt`` one of
-    :data:`BLOCK_FORMATS`, an optional float32 bias. ``w(x)`` is ``F.linear(x, W, bias)`` with
-    ``W`` the dequantised float32 weight: natively from the blocks for 1..MAX_ROWS float32 CPU
-    rows (bit for bit), else through a temporary float32 ``W`` (:meth:`dequantize`)."""
+    (each row its blocks, as the GGUF file stores them; or ``packed`` already by
+    :func:`pack_blocks`), ``fmt`` one of :data:`BLOCK_FORMATS`, an optional float32 bias.
+    ``w(x)`` is ``F.linear(x, W, bias)`` with ``W`` the dequantised float32 weight: natively
+    from the blocks for 1..MAX_ROWS float32 CPU rows (bit for bit), else through a temporary
+    float32 ``W`` (:meth:`dequantize`). ``data`` holds the rows packed (the same bytes)."""
 
     __slots__ = ("data", "format", "shape", "bias", "threads", "_b")
 
     def __init__(self, data: np.ndarray, k: int, fmt: str, bias: torch.Tensor | None = None, *,
-                 threads: int | None = None):
-        from dartcore.errors import WeightFormatError
-
-        row = _block_row_bytes(fmt, k)
-        if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != row:
-            got = f"{data.dtype} {list(data.shape)}" if isinstance(data, np.ndarray) else type(data).__name__
-            raise WeightFormatError(f"data: a {fmt} weight of rows of {k} weights is uint8 [n, {row}], got {got}")
-        self.data = np.ascontiguousarray(data)
+                 threads: int | None = None, packed: bool = False):
+        _check_rows(data, k, fmt)
+        self.data = np.ascontiguousarray(data) if packed else pack_blocks(data, k, fmt)
         self.format, self.shape = fmt, (int(data.shape[0]), int(k))
         self.bias = bias
         self.threads = threads or linear_threads()
@@ -294,15 +310,19 @@ class BlockWeight:
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weight ``[n, k]`` (a new tensor)."""
-        return dequantize_blocks(self.data, self.shape[1], self.format)
+        return dequantize_blocks(self.data, self.shape[1], self.format, packed=True)
+
+    def dequantize_rows(self, rows: np.ndarray) -> torch.Tensor:
+        """The float32 rows ``rows`` (indices) of the weight, ``[len(rows), k]``."""
+        return dequantize_blocks(self.data[rows], self.shape[1], self.format, packed=True)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if (_AVAILABLE and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.dtype == torch.float32
                 and x.device.type == "cpu" and not (torch.is_grad_enabled() and x.requires_grad)):
-            return _product(x, self.data, self._b, self.threads, self.format)
+            return _product(x, self.data, self._b, self.threads, self.format + "_packed")
         return F.linear(x, self.dequantize().to(x.device, x.dtype), self.bias)
 
     def native_parts(self) -> tuple[np.ndarray, str, np.ndarray | None] | None:
-        """``(block rows, format, bias)`` as the native kernel reads them (None where it does
-        not run here)."""
-        return (self.data, self.format, self._b) if _AVAILABLE else None
+        """``(packed block rows, format name, bias)`` as the native kernel reads them (None
+        where it does not run here)."""
+        return (self.data, self.format + "_packed", self._b) if _AVAILABLE else None

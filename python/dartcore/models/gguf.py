@@ -243,7 +243,7 @@ class BlockEmbedding(nn.Module):
         flat = ids.reshape(-1).cpu().numpy()
         if flat.size and (flat.min() < 0 or flat.max() >= self.num_embeddings):
             raise IndexError(f"token id out of range for an embedding of {self.num_embeddings} rows")
-        rows = dequantize_blocks(self.block.data[flat], self.embedding_dim, self.block.format)
+        rows = self.block.dequantize_rows(flat)
         return rows.reshape(*ids.shape, self.embedding_dim).to(ids.device)
 
 

@@ -414,7 +414,7 @@ class _FusedLayer:
         for b in blocks:
             b.data = data[start:start + b.shape[0]]
             start += b.shape[0]
-        return BlockWeight(data, blocks[0].shape[1], blocks[0].format, bias, threads=threads)
+        return BlockWeight(data, blocks[0].shape[1], blocks[0].format, bias, threads=threads, packed=True)
 
     @classmethod
     def adopt_blocks(cls, layer, *, threads: int | None = None) -> "_FusedLayer":
