@@ -20,11 +20,12 @@
 //! Weights may also be stored as fp16 or bf16 ([`Weights`]) and are converted exactly on the
 //! fly: a weight whose values are exactly representable there (the DART drafter ships fp16)
 //! gives bit for bit its f32 results while half the bytes stream. Or as the GGML blocks of a
-//! GGUF file (Q4_0, Q4_1, Q8_0: [`quant`], [`Weights::Blocks`]): a block format's step is one
-//! block per weight row, its fp16 scales widened once and its 32 weights formed in registers
-//! with the reference dequantiser's two roundings (a multiply, then a separate add); the FMA
-//! chains that follow are the f32 kernel's, so the results are bit for bit those of the
-//! dequantised f32 weight, from 4.5 (Q4_1: 20 bytes per 32 weights) or 8.5 bits per weight.
+//! GGUF file (Q4_0, Q4_1, Q8_0: [`quant`], [`Weights::Packed`]), their bytes reordered once
+//! per row into scales, then quantised bytes ([`quant::pack`]): a block format's step is one
+//! block per weight row, its scales widened beforehand (sixteen per instruction) and its 32
+//! weights formed in registers with the reference dequantiser's values; the FMA chains that
+//! follow are the f32 kernel's, so the results are bit for bit those of the dequantised f32
+//! weight, from 4.5 (Q4_1: 20 bytes per 32 weights) or 8.5 bits per weight.
 //!
 //! Every output element is computed by the same instructions whatever the number of rows and
 //! however the weight rows are split between threads: L lane-wise fused multiply-add chains
