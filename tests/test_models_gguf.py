@@ -87,6 +87,17 @@ def test_block_target_greedy_decoding_equals_the_float32_targets_and_hugging_fac
     assert got == ref
 
 
+def test_block_weights_take_their_own_cpu_budget_and_an_asked_one_wins():
+    from dartcore.builders import CPU_BLOCKS_MAX_NODES, CPU_MAX_NODES, GPU_MAX_NODES, make_tree_builder, node_budget
+
+    assert CPU_BLOCKS_MAX_NODES < CPU_MAX_NODES
+    dart = make_tree_builder("dart")
+    assert node_budget(dart, blocks=True) == CPU_BLOCKS_MAX_NODES
+    assert node_budget(dart, blocks=False) == CPU_MAX_NODES
+    assert node_budget(dart, device="cuda", blocks=True) == GPU_MAX_NODES
+    assert node_budget(make_tree_builder("dart", max_nodes=6), blocks=True) == 6
+
+
 def test_the_hugging_face_forward_of_a_block_model_is_the_float32_models():
     blocks, floats = block_and_float_models("q4_1", seed=4)
     x = torch.randint(0, 96, (1, 21))
@@ -146,6 +157,9 @@ def test_smollm2_with_its_blocks_decodes_exactly_as_the_float32_conversion(smoll
     index = NgramIndex(idx_path)
     decoders = {tree: DartDecoder(qmodel, qtok, drafter, index, tree=tree) for tree in ("ar", "dart")}
     assert decoders["ar"].target.blocks and decoders["dart"].target.blocks
+    from dartcore.builders import CPU_BLOCKS_MAX_NODES
+
+    assert decoders["dart"].max_nodes == CPU_BLOCKS_MAX_NODES  # the block weights' CPU default
     mismatches = []
     for name in ("humaneval", "gsm8k", "code_alpaca"):
         for messages in load_prompts(name, 2, shared_data):

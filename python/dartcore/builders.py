@@ -49,6 +49,7 @@ __all__ = [
     "register_tree_builder",
     "make_tree_builder",
     "tree_builders",
+    "CPU_BLOCKS_MAX_NODES",
     "CPU_MAX_NODES",
     "GPU_MAX_NODES",
     "node_budget",
@@ -61,6 +62,13 @@ __all__ = [
 # 1.30 / 1.27 / 1.31 / 1.29 / 1.28x (tau 1.71 / 1.77 / 1.84 / 1.89 / 1.94): flat from 3 to 6
 # within the noise, more costs more than it gains.
 CPU_MAX_NODES = 4
+# Default node budget on CPU for a target of GGML block weights (Q4_0 / Q4_1 / Q8_0): every
+# weight is formed in float32 in registers whatever the row count, so a row of the verify
+# costs relatively more than on float32 weights (SmolLM2's products at 2 threads, AVX-512,
+# Q4_1: 1 / 3 / 4 / 5 rows 3.7 / 5.2 / 5.9 / 7.6 ms). Measured on SmolLM2's Q4_1 file, 5
+# chat prompts x 128 tokens, 2 threads, the median of 3 runs: AR 164.7 tok/s, dart 167.7 /
+# 176.9 / 166.4 / 144.6 at 1 / 2 / 3 / 4 nodes (tau 1.52 / 1.85 / 1.95 / 2.08).
+CPU_BLOCKS_MAX_NODES = 2
 # Default node budget on CUDA (root excluded): the paper's theta = 59. On a GPU a forward of
 # 60 rows costs about what one row costs (launch- and memory-bound), so the budget buys tau
 # nearly for free; tools/device_check.sh measures the verify-cost curve and tau per budget
@@ -90,16 +98,19 @@ class TreeInputs:
         return int(self.max_nodes)
 
 
-def node_budget(builder, *, drafter=None, device: str = "cpu") -> int:
+def node_budget(builder, *, drafter=None, device: str = "cpu", blocks: bool = False) -> int:
     """The node budget (root excluded) a decoder gives ``builder``, decided once: the
     builder's ``max_nodes`` where its user set one; for a chain (``chain = True``) one node
-    per drafter row; else :data:`CPU_MAX_NODES` on CPU and :data:`GPU_MAX_NODES` on CUDA."""
+    per drafter row; else :data:`CPU_MAX_NODES` on CPU (:data:`CPU_BLOCKS_MAX_NODES` for a
+    target of GGML block weights, ``blocks``) and :data:`GPU_MAX_NODES` on CUDA."""
     asked = getattr(builder, "max_nodes", None)
     if asked is not None:
         return int(asked)
     if getattr(builder, "chain", False):
         return int(getattr(drafter, "d", 8))
-    return GPU_MAX_NODES if str(device).startswith("cuda") else CPU_MAX_NODES
+    if str(device).startswith("cuda"):
+        return GPU_MAX_NODES
+    return CPU_BLOCKS_MAX_NODES if blocks else CPU_MAX_NODES
 
 
 class TreeBuilder(Protocol):

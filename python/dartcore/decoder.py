@@ -172,7 +172,8 @@ class DartDecoder:
     registered tree builder (``dart``, ``dart-no-ngram``, ``dart-chain``,
     ``ngram-only``, ``ar``, ...; see :mod:`dartcore.builders`) and
     ``tree_params`` its parameters (``max_nodes``, ``beam_width``, ``k``, ...).
-    The node budget defaults to ``CPU_MAX_NODES`` (4) on CPU and to the paper's
+    The node budget defaults to ``CPU_MAX_NODES`` (4) on CPU (``CPU_BLOCKS_MAX_NODES``, 2, for a
+    target of GGML block weights) and to the paper's
     ``GPU_MAX_NODES`` (59) on CUDA (:func:`dartcore.builders.node_budget`); it is
     ``decoder.max_nodes``. The drafter is moved to the target's device.
     ``max_context`` caps the context below the model's
@@ -212,7 +213,8 @@ class DartDecoder:
         if index is not None:
             _check_index(index, tokenizer, self.target)
         # The node budget (root excluded), decided once; each round caps it by the room left.
-        self.max_nodes = node_budget(self.builder, drafter=self.drafter, device=self.target.device.type)
+        self.max_nodes = node_budget(self.builder, drafter=self.drafter, device=self.target.device.type,
+                                     blocks=bool(getattr(self.target, "blocks", False)))
         context = self.target.max_positions or (1 << 31)
         self.context_length = min(context, max_context) if max_context else context
         self.eos_token_ids = (tuple(int(t) for t in eos_token_ids) if eos_token_ids is not None

@@ -13,7 +13,7 @@ Registered with :func:`dartcore.builders.register_tree_builder` when this module
 
 Budget. ``max_nodes`` is B, the number of nodes besides the root. The paper's B = 64 is a
 GPU budget; on CPU the verify forward's cost grows with the node count much earlier, so
-unset it is the decoder's device budget (:func:`dartcore.builders.node_budget`: 4 on CPU,
+unset it is the decoder's device budget (:func:`dartcore.builders.node_budget`: 4 on CPU, 2 for block weights,
 59 on CUDA); pass ``max_nodes=64`` for the paper's setting. Each round the builder builds
 to the budget the decoder hands it (``TreeInputs.max_nodes``).
 
