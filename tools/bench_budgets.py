@@ -6,6 +6,8 @@ hits all of them alike; the output must equal AR's (greedy) or the script says M
 
     python3 tools/bench_budgets.py --index artifacts/demo/smollm2.idx            # after the demo
     python3 tools/bench_budgets.py --index smollm2.idx --budgets 4,6,8 --trees dart,dart+ngram --json
+    python3 tools/bench_budgets.py --index artifacts/demo/smollm2.idx --quantized --budgets 1,2,3,4 --trees dart \
+        --datasets builtin --n 5 --max-new-tokens 128                                  # block weights
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="smollm2")
     p.add_argument("--drafter", default="smollm2")
+    p.add_argument("--quantized", action="store_true", help="the target's GGUF blocks (smollm2: its Q4_1 file)")
     p.add_argument("--index", required=True)
     p.add_argument("--budgets", default="4,6,8")
     p.add_argument("--trees", default="dart,dart+ctx,dart+ngram")
@@ -40,7 +43,7 @@ def main(argv=None) -> int:
     from dartcore.models.hub import load_target
 
     torch.set_num_threads(args.threads)
-    model, tok = load_target(args.target)
+    model, tok = load_target(args.target, quantized=args.quantized)
     drafter = DartDrafter.from_pretrained(args.drafter, model, tokenizer=tok)
     index = NgramIndex(args.index)
     decoders = {"ar": DartDecoder(model, tok, tree="ar")}
