@@ -27,7 +27,7 @@ are compared with its float32 AR output (identical is the contract); llama.cpp's
 as the share of prompts whose tokens equal that reference (its kernels quantise activations,
 so they are not expected to).
 
-    python tools/bench_cpu_peers.py --index artifacts/demo/smollm2.idx --json
+    python tools/bench_cpu_peers.py --index artifacts/demo/smollm2.idx --repeats 5 --json
     python tools/bench_cpu_peers.py --index IDX --prompts 5 --max-new-tokens 128 --threads 2 --out DIR
 
 Writes ``bench_cpu_peers.json`` and ``bench_cpu_peers.md`` to ``--out``
@@ -50,6 +50,7 @@ REPO = Path(__file__).resolve().parents[1]
 METHODS = ("ar", "dart", "dart+ctx", "dart-adaptive")
 # the decoder each method runs on, and its generate_batch budget (None: generate, fixed budget)
 TREES = {"ar": ("ar", None), "dart": ("dart", None), "dart+ctx": ("dart+ctx", None), "dart-adaptive": ("dart", "adaptive")}
+LLAMA_Q4_1 = "llama.cpp/q4_1/plain"  # the baseline of every ratio
 
 
 def _rss_mb() -> float:
@@ -265,32 +266,64 @@ def run_llama_cpp(args, prompts_ids, q_path: Path, out_dir: Path) -> dict:
     return {**info, "rows": rows}
 
 
+def _key(r: dict) -> str:
+    return f"{r['engine']}/{r['weights']}/{r['method']}"
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Per row (``engine/weights/method``): every run's tok/s, its median, and the median and
+    range of its ratio to llama.cpp's plain Q4_1 decoding in the same run."""
+    keys = list(dict.fromkeys(_key(r) for run in runs for r in run["rows"]))
+    tok = {k: [r["tok_per_s"] for run in runs for r in run["rows"] if _key(r) == k] for k in keys}
+    ratios: dict[str, list[float]] = {k: [] for k in keys}
+    for run in runs:
+        base = next((r["tok_per_s"] for r in run["rows"] if _key(r) == LLAMA_Q4_1), None)
+        for r in run["rows"]:
+            if base:
+                ratios[_key(r)].append(r["tok_per_s"] / base)
+    return {"median_tok_per_s": {k: statistics.median(v) for k, v in tok.items()},
+            "range_tok_per_s": {k: [min(v), max(v)] for k, v in tok.items()},
+            "median_ratio_to_llama_cpp_q4_1": {k: statistics.median(v) for k, v in ratios.items() if v},
+            "range_ratio_to_llama_cpp_q4_1": {k: [min(v), max(v)] for k, v in ratios.items() if v}}
+
+
 def markdown(report: dict) -> str:
     m = report["machine"]
+    n = len(report["repeats"])
+    bw = [run["read_bandwidth_gb_s"] for run in report["repeats"]]
     lines = [f"dartcore vs llama.cpp, SmolLM2-135M-Instruct (`{report['gguf']}`), {report['prompts']} chat prompts x "
-             f"{report['max_new_tokens']} new tokens, greedy, {m['threads']} threads; {m['cpu']}, {m['cpus']} vCPUs. "
-             f"Read bandwidth (native f32 kernel, 512 MB, one row): {report['read_bandwidth_gb_s']:.1f} GB/s.", "",
-             "| engine | weights | method | tok/s | vs llama.cpp Q4_1 | τ | weight MB per token | GB/s read | "
+             f"{report['max_new_tokens']} new tokens, greedy, {m['threads']} threads; {m['cpu']}, {m['cpus']} vCPUs; "
+             f"tok/s the median of {n} run{'s' if n > 1 else ''} (range), each ratio taken within a run. "
+             f"Read bandwidth (native f32 kernel, 512 MB, one row): {statistics.median(bw):.1f} GB/s "
+             f"({min(bw):.1f}-{max(bw):.1f}). τ, bytes and outputs: the last run.", "",
+             "| engine | weights | method | tok/s | range | vs llama.cpp Q4_1 | τ | weight MB per token | GB/s read | "
              "output = dartcore fp32 AR |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    base = next((r["tok_per_s"] for r in report["rows"] if r["engine"] == "llama.cpp" and r["weights"] == "q4_1"
-                 and r["method"] == "plain"), None)
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    med, rng = report["median_tok_per_s"], report["range_tok_per_s"]
+    ratio, rrng = report["median_ratio_to_llama_cpp_q4_1"], report["range_ratio_to_llama_cpp_q4_1"]
     for r in report["rows"]:
-        lines.append("| {} | {} | {} | {:.1f} | {} | {} | {} | {} | {:.0%} |".format(
-            r["engine"], r["weights"], r["method"], r["tok_per_s"],
-            f"{r['tok_per_s'] / base:.2f}x" if base else "-",
+        k = _key(r)
+        if k == LLAMA_Q4_1:
+            vs = "1.00x"
+        elif k in ratio:
+            vs = f"{ratio[k]:.2f}x ({rrng[k][0]:.2f}-{rrng[k][1]:.2f})"
+        else:
+            vs = "-"
+        lines.append("| {} | {} | {} | {:.1f} | {:.1f}-{:.1f} | {} | {} | {} | {} | {:.0%} |".format(
+            r["engine"], r["weights"], r["method"], med[k], *rng[k], vs,
             f"{r['tau']:.2f}" if r["tau"] else "-",
             f"{r['bytes_per_token'] / 1e6:.0f}" if r["bytes_per_token"] else "-",
             f"{r['read_gb_per_s']:.1f}" if r["read_gb_per_s"] else "-", r["identical_to_fp32_ar"]))
     if "skipped" in report.get("llama_cpp", {}):
         lines += ["", f"llama.cpp rows skipped: {report['llama_cpp']['skipped']}"]
-    rss = report.get("rss", {})
+    rss = [run["rss"] for run in report["repeats"] if run.get("rss")]
     if rss:
         lines += ["", "Resident memory of a loaded decoder (fresh process, RSS after loading and a short generate, minus after "
-                  "the imports and the tokenizer):"]
-        for k, v in rss.items():
-            lines.append(f"- {k}: " + (f"{v['decoder_mb']:.0f} MB (weights streamed per forward: {v['weights_mb']:.0f} MB)"
-                                       if "decoder_mb" in v else v.get("error", "?")))
+                  "the imports and the tokenizer), over the runs:"]
+        for k, v in rss[-1].items():
+            got = [run[k]["decoder_mb"] for run in rss if "decoder_mb" in run.get(k, {})]
+            lines.append(f"- {k}: " + (f"{min(got):.0f}-{max(got):.0f} MB (weights streamed per forward: "
+                                       f"{v['weights_mb']:.0f} MB)" if got else v.get("error", "?")))
     return "\n".join(lines) + "\n"
 
 
@@ -305,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-llama-cpp", action="store_true")
     p.add_argument("--no-rss", action="store_true")
     p.add_argument("--out", default=str(REPO / "artifacts" / "bench_cpu_peers"))
-    p.add_argument("--json", action="store_true", help="print the JSON report")
+    p.add_argument("--repeats", type=int, default=1, help="runs of the whole set; tok/s and ratios: medians")
+    p.add_argument("--json", action="store_true", help="print the JSON report (without the outputs)")
     p.add_argument("--rss-child", choices=["quantized", "fp32"], help=argparse.SUPPRESS)
     p.add_argument("--engine-child", choices=["quantized", "fp32", "llama.cpp"], help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)
@@ -343,27 +377,37 @@ def main(argv: list[str] | None = None) -> int:
         tmp.write_text(json.dumps(got))
         os.replace(tmp, args.child_out)
         return 0
-    report = {"gguf": q_path.name, "prompts": len(ids), "max_new_tokens": args.max_new_tokens, "rows": [],
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
+    report = {"gguf": q_path.name, "prompts": len(ids), "max_new_tokens": args.max_new_tokens,
               "machine": {"cpu": _cpu_name(), "cpus": os.cpu_count(), "threads": args.threads,
                           "isa": native_linear_isa(), "platform": platform.platform()},
               "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])}
-    report["read_bandwidth_gb_s"] = read_bandwidth(args.threads)
-    print(f"read bandwidth {report['read_bandwidth_gb_s']:.1f} GB/s", flush=True)
-    for group in ("quantized", "fp32"):
-        report["rows"] += run_child(group, args, ids, q_path, out_dir)["rows"]
-    if not args.no_llama_cpp:
-        peer = run_child("llama.cpp", args, ids, q_path, out_dir)
-        report["rows"] += peer.pop("rows", [])
-        report["llama_cpp"] = peer
-        if "skipped" in peer:
-            print(peer["skipped"], flush=True)
-    reference = next(r["outputs"] for r in report["rows"] if r["engine"] == "dartcore" and r["weights"] == "fp32"
-                     and r["method"] == "ar")
-    for r in report["rows"]:
-        r["identical_to_fp32_ar"] = sum(o == ref for o, ref in zip(r["outputs"], reference)) / len(reference)
-    if not args.no_rss:
-        report["rss"] = measure_rss(args.threads)
+              "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+              "repeats": []}
+    for rep in range(args.repeats):
+        run = {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "read_bandwidth_gb_s": read_bandwidth(args.threads), "rows": []}
+        print(f"run {rep + 1}/{args.repeats}: read bandwidth {run['read_bandwidth_gb_s']:.1f} GB/s", flush=True)
+        for group in ("quantized", "fp32"):
+            run["rows"] += run_child(group, args, ids, q_path, out_dir)["rows"]
+        if not args.no_llama_cpp:
+            peer = run_child("llama.cpp", args, ids, q_path, out_dir)
+            run["rows"] += peer.pop("rows", [])
+            report["llama_cpp"] = peer
+            if "skipped" in peer:
+                print(peer["skipped"], flush=True)
+        reference = next(r["outputs"] for r in run["rows"] if _key(r) == "dartcore/fp32/ar")
+        for r in run["rows"]:
+            r["identical_to_fp32_ar"] = sum(o == ref for o, ref in zip(r["outputs"], reference)) / len(reference)
+        if not args.no_rss:
+            run["rss"] = measure_rss(args.threads)
+        report["repeats"].append(run)
+    report["rows"] = report["repeats"][-1]["rows"]  # the last run's rows, outputs included
+    report["read_bandwidth_gb_s"] = statistics.median(run["read_bandwidth_gb_s"] for run in report["repeats"])
+    report |= summarize(report["repeats"])
+    for run in report["repeats"]:  # each run keeps its tok/s, not its rows twice
+        run["tok_per_s"] = {_key(r): r["tok_per_s"] for r in run.pop("rows")}
     text = markdown(report)
     tmp = out_dir / "bench_cpu_peers.json.tmp"
     tmp.write_text(json.dumps(report, indent=1))
@@ -373,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.json:
         print(json.dumps({k: v for k, v in report.items() if k != "rows"} | {
-            "rows": [{k: v for k, v in r.items() if k != "outputs"} for r in report["rows"]]}, indent=1))
+            "rows_last_run": [{k: v for k, v in r.items() if k != "outputs"} for r in report["rows"]]}, indent=1))
     return 0
 
 
