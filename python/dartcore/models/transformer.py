@@ -135,6 +135,7 @@ class TargetModel:
             self._head = head if isinstance(head, BlockWeight) else NativeWeight(self.lm_head.weight, self.lm_head.bias,
                                                                                   threads=self.threads)
             self._ops = NativeLayerOps.adopt(self) if native_linear_available() else None
+            _return_freed_heap()
             return
         if fuse_cpu_weights if fuse_cpu_weights is not None else self.device.type == "cpu":
             # Row-major ([out, in]) for the native small-batch kernel, column-major for MKL.
@@ -531,6 +532,23 @@ class NativeLayerOps:
         for j, t in enumerate(taps):
             captured[t] = tap_out[j]
         return out
+
+
+def _return_freed_heap() -> None:
+    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere
+    nothing). Loading a GGUF target frees its temporaries (the file's blocks as read, the
+    unfused per-projection blocks) in pieces glibc keeps mapped: SmolLM2's Q4_1 decoder added
+    145-185 MB to the process's resident memory without the trim, 82-88 MB with it (against
+    the resident memory after the imports and the tokenizer, which the trim shrinks too; its
+    blocks are 92 MiB)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 # The activation modules of a SiLU-gated MLP (transformers' and torch's).
