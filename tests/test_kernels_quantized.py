@@ -196,3 +196,83 @@ def test_a_file_that_is_not_gguf_is_a_clear_error(tmp_path):
     bad.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (1).to_bytes(8, "little"))
     with pytest.raises(WeightFormatError, match="truncated"):
         read_gguf(bad, SimpleNamespace(num_attention_heads=1))
+
+
+def _gguf_file(path, tensors, kv=b"", n_kv=0, alignment=32):
+    """A minimal GGUF v3 file: ``tensors`` is ``[(name, ggml_type, dims (fastest first),
+    data bytes)]``, ``kv`` raw metadata records (``n_kv`` of them)."""
+    import struct
+
+    def string(s: bytes) -> bytes:
+        return struct.pack("<Q", len(s)) + s
+
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), n_kv) + kv
+    data, infos = b"", b""
+    for name, ggml_type, dims, raw in tensors:
+        infos += string(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims)
+        infos += struct.pack("<IQ", ggml_type, len(data))
+        data += raw + bytes(-len(raw) % alignment)
+    head += infos
+    path.write_bytes(head + bytes(-len(head) % alignment) + data)
+    return path
+
+
+def test_truncated_foreign_and_hostile_gguf_files_are_clear_errors(tmp_path):
+    import struct
+
+    from dartcore.models.gguf import check_gguf
+
+    q8 = np.ascontiguousarray(quantize(np.ones((2, 64), np.float32), Q.Q8_0)).tobytes()
+    good = _gguf_file(tmp_path / "good.gguf", [(b"blk.0.attn_q.weight", int(Q.Q8_0), [64, 2], q8)])
+    check_gguf(good)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(good.read_bytes()[:-40])  # a download that stopped early
+    with pytest.raises(WeightFormatError, match="tensor blk.0.attn_q.weight is truncated"):
+        check_gguf(cut)
+    odd = _gguf_file(tmp_path / "odd.gguf", [(b"t", 250, [64, 2], q8)])  # no such GGML type
+    with pytest.raises(WeightFormatError, match="GGML type 250"):
+        check_gguf(odd)
+    partial = _gguf_file(tmp_path / "partial.gguf", [(b"t", int(Q.Q8_0), [48, 2], q8)])  # 48: not whole blocks
+    with pytest.raises(WeightFormatError, match="not whole blocks"):
+        check_gguf(partial)
+    # a metadata array claiming 2**61 eight-byte items: refused before anything reads them
+    huge = struct.pack("<Q", 1) + b"k" + struct.pack("<IIQ", 9, 10, 1 << 61)
+    hostile = _gguf_file(tmp_path / "hostile.gguf", [], kv=huge, n_kv=1)
+    with pytest.raises(WeightFormatError, match="truncated GGUF header"):
+        check_gguf(hostile)
+    many = tmp_path / "many.gguf"  # 2**60 tensors announced in a 24-byte file
+    many.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 1 << 60, 0))
+    with pytest.raises(WeightFormatError, match="truncated GGUF header"):
+        check_gguf(many)
+
+
+def test_a_truncated_gguf_target_is_refused_before_conversion_and_leaves_no_cache(tmp_path, monkeypatch):
+    from dartcore.models.hub import resolve_target
+
+    path = _smollm2_gguf()
+    cut = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    with open(path, "rb") as f:
+        cut.write_bytes(f.read(8 << 20))
+    monkeypatch.setenv("DARTCORE_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(WeightFormatError, match="is truncated"):
+        resolve_target(cut)
+    assert not any((tmp_path / "cache").iterdir())  # no conversion, finished or partial
+    assert cut.stat().st_size == 8 << 20  # the input is untouched
+
+
+def test_gguf_files_of_one_name_never_share_a_conversion(tmp_path, monkeypatch):
+    import os
+
+    from dartcore.models.hub import converted_dir
+
+    monkeypatch.setenv("DARTCORE_CACHE", str(tmp_path / "cache"))
+    a, b = tmp_path / "a" / "model.gguf", tmp_path / "b" / "model.gguf"
+    for p in (a, b):
+        p.parent.mkdir()
+        p.write_bytes(b"GGUF" + bytes(60))
+    assert converted_dir(a) != converted_dir(b)
+    assert converted_dir(a) == converted_dir(tmp_path / "a" / ".." / "a" / "model.gguf")  # one file, one name
+    before = converted_dir(a)
+    a.write_bytes(b"GGUF" + bytes(61))  # the file replaced
+    os.utime(a, ns=(1, 1))
+    assert converted_dir(a) != before

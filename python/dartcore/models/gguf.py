@@ -21,6 +21,7 @@ here as whole rows of blocks, as transformers does with the float rows.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,7 @@ from torch import nn
 from dartcore.errors import DartError, WeightFormatError
 from dartcore.kernels.linear import BlockWeight, dequantize_blocks
 
-__all__ = ["BlockEmbedding", "BlockLinear", "block_bytes", "load_gguf_model", "read_gguf"]
+__all__ = ["BlockEmbedding", "BlockLinear", "block_bytes", "check_gguf", "load_gguf_model", "read_gguf"]
 
 _LAYER = {
     "attn_norm": "input_layernorm",
@@ -91,11 +92,14 @@ class _Header:
         import struct
 
         with open(path, "rb") as f:
+            self.size = os.fstat(f.fileno()).st_size
             buf = f.read(1 << 20)
             pos = 0
 
             def need(n):
                 nonlocal buf
+                if pos + n > self.size:  # also a hostile length, before any read of it
+                    raise WeightFormatError(f"{path}: truncated GGUF header")
                 while pos + n > len(buf):
                     more = f.read(max(1 << 20, n))
                     if not more:
@@ -158,8 +162,38 @@ class _Header:
                 dims = [take("<Q") for _ in range(n_dims)]
                 ggml_type, offset = take("<IQ")
                 self.tensors.append((name, ggml_type, dims, offset))
+            if alignment <= 0:
+                raise WeightFormatError(f"{path}: GGUF alignment {alignment}")
             data_start = -(-pos // alignment) * alignment
             self.tensors = [(n, t, d, data_start + o) for n, t, d, o in self.tensors]
+
+    def check_data(self, path: Path) -> None:
+        """Raise :class:`WeightFormatError` unless every tensor has a known GGML type, rows of
+        whole blocks and its bytes inside the file (a truncated download, a foreign file
+        with a GGUF header)."""
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        for name, ggml_type, dims, offset in self.tensors:
+            try:
+                block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+            except (ValueError, KeyError):
+                raise WeightFormatError(f"{path}: tensor {name} has GGML type {ggml_type}, which dartcore does "
+                                        f"not read") from None
+            count = int(np.prod([int(x) for x in dims], dtype=object)) if dims else 1
+            if dims and int(dims[0]) % block:
+                raise WeightFormatError(f"{path}: tensor {name} has rows of {dims[0]} elements, not whole blocks "
+                                        f"of {block}")
+            end = offset + count // block * type_size
+            if end > self.size:
+                raise WeightFormatError(f"{path}: tensor {name} is truncated: its data ends at byte {end}, the file "
+                                        f"has {self.size}")
+
+
+def check_gguf(path: str | Path) -> None:
+    """Raise :class:`WeightFormatError` unless ``path`` is a whole GGUF file: its header,
+    tensor table and every tensor's data (see :meth:`_Header.check_data`)."""
+    path = Path(path)
+    _Header(path).check_data(path)
 
 
 def read_gguf(path: str | Path, config) -> dict[str, np.ndarray | _Blocks]:
@@ -170,6 +204,7 @@ def read_gguf(path: str | Path, config) -> dict[str, np.ndarray | _Blocks]:
     from gguf.quants import dequantize
 
     header = _Header(Path(path))
+    header.check_data(Path(path))
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     out: dict[str, np.ndarray | _Blocks] = {}

@@ -16,16 +16,18 @@ and tokenizer): same values, about the file's size in memory.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import shutil
+import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from dartcore.errors import DartError
+from dartcore.errors import DartError, WeightFormatError
 
-__all__ = ["BUILTIN_TARGETS", "cache_dir", "gguf_source", "resolve_target", "load_target", "load_hf_tokenizer"]
+__all__ = ["BUILTIN_TARGETS", "cache_dir", "converted_dir", "gguf_source", "resolve_target", "load_target", "load_hf_tokenizer"]
 
 
 @dataclass(frozen=True)
@@ -72,13 +74,20 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from dartcore.models.gguf import check_gguf
+
+    check_gguf(gguf_path)  # a truncated or foreign file: a clear error, before transformers reads it
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".tmp-", dir=out_dir.parent))
     try:
-        tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-        loaded = AutoModelForCausalLM.from_pretrained(
-            gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
-        )
+        try:
+            tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+            loaded = AutoModelForCausalLM.from_pretrained(
+                gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+            )
+        except (ValueError, KeyError, TypeError, IndexError, struct.error) as e:
+            raise WeightFormatError(f"{gguf_path}: transformers cannot convert this GGUF to a model "
+                                    f"({type(e).__name__}: {e})") from e
         # transformers refuses to save a GGUF-quantised model, so rebuild a plain
         # float model from the config (minus the quantisation entry) and copy the
         # de-quantised weights over.
@@ -101,6 +110,15 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     return out_dir
 
 
+def converted_dir(gguf_path: Path) -> Path:
+    """Where the float32 conversion of a ``.gguf`` path is cached: named by the file's
+    location, size and modification time too, so two files of one name never share it and a
+    replaced file is converted again."""
+    st = gguf_path.stat()
+    key = f"{gguf_path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}"
+    return cache_dir() / f"{gguf_path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}-f32"
+
+
 def resolve_target(name_or_path: str | os.PathLike[str]) -> Path:
     """Return a local Hugging Face model directory for a name or path."""
     text = str(name_or_path)
@@ -121,7 +139,7 @@ def resolve_target(name_or_path: str | os.PathLike[str]) -> Path:
     if _is_hf_dir(path):
         return path
     if path.is_file() and path.suffix == ".gguf":
-        out = cache_dir() / (path.stem + "-f32")
+        out = converted_dir(path)
         return out if _is_hf_dir(out) else _convert_gguf(path, out)
     if path.exists():
         raise DartError(f"{path} is neither a Hugging Face model directory (config.json) nor a .gguf file")
