@@ -66,9 +66,10 @@ CPU_MAX_NODES = 4
 # weight is formed in float32 in registers whatever the row count, so a row of the verify
 # costs relatively more than on float32 weights (SmolLM2's products at 2 threads, AVX-512,
 # Q4_1, crates/dart-linear/examples/rows.rs: 1 / 2 / 3 / 4 / 5 rows 4.5 / 5.3 / 6.1 / 7.5 /
-# 10.2 ms), and the drafter's forward is a larger share of a round. Measured with tools/bench_budgets.py --quantized (SmolLM2's Q4_1 file, 5 chat
-# prompts x 128 tokens, 2 threads, 2-vCPU AVX-512 VM): dart 1.04 / 1.14 / 1.05 / 1.00x over AR
-# at 1 / 2 / 3 / 4 nodes (tau 1.54 / 1.85 / 1.92 / 2.08), outputs identical.
+# 10.2 ms), and the drafter's forward is a larger share of a round. Measured with
+# tools/bench_budgets.py --quantized (SmolLM2's Q4_1 file, 5 chat prompts x 128 tokens, 2
+# threads, 2-vCPU AVX-512 VM): dart 1.04 / 1.14 / 1.05 / 1.00x over AR at 1 / 2 / 3 / 4 nodes
+# (tau 1.54 / 1.85 / 1.92 / 2.08), outputs identical.
 CPU_BLOCKS_MAX_NODES = 2
 # Default node budget on CUDA (root excluded): the paper's theta = 59. On a GPU a forward of
 # 60 rows costs about what one row costs (launch- and memory-bound), so the budget buys tau

@@ -91,6 +91,7 @@ class _Header:
     def __init__(self, path: Path):
         import struct
 
+        self.path = path
         with open(path, "rb") as f:
             self.size = os.fstat(f.fileno()).st_size
             buf = f.read(1 << 20)
@@ -167,7 +168,7 @@ class _Header:
             data_start = -(-pos // alignment) * alignment
             self.tensors = [(n, t, d, data_start + o) for n, t, d, o in self.tensors]
 
-    def check_data(self, path: Path) -> None:
+    def check_data(self) -> None:
         """Raise :class:`WeightFormatError` unless every tensor has a known GGML type, rows of
         whole blocks and its bytes inside the file (a truncated download, a foreign file
         with a GGUF header)."""
@@ -177,23 +178,22 @@ class _Header:
             try:
                 block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
             except (ValueError, KeyError):
-                raise WeightFormatError(f"{path}: tensor {name} has GGML type {ggml_type}, which dartcore does "
-                                        f"not read") from None
+                raise WeightFormatError(f"{self.path}: tensor {name} has GGML type {ggml_type}, which dartcore "
+                                        f"does not read") from None
             count = int(np.prod([int(x) for x in dims], dtype=object)) if dims else 1
             if dims and int(dims[0]) % block:
-                raise WeightFormatError(f"{path}: tensor {name} has rows of {dims[0]} elements, not whole blocks "
-                                        f"of {block}")
+                raise WeightFormatError(f"{self.path}: tensor {name} has rows of {dims[0]} elements, not whole "
+                                        f"blocks of {block}")
             end = offset + count // block * type_size
             if end > self.size:
-                raise WeightFormatError(f"{path}: tensor {name} is truncated: its data ends at byte {end}, the file "
-                                        f"has {self.size}")
+                raise WeightFormatError(f"{self.path}: tensor {name} is truncated: its data ends at byte {end}, "
+                                        f"the file has {self.size}")
 
 
 def check_gguf(path: str | Path) -> None:
     """Raise :class:`WeightFormatError` unless ``path`` is a whole GGUF file: its header,
     tensor table and every tensor's data (see :meth:`_Header.check_data`)."""
-    path = Path(path)
-    _Header(path).check_data(path)
+    _Header(Path(path)).check_data()
 
 
 def read_gguf(path: str | Path, config) -> dict[str, np.ndarray | _Blocks]:
@@ -204,7 +204,7 @@ def read_gguf(path: str | Path, config) -> dict[str, np.ndarray | _Blocks]:
     from gguf.quants import dequantize
 
     header = _Header(Path(path))
-    header.check_data(Path(path))
+    header.check_data()
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     out: dict[str, np.ndarray | _Blocks] = {}
