@@ -27,7 +27,8 @@ from pathlib import Path
 
 from dartcore.errors import DartError, WeightFormatError
 
-__all__ = ["BUILTIN_TARGETS", "cache_dir", "converted_dir", "gguf_source", "resolve_target", "load_target", "load_hf_tokenizer"]
+__all__ = ["BUILTIN_TARGETS", "cache_dir", "converted_dir", "gguf_source", "resolve_target", "load_target",
+           "load_hf_tokenizer"]
 
 
 @dataclass(frozen=True)
