@@ -74,3 +74,17 @@ def test_greedy_sampler_is_argmax():
     s = Sampler(SamplingParams(0.0, top_p=0.5, top_k=3), seed=1)
     x = torch.tensor([0.1, 3.0, -2.0, 2.9])
     assert s.choose(x) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_greedy_choice_is_torchs_argmax_on_ties_infinities_and_nans(dtype):
+    s = Sampler(SamplingParams(0.0), seed=1)
+    nan, inf = float("nan"), float("inf")
+    rows = [[2.0, 5.0, 5.0, 1.0], [1.0, nan, 3.0, nan], [-inf, -inf, -inf], [inf, 1.0, inf], [0.5]]
+    for row in rows:
+        x = torch.tensor(row, dtype=dtype)
+        assert s.choose(x) == int(torch.argmax(x)), row
+    big = torch.randn(3, 49152, generator=torch.Generator().manual_seed(0)).to(dtype)
+    for r in big:  # strided rows of a logits matrix, as the verification reads them
+        assert s.choose(r) == int(torch.argmax(r))
+    assert s.choose(big[:, 7]) == int(torch.argmax(big[:, 7]))
