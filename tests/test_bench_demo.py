@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, tiny_model
 
 CHAT_TEMPLATE = (
@@ -32,10 +31,9 @@ _TEXT = Path(__file__).read_text() + (REPO / "tests" / "conftest.py").read_text(
 def tiny_dirs(tmp_path_factory):
     """(target dir, drafter dir) of a tiny random Llama with a real tokenizer."""
     import tokenizers
+    from dartcore.drafter import DartDrafter
     from tokenizers import decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
-
-    from dartcore.drafter import DartDrafter
 
     root = tmp_path_factory.mktemp("tiny-target")
     bpe = tokenizers.Tokenizer(models.BPE())
@@ -156,11 +154,11 @@ def test_sim_tau_replay_equals_the_decoder(tiny_dirs, tmp_path):
     acceptance histogram as running DartDecoder with that builder. (A random tiny model
     repeats itself, so dart+ctx's context chain gets accepted: the comparison is not vacuous.)"""
     from dartcore.benchmark.datasets import load_prompts
-    from dartcore.builders import make_tree_builder
     from dartcore.decoder import DartDecoder
     from dartcore.drafter import DartDrafter
     from dartcore.index import NgramIndex
     from dartcore.models.hub import load_target
+    from dartcore.trees import make_tree_builder
 
     sim = _load_tool("sim_tau")
     target, drafter_dir = tiny_dirs

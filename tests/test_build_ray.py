@@ -15,11 +15,10 @@ import pytest
 pytest.importorskip("dartcore._native", reason="the Rust extension is not built (pip install -e .)")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_ngram_build import _many_shards  # noqa: E402
-
-from dartcore.build.reduce import partition_bounds  # noqa: E402
-from dartcore.build.ray_engine import FAULT_ENV  # noqa: E402
 from dartcore.cli.ngram_build import main  # noqa: E402
+from dartcore.ngram_build.ray_engine import FAULT_ENV  # noqa: E402
+from dartcore.ngram_build.reduce import partition_bounds  # noqa: E402
+from test_ngram_build import _many_shards  # noqa: E402
 
 
 def run(*args) -> int:
@@ -57,7 +56,6 @@ def test_local_partitioned_reduce_is_byte_identical(corpus, tmp_path):
 
 def test_partition_bounds_cut_at_first_tokens(tmp_path):
     import numpy as np
-
     from dartcore.index import IndexBuilder
 
     b = IndexBuilder(100, memory_limit="64M")
@@ -139,7 +137,7 @@ def test_killed_map_task_is_retried(local_ray, corpus, tmp_path, monkeypatch):
 def test_killed_driver_resumes(local_ray, corpus, tmp_path, monkeypatch, capsys):
     """A driver that died after mapping some shards: those are kept, the rest mapped on
     --resume; without --resume the half-done work dir is refused."""
-    import dartcore.build.ray_engine as eng
+    import dartcore.ngram_build.ray_engine as eng
 
     root, ref = corpus
     out = tmp_path / "resumed.idx"

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from cli_helpers import cli_env, run_cli
 
 
@@ -18,7 +17,6 @@ def indexes(tmp_path_factory):
     """A tiny valid index per built-in tokenizer name (qwen3, smollm2), a foreign file and a
     truncated index: only the header and metadata matter to the checks under test."""
     import numpy as np
-
     from dartcore.index import build_index
 
     root = tmp_path_factory.mktemp("cli_indexes")
@@ -48,7 +46,7 @@ def _one_line_error(r, prog: str) -> str:
 @pytest.mark.parametrize("module", ["dart_generate", "dart_bench"])
 def test_help_lists_every_registered_tree_builder(module):
     # the registry as a fresh process sees it (tests register private builders in this one)
-    listed = subprocess.run([sys.executable, "-c", "from dartcore.builders import tree_builders; "
+    listed = subprocess.run([sys.executable, "-c", "from dartcore.trees import tree_builders; "
                              "print(' '.join(tree_builders()))"], capture_output=True, text=True, env=cli_env(),
                             check=True)
     names = listed.stdout.split()

@@ -14,15 +14,14 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
-
 from conftest import tiny_model
 
 # Tiny models: one intra-op thread is ~10x faster than two on the shared 2-core
 # box (thread wake-up dominates a 4-layer, 32-wide forward).
 torch.set_num_threads(1)
 from dartcore import ContextLengthError, DartDecoder
-from dartcore.builders import register_tree_builder
 from dartcore.tree import Tree
+from dartcore.trees import register_tree_builder
 
 
 class CharTokenizer:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from conftest import tiny_model
 from dartcore import DartDecoder, DrafterMismatchError, TokenizerMismatchError
 from test_decoder import CharTokenizer, hf_greedy
@@ -75,7 +74,7 @@ def test_every_builder_is_lossless_under_greedy(setup, tree):
 def test_builders_on_cuda_take_the_gpu_budget_and_stay_lossless(setup, tree):
     import copy
 
-    from dartcore.builders import CPU_MAX_NODES, GPU_MAX_NODES
+    from dartcore.trees import CPU_MAX_NODES, GPU_MAX_NODES
 
     model, tok, drafter, index, prompts, _ = setup
     assert DartDecoder(model, tok, drafter, index, tree=tree).max_nodes == CPU_MAX_NODES
@@ -156,9 +155,9 @@ def _paths(tree):
 
 
 def test_merge_trees_is_a_budgeted_union_in_depth_order():
-    from dartcore.builders import merge_trees
+    from dartcore.acceptance import flatten
     from dartcore.tree import Tree
-    from dartcore.verify import flatten
+    from dartcore.trees import merge_trees
 
     def tree(tokens, parents):
         parents = np.array(parents)
@@ -193,7 +192,7 @@ def _brute_continuation(ctx, max_len, min_match=2, max_match=4):
 
 
 def test_context_continuation_matches_a_plain_search():
-    from dartcore.builders import context_continuation
+    from dartcore.trees import context_continuation
 
     rng = np.random.default_rng(3)
     for _ in range(400):
@@ -207,8 +206,8 @@ def test_context_continuation_matches_a_plain_search():
 
 
 def test_context_union_keeps_the_budget_and_the_continuation(setup):
-    from dartcore.builders import TreeInputs, make_tree_builder, node_budget
-    from dartcore.verify import flatten
+    from dartcore.acceptance import flatten
+    from dartcore.trees import TreeInputs, make_tree_builder, node_budget
 
     model, tok, drafter, index, prompts, _ = setup
     builder = make_tree_builder("dart+ctx", max_nodes=5, context_nodes=3)
@@ -227,7 +226,7 @@ def test_the_builder_receives_the_rounds_final_budget(setup):
     """The budget is decided in one place per round (the decoder's max_nodes capped by the
     room left) and the builder is handed exactly that: every tree it returns fits it, so
     nothing downstream cuts it again."""
-    from dartcore.builders import CPU_MAX_NODES, make_tree_builder, register_tree_builder
+    from dartcore.trees import CPU_MAX_NODES, make_tree_builder, register_tree_builder
 
     model, tok, drafter, index, prompts, _ = setup
     seen = []

@@ -22,10 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
-
 from conftest import tiny_model
 from dartcore import DartDecoder
-from dartcore.builders import register_tree_builder
+from dartcore.trees import register_tree_builder
 from test_decoder import CharTokenizer, random_tree
 from test_sampling import brute_warp
 

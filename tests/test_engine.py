@@ -20,7 +20,7 @@ import torch
 
 from conftest import tiny_model
 from dartcore import ContextLengthError, DartDecoder, DartError
-from dartcore.builders import register_tree_builder
+from dartcore.trees import register_tree_builder
 from dartcore.engine import Engine, RequestOutput, SamplingParams, UnknownRequestError
 from test_decoder import CharTokenizer, hf_greedy, random_tree
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from conftest import tiny_model
+from dartcore.acceptance import ancestor_mask
 from dartcore.kernels.linear import native_linear_available
 from dartcore.models.kv_pool import KVPool, PoolFullError
 from dartcore.models.transformer import NativeLayerOps, TargetModel
-from dartcore.verify import ancestor_mask
 from test_decoder import random_tree
 
 torch.set_num_threads(1)

@@ -17,14 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
+from dartcore.acceptance import ancestor_mask
 from dartcore.kernels.tree_attention import (
     force_backend,
     pack_block_mask,
     tree_attention,
     tree_attention_reference,
 )
-from dartcore.verify import ancestor_mask
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -92,7 +91,7 @@ _INTERPRETER_SCRIPT = r"""
 import numpy as np, torch
 from dartcore.kernels.tree_attention import force_backend, tree_attention, tree_attention_reference
 from dartcore.models.cache import KVCache
-from dartcore.verify import ancestor_mask
+from dartcore.acceptance import ancestor_mask
 rng = np.random.default_rng(0)
 worst = 0.0
 for heads, kv_heads, prefix, n, d in [(2, 2, 0, 1, 8), (4, 2, 37, 70, 16), (3, 1, 5, 129, 32), (4, 4, 64, 17, 64)]:

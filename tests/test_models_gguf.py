@@ -11,12 +11,11 @@ import copy
 import numpy as np
 import pytest
 import torch
-from torch import nn
-
 from conftest import tiny_model
 from dartcore.kernels.linear import BlockWeight, native_linear_available
 from dartcore.models.gguf import BlockEmbedding, BlockLinear, block_bytes
 from dartcore.models.transformer import TargetModel
+from torch import nn
 
 gguf = pytest.importorskip("gguf")
 from gguf.constants import GGMLQuantizationType as Q  # noqa: E402
@@ -88,7 +87,13 @@ def test_block_target_greedy_decoding_equals_the_float32_targets_and_hugging_fac
 
 
 def test_block_weights_take_their_own_cpu_budget_and_an_asked_one_wins():
-    from dartcore.builders import CPU_BLOCKS_MAX_NODES, CPU_MAX_NODES, GPU_MAX_NODES, make_tree_builder, node_budget
+    from dartcore.trees import (
+        CPU_BLOCKS_MAX_NODES,
+        CPU_MAX_NODES,
+        GPU_MAX_NODES,
+        make_tree_builder,
+        node_budget,
+    )
 
     assert CPU_BLOCKS_MAX_NODES < CPU_MAX_NODES
     dart = make_tree_builder("dart")
@@ -157,7 +162,7 @@ def test_smollm2_with_its_blocks_decodes_exactly_as_the_float32_conversion(smoll
     index = NgramIndex(idx_path)
     decoders = {tree: DartDecoder(qmodel, qtok, drafter, index, tree=tree) for tree in ("ar", "dart")}
     assert decoders["ar"].target.blocks and decoders["dart"].target.blocks
-    from dartcore.builders import CPU_BLOCKS_MAX_NODES
+    from dartcore.trees import CPU_BLOCKS_MAX_NODES
 
     assert decoders["dart"].max_nodes == CPU_BLOCKS_MAX_NODES  # the block weights' CPU default
     mismatches = []

@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from dartcore import TreeError
+from dartcore.acceptance import accept, ancestor_mask, flatten, prune
 from dartcore.sampling import Sampler, SamplingParams
 from dartcore.tree import Tree
-from dartcore.verify import accept, ancestor_mask, flatten, prune
 
 
 def random_tree(rng, n, vocab=6):

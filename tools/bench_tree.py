@@ -13,7 +13,7 @@ answers of /work/shared/data/eval (gsm8k_test.jsonl, code_alpaca_2k.json), teach
 as the decoder runs it: one target forward per document with the drafter's taps, then one
 ``draft`` call per position (the drafter state advancing by the true next token), the d
 rows of logits mapped to target ids and turned into top-k fp32 log-probs by
-``dartcore.tree.topk_logprobs`` (as ``dartcore.builders`` does); the search context is the
+``dartcore.tree.topk_logprobs`` (as ``dartcore.trees`` does); the search context is the
 document up to the position. Positions are cycled to fill ``--searches``.
 ``synthetic`` rows are anchored in held-out real text of the index corpus. For a held-out position t (context = text up to t, root = x_t), row l
 holds the true token x_{t+1+l} with probability 0.8·0.9^l (at rank 0 with probability
@@ -109,9 +109,8 @@ def tokenize_corpus(work: Path, corpus_mb: int) -> tuple[list[np.ndarray], dict]
         data = np.load(tag / "tokens.npy", mmap_mode="r")
         cuts = np.load(tag / "cuts.npy")
         return [np.asarray(data[a:b]) for a, b in zip(cuts[:-1], cuts[1:])], meta
-    from tqdm import tqdm
-
     from dartcore.models.hub import load_hf_tokenizer
+    from tqdm import tqdm
 
     tok = load_hf_tokenizer("smollm2")
     eos = int(tok.eos_token_id)
@@ -188,7 +187,6 @@ def make_inputs(index, held: list[np.ndarray], n: int, vocab: int, seed: int):
 def real_inputs(n: int, seed: int, positions: int = 200):
     """Contexts and drafter rows from the real drafter on held-out eval text (module docs)."""
     import torch
-
     from dartcore.drafter import DartDrafter
     from dartcore.models.hub import load_target
     from dartcore.models.transformer import TargetModel

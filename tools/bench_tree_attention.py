@@ -29,7 +29,7 @@ DTYPES = ("float32", "bfloat16")
 
 
 def _tree_mask(n: int, rng: np.random.Generator) -> torch.Tensor:
-    from dartcore.verify import ancestor_mask
+    from dartcore.acceptance import ancestor_mask
 
     parents = np.array([-1] + [int(rng.integers(0, i)) for i in range(1, n)])
     return torch.from_numpy(ancestor_mask(parents))
@@ -73,7 +73,10 @@ def run(shapes, prefixes, nodes, dtypes, seed: int = 0, device: str = "cuda") ->
     else:
         from triton.testing import do_bench
 
-    from dartcore.kernels.tree_attention import pack_block_mask, tree_attention_reference
+    from dartcore.kernels.tree_attention import (
+        pack_block_mask,
+        tree_attention_reference,
+    )
     from dartcore.kernels.triton_tree import tree_attention_triton
 
     rng = np.random.default_rng(seed)

@@ -29,8 +29,8 @@ ABLATIONS = ("dartree-untrained",)
 
 
 def _register_ablations() -> None:
-    from dartcore.builders import register_tree_builder
     from dartcore.dartree.builders import DartreeBuilder
+    from dartcore.trees import register_tree_builder
 
     register_tree_builder("dartree-untrained",
                           lambda **kw: DartreeBuilder(**{**kw, "head": "untrained"}), replace=True)
@@ -109,7 +109,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import torch
-
     from dartcore.benchmark.runner import BenchConfig, run_benchmark
 
     if args.threads:

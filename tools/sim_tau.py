@@ -46,7 +46,7 @@ class _Recorder:
         self.rows: list[tuple[torch.Tensor, torch.Tensor, int]] = []
 
     def __call__(self, inputs):
-        from dartcore.builders import root_only
+        from dartcore.trees import root_only
 
         values, ids = torch.topk(inputs.logits.float(), min(self.keep, inputs.logits.shape[-1]), dim=-1)
         self.rows.append((values.cpu(), ids.cpu(), int(inputs.logits.shape[-1])))
@@ -55,7 +55,7 @@ class _Recorder:
 
 def record(decoder_cls, model, tok, drafter, prompts, max_new_tokens: int, keep: int) -> list[dict]:
     """One AR pass per prompt with the drafter running at every position."""
-    from dartcore.builders import register_tree_builder
+    from dartcore.trees import register_tree_builder
 
     recorder = _Recorder(max_nodes=drafter.d, keep=keep)
     register_tree_builder("_sim-record", lambda **_: recorder, replace=True)
@@ -79,8 +79,8 @@ def _logits(row) -> torch.Tensor:
 def replay(builder, rec: dict, drafter, index, eos_ids: tuple[int, ...]) -> tuple[list[int], int]:
     """Acceptance histogram of ``builder`` along one recorded greedy output, and the number
     of tree rows verified (every round's tree, root included)."""
-    from dartcore.builders import TreeInputs, node_budget
-    from dartcore.verify import flatten, prune
+    from dartcore.acceptance import flatten, prune
+    from dartcore.trees import TreeInputs, node_budget
 
     ids, gen, rows = rec["ids"], rec["tokens"], rec["rows"]
     hist = [0] * 65
@@ -150,11 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     from dartcore.benchmark.datasets import load_prompts
-    from dartcore.builders import make_tree_builder
     from dartcore.decoder import DartDecoder
     from dartcore.drafter import DartDrafter
     from dartcore.index import NgramIndex
     from dartcore.models.hub import load_target
+    from dartcore.trees import make_tree_builder
 
     model, tok = load_target(args.target)
     drafter = DartDrafter.from_pretrained(args.drafter, model, tokenizer=tok)

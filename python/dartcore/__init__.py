@@ -27,8 +27,10 @@ from dartcore.errors import (
     TreeError,
     WeightFormatError,
 )
+from dartcore.renamed import install as _install_renamed
 
 __version__ = "0.1.0"
+_install_renamed()  # dartcore.build, dartcore.builders, dartcore.verify: the old module names
 
 # name -> module that defines it; resolved on first access (PEP 562).
 _LAZY = {
@@ -42,7 +44,7 @@ _LAZY = {
     "GenerationStats": "dartcore.decoder",
     "GenerationResult": "dartcore.decoder",
     "Engine": "dartcore.engine",
-    "register_tree_builder": "dartcore.builders",
+    "register_tree_builder": "dartcore.trees",
 }
 
 __all__ = [

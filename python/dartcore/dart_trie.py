@@ -64,9 +64,9 @@ def convert_dart_trie(trie, output, *, tokenizer: str = "qwen3", memory: int = 8
     bounds the token ids; the index records it as an ngram-build index does). Returns the
     build summary plus the trie's node counts, wall time and peak RSS."""
     from dartcore import __version__, _native
-    from dartcore.build.inputs import check_not_an_input, check_output
-    from dartcore.build.map import _rss_bytes
-    from dartcore.build.reduce import peak_rss_bytes
+    from dartcore.ngram_build.inputs import check_not_an_input, check_output
+    from dartcore.ngram_build.map import rss_bytes
+    from dartcore.ngram_build.reduce import peak_rss_bytes
     from dartcore.tokenizers import load_tokenizer
 
     trie, output = Path(trie).expanduser(), Path(output).expanduser()
@@ -84,7 +84,7 @@ def convert_dart_trie(trie, output, *, tokenizer: str = "qwen3", memory: int = 8
         "build": {"tool": "ngram-build --from-dart-trie", "dartcore_version": __version__,
                   "min_count": min_count, "max_children": max_children},
     }
-    limit = max(int(memory) - _rss_bytes() - _RESERVE, 16 << 20)
+    limit = max(int(memory) - rss_bytes() - _RESERVE, 16 << 20)
     bar = _Progress(progress)
     try:
         summary = dict(_native.convert_dart_trie(

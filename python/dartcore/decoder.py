@@ -39,14 +39,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from dartcore.builders import BeamBuilder, TreeInputs, _target_topk, make_tree_builder, node_budget, root_only
+from dartcore.trees import BeamBuilder, TreeInputs, target_topk, make_tree_builder, node_budget, root_only
 from dartcore.errors import ContextLengthError, DrafterMismatchError, TokenizerMismatchError, TreeError
 from dartcore.models.backend import TorchBackend, backend_for
 from dartcore.models.cache import KVCache
 from dartcore.models.transformer import ForwardOutput, TargetModel
 from dartcore.sampling import Sampler, SamplingParams, check_seed
 from dartcore.tree import Tree
-from dartcore.verify import accept, ancestor_mask, flatten, prune
+from dartcore.acceptance import accept, ancestor_mask, flatten, prune
 
 __all__ = ["DartDecoder", "GenerationResult", "GenerationStats", "StreamChunk"]
 
@@ -170,11 +170,11 @@ class DartDecoder:
     :class:`dartcore.DartDrafter` for this target, ``index`` a
     :class:`dartcore.NgramIndex` built with the target's tokenizer, ``tree`` a
     registered tree builder (``dart``, ``dart-no-ngram``, ``dart-chain``,
-    ``ngram-only``, ``ar``, ...; see :mod:`dartcore.builders`) and
+    ``ngram-only``, ``ar``, ...; see :mod:`dartcore.trees`) and
     ``tree_params`` its parameters (``max_nodes``, ``beam_width``, ``k``, ...).
     The node budget defaults to ``CPU_MAX_NODES`` (4) on CPU (``CPU_BLOCKS_MAX_NODES``, 2, for a
     target of GGML block weights) and to the paper's
-    ``GPU_MAX_NODES`` (59) on CUDA (:func:`dartcore.builders.node_budget`); it is
+    ``GPU_MAX_NODES`` (59) on CUDA (:func:`dartcore.trees.node_budget`); it is
     ``decoder.max_nodes``. The drafter is moved to the target's device.
     ``max_context`` caps the context below the model's
     ``max_position_embeddings``; ``eos_token_ids`` overrides the EOS ids read
@@ -512,7 +512,7 @@ class DartDecoder:
 
         builder = self.builder
         logits = torch.cat([drafted[i].logits for i in work])
-        tokens, logprobs = _target_topk(TreeInputs(context=np.zeros(1, dtype=np.int64), logits=logits,
+        tokens, logprobs = target_topk(TreeInputs(context=np.zeros(1, dtype=np.int64), logits=logits,
                                                    drafter=self.drafter), builder.k)
         groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
         off = 0

@@ -47,7 +47,7 @@ from dartcore.models.kv_pool import KVPool
 from dartcore.sampling import Sampler, check_seed
 from dartcore.sampling import SamplingParams as _Warpers
 from dartcore.tree import Tree
-from dartcore.verify import keep_nodes
+from dartcore.acceptance import keep_nodes
 
 __all__ = ["Engine", "SamplingParams", "RequestOutput", "EngineStats", "StepStats", "UnknownRequestError"]
 
@@ -190,7 +190,7 @@ class Engine:
         self.decoder = decoder
         self.max_batch = int(max_batch)
         self.max_seq_len = int(min(max_seq_len, decoder.context_length))
-        from dartcore.builders import ArBuilder
+        from dartcore.trees import ArBuilder
 
         if budget == "adaptive" and isinstance(decoder.builder, ArBuilder):
             budget = 0  # the "ar" builder: nothing to choose

@@ -76,7 +76,7 @@ def _check_int(value: Any, what: str, lo: int, hi: int, hint: str = "") -> int:
     return int(value)
 
 
-def _check_threads(threads: Any, what: str = "threads") -> int:
+def check_threads(threads: Any, what: str = "threads") -> int:
     return _check_int(threads, what, 1, MAX_THREADS)
 
 
@@ -97,7 +97,7 @@ def _builder_options(vocab_size: Any, memory_limit: Any, temp_dir: Any, min_coun
         temp_dir=None if temp_dir is None else str(temp_dir),
         min_count=_check_int(min_count, "min_count", 1, (1 << 64) - 1),
         max_children=None if max_children is None else _check_int(max_children, "max_children", 1, (1 << 32) - 1),
-        threads=None if threads is None else _check_threads(threads),
+        threads=None if threads is None else check_threads(threads),
         token_bits=None if token_bits is None else _check_int(token_bits, "token_bits", 1, 21),
     )
 
@@ -387,7 +387,7 @@ class IndexBuilder:
 
     def finish(self, output: str | os.PathLike, metadata: dict | None = None) -> dict:
         """Write the index (temp file + rename; consumes the builder) -> summary dict."""
-        from dartcore.build import check_output
+        from dartcore.ngram_build.inputs import check_output
 
         check_output(output, flag="output")
         return dict(self._inner.finish(str(output), json.dumps(metadata or {}, sort_keys=True)))
@@ -415,7 +415,7 @@ def build_index(documents: Iterable[Any], output: str | os.PathLike, *, vocab_si
     document yourself if the index should know where documents end. An empty corpus gives a
     valid empty index.
     """
-    from dartcore.build import check_output
+    from dartcore.ngram_build.inputs import check_output
 
     out = check_output(output, flag="output")  # before counting, not after
     batch_tokens = _check_int(batch_tokens, "batch_tokens", 1, 1 << 40)
@@ -435,7 +435,7 @@ def build_index(documents: Iterable[Any], output: str | os.PathLike, *, vocab_si
     if batch:
         b._inner.add_many(batch)
     if paths:
-        from dartcore.build import check_not_an_input
+        from dartcore.ngram_build.inputs import check_not_an_input
 
         check_not_an_input(out, paths, flag="output")
     return b.finish(out, metadata)
@@ -443,7 +443,7 @@ def build_index(documents: Iterable[Any], output: str | os.PathLike, *, vocab_si
 
 def set_num_threads(n: int) -> None:
     """Size the owned thread pool (``dart-ngram-N``): 1..=MAX_THREADS."""
-    _native.set_num_threads(_check_threads(n, "n"))
+    _native.set_num_threads(check_threads(n, "n"))
 
 
 def num_threads() -> int:

@@ -275,6 +275,9 @@ def _int_arg(name: str, value: Any, lo: int, hi: int, error=TreeError) -> int:
     return int(value)
 
 
+int_arg = _int_arg  # public: the tree builders (dartcore.trees) check their integers with it too
+
+
 def _float_arg(name: str, value: Any, lo: float = -math.inf, error=TreeError) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a finite number, got {value!r} ({type(value).__name__})")

@@ -61,7 +61,7 @@ def check_choice(flag: str, value: str, choices: Iterable[str]) -> str:
 
 
 def check_tree(value: str, flag: str = "--tree") -> str:
-    from dartcore.builders import tree_builders
+    from dartcore.trees import tree_builders
 
     return check_choice(flag, value, tree_builders())
 
@@ -112,9 +112,9 @@ def check_index_tokenizer(index, target: str, flag: str = "--index") -> None:
 
 
 def check_target(value: str, flag: str = "--target") -> str:
-    from dartcore.models.hub import _ALIASES, BUILTIN_TARGETS
+    from dartcore.models.hub import TARGET_ALIASES, BUILTIN_TARGETS
 
-    if value.lower() in BUILTIN_TARGETS or value.lower() in _ALIASES:
+    if value.lower() in BUILTIN_TARGETS or value.lower() in TARGET_ALIASES:
         return value
     p = Path(value).expanduser()
     if not p.exists():

@@ -35,7 +35,7 @@ __all__ = ["main"]
 def _parser() -> argparse.ArgumentParser:
     from dartcore.benchmark.datasets import DATASETS
     from dartcore.benchmark.runner import DEFAULT_METHODS, HF_METHODS
-    from dartcore.builders import tree_builders
+    from dartcore.trees import tree_builders
 
     p = ArgumentParser(prog="dart-bench", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--target", default="smollm2", help="target model: built-in name, HF model directory or .gguf")
@@ -83,7 +83,7 @@ def _check(args) -> tuple[str, ...]:
     """Every argument a user can get wrong, before the model loads; returns the methods."""
     from dartcore.benchmark.datasets import DATASETS, load_prompts
     from dartcore.benchmark.runner import HF_METHODS
-    from dartcore.builders import make_tree_builder, tree_builders
+    from dartcore.trees import make_tree_builder, tree_builders
     from dartcore.errors import CorpusError
 
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())

@@ -48,7 +48,7 @@ def _tree_param(text: str) -> tuple[str, object]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from dartcore.builders import tree_builders
+    from dartcore.trees import tree_builders
 
     p = ArgumentParser(prog="dart-generate", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("prompt", nargs="?", help="prompt text (default: read stdin)")
@@ -107,7 +107,7 @@ def _run(args) -> int:
     # Everything a user can get wrong is checked here, before the ~4 s of loading the model.
     check_tree(args.tree)
     params = dict(args.tree_param)
-    from dartcore.builders import make_tree_builder
+    from dartcore.trees import make_tree_builder
 
     try:
         builder = make_tree_builder(args.tree, **params)

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 def _check(args) -> None:
     """What a user can get wrong, checked in the front before any worker loads a model."""
     check_tree(args.tree)
-    from dartcore.builders import make_tree_builder
+    from dartcore.trees import make_tree_builder
 
     try:
         builder = make_tree_builder(args.tree, **dict(args.tree_param))

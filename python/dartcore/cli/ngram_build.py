@@ -3,7 +3,7 @@
     ngram-build --corpus dolma --tokenizer qwen3 --output qwen3-dolma.idx
 
 Argument parsing only: the pipeline (map, reduce, manifest, resume, progress) is
-``dartcore.build``.
+``dartcore.ngram_build``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from dartcore.build import MapOptions, build, peak_rss_bytes, print_summary, run_map, run_reduce
+from dartcore.ngram_build import MapOptions, build, peak_rss_bytes, print_summary, run_map, run_reduce
 from dartcore.cli._help import HelpFormatter
 from dartcore.errors import CorpusError, DartError
 from dartcore.index import MAX_THREADS, parse_size
@@ -254,7 +254,7 @@ def _main_build(argv: list[str]) -> int:
     if args.address and args.engine != "ray":
         raise DartError("--address is for --engine ray")
     if args.engine == "ray":
-        from dartcore.build.ray_engine import build_ray
+        from dartcore.ngram_build.ray_engine import build_ray
 
         summary = build_ray(_map_options(args, work_dir), output, address=args.address, min_count=args.min_count,
                             max_children=args.max_children, keep_work=args.keep_work,

@@ -1,7 +1,7 @@
 """DARTree / hybrid / DDTree tree builders for :class:`dartcore.DartDecoder`.
 
-Registered with :func:`dartcore.builders.register_tree_builder` when this module is imported
-(``dartcore.builders`` imports it, so ``DartDecoder(tree="dartree")`` just works):
+Registered with :func:`dartcore.trees.register_tree_builder` when this module is imported
+(``dartcore.trees`` imports it, so ``DartDecoder(tree="dartree")`` just works):
 
 ===========  =============================================================================
 ``dartree``  correction head over the drafter's top-K (K = 64), depth-wise batched
@@ -13,7 +13,7 @@ Registered with :func:`dartcore.builders.register_tree_builder` when this module
 
 Budget. ``max_nodes`` is B, the number of nodes besides the root. The paper's B = 64 is a
 GPU budget; on CPU the verify forward's cost grows with the node count much earlier, so
-unset it is the decoder's device budget (:func:`dartcore.builders.node_budget`: 4 on CPU, 2 for block weights,
+unset it is the decoder's device budget (:func:`dartcore.trees.node_budget`: 4 on CPU, 2 for block weights,
 59 on CUDA); pass ``max_nodes=64`` for the paper's setting. Each round the builder builds
 to the budget the decoder hands it (``TreeInputs.max_nodes``).
 
@@ -29,10 +29,10 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from dartcore.builders import TreeInputs, register_tree_builder, root_only
 from dartcore.dartree.head import ASSET_DIR, CorrectionHead
 from dartcore.dartree.supertree import NgramTerm, build_supertree, select_top_b
 from dartcore.errors import DrafterMismatchError, TreeError
+from dartcore.trees import TreeInputs, register_tree_builder, root_only
 
 __all__ = ["DartreeBuilder", "DDTreeBuilder", "resolve_head"]
 
@@ -155,11 +155,11 @@ class DDTreeBuilder:
             raise TreeError(f"k and max_nodes must be positive (k={self.k}, max_nodes={self.max_nodes})")
 
     def __call__(self, inputs: TreeInputs):
-        from dartcore.builders import _target_topk
         from dartcore.tree import best_first
+        from dartcore.trees import target_topk
 
         root = int(inputs.context[-1])
-        tokens, logprobs = _target_topk(inputs, self.k)
+        tokens, logprobs = target_topk(inputs, self.k)
         depth = min(tokens.shape[0], int(inputs.max_depth))
         budget = inputs.budget()
         if depth <= 0:

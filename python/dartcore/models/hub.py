@@ -47,7 +47,7 @@ BUILTIN_TARGETS: dict[str, BuiltinTarget] = {
         cache_name="SmolLM2-135M-Instruct",
     ),
 }
-_ALIASES = {"smollm2-135m-instruct": "smollm2", "smollm2-135m": "smollm2"}
+TARGET_ALIASES = {"smollm2-135m-instruct": "smollm2", "smollm2-135m": "smollm2"}
 
 
 def cache_dir() -> Path:
@@ -123,7 +123,7 @@ def converted_dir(gguf_path: Path) -> Path:
 def resolve_target(name_or_path: str | os.PathLike[str]) -> Path:
     """Return a local Hugging Face model directory for a name or path."""
     text = str(name_or_path)
-    key = _ALIASES.get(text.lower(), text.lower())
+    key = TARGET_ALIASES.get(text.lower(), text.lower())
     if key in BUILTIN_TARGETS:
         spec = BUILTIN_TARGETS[key]
         out = cache_dir() / spec.cache_name
@@ -154,7 +154,7 @@ def gguf_source(name_or_path: str | os.PathLike[str]) -> Path | None:
     """The GGUF file a target comes from (a built-in name's shipped file, or a ``.gguf``
     path), or None (a Hugging Face directory, or a built-in whose package is missing)."""
     text = str(name_or_path)
-    key = _ALIASES.get(text.lower(), text.lower())
+    key = TARGET_ALIASES.get(text.lower(), text.lower())
     if key in BUILTIN_TARGETS:
         spec = BUILTIN_TARGETS[key]
         pkg = _package_dir(spec.module)

@@ -25,11 +25,22 @@ import sys
 import time
 from pathlib import Path
 
-from dartcore.build.inputs import _corpus_inputs, _inside, _real, check_not_an_input, check_output
-from dartcore.build.map import MapOptions, open_inputs, run_map
-from dartcore.build.reduce import _summary, merge_partition, peak_rss_bytes, run_reduce
-from dartcore.build.workdir import _read_manifest, _WorkDirLock
 from dartcore.errors import DartError, IndexBuildError
+from dartcore.ngram_build.inputs import (
+    check_not_an_input,
+    check_output,
+    corpus_inputs,
+    is_inside,
+    real_path,
+)
+from dartcore.ngram_build.map import MapOptions, open_inputs, run_map
+from dartcore.ngram_build.reduce import (
+    build_summary,
+    merge_partition,
+    peak_rss_bytes,
+    run_reduce,
+)
+from dartcore.ngram_build.workdir import WorkDirLock, read_manifest
 
 MAP_RETRIES = 3
 # Fault injection for the tests: the map task of this shard index exits its worker process
@@ -120,10 +131,10 @@ def build_ray(opts: MapOptions, output, *, address: str | None = None, min_count
     output = check_output(output)
     work = Path(opts.work_dir).expanduser().absolute()
     tok, corpus = open_inputs(opts)
-    files, dirs = _corpus_inputs(corpus, opts.tokenizer)
+    files, dirs = corpus_inputs(corpus, opts.tokenizer)
     check_not_an_input(output, files, dirs)
     check_not_an_input(work, files, dirs, flag="--work-dir", is_dir=True)
-    if _inside(_real(output), _real(work)):
+    if is_inside(real_path(output), real_path(work)):
         raise IndexBuildError(f"--output {output} lies inside --work-dir {work}, whose files the build removes; "
                               "write the index elsewhere or choose another --work-dir")
     n = len(corpus.shards)
@@ -135,7 +146,7 @@ def build_ray(opts: MapOptions, output, *, address: str | None = None, min_count
     work.mkdir(parents=True, exist_ok=True)
     started = _connect(ray, address, num_cpus)
     try:
-        with _WorkDirLock(work):
+        with WorkDirLock(work):
             summary = _build(ray, opts, output, work, n, min_count=min_count, max_children=max_children,
                              keep_work=keep_work, partitions=partitions, log=log)
         if not keep_work:
@@ -151,7 +162,7 @@ def build_ray(opts: MapOptions, output, *, address: str | None = None, min_count
 
 def _build(ray, opts: MapOptions, output: Path, work: Path, n: int, *, min_count, max_children, keep_work,
            partitions, log) -> dict:
-    done = {i for i in range(n) if (m := _read_manifest(_part_dir(work, i))) and m.get("complete")}
+    done = {i for i in range(n) if (m := read_manifest(_part_dir(work, i))) and m.get("complete")}
     begun = [p for p in work.glob(f"{_PART_PREFIX}*") if p.is_dir()]
     if begun and not opts.resume:
         raise IndexBuildError(f"{work} already holds {len(done)} mapped shards: pass --resume to continue "
@@ -229,14 +240,14 @@ def _build(ray, opts: MapOptions, output: Path, work: Path, n: int, *, min_count
         e.args = (f"{e} (the mapped shards are kept in {work}: rerun with --resume to retry the reduce)",)
         raise
     t2 = time.monotonic()
-    manifest = {"config": _read_manifest(dirs[0])["config"], "shards": {}}
+    manifest = {"config": read_manifest(dirs[0])["config"], "shards": {}}
     for i, d in enumerate(dirs):
-        manifest["shards"].update(_read_manifest(d)["shards"])
+        manifest["shards"].update(read_manifest(d)["shards"])
     ms = [r["map_stats"] for r in results]
     manifest["map_stats"] = {k: sum(m.get(k, 0) for m in ms) for k in ("tokenize_s", "count_s", "read_wait_s")}
     manifest["map_stats"].update(threads=threads, builder_memory_bytes=max(
         (m.get("builder_memory_bytes", 0) for m in ms), default=0))
-    summary = _summary(output, manifest, reduce, wall=t2 - t0, map_s=t1 - t0, reduce_s=t2 - t1, opts=opts)
+    summary = build_summary(output, manifest, reduce, wall=t2 - t0, map_s=t1 - t0, reduce_s=t2 - t1, opts=opts)
     summary["engine"] = "ray"
     summary["cluster_cpus"] = int(ray.cluster_resources().get("CPU", 0))
     summary["map_tasks"] = [{k: r[k] for k in ("shard", "tokens", "seconds", "peak_rss_bytes")} for r in results]

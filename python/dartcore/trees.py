@@ -96,7 +96,7 @@ class TreeInputs:
         """The round's node budget; the caller decides it (:func:`node_budget`)."""
         if self.max_nodes is None:
             raise TreeError("TreeInputs.max_nodes is not set: the caller decides the round's node budget "
-                            "(dartcore.builders.node_budget(builder, ...))")
+                            "(dartcore.trees.node_budget(builder, ...))")
         return int(self.max_nodes)
 
 
@@ -137,7 +137,7 @@ def register_tree_builder(name: str, factory: Callable[..., TreeBuilder], *, rep
 
 
 # Modules that register more builders (their ``register()``), loaded on first use so
-# that importing dartcore.builders stays light and import cycles cannot form.
+# that importing dartcore.trees stays light and import cycles cannot form.
 _PLUGINS = ("dartcore.dartree.builders",)
 _plugins_loaded = False
 
@@ -182,7 +182,7 @@ def root_only(token: int) -> Tree:
     return Tree(tokens=[int(token)], parents=[-1], depths=[0])
 
 
-def _target_topk(inputs: TreeInputs, k: int):
+def target_topk(inputs: TreeInputs, k: int):
     """Top-k rows of the drafter logits (fp32 log-probs inside the top-k),
     with token ids mapped into the target's vocabulary."""
     from dartcore.tree import topk_logprobs
@@ -199,11 +199,11 @@ def _target_topk(inputs: TreeInputs, k: int):
 
 
 def _positive(name: str, value, *, optional: bool = False) -> int | None:
-    from dartcore.tree import MAX_NODES, _int_arg
+    from dartcore.tree import MAX_NODES, int_arg
 
     if value is None and optional:
         return None
-    return _int_arg(name, value, 1, MAX_NODES)
+    return int_arg(name, value, 1, MAX_NODES)
 
 
 @dataclass
@@ -234,9 +234,9 @@ class BeamBuilder:
     needs_index: bool = True
 
     def __post_init__(self):
-        from dartcore.tree import _int_arg
+        from dartcore.tree import int_arg
 
-        self.k = _int_arg("k", self.k, 1, 2**31 - 1)
+        self.k = int_arg("k", self.k, 1, 2**31 - 1)
         self.max_nodes = _positive("max_nodes", self.max_nodes, optional=True)
         self.needs_index = self.search.ngram_weight > 0
 
@@ -244,7 +244,7 @@ class BeamBuilder:
         from dartcore.tree import beam_search
 
         budget = inputs.budget()
-        tokens, logprobs = _target_topk(inputs, self.k)
+        tokens, logprobs = target_topk(inputs, self.k)
         depth = min(tokens.shape[0], inputs.max_depth)
         if depth <= 0:
             return root_only(int(inputs.context[-1]))
@@ -289,7 +289,7 @@ def merge_trees(first, second, max_nodes: int) -> Tree:
     nodes of ``second`` (in its order, so a node comes after its parent) whose
     path is new, until ``max_nodes`` nodes besides the root. Returned in depth
     order."""
-    from dartcore.verify import flatten
+    from dartcore.acceptance import flatten
 
     a, b = flatten(first), flatten(second)
     if int(a.tokens[0]) != int(b.tokens[0]):

@@ -7,7 +7,7 @@ is the command line over this module):
 * ``run_reduce``: the runs of one or more work dirs -> the index (k-way merge; with
   ``partitions`` > 1 several merges of key ranges at once, then one merge of those).
 
-``dartcore.build.ray_engine.build_ray`` schedules the same two steps as Ray tasks.
+``dartcore.ngram_build.ray_engine.build_ray`` schedules the same two steps as Ray tasks.
 
 The map step handles one shard (file) at a time: it reads and tokenises the shard's
 documents in batches (a reader thread decompresses and parses while the tokenizer's
@@ -39,11 +39,23 @@ import sys
 import time
 from pathlib import Path
 
-from dartcore.build.inputs import _corpus_inputs, _inside, _real, check_not_an_input, check_output, shard_stamp
-from dartcore.build.map import MapOptions, open_inputs, run_map
-from dartcore.build.reduce import _summary, peak_rss_bytes, print_summary, run_reduce
-from dartcore.build.workdir import _read_manifest, _remove_work, _WorkDirLock
 from dartcore.errors import CorpusError, DartError, IndexBuildError
+from dartcore.ngram_build.inputs import (
+    check_not_an_input,
+    check_output,
+    corpus_inputs,
+    is_inside,
+    real_path,
+    shard_stamp,
+)
+from dartcore.ngram_build.map import MapOptions, open_inputs, run_map
+from dartcore.ngram_build.reduce import (
+    build_summary,
+    peak_rss_bytes,
+    print_summary,
+    run_reduce,
+)
+from dartcore.ngram_build.workdir import WorkDirLock, read_manifest, remove_work
 
 __all__ = ["MapOptions", "build", "run_map", "run_reduce", "open_inputs", "check_output", "check_not_an_input",
            "shard_stamp", "print_summary", "peak_rss_bytes"]
@@ -51,7 +63,7 @@ __all__ = ["MapOptions", "build", "run_map", "run_reduce", "open_inputs", "check
 
 def build(opts: MapOptions, output: str | os.PathLike, *, min_count: int = 1, max_children: int | None = None,
           keep_work: bool = False, partitions: int = 1, log=print) -> dict:
-    """map + reduce; returns the summary (see ``_summary``).
+    """map + reduce; returns the summary (see ``build_summary``).
 
     Everything that can be checked is checked before the map starts: the options, the
     output path, the inputs (tokenizer, shards, npy headers) and that the output is none
@@ -62,9 +74,9 @@ def build(opts: MapOptions, output: str | os.PathLike, *, min_count: int = 1, ma
     work = Path(opts.work_dir).expanduser()
     fresh = not work.exists()
     tok, corpus = open_inputs(opts)
-    files, dirs = _corpus_inputs(corpus, opts.tokenizer)
+    files, dirs = corpus_inputs(corpus, opts.tokenizer)
     check_not_an_input(output, files, dirs)
-    if _inside(_real(output), _real(work)):
+    if is_inside(real_path(output), real_path(work)):
         raise IndexBuildError(f"--output {output} lies inside --work-dir {work}, whose files the build removes; "
                               "write the index elsewhere or choose another --work-dir")
     t0 = time.monotonic()
@@ -74,14 +86,14 @@ def build(opts: MapOptions, output: str | os.PathLike, *, min_count: int = 1, ma
         raise
     except BaseException as e:
         try:
-            m = _read_manifest(work) if work.is_dir() else None
+            m = read_manifest(work) if work.is_dir() else None
         except IndexBuildError:
             m = None
         n = len(m["shards"]) if m else 0
         if n == 0 and work.is_dir() and (fresh or m is not None):
             try:
-                with _WorkDirLock(work):  # never another live build's dir
-                    _remove_work(work)
+                with WorkDirLock(work):  # never another live build's dir
+                    remove_work(work)
             except (IndexBuildError, OSError):
                 pass  # cleaning up must not hide the error itself
         elif isinstance(e, (IndexBuildError, CorpusError)) and n and "--resume" not in str(e):
@@ -99,7 +111,7 @@ def build(opts: MapOptions, output: str | os.PathLike, *, min_count: int = 1, ma
         e.args = (f"{e} (the mapped shards are kept in {work}: rerun with --resume to retry the reduce)",)
         raise
     t2 = time.monotonic()
-    summary = _summary(output, manifest, reduce, wall=t2 - t0, map_s=t1 - t0, reduce_s=t2 - t1, opts=opts)
+    summary = build_summary(output, manifest, reduce, wall=t2 - t0, map_s=t1 - t0, reduce_s=t2 - t1, opts=opts)
     if not keep_work:
-        _remove_work(work)
+        remove_work(work)
     return summary

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from dartcore.build.inputs import check_not_an_input, check_output
-from dartcore.build.map import MapOptions, _threads
-from dartcore.build.workdir import MANIFEST, PARTITION_PREFIX, _read_manifest
 from dartcore.errors import IndexBuildError
+from dartcore.ngram_build.inputs import check_not_an_input, check_output
+from dartcore.ngram_build.map import MapOptions, map_threads
+from dartcore.ngram_build.workdir import MANIFEST, PARTITION_PREFIX, read_manifest
 
 U64_MAX = (1 << 64) - 1
 _RUN_HEADER = 64  # run files: 64-byte header (entries at 24..32), then (key u64, count u64) pairs
@@ -60,7 +60,7 @@ def run_reduce(work_dirs: list[Path], output: Path, *, min_count: int = 1, threa
 
     output = check_output(output)
     if threads:
-        _threads(threads)
+        map_threads(threads)
     if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
         raise IndexBuildError(f"--min-count must be an integer of at least 1, got {min_count!r}")
     if max_children is not None and (isinstance(max_children, bool) or not isinstance(max_children, int)
@@ -71,7 +71,7 @@ def run_reduce(work_dirs: list[Path], output: Path, *, min_count: int = 1, threa
 
     manifests = []
     for w in work_dirs:
-        m = _read_manifest(Path(w))
+        m = read_manifest(Path(w))
         if m is None:
             raise IndexBuildError(f"{w}: no {MANIFEST}; run `ngram-build map --work-dir {w}` first")
         manifests.append((Path(w), m))
@@ -149,12 +149,12 @@ def run_reduce(work_dirs: list[Path], output: Path, *, min_count: int = 1, threa
         pdir = Path(tempfile.mkdtemp(prefix=PARTITION_PREFIX, dir=temp_dir or Path(work_dirs[0])))
         try:
             jobs = [(runs, str(pdir / f"partition-{i:05d}.dartrun"), config["tokenizer"]["vocab_size"], lo, hi,
-                     memory // max(1, min(partitions, threads or _threads(0))))
+                     memory // max(1, min(partitions, threads or map_threads(0))))
                     for i, (lo, hi) in enumerate(zip(bounds, bounds[1:]))]
             if run_partitions is None:
                 from concurrent.futures import ThreadPoolExecutor
 
-                with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), threads or _threads(0)))) as ex:
+                with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), threads or map_threads(0)))) as ex:
                     parts = list(ex.map(lambda j: merge_partition(*j), jobs))
             else:
                 parts = list(run_partitions(jobs))
@@ -230,7 +230,7 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
-def _summary(output: Path, manifest: dict, reduce: dict, *, wall: float, map_s: float, reduce_s: float,
+def build_summary(output: Path, manifest: dict, reduce: dict, *, wall: float, map_s: float, reduce_s: float,
              opts: MapOptions) -> dict:
     from dartcore.index import NgramIndex
 

@@ -15,11 +15,11 @@ from typing import Sequence
 from dartcore.errors import IndexBuildError
 
 
-def _real(p: str | os.PathLike) -> str:
+def real_path(p: str | os.PathLike) -> str:
     return os.path.realpath(os.path.abspath(os.path.expanduser(str(p))))
 
 
-def _inside(path: str, directory: str) -> bool:
+def is_inside(path: str, directory: str) -> bool:
     return path == directory or os.path.commonpath([path, directory]) == directory
 
 
@@ -52,14 +52,14 @@ def check_not_an_input(path: str | os.PathLike, inputs: Sequence[str | os.PathLi
     """Refuse to write ``path`` when it is an input file (also through a symlink, a hard
     link or a relative path), lies inside an input directory, or (``is_dir``: a work dir)
     holds an input."""
-    real = _real(path)
+    real = real_path(path)
     try:
         st = os.stat(real)
         ident = (st.st_dev, st.st_ino)
     except OSError:
         ident = None
     for p in inputs:
-        rp = _real(p)
+        rp = real_path(p)
         same = rp == real
         if not same and ident is not None:
             try:
@@ -70,18 +70,18 @@ def check_not_an_input(path: str | os.PathLike, inputs: Sequence[str | os.PathLi
         if same:
             raise IndexBuildError(f"{flag} {path} is the input {p}: the build would overwrite it; "
                                   f"write to another path")
-        if is_dir and _inside(rp, real):
+        if is_dir and is_inside(rp, real):
             raise IndexBuildError(f"{flag} {path} holds the input {p}; choose a directory outside the corpus")
     for d in input_dirs:
-        rd = _real(d)
-        if _inside(real, rd):
+        rd = real_path(d)
+        if is_inside(real, rd):
             raise IndexBuildError(f"{flag} {path} lies inside the input directory {d}, which the build reads; "
                                   f"write it outside that directory")
-        if is_dir and _inside(rd, real):
+        if is_dir and is_inside(rd, real):
             raise IndexBuildError(f"{flag} {path} holds the input directory {d}; choose another directory")
 
 
-def _corpus_inputs(corpus, tokenizer: str) -> tuple[list[Path], list[Path]]:
+def corpus_inputs(corpus, tokenizer: str) -> tuple[list[Path], list[Path]]:
     """Input files and scanned input directories of a map."""
     files = list(corpus.shards)
     t = Path(str(tokenizer)).expanduser()
@@ -108,7 +108,7 @@ def shard_stamp(path: str | os.PathLike) -> dict:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": h.hexdigest()}
 
 
-def _changed_shards(done: dict, corpus, threads: int, quiet: bool, log) -> list[str]:
+def changed_shards(done: dict, corpus, threads: int, quiet: bool, log) -> list[str]:
     """Keys of finished shards whose file differs from what the manifest recorded (size,
     mtime or content), or that have no record."""
     changed: list[str] = []

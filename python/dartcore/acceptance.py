@@ -25,7 +25,10 @@ import torch
 
 from dartcore.errors import TreeError
 from dartcore.sampling import Sampler
-from dartcore.tree import Tree, ancestor_mask  # re-exported: the decoder's mask comes from the native bits
+from dartcore.tree import (  # re-exported: the decoder's mask comes from the native bits
+    Tree,
+    ancestor_mask,
+)
 
 __all__ = ["flatten", "ancestor_mask", "accept", "Acceptance", "prune"]
 

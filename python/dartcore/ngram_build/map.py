@@ -1,5 +1,5 @@
 """The map step: shards -> tokens -> counts -> sorted run files + manifest, one shard at
-a time, in bounded memory (see ``dartcore.build``)."""
+a time, in bounded memory (see ``dartcore.ngram_build``)."""
 
 from __future__ import annotations
 
@@ -17,19 +17,24 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from dartcore.build.inputs import _changed_shards, _corpus_inputs, check_not_an_input, shard_stamp
-from dartcore.build.workdir import (
+from dartcore.errors import CorpusError, IndexBuildError
+from dartcore.ngram_build.inputs import (
+    changed_shards,
+    check_not_an_input,
+    corpus_inputs,
+    shard_stamp,
+)
+from dartcore.ngram_build.workdir import (
     MANIFEST_FORMAT,
     SPILL_PREFIX,
-    _read_manifest,
-    _remove_leftovers,
-    _WorkDirLock,
-    _write_manifest,
+    WorkDirLock,
+    read_manifest,
+    remove_leftovers,
+    write_manifest,
 )
-from dartcore.errors import CorpusError, IndexBuildError
 
 
-def _rss_bytes() -> int:
+def rss_bytes() -> int:
     try:
         import psutil
 
@@ -49,13 +54,13 @@ def _release_free_memory() -> None:
         pass  # not glibc
 
 
-def _threads(threads: int | None) -> int:
+def map_threads(threads: int | None) -> int:
     """Threads for tokenising and counting: ``threads`` if given, else the owned pool's size
     (``dartcore.index.num_threads``: the one reading of ``DART_NUM_THREADS``)."""
-    from dartcore.index import _check_threads, num_threads
+    from dartcore.index import check_threads, num_threads
 
     if threads:
-        return _check_threads(threads, "threads")
+        return check_threads(threads, "threads")
     return num_threads()
 
 
@@ -273,11 +278,11 @@ def run_map(opts: MapOptions, *, log=print, inputs=None) -> dict:
     from dartcore.index import IndexBuilder
 
     opts.check()
-    threads = _threads(opts.threads)
+    threads = map_threads(opts.threads)
     tok, corpus = inputs if inputs is not None else open_inputs(opts)
     part, parts = opts.part
     work = Path(opts.work_dir).expanduser()
-    files, dirs = _corpus_inputs(corpus, opts.tokenizer)
+    files, dirs = corpus_inputs(corpus, opts.tokenizer)
     check_not_an_input(work, files, dirs, flag="--work-dir", is_dir=True)
     if opts.temp_dir:
         check_not_an_input(opts.temp_dir, files, dirs, flag="--temp-dir", is_dir=True)
@@ -286,8 +291,8 @@ def run_map(opts: MapOptions, *, log=print, inputs=None) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     config = _config(opts, tok, corpus)
 
-    with _WorkDirLock(work):
-        manifest = _read_manifest(work)
+    with WorkDirLock(work):
+        manifest = read_manifest(work)
         if manifest is not None and manifest.get("shards"):
             if not opts.resume:
                 raise IndexBuildError(
@@ -301,7 +306,7 @@ def run_map(opts: MapOptions, *, log=print, inputs=None) -> dict:
                     "use the same options or another --work-dir"
                 )
             done = manifest["shards"]
-            changed = _changed_shards(done, corpus, threads, opts.quiet, log)
+            changed = changed_shards(done, corpus, threads, opts.quiet, log)
             if changed:
                 # With --max-docs/--max-tokens the later shards' counts depend on this one's
                 # documents: they are mapped again too.
@@ -318,8 +323,8 @@ def run_map(opts: MapOptions, *, log=print, inputs=None) -> dict:
         if manifest is None or not manifest.get("shards"):
             manifest = {"format": MANIFEST_FORMAT, "config": config, "part": [part, parts], "shards": {},
                         "complete": False}
-        _remove_leftovers(work)
-        _write_manifest(work, manifest)
+        remove_leftovers(work)
+        write_manifest(work, manifest)
 
         # Budget: whatever the process already holds (interpreter, tokenizer), a
         # reserve for the batches in flight, the rest for the builder's buffer.
@@ -332,12 +337,12 @@ def run_map(opts: MapOptions, *, log=print, inputs=None) -> dict:
         # allocator slack (batches are memory/256, at most 8 MiB).
         batch_bytes = opts.batch_bytes or int(min(8 << 20, max(256 << 10, opts.memory // 256)))
         reserve = 40 * batch_bytes + (48 << 20)
-        builder_bytes = opts.memory - _rss_bytes() - reserve
+        builder_bytes = opts.memory - rss_bytes() - reserve
         if builder_bytes < (8 << 20):
             raise IndexBuildError(
                 f"--memory {opts.memory / 2**20:.0f} MiB is too small: this process already uses "
-                f"{_rss_bytes() / 2**20:.0f} MiB and needs {reserve / 2**20:.0f} MiB for batches; "
-                f"give at least {(_rss_bytes() + reserve + (8 << 20)) / 2**20:.0f} MiB"
+                f"{rss_bytes() / 2**20:.0f} MiB and needs {reserve / 2**20:.0f} MiB for batches; "
+                f"give at least {(rss_bytes() + reserve + (8 << 20)) / 2**20:.0f} MiB"
             )
         done = manifest["shards"]
         docs_total = sum(s["documents"] for s in done.values())
@@ -427,7 +432,7 @@ def run_map(opts: MapOptions, *, log=print, inputs=None) -> dict:
                 shutil.rmtree(spill, ignore_errors=True)
                 spill = partial = None
                 _release_free_memory()
-                _write_manifest(work, manifest)
+                write_manifest(work, manifest)
                 new_shards += 1
             progress.update(docs_total, tokens_total)
         except BaseException:
@@ -449,7 +454,7 @@ def run_map(opts: MapOptions, *, log=print, inputs=None) -> dict:
             "messages": corpus.stats.messages,
             **times,
         }
-        _write_manifest(work, manifest)
+        write_manifest(work, manifest)
         for m in corpus.stats.messages:
             log(f"warning: {m}", file=sys.stderr)
         return manifest

@@ -18,7 +18,7 @@ MANIFEST_FORMAT = "dartcore-ngram-map/1"
 LOCK = "LOCK"
 
 
-def _read_manifest(work_dir: Path) -> dict | None:
+def read_manifest(work_dir: Path) -> dict | None:
     path = work_dir / MANIFEST
     if not path.is_file():
         return None
@@ -31,7 +31,7 @@ def _read_manifest(work_dir: Path) -> dict | None:
     return data
 
 
-def _write_manifest(work_dir: Path, manifest: dict) -> None:
+def write_manifest(work_dir: Path, manifest: dict) -> None:
     path = work_dir / MANIFEST
     tmp = path.with_suffix(".json.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
@@ -41,7 +41,7 @@ def _write_manifest(work_dir: Path, manifest: dict) -> None:
     os.replace(tmp, path)
 
 
-class _WorkDirLock:
+class WorkDirLock:
     """One map at a time per work dir: an flock on W/LOCK (released by the kernel when the
     process dies, so a killed build's lock is free and the next run takes it over)."""
 
@@ -49,7 +49,7 @@ class _WorkDirLock:
         self.path = work_dir / LOCK
         self.fd: int | None = None
 
-    def __enter__(self) -> "_WorkDirLock":
+    def __enter__(self) -> "WorkDirLock":
         fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -74,7 +74,7 @@ class _WorkDirLock:
             self.fd = None
 
 
-def _remove_leftovers(work: Path) -> None:
+def remove_leftovers(work: Path) -> None:
     """Half-written shard dirs, spill dirs and reduce partition dirs of an interrupted or killed run (the caller
     holds the work dir's lock, so no live map owns them)."""
     for p in work.iterdir():
@@ -82,14 +82,14 @@ def _remove_leftovers(work: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def _remove_work(work: Path) -> None:
+def remove_work(work: Path) -> None:
     """Delete what map wrote (never other files a user keeps in --work-dir)."""
     if not work.is_dir():
         return
     for p in work.glob("shard-*"):
         if p.is_dir() and p.name[6:11].isdigit():
             shutil.rmtree(p, ignore_errors=True)
-    _remove_leftovers(work)
+    remove_leftovers(work)
     for name in (MANIFEST, MANIFEST + ".tmp", LOCK):
         (work / name).unlink(missing_ok=True)
     try:
