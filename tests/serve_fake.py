@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from dartcore.errors import DartError
+from dartcore.sampling import SamplingParams
 from dartcore.serve.worker import Loaded
 
 TOKENS_PER_STEP = 3
@@ -57,22 +58,6 @@ def chat_prompt(messages) -> list[int]:
     return CharTokenizer().apply_chat_template(messages)
 
 
-@dataclass(frozen=True)
-class FakeSamplingParams:
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: list = field(default_factory=list)
-
-    def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
-
-
 @dataclass
 class FakeOutput:
     request_id: str
@@ -88,7 +73,7 @@ class FakeOutput:
 class _Seq:
     rid: str
     reply: list
-    params: FakeSamplingParams
+    params: SamplingParams
     tokens: list = field(default_factory=list)
     rounds: int = 0
 
@@ -112,7 +97,7 @@ class FakeEngine:
         self._n = 0
 
     def add_request(self, prompt_ids, params, request_id=None) -> str:
-        if not isinstance(params, FakeSamplingParams):
+        if not isinstance(params, SamplingParams):
             raise TypeError("params must be the engine's SamplingParams")
         self._n += 1
         rid = request_id or f"req-{self._n}"
@@ -176,7 +161,7 @@ def load(config) -> Loaded:
     """The engine factory dart-serve's --engine-factory names (serve_fake:load)."""
     step_s = float(os.environ.get("DART_FAKE_STEP_S", "0.01"))
     return Loaded(engine=FakeEngine(config.max_batch, step_s), tokenizer=CharTokenizer(),
-                  context_length=config.max_seq_len or 512, sampling_params=FakeSamplingParams)
+                  context_length=config.max_seq_len or 512)
 
 
 def load_broken(config) -> Loaded:

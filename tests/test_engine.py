@@ -17,11 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
-
 from conftest import tiny_model
 from dartcore import ContextLengthError, DartDecoder, DartError
-from dartcore.trees import register_tree_builder
 from dartcore.engine import Engine, RequestOutput, SamplingParams, UnknownRequestError
+from dartcore.trees import register_tree_builder
 from test_decoder import CharTokenizer, hf_greedy, random_tree
 
 torch.set_num_threads(1)
@@ -354,3 +353,18 @@ def test_pool_is_allocated_once():
             assert r.seq.cache.k.data_ptr() == engine.pool.k[r.slot].data_ptr()
             slots.add(r.slot)
     assert engine.pool.k.data_ptr() == ptr and slots == {0, 1}
+
+
+def test_engine_generate_is_the_batch_api_and_needs_an_idle_engine():
+    model = tiny_model("llama")
+    model.generation_config.eos_token_id = None
+    prompts, refs = prompts_and_refs(model, 3, 12, seed=3, lengths=[4, 40, 9])
+    dec = oracle_decoder(model, prompts, refs)
+    engine = Engine(dec, max_batch=2, max_seq_len=80, budget=5)  # 3 prompts, 2 slots: one waits
+    results = engine.generate(prompts, max_new_tokens=12)
+    assert [r.tokens for r in results] == refs  # the target's own greedy continuations (HF generate)
+    assert all(r.stats.new_tokens == 12 and r.stats.finish_reason == "length" for r in results)
+    assert not engine.has_unfinished()
+    engine.add_request(prompts[0], SamplingParams(max_new_tokens=4))
+    with pytest.raises(DartError, match="idle engine"):
+        engine.generate(prompts[:1], max_new_tokens=4)

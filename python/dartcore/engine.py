@@ -15,10 +15,12 @@ Per :meth:`Engine.step` (ARCHITECTURE.md "Batched decoding")::
               its own ancestor mask over its own sequence's prefix
     accept    per sequence: acceptance walk, bonus token, KV compaction, stop checks
 
-The steps are the decoder's own (:class:`~dartcore.decoder.DartDecoder`'s ``_draft`` /
-``_search`` / ``_verify`` / ``_accept`` take a list of sequences), so batch 1 and batch B
-run the same code and give the same tokens: under greedy decoding every sequence's output
-is what ``generate`` gives it alone.
+The steps are :mod:`dartcore.rounds`' functions, the ones the single-request decoder calls
+(each takes a list of sequences), so batch 1 and batch B run the same code and give the
+same tokens: under greedy decoding every sequence's output is what ``generate`` gives it
+alone. Prompts come in and text goes out through :mod:`dartcore.prompts`; each request's
+parameters are one :class:`~dartcore.sampling.SamplingParams`. :meth:`Engine.generate`
+is the batch API: a list of prompts in, one result per prompt out.
 
 Memory: one :class:`~dartcore.models.kv_pool.KVPool` of ``max_batch`` slots of
 ``max_seq_len`` tokens, allocated when the engine is made. More requests than slots wait in
@@ -41,15 +43,19 @@ from typing import Any
 
 import numpy as np
 
+from dartcore import rounds
+from dartcore.acceptance import keep_nodes
 from dartcore.controller import Acceptance, BudgetController, CostCurve
 from dartcore.errors import ContextLengthError, DartError
 from dartcore.models.kv_pool import KVPool
-from dartcore.sampling import Sampler, check_seed
-from dartcore.sampling import SamplingParams as _Warpers
+from dartcore.prompts import cut_at_stop, decode, prompt_ids, prompt_kind
+from dartcore.rounds import GenerationResult, GenerationStats, Parts, StageClock
+from dartcore.sampling import DEFAULTS, SamplingParams, check_seed
 from dartcore.tree import Tree
-from dartcore.acceptance import keep_nodes
+from dartcore.trees import ArBuilder
 
-__all__ = ["Engine", "SamplingParams", "RequestOutput", "EngineStats", "StepStats", "UnknownRequestError"]
+__all__ = ["Engine", "SamplingParams", "RequestOutput", "EngineStats", "StepStats", "UnknownRequestError", "batch_ids"]
+# SamplingParams is dartcore.sampling's (re-exported: the request parameters have one class)
 
 STEP_STAGES = ("prefill", "controller", "draft", "search", "verify", "accept")
 # Engine steps whose stats are kept one by one (the totals cover every step).
@@ -62,38 +68,6 @@ class UnknownRequestError(DartError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """One request's decoding parameters, checked on construction: ``max_new_tokens`` >= 0,
-    ``temperature`` >= 0 (0 = greedy), ``top_p`` in (0, 1], ``top_k`` >= 0 (0 = off),
-    ``seed`` (None or an integer), ``stop`` strings (non-empty)."""
-
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: Sequence[str] = ()
-
-    def __post_init__(self):
-        n = self.max_new_tokens
-        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
-            raise ValueError(f"max_new_tokens must be a non-negative integer, got {n!r}")
-        warpers = _Warpers(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
-        object.__setattr__(self, "max_new_tokens", int(n))
-        object.__setattr__(self, "temperature", warpers.temperature)
-        object.__setattr__(self, "top_p", warpers.top_p)
-        object.__setattr__(self, "top_k", warpers.top_k)
-        object.__setattr__(self, "seed", check_seed(self.seed))
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
-        if any(not isinstance(s, str) or not s for s in stops):
-            raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
-        object.__setattr__(self, "stop", tuple(stops))
-
-    def warpers(self) -> _Warpers:
-        return _Warpers(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
 
 
 @dataclass
@@ -131,7 +105,7 @@ class EngineStats:
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEP_STAGES, 0.0))
     total_s: float = 0.0
 
-    def _add(self, step: StepStats) -> None:
+    def add(self, step: StepStats) -> None:
         self.steps.append(step)
         self.num_steps += 1
         self.rows_verified += step.rows_verified
@@ -155,7 +129,7 @@ class _Request:
     request_id: str
     ids: list[int]
     params: SamplingParams
-    seq: Any = None  # the decoder's _Sequence once admitted
+    seq: rounds.Sequence | None = None  # once admitted
     slot: int = -1
     acceptance: Acceptance | None = None
     budgets: list[int] = field(default_factory=list)
@@ -163,9 +137,10 @@ class _Request:
 
 
 class Engine:
-    """Batched speculative decoding over ``decoder`` (a :class:`~dartcore.DartDecoder`):
-    ``max_batch`` sequences at once in a KV pool of ``max_seq_len`` tokens per sequence
-    (None: the decoder's context length), each round's node budgets ``budget`` =
+    """Batched speculative decoding over ``decoder`` (a :class:`~dartcore.DartDecoder`, or the
+    :class:`~dartcore.rounds.Parts` it runs on): ``max_batch`` sequences at once in a KV pool
+    of ``max_seq_len`` tokens per sequence (None: the decoder's context length), each round's
+    node budgets ``budget`` =
     ``"adaptive"`` (the controller) or a fixed number of nodes per sequence (0 = plain AR;
     capped by the room a sequence has left). ``max_nodes``: the controller's largest budget
     per sequence (default the drafter's depth d, at least the decoder's ``max_nodes``).
@@ -177,8 +152,9 @@ class Engine:
         if isinstance(max_batch, (bool, np.bool_)) or not isinstance(max_batch, (int, np.integer)) \
                 or not 1 <= max_batch <= MAX_BATCH:
             raise ValueError(f"max_batch must be an integer in [1, {MAX_BATCH}], got {max_batch!r}")
+        parts: Parts = getattr(decoder, "parts", decoder)
         if max_seq_len is None:
-            max_seq_len = decoder.context_length
+            max_seq_len = parts.context_length
         if isinstance(max_seq_len, (bool, np.bool_)) or not isinstance(max_seq_len, (int, np.integer)) \
                 or max_seq_len < 2:
             raise ValueError(f"max_seq_len must be an integer >= 2 (tokens per sequence), got {max_seq_len!r}")
@@ -187,26 +163,24 @@ class Engine:
                 raise ValueError(f"budget must be 'adaptive' or a number of nodes >= 0, got {budget!r}")
         elif isinstance(budget, (bool, np.bool_)) or not isinstance(budget, (int, np.integer)) or budget < 0:
             raise ValueError(f"budget must be 'adaptive' or a number of nodes >= 0, got {budget!r}")
-        self.decoder = decoder
+        self.parts = parts
         self.max_batch = int(max_batch)
-        self.max_seq_len = int(min(max_seq_len, decoder.context_length))
-        from dartcore.trees import ArBuilder
-
-        if budget == "adaptive" and isinstance(decoder.builder, ArBuilder):
+        self.max_seq_len = int(min(max_seq_len, parts.context_length))
+        if budget == "adaptive" and isinstance(parts.builder, ArBuilder):
             budget = 0  # the "ar" builder: nothing to choose
         self.budget = budget
-        self.pool = KVPool.for_target(decoder.target, decoder.drafter, slots=self.max_batch,
+        self.pool = KVPool.for_target(parts.target, parts.drafter, slots=self.max_batch,
                                       capacity=self.max_seq_len)
         self.controller: BudgetController | None = None
-        self.max_nodes = decoder.max_nodes
+        self.max_nodes = parts.max_nodes
         if budget == "adaptive":
             if max_nodes is None:
-                max_nodes = max(decoder.max_nodes, getattr(decoder.drafter, "d", 0))
+                max_nodes = max(parts.max_nodes, getattr(parts.drafter, "d", 0))
             if isinstance(max_nodes, (bool, np.bool_)) or not isinstance(max_nodes, (int, np.integer)) \
                     or max_nodes < 0:
                 raise ValueError(f"max_nodes must be a non-negative integer, got {max_nodes!r}")
             self.max_nodes = int(max_nodes)
-            curve = CostCurve.for_target(decoder.target, decoder.backend,
+            curve = CostCurve.for_target(parts.target, parts.backend,
                                          max_rows=self.max_batch * (self.max_nodes + 1), remeasure=remeasure)
             self.controller = BudgetController(curve, max_nodes=self.max_nodes)
         self.stats = EngineStats()
@@ -223,12 +197,13 @@ class Engine:
         if params is None:
             params = SamplingParams()
         if not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be a dartcore.engine.SamplingParams, got {type(params).__name__}")
-        ids = self.decoder._prompt_ids(prompt)
-        room = min(self.decoder.context_length, self.pool.capacity)
+            raise TypeError(f"params must be a dartcore.sampling.SamplingParams, got {type(params).__name__}")
+        parts = self.parts
+        ids = prompt_ids(parts.tokenizer, prompt, parts.target.vocab_size)
+        room = min(parts.context_length, self.pool.capacity)
         if len(ids) >= room:
             raise ContextLengthError(f"prompt of {len(ids)} tokens leaves no room in a sequence of {room} tokens "
-                                     f"(max_seq_len={self.max_seq_len}, context {self.decoder.context_length})")
+                                     f"(max_seq_len={self.max_seq_len}, context {parts.context_length})")
         if request_id is None:
             request_id = f"req-{next(self._counter)}"
             while request_id in self._requests:
@@ -267,23 +242,73 @@ class Engine:
     def num_running(self) -> int:
         return len(self._running)
 
+    # -- the batch API ------------------------------------------------------------------------
+
+    @classmethod
+    def for_prompts(cls, decoder, prompts, *, max_new_tokens: int = DEFAULTS.max_new_tokens,
+                    max_batch: int = 16, budget: int | str | None = None) -> Engine:
+        """An engine sized for :meth:`generate` on ``prompts``: at most ``max_batch`` slots (no more
+        than there are prompts), each with room for the longest prompt, the output and one tree
+        of the largest budget a round can get. ``budget``: nodes per sequence per round (None:
+        the decoder's ``max_nodes``; 0 = plain AR) or ``"adaptive"`` (the controller)."""
+        parts: Parts = getattr(decoder, "parts", decoder)
+        ids = batch_ids(parts, prompts)
+        params = SamplingParams(max_new_tokens=max_new_tokens)
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
+        nodes = max(parts.max_nodes, getattr(parts.drafter, "d", 0)) if budget == "adaptive" else (
+            parts.max_nodes if budget is None or not isinstance(budget, int) else budget)
+        capacity = min(parts.context_length, max(len(x) for x in ids) + params.max_new_tokens + nodes + 1)
+        return cls(parts, max_batch=min(len(ids), max_batch), max_seq_len=max(capacity, 2),
+                   budget=parts.max_nodes if budget is None else budget)
+
+    def generate(self, prompts, *, max_new_tokens: int = DEFAULTS.max_new_tokens,
+                 temperature: float = DEFAULTS.temperature, top_p: float = DEFAULTS.top_p,
+                 top_k: int = DEFAULTS.top_k, stop: str | Sequence[str] | None = None,
+                 seed: int | None = None) -> list[GenerationResult]:
+        """Decode ``prompts`` (a non-empty list of prompts of one kind: strings, token-id
+        sequences, or chat message lists) to the end, together: one result per prompt, in
+        order. Prompt i samples with seed ``seed + i`` (None: unseeded). Under greedy decoding
+        every result equals ``DartDecoder.generate`` on that prompt alone. Per-stage times are
+        the engine's (``GenerationStats.seconds`` stays zero here); ``total_s`` runs from the
+        call to the request's end. The engine must hold no other request (their outputs would
+        be lost here): drive those with :meth:`add_request` / :meth:`step`."""
+        if self.has_unfinished():
+            raise DartError(f"Engine.generate needs an idle engine; this one holds {self.num_waiting()} queued and "
+                               f"{self.num_running()} running requests: finish them with step() first")
+        ids = batch_ids(self.parts, prompts)
+        seed = check_seed(seed)
+        params = [SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                 seed=None if seed is None else seed + i, stop=stop) for i in range(len(ids))]
+        start = time.perf_counter()
+        rids = [self.add_request(x, p) for x, p in zip(ids, params)]
+        done: dict[str, tuple[float, RequestOutput]] = {}
+        while self.has_unfinished():
+            for out in self.step():
+                if out.finished:
+                    done[out.request_id] = (time.perf_counter(), out)
+        results = []
+        for rid in rids:
+            t, out = done[rid]
+            stats = GenerationStats(prompt_tokens=out.stats["prompt_tokens"], new_tokens=len(out.tokens),
+                                    rounds=out.stats["rounds"], accept_hist=out.stats["accept_hist"],
+                                    budget_hist=out.stats["budget_hist"], total_s=t - start,
+                                    finish_reason=out.stats.get("finish_detail") or "empty")
+            results.append(GenerationResult(tokens=list(out.tokens), text=decode(self.parts.tokenizer, out.tokens),
+                                            stats=stats))
+        return results
+
     # -- the step -----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         """Admit queued requests into free slots (prefill: their first token), then one round
         for every other running sequence. Returns one output per request that committed
         tokens or finished in this step."""
-        dec = self.decoder
+        parts = self.parts
         st = StepStats()
-        t_start = clock = time.perf_counter()
+        t_start = time.perf_counter()
+        clock = StageClock(st.seconds, parts.backend)
         outputs: list[RequestOutput] = []
-
-        def lap(stage: str) -> None:
-            nonlocal clock
-            dec.backend.synchronize()
-            now = time.perf_counter()
-            st.seconds[stage] += now - clock
-            clock = now
 
         running = list(self._running)  # the sequences that take a round this step
         while self._waiting and self.pool.free:
@@ -292,36 +317,36 @@ class Engine:
             st.admitted += 1
             if out is not None:
                 outputs.append(out)
-        lap("prefill")
+        clock.lap("prefill")
 
         if running:
             seqs = [r.seq for r in running]
-            with dec.backend.round_scope():
+            with parts.backend.round_scope():
                 fixed = None if self.controller is not None else self.budget
                 depths = []
                 caps = []
                 for seq in seqs:
-                    depth, cap = dec._limits(seq, self.max_nodes if fixed is None else fixed)
+                    depth, cap = rounds.limits(parts, seq, self.max_nodes if fixed is None else fixed)
                     depths.append(depth)
                     caps.append(cap)
                 if self.controller is not None:
                     # who draws a tree, and of how many nodes
                     for seq, n in zip(seqs, self.controller.draws([r.acceptance for r in running], caps)):
                         seq.budget = n
-                lap("controller")
-                drafted = dec._draft(seqs, depths)
-                lap("draft")
-                trees = dec._search(seqs, drafted, depths)
-                lap("search")
+                clock.lap("controller")
+                drafted = rounds.draft(parts, seqs, depths)
+                clock.lap("draft")
+                trees = rounds.search(parts, seqs, drafted, depths)
+                clock.lap("search")
                 if self.controller is not None:
                     trees = self._refine(running, trees)
-                    lap("controller")
-                outs = dec._verify(seqs, trees)
-                lap("verify")
-                logits = dec.backend.tree_logits_batch(outs, trees)
+                    clock.lap("controller")
+                outs = rounds.verify(parts, seqs, trees)
+                clock.lap("verify")
+                logits = parts.backend.tree_logits_batch(outs, trees)
                 for req, seq, tree, out, lg in zip(running, seqs, trees, outs, logits):
                     base = len(seq.generated)
-                    done = dec._accept(seq, tree, out, lg)
+                    done = rounds.accept(parts, seq, tree, out, lg)
                     new = seq.generated[base:]
                     req.budgets.append(len(tree) - 1)
                     if self.controller is not None:
@@ -333,7 +358,7 @@ class Engine:
                         self._finish(req)
                     else:
                         outputs.append(self._output(req, new, None))
-            lap("accept")
+            clock.lap("accept")
             st.sequences = len(seqs)
             st.rows_verified = sum(len(t) for t in trees)
             st.budgets = [len(t) - 1 for t in trees]
@@ -344,7 +369,7 @@ class Engine:
                     draft_ms=1e3 * (st.seconds["draft"] + st.seconds["search"]) if drafting else None,
                     per_token_ms=1e3 * st.seconds["accept"] / max(st.committed, 1))
         st.total_s = time.perf_counter() - t_start
-        self.stats._add(st)
+        self.stats.add(st)
         return outputs
 
     # -- helpers ------------------------------------------------------------------------------
@@ -372,14 +397,11 @@ class Engine:
         return out
 
     def _admit(self, req: _Request) -> RequestOutput | None:
-        dec = self.decoder
-        from dartcore.decoder import GenerationStats
-
         p = req.params
         stats = GenerationStats(prompt_tokens=len(req.ids))
         req.slot, cache, dstate = self.pool.acquire()
-        req.seq = dec._start(req.ids, p.max_new_tokens, Sampler(p.warpers(), p.seed), list(p.stop), stats, [],
-                             cache=cache, drafter_state=dstate)
+        req.seq = rounds.new_sequence(self.parts, req.ids, p.max_new_tokens, p.sampler(), p.stop, stats,
+                                      cache=cache, drafter_state=dstate)
         if self.controller is not None:
             req.acceptance = self.controller.new_sequence()
         if p.max_new_tokens == 0:
@@ -387,7 +409,7 @@ class Engine:
             out = self._output(req, [], "length")
             self._finish(req)
             return out
-        done = dec._prefill(req.seq)
+        done = rounds.prefill(self.parts, req.seq)
         if done:
             out = self._output(req, list(req.seq.generated), _reason(stats.finish_reason))
             self._finish(req)
@@ -411,14 +433,29 @@ class Engine:
             stats.update(rounds=s.rounds, tau=s.tau, accept_hist=list(s.accept_hist),
                          budget_hist=list(s.budget_hist), finish_detail=s.finish_reason or None)
         text = None
-        if reason is not None:
-            text = self.decoder._decode(tokens)
-            for stop in req.params.stop:  # the text ends before the stop string
-                cut = text.find(stop)
-                if cut >= 0:
-                    text = text[:cut]
+        if reason is not None:  # the text ends before the stop string
+            text = cut_at_stop(decode(self.parts.tokenizer, tokens), req.params.stop)
         return RequestOutput(request_id=req.request_id, new_tokens=list(new), tokens=tokens,
                              finished=reason is not None, finish_reason=reason, stats=stats, text=text)
+
+
+def batch_ids(parts: Parts, prompts) -> list[list[int]]:
+    """``prompts`` (a non-empty list of prompts of one kind) as token ids; errors name the prompt."""
+    if isinstance(prompts, (str, dict)) or not isinstance(prompts, (list, tuple)):
+        raise TypeError(f"prompts must be a list of prompts (strings, token ids or chat messages), got "
+                        f"{type(prompts).__name__}; for one prompt use generate()")
+    if not prompts:
+        raise ValueError("prompts is empty: give at least one prompt")
+    kinds = {prompt_kind(p) for p in prompts}
+    if len(kinds) > 1:
+        raise TypeError(f"prompts mixes {' and '.join(sorted(kinds))}: give prompts of one kind")
+    ids = []
+    for i, p in enumerate(prompts):
+        try:
+            ids.append(prompt_ids(parts.tokenizer, p, parts.target.vocab_size))
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"prompts[{i}]: {e}") from None
+    return ids
 
 
 def _reason(detail: str) -> str:

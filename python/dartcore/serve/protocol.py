@@ -16,11 +16,12 @@ budgets, rounds, worker), in the last chunk when streaming.
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from dartcore.sampling import SamplingParams
 
 __all__ = ["APIError", "GenRequest", "parse_chat", "parse_completion", "error_body",
            "MAX_STOP", "completion_body", "chunk_body"]
@@ -55,10 +56,7 @@ class GenRequest:
     model: str
     prompt: Any  # chat: list of {"role", "content": str}; completion: str or list[int]
     max_tokens: int | None  # None: as many as the context allows (chat), capped by the server default
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop: list[str] = field(default_factory=list)
-    seed: int | None = None
+    params: SamplingParams = field(default_factory=SamplingParams)  # max_new_tokens = max_tokens once known
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage
     want_stats: bool = False
@@ -67,9 +65,8 @@ class GenRequest:
     created: int = field(default_factory=lambda: int(time.time()))
 
     def to_worker(self) -> dict:
-        return {"kind": self.kind, "prompt": self.prompt, "max_tokens": self.max_tokens,
-                "temperature": self.temperature, "top_p": self.top_p, "stop": list(self.stop),
-                "seed": self.seed, "echo": self.echo}
+        return {"kind": self.kind, "prompt": self.prompt, "max_tokens": self.max_tokens, "params": self.params,
+                "echo": self.echo}
 
 
 # Fields of the OpenAI API this server implements, and those it accepts only at a neutral value
@@ -136,21 +133,19 @@ def _is_number(v) -> bool:
 
 
 def _sampling(body: dict, req: dict, default_temperature: float) -> None:
+    """The body's sampling fields as the one :class:`~dartcore.sampling.SamplingParams`, which
+    checks them; here only what the OpenAI API adds: temperature at most 2, at most MAX_STOP
+    stop strings, signed 64-bit seeds."""
     t = body.get("temperature")
     if t is None:
         t = default_temperature
-    if not _is_number(t) or not math.isfinite(t) or not 0 <= t <= 2:
+    if _is_number(t) and t > 2:
         raise _invalid(f"temperature must be a number in [0, 2] (0 = greedy), got {t!r}", "temperature",
                        "invalid_value")
     p = body.get("top_p")
-    if p is None:
-        p = 1.0
-    if not _is_number(p) or not 0 < p <= 1:
-        raise _invalid(f"top_p must be a number in (0, 1], got {p!r}", "top_p", "invalid_value")
     stop = body.get("stop")
     stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
-    if (not isinstance(stops, list) or len(stops) > MAX_STOP
-            or any(not isinstance(s, str) or not s for s in stops)):
+    if not isinstance(stops, list) or len(stops) > MAX_STOP:
         raise _invalid(f"stop must be a non-empty string or a list of at most {MAX_STOP} non-empty strings, "
                        f"got {stop!r}", "stop", "invalid_value")
     seed = body.get("seed")
@@ -158,6 +153,12 @@ def _sampling(body: dict, req: dict, default_temperature: float) -> None:
         raise _invalid(f"seed must be an integer, got {seed!r}", "seed", "invalid_value")
     if seed is not None and seed < 0:
         seed %= 2**64  # the OpenAI API takes signed 64-bit seeds; the sampler's generator reads unsigned
+    try:
+        params = SamplingParams(temperature=t, top_p=1.0 if p is None else p, seed=seed, stop=stops)
+    except (TypeError, ValueError) as exc:
+        name = str(exc).split(" ", 1)[0]
+        raise _invalid(str(exc), name if name in ("temperature", "top_p", "stop", "seed") else None,
+                       "invalid_value") from None
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise _invalid(f"stream must be a boolean, got {stream!r}", "stream", "invalid_type")
@@ -174,8 +175,8 @@ def _sampling(body: dict, req: dict, default_temperature: float) -> None:
     if dart is not None and (not isinstance(dart, dict) or set(dart) - {"stats"}
                              or not isinstance(dart.get("stats", False), bool)):
         raise _invalid(f'dart must be an object {{"stats": true|false}}, got {dart!r}', "dart", "invalid_value")
-    req.update(temperature=float(t), top_p=float(p), stop=stops, seed=seed, stream=bool(stream),
-               include_usage=include_usage, want_stats=bool((dart or {}).get("stats", False)))
+    req.update(params=params, stream=bool(stream), include_usage=include_usage,
+               want_stats=bool((dart or {}).get("stats", False)))
 
 
 def _max_tokens(body: dict, names: tuple[str, ...]) -> int | None:
@@ -242,8 +243,10 @@ def parse_chat(body: Any, models: tuple[str, ...], *, header_stats: bool = False
     req: dict = {}
     _sampling(body, req, 1.0)
     req["want_stats"] = req["want_stats"] or header_stats
-    return GenRequest(kind="chat", model=model, prompt=rendered,
-                      max_tokens=_max_tokens(body, ("max_completion_tokens", "max_tokens")), **req)
+    max_tokens = _max_tokens(body, ("max_completion_tokens", "max_tokens"))
+    if max_tokens is not None:
+        req["params"] = replace(req["params"], max_new_tokens=max_tokens)
+    return GenRequest(kind="chat", model=model, prompt=rendered, max_tokens=max_tokens, **req)
 
 
 def parse_completion(body: Any, models: tuple[str, ...], *, header_stats: bool = False) -> GenRequest:
@@ -268,8 +271,9 @@ def parse_completion(body: Any, models: tuple[str, ...], *, header_stats: bool =
     _sampling(body, req, 1.0)
     req["want_stats"] = req["want_stats"] or header_stats
     max_tokens = _max_tokens(body, ("max_tokens",))
-    return GenRequest(kind="completion", model=model, prompt=prompt,
-                      max_tokens=16 if max_tokens is None else max_tokens, echo=bool(echo), **req)
+    max_tokens = 16 if max_tokens is None else max_tokens  # the OpenAI completions API's default
+    req["params"] = replace(req["params"], max_new_tokens=max_tokens)
+    return GenRequest(kind="completion", model=model, prompt=prompt, max_tokens=max_tokens, echo=bool(echo), **req)
 
 
 # -- response bodies -----------------------------------------------------------------------------

@@ -27,10 +27,12 @@ import os
 import signal
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dartcore.errors import DartError
+from dartcore.prompts import TextStream, chat_ids, check_ids, decode, text_ids
+from dartcore.sampling import DEFAULTS
 
 __all__ = ["WorkerConfig", "Loaded", "load_engine", "run_worker"]
 
@@ -48,7 +50,7 @@ class WorkerConfig:
     device: str = "cpu"
     dtype: str = "float32"
     prefault_index: bool = True  # fault the whole index in at start, so every worker maps one resident copy
-    default_max_tokens: int = 256  # chat requests without max_tokens
+    default_max_tokens: int = DEFAULTS.max_new_tokens  # chat requests without max_tokens
     tree_params: dict = field(default_factory=dict)
     # "module:function" returning a Loaded; the default loads the real model and Engine.
     engine_factory: str = "dartcore.serve.worker:load_engine"
@@ -59,7 +61,6 @@ class Loaded:
     engine: Any  # dartcore.engine.Engine (or anything following its contract)
     tokenizer: Any  # a Hugging Face tokenizer: __call__, decode, apply_chat_template
     context_length: int
-    sampling_params: Any  # the engine's SamplingParams class
 
 
 def load_engine(config: WorkerConfig) -> Loaded:
@@ -67,7 +68,7 @@ def load_engine(config: WorkerConfig) -> Loaded:
     import torch
 
     from dartcore.decoder import DartDecoder
-    from dartcore.engine import Engine, SamplingParams
+    from dartcore.engine import Engine
     from dartcore.models.hub import load_target
 
     torch.set_num_threads(config.threads)
@@ -88,7 +89,7 @@ def load_engine(config: WorkerConfig) -> Loaded:
     context = decoder.context_length
     if config.max_seq_len is not None:
         context = min(context, config.max_seq_len)
-    return Loaded(engine=engine, tokenizer=tok, context_length=int(context), sampling_params=SamplingParams)
+    return Loaded(engine=engine, tokenizer=tok, context_length=int(context))
 
 
 def _factory(spec: str):
@@ -107,8 +108,7 @@ class _Live:
     prompt_tokens: int
     echo: str  # echo: the prompt text, which the response text starts with
     prefix_text: str = ""  # what of it is still to be streamed (before the first token)
-    stops: tuple[str, ...] = ()
-    shown: str = ""
+    text: Any = None  # the request's TextStream (dartcore.prompts)
 
 
 class _Worker:
@@ -118,7 +118,6 @@ class _Worker:
         self.engine = loaded.engine
         self.tok = loaded.tokenizer
         self.context = loaded.context_length
-        self.params_cls = loaded.sampling_params
         self.vocab = len(self.tok)
         self.live: dict[str, _Live] = {}
         self.draining = False
@@ -128,35 +127,36 @@ class _Worker:
     # -- requests -----------------------------------------------------------------------
 
     def _prompt_ids(self, req: dict) -> tuple[list[int], str]:
+        """The request's prompt as ids (dartcore.prompts, as the decoder and engine read
+        prompts) and the echo text."""
         prompt = req["prompt"]
+        what = "messages" if req["kind"] == "chat" else "prompt"
         if req["kind"] == "chat":
             try:
-                rendered = self.tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+                ids = chat_ids(self.tok, prompt)
             except Exception as exc:  # noqa: BLE001 - a template that refuses these messages (jinja raise_exception)
                 raise _RequestError(f"messages: the model's chat template refused them: {exc}", "messages",
                                     "invalid_value") from exc
-            ids = rendered["input_ids"] if hasattr(rendered, "keys") else rendered
-            return [int(t) for t in ids], ""
-        if isinstance(prompt, str):
-            ids = self.tok(prompt)["input_ids"]
-            return [int(t) for t in ids], prompt if req.get("echo") else ""
-        bad = [t for t in prompt if not 0 <= t < self.vocab]
-        if bad:
-            raise _RequestError(f"prompt: token id {bad[0]} is outside the model's vocabulary [0, {self.vocab})",
-                                "prompt", "invalid_value")
-        return list(prompt), self.tok.decode(prompt) if req.get("echo") else ""
+            echo = ""
+        elif isinstance(prompt, str):
+            ids, echo = text_ids(self.tok, prompt), prompt if req.get("echo") else ""
+        else:
+            ids, echo = list(prompt), decode(self.tok, prompt, skip_special=False) if req.get("echo") else ""
+        try:
+            return check_ids(ids, self.vocab, what), echo
+        except ValueError as exc:
+            raise _RequestError(str(exc).replace("empty prompt: ", ""), what, "invalid_value") from None
 
     def add(self, rid: str, req: dict) -> None:
         if self.draining:
             raise _RequestError("the server is shutting down; retry on another instance", None, "shutting_down", 503)
         ids, prefix = self._prompt_ids(req)
         what = "messages" if req["kind"] == "chat" else "prompt"
-        if not ids:
-            raise _RequestError(f"{what} has no tokens", what, "invalid_value")
         if len(ids) >= self.context:
             raise _RequestError(f"This model's maximum context length is {self.context} tokens. However, your "
                                 f"{what} is {len(ids)} tokens, which leaves no room for the completion. Please "
                                 f"reduce the length of the {what}.", what, "context_length_exceeded")
+        params = req["params"]
         max_tokens = req["max_tokens"]
         if max_tokens is None:
             max_tokens = min(self.config.default_max_tokens, self.context - len(ids))
@@ -165,13 +165,11 @@ class _Worker:
                                 f"requested {len(ids) + max_tokens} tokens ({len(ids)} in the {what}, {max_tokens} "
                                 f"in the completion). Please reduce the length of the {what} or the completion "
                                 "(max_tokens).", "max_tokens", "context_length_exceeded")
-        try:
-            params = self.params_cls(max_new_tokens=max_tokens, temperature=req["temperature"], top_p=req["top_p"],
-                                     top_k=0, seed=req["seed"], stop=list(req["stop"]))
-        except (ValueError, TypeError) as exc:
-            raise _RequestError(str(exc), None, "invalid_value") from exc
+        if params.max_new_tokens != max_tokens:
+            params = replace(params, max_new_tokens=max_tokens)
         self.engine.add_request(ids, params, request_id=rid)
-        self.live[rid] = _Live(prompt_tokens=len(ids), echo=prefix, prefix_text=prefix, stops=tuple(req["stop"]))
+        self.live[rid] = _Live(prompt_tokens=len(ids), echo=prefix, prefix_text=prefix,
+                               text=TextStream(self.tok, params.stop))
 
     def abort(self, rid: str) -> None:
         if self.live.pop(rid, None) is None:
@@ -203,9 +201,6 @@ class _Worker:
             return False
         return True
 
-    def _decode(self, tokens: list[int]) -> str:
-        return self.tok.decode(tokens, skip_special_tokens=True) if tokens else ""
-
     def step(self) -> None:
         t0 = time.perf_counter()
         outs = self.engine.step()
@@ -217,16 +212,14 @@ class _Worker:
             live = self.live.get(out.request_id)
             if live is None:
                 continue  # aborted while it ran
-            final = getattr(out, "text", None) if out.finished else None
-            # The engine's final text ends before a stop string (its tokens may run into it).
-            text = final if final is not None else self._decode(list(out.tokens))
             if out.finished:
-                delta = text[len(live.shown):] if text.startswith(live.shown) else ""
+                # The engine's final text ends before a stop string (its tokens may run into it).
+                text = getattr(out, "text", None)
+                if text is None:
+                    text = decode(self.tok, out.tokens)
+                delta = live.text.finish(text)
             else:
-                visible = text[:-1] if text.endswith("\ufffd") else text  # hold back a partial character
-                visible = visible[:len(visible) - _stop_overlap(visible, live.stops)]
-                delta = visible[len(live.shown):] if visible.startswith(live.shown) else ""
-                live.shown += delta
+                delta = live.text.update(out.tokens)  # held back: a partial character, a stop string's start
             if live.prefix_text:
                 delta, live.prefix_text = live.prefix_text + delta, ""
             item = {"rid": out.request_id, "delta": delta, "new": len(out.new_tokens), "finished": bool(out.finished),
@@ -262,19 +255,6 @@ class _Worker:
                 self.step()
             elif not busy:
                 conn.send(("step", [], self.snapshot()))
-
-
-def _stop_overlap(text: str, stops: tuple[str, ...]) -> int:
-    """Length of the longest end of ``text`` that begins a stop string: held back from the
-    stream until the next tokens show whether the stop string completes (the engine then cuts
-    the text before it, and streamed text cannot be taken back)."""
-    best = 0
-    for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), best, -1):
-            if text.endswith(stop[:n]):
-                best = n
-                break
-    return best
 
 
 def _engine_totals(engine) -> dict:

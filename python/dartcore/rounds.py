@@ -1,0 +1,344 @@
+"""The decoding round, as flat functions over one :class:`Parts` object.
+
+One round (ARCHITECTURE.md "Data flow")::
+
+    limits  the round's deepest usable node and node budget (decided here only)
+    draft   drafter(taps of the newly committed positions, their next tokens) -> d rows of logits
+    search  tree builder(logits, context, index) -> tree rooted at the last committed token
+    verify  one target forward over the flattened tree (positions L + depth, ancestor mask)
+    accept  walk the tree with the target's own choices -> path + bonus token;
+            keep only the path's KV entries, compacted in place, then ``commit``
+
+after :func:`prefill` has run the prompt once. Each function takes the parts and a
+list of :class:`Sequence` (the state one sequence carries between rounds): the
+single-request :class:`~dartcore.decoder.DartDecoder` passes one, the batched
+:class:`~dartcore.engine.Engine` all its running ones, so batch 1 and batch B run
+the same code -- one drafter pass, one target forward over every sequence's tree
+rows. Device and CPU specifics are the backend's (:mod:`dartcore.models.backend`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from dartcore.acceptance import accept as walk
+from dartcore.acceptance import flatten, prune
+from dartcore.errors import TreeError
+from dartcore.models.cache import KVCache
+from dartcore.models.transformer import ForwardOutput, TargetModel
+from dartcore.prompts import stop_hit
+from dartcore.sampling import Sampler
+from dartcore.tree import Tree, ancestor_mask, beam_search_batch
+from dartcore.trees import BeamBuilder, TreeInputs, root_only, target_topk
+
+__all__ = ["Parts", "Sequence", "Drafted", "GenerationStats", "GenerationResult", "StageClock", "STAGES",
+           "new_sequence", "prefill", "limits", "draft", "search", "verify", "accept", "commit"]
+
+STAGES = ("prefill", "draft", "search", "verify", "accept")
+
+
+@dataclass
+class GenerationStats:
+    """What one ``generate`` call did.
+
+    ``tau`` is the mean number of tokens committed per target verify forward,
+    **bonus token included** (accepted drafted tokens + 1), over the rounds
+    after prefill; plain AR decoding has tau = 1.0. The first new token comes
+    from the prefill forward and is not part of tau. 0.0 when no round ran.
+    ``accept_hist[a]`` counts the rounds that accepted ``a`` drafted tokens.
+    ``seconds`` holds wall time per stage: prefill, draft, search, verify and
+    accept (acceptance walk, KV compaction, stop checks: everything else; with
+    lazy logits, the default on CPU, the LM-head rows the walk reads are
+    computed here too).
+    """
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    rounds: int = 0
+    accept_hist: list[int] = field(default_factory=list)
+    budget_hist: list[int] = field(default_factory=list)  # [n] = rounds verified with a budget of n nodes
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    total_s: float = 0.0
+    finish_reason: str = ""  # "eos" | "stop" | "length" (max_new_tokens) | "context" | "empty"
+
+    @property
+    def tau(self) -> float:
+        if self.rounds == 0:
+            return 0.0
+        return sum((a + 1) * c for a, c in enumerate(self.accept_hist)) / self.rounds
+
+    @property
+    def tokens_per_s(self) -> float:
+        """New tokens per second of the whole call (prefill included)."""
+        return self.new_tokens / self.total_s if self.total_s > 0 else 0.0
+
+    def count(self, accepted: int, budget: int = 0) -> None:
+        """One verified round: ``accepted`` drafted tokens kept of a tree of ``budget`` nodes."""
+        for hist, i in ((self.accept_hist, accepted), (self.budget_hist, budget)):
+            if len(hist) <= i:
+                hist.extend([0] * (i + 1 - len(hist)))
+            hist[i] += 1
+        self.rounds += 1
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["tau"] = self.tau
+        out["tokens_per_s"] = self.tokens_per_s
+        return out
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # new tokens only (EOS / stop-string tokens included when they ended it)
+    text: str  # decoded new tokens, special tokens skipped
+    stats: GenerationStats
+
+
+class StageClock:
+    """Wall time per stage, added to ``seconds[stage]``; the backend synchronises the device
+    so that a stage's kernels count in it."""
+
+    def __init__(self, seconds: dict[str, float], backend):
+        self.seconds = seconds
+        self.backend = backend
+        self.t = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        self.backend.synchronize()
+        now = time.perf_counter()
+        self.seconds[stage] += now - self.t
+        self.t = now
+
+
+@dataclass
+class Parts:
+    """What a round runs on: the target, its attention / weights ``backend``, the tree
+    ``builder``, the ``drafter`` and n-gram ``index`` (None where the builder needs none), the
+    tokenizer (stop strings), the EOS ids, the node budget ``max_nodes`` (root excluded) and
+    the context length."""
+
+    target: TargetModel
+    backend: Any
+    builder: Any
+    tokenizer: Any
+    drafter: Any = None
+    index: Any = None
+    eos_token_ids: tuple[int, ...] = ()
+    max_nodes: int = 0
+    context_length: int = 1 << 31
+
+    @property
+    def taps(self) -> tuple[int, ...]:
+        return tuple(self.drafter.taps) if self.drafter is not None else ()
+
+
+@dataclass
+class Sequence:
+    """Everything one sequence's decoding carries from round to round."""
+
+    cache: KVCache  # every committed token except the newest (the next root)
+    drafter_state: Any  # the drafter's KV cache, or None without a drafter
+    committed: list[int]  # prompt + output so far; the last one is the next tree's root
+    generated: list[int]  # output only
+    max_new_tokens: int
+    stops: tuple[str, ...]
+    sampler: Sampler
+    stats: GenerationStats
+    new_taps: torch.Tensor | None = None  # target taps of the positions not yet drafted from
+    new_next: list[int] = field(default_factory=list)  # the token after each of those positions
+    limit: int = 0  # committed tokens this sequence may reach (the context, or its KV slot)
+    budget: int = 0  # this round's node budget
+    path: list[int] = field(default_factory=lambda: [0])  # the last round's accepted nodes, root first
+
+    @property
+    def prefix(self) -> int:
+        """Tokens in the target's cache (all committed tokens but the root)."""
+        return self.cache.length
+
+
+@dataclass
+class Drafted:
+    logits: torch.Tensor | None = None  # [rows, V_draft]
+    hidden: torch.Tensor | None = None  # [rows, H] (builders with needs_hidden)
+
+
+def new_sequence(parts: Parts, ids: list[int], max_new_tokens: int, sampler: Sampler, stops: tuple[str, ...],
+                 stats: GenerationStats, *, cache: KVCache | None = None, drafter_state=None) -> Sequence:
+    """A sequence's state; its caches sized for the prompt, the output and one tree, or the
+    given ones (a slot of the engine's pool)."""
+    if cache is None:
+        capacity = min(parts.context_length, len(ids) + max_new_tokens + parts.max_nodes + 1)
+        cache = parts.target.new_cache(capacity)
+        drafter_state = parts.drafter.new_state(cache.capacity) if parts.drafter is not None else None
+    return Sequence(cache=cache, drafter_state=drafter_state, committed=list(ids), generated=[],
+                    max_new_tokens=max_new_tokens, stops=tuple(stops), sampler=sampler, stats=stats,
+                    limit=min(parts.context_length, cache.capacity))
+
+
+def prefill(parts: Parts, seq: Sequence) -> bool:
+    """The prompt through the target; its next token is the first one generated (and the
+    first tree's root). True when generation is already over."""
+    ids = seq.committed
+    out = parts.target.forward(seq.cache, torch.tensor(ids, dtype=torch.long), torch.arange(len(ids)),
+                               taps=parts.taps, logits_rows=slice(-1, None))
+    seq.cache.commit(len(ids))
+    token = seq.sampler.choose(out.logits[-1])
+    seq.new_taps, seq.new_next = out.taps, list(ids[1:]) + [token]
+    seq.committed.append(token)
+    return commit(parts, seq, [token])
+
+
+def limits(parts: Parts, seq: Sequence, max_nodes: int | None = None) -> tuple[int, int]:
+    """This round's deepest usable node and node budget (root excluded): the one place the
+    budget is decided (``max_nodes``, by default the parts', capped by the room left in the
+    caches); the builder receives exactly that. Sets ``seq.budget``."""
+    max_depth = min(seq.max_new_tokens - len(seq.generated), seq.limit - len(seq.committed)) - 1
+    asked = parts.max_nodes if max_nodes is None else max_nodes
+    # No node fits when one token is left (max_depth 0): that round is a plain step.
+    seq.budget = max(0, min(asked, seq.cache.capacity - seq.prefix - 1)) if max_depth > 0 else 0
+    return max_depth, seq.budget
+
+
+def draft(parts: Parts, seqs: list[Sequence], depths: list[int]) -> list[Drafted]:
+    """One drafter pass over the positions each sequence committed since it last drafted:
+    d rows of logits per sequence (no more rows than its tree can use). Sequences with
+    nothing to draft (budget 0, or one token left) skip it; their positions wait."""
+    out = [Drafted() for _ in seqs]
+    drafter = parts.drafter
+    if drafter is None:
+        return out
+    todo = [i for i, (seq, depth) in enumerate(zip(seqs, depths)) if depth > 0 and seq.budget > 0]
+    if not todo:
+        return out
+    # A tree of `budget` nodes is never deeper than `budget`: draft no more rows than that.
+    rows = [min(drafter.d, seqs[i].budget, depths[i]) for i in todo]
+    want_hidden = parts.builder.needs_hidden
+    results = parts.backend.draft_batch(
+        drafter, [seqs[i].drafter_state for i in todo], [seqs[i].new_taps for i in todo],
+        [torch.tensor(seqs[i].new_next, dtype=torch.long) for i in todo], rows=rows, return_hidden=want_hidden)
+    for i, r in zip(todo, results):
+        out[i] = Drafted(*r) if want_hidden else Drafted(logits=r)
+        seqs[i].new_taps, seqs[i].new_next = None, []  # now in the drafter's state
+    return out
+
+
+def search(parts: Parts, seqs: list[Sequence], drafted: list[Drafted], depths: list[int]) -> list[Tree]:
+    """Each sequence's draft tree, rooted at its last committed token: the DART beam search
+    for all of them in one native call per (depth, budget) group where the builder is the
+    plain Eq. (10) one, else one builder call per sequence."""
+    builder = parts.builder
+    trees: list[Tree | None] = [None] * len(seqs)
+    work = [i for i, (seq, depth) in enumerate(zip(seqs, depths)) if depth > 0 and seq.budget > 0]
+    for i in range(len(seqs)):
+        if i not in work:
+            trees[i] = root_only(seqs[i].committed[-1])
+    if len(work) > 1 and type(builder) is BeamBuilder and all(drafted[i].logits is not None for i in work):
+        _beam_batch(parts, seqs, drafted, depths, work, trees)
+    for i in work:
+        seq, depth = seqs[i], depths[i]
+        tree = trees[i]
+        if tree is None:
+            tree = builder(TreeInputs(
+                context=np.asarray(seq.committed, dtype=np.int64), logits=drafted[i].logits,
+                hidden=drafted[i].hidden, drafter=parts.drafter, index=parts.index, max_depth=depth,
+                max_nodes=seq.budget, eos_token_ids=parts.eos_token_ids,
+            ))
+        # The built-in builders keep to the budget; a custom one that does not is cut to it.
+        tree = prune(flatten(tree), max_depth=depth, max_nodes=seq.budget + 1)
+        if int(tree.tokens[0]) != seq.committed[-1]:
+            raise TreeError(f"tree root {int(tree.tokens[0])} is not the last committed token {seq.committed[-1]}")
+        trees[i] = tree
+    return trees
+
+
+def _beam_batch(parts: Parts, seqs, drafted, depths, work, trees) -> None:
+    """``beam_search_batch`` for the sequences ``work`` (see :func:`search`): the top-k of
+    every drafter row in one pass, then one native search per (depth, budget) group."""
+    builder = parts.builder
+    logits = torch.cat([drafted[i].logits for i in work])
+    tokens, logprobs = target_topk(TreeInputs(context=np.zeros(1, dtype=np.int64), logits=logits,
+                                              drafter=parts.drafter), builder.k)
+    groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    off = 0
+    for i in work:
+        rows = drafted[i].logits.shape[0]
+        groups.setdefault((min(rows, depths[i]), seqs[i].budget), []).append((i, off))
+        off += rows
+    index = parts.index if builder.needs_index else None
+    for (depth, budget), members in groups.items():
+        tok = np.stack([tokens[o:o + depth] for _, o in members])
+        lp = np.stack([logprobs[o:o + depth] for _, o in members])
+        built = beam_search_batch(index, [np.asarray(seqs[i].committed, dtype=np.int64) for i, _ in members],
+                                  tok, lp, builder.search, max_nodes=budget,
+                                  eos_token_ids=tuple(parts.eos_token_ids))
+        for (i, _), tree in zip(members, built):
+            trees[i] = tree
+
+
+def verify(parts: Parts, seqs: list[Sequence], trees: list[Tree]) -> list[ForwardOutput]:
+    """One target forward over every sequence's tree: node j of sequence i at position
+    prefix_i + depth(j), seeing sequence i's cached prefix and j's ancestors."""
+    sizes = [len(t) for t in trees]
+    tokens = torch.from_numpy(np.concatenate([t.tokens for t in trees]))
+    positions = torch.from_numpy(np.concatenate([t.depths + s.prefix for t, s in zip(trees, seqs)]))
+    masks = [torch.from_numpy(ancestor_mask(t.parents)) for t in trees]
+    out = parts.target.forward_batch([s.cache for s in seqs], sizes, tokens, positions, masks, taps=parts.taps,
+                                     logits_rows=parts.backend.verify_logits_rows())
+    if len(seqs) == 1:
+        return [out]
+    split, a = [], 0
+    every_row = out.logits.shape[0] == out.hidden.shape[0]
+    for n in sizes:
+        split.append(ForwardOutput(logits=out.logits[a:a + n] if every_row else out.logits,
+                                   taps=None if out.taps is None else out.taps[a:a + n],
+                                   hidden=out.hidden[a:a + n]))
+        a += n
+    return split
+
+
+def accept(parts: Parts, seq: Sequence, tree: Tree, out: ForwardOutput, logits=None) -> bool:
+    """Walk the tree with the target's own choices, keep the accepted path's KV entries and
+    commit the path + the bonus token. True when generation is over. ``logits``: the tree's
+    logits by node when the caller made them (``backend.tree_logits_batch``)."""
+    if logits is None:
+        logits = parts.backend.tree_logits(out, tree.parents)
+    acc = walk(tree, logits, seq.sampler)
+    seq.cache.compact(acc.path)
+    new = [int(t) for t in tree.tokens[acc.path[1:]]] + [acc.bonus]
+    seq.stats.count(acc.accepted, len(tree) - 1)
+    seq.path = acc.path
+    seq.committed.extend(new)
+    if parts.drafter is not None:
+        taps = out.taps[torch.as_tensor(acc.path, device=out.taps.device)]
+        # Positions a round without a draft committed wait for the next draft.
+        seq.new_taps = taps if seq.new_taps is None else torch.cat((seq.new_taps, taps))
+        seq.new_next = seq.new_next + new
+    return commit(parts, seq, new)
+
+
+def commit(parts: Parts, seq: Sequence, new: list[int]) -> bool:
+    """Append ``new`` to the output, cut at the first stop condition (EOS, a stop string,
+    ``max_new_tokens``, then the context); True when generation is over."""
+    generated, stats = seq.generated, seq.stats
+    base = len(generated)
+    for i, tok in enumerate(new):
+        generated.append(tok)
+        if tok in parts.eos_token_ids:
+            stats.finish_reason = "eos"
+        elif seq.stops and stop_hit(parts.tokenizer, generated, seq.stops):
+            stats.finish_reason = "stop"
+        elif len(generated) >= seq.max_new_tokens:
+            stats.finish_reason = "length"
+        else:
+            continue
+        del generated[base + i + 1:]
+        return True
+    if len(seq.committed) >= seq.limit:
+        stats.finish_reason = "context"
+        return True
+    return False
