@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Load benchmark of dart-serve on loopback: the controller vs the same server with speculation off.
 
-For each mode (``dart``: ``--budget adaptive``; ``off``: ``--budget 0``, plain AR steps in
+For each mode (``dart``: ``--max-nodes adaptive``; ``off``: ``--max-nodes 0``, plain AR steps in
 the same engine) it starts ``dart-serve`` on 127.0.0.1, then for each level of concurrent
 clients (default 1, 2, 4, 8, 16) runs closed-loop streaming chat requests until
 ``--requests`` have finished or ``--level-seconds`` have passed (bounded both ways),
@@ -33,14 +33,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MODES = {"dart": ["--budget", "adaptive"], "off": ["--budget", "0"]}  # plus fixedN: --budget N
+MODES = {"dart": ["--max-nodes", "adaptive"], "off": ["--max-nodes", "0"]}  # plus fixedN: --max-nodes N
 
 
 def _mode_args(mode: str) -> list[str]:
     if mode in MODES:
         return MODES[mode]
     if mode.startswith("fixed") and mode[5:].isdigit():
-        return ["--budget", mode[5:]]
+        return ["--max-nodes", mode[5:]]
     raise SystemExit(f"--modes: unknown mode {mode!r} (dart, off, or fixedN for a fixed budget of N nodes)")
 
 
@@ -219,7 +219,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--modes", default="dart,off",
-                   help="comma-separated: dart (the controller), off (--budget 0), fixedN (--budget N)")
+                   help="comma-separated: dart (the controller), off (--max-nodes 0), fixedN (--max-nodes N)")
     p.add_argument("--levels", default="1,2,4,8,16", help="concurrent clients per level")
     p.add_argument("--requests", type=int, default=32, help="requests per level at most")
     p.add_argument("--level-seconds", type=float, default=60.0, help="seconds per level at most")

@@ -27,6 +27,10 @@ __all__ = [
     "check_drafter",
     "check_paths",
     "run_cli",
+    "tree_param",
+    "add_max_nodes",
+    "deprecated",
+    "sampling_params",
 ]
 
 DEMO_INDEX = "artifacts/demo/smollm2.idx"
@@ -45,6 +49,73 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def tree_param(text: str) -> tuple[str, object]:
+    """A ``--tree-param KEY=VALUE``: true/false as bools, then int, then float, else the text."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    if value.lower() in ("true", "false"):  # flags such as ngram_first_level=false
+        return key, value.lower() == "true"
+    for cast in (int, float):
+        try:
+            return key, cast(value)
+        except ValueError:
+            pass
+    return key, value
+
+
+def deprecated(old: str, new: str) -> None:
+    """The one-line notice an old spelling of a flag prints (it still works)."""
+    print(f"warning: {old} is deprecated, use {new} (the old spelling goes in the next release)", file=sys.stderr)
+
+
+def _node_count(flag: str, adaptive: bool):
+    what = "'adaptive' or a node count >= 0" if adaptive else "a node count >= 0"
+
+    def parse(text: str):
+        if adaptive and text == "adaptive":
+            return text
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} must be {what}, got {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{flag} must be {what}, got {value}")
+        return value
+    return parse
+
+
+def add_max_nodes(parser: argparse.ArgumentParser, help: str, *, default=None, adaptive: bool = False,
+                  old: str | None = None) -> None:
+    """``--max-nodes``, the node budget (root excluded), spelled the same in every CLI; ``old``:
+    a former spelling kept as a deprecated alias (it prints a one-line notice). ``adaptive``:
+    the value may also be ``adaptive`` (the budget controller)."""
+    parser.add_argument("--max-nodes", dest="max_nodes", type=_node_count("--max-nodes", adaptive), default=default,
+                        help=help)
+    if old is not None:
+        class Alias(argparse.Action):
+            def __call__(self, parser, namespace, values, option_string=None):
+                deprecated(old, "--max-nodes")
+                setattr(namespace, "max_nodes", values)
+
+        parser.add_argument(old, dest="max_nodes", action=Alias, type=_node_count(old, adaptive),
+                            help=argparse.SUPPRESS)
+
+
+def sampling_params(args):
+    """The request parameters of ``args`` (--max-new-tokens, --temperature, --top-p, --top-k,
+    --seed, --stop) as one :class:`dartcore.sampling.SamplingParams`, which checks them; a bad
+    value is a UsageError naming the flag, before any model loads."""
+    from dartcore.sampling import SamplingParams
+
+    try:
+        return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                              max_new_tokens=args.max_new_tokens, seed=args.seed, stop=args.stop)
+    except (TypeError, ValueError) as exc:
+        name, _, rest = str(exc).partition(" ")
+        raise UsageError(f"--{name.replace('_', '-')} {rest}") from None
 
 
 def closest(word: str, choices: Iterable[str]) -> str:
@@ -112,7 +183,7 @@ def check_index_tokenizer(index, target: str, flag: str = "--index") -> None:
 
 
 def check_target(value: str, flag: str = "--target") -> str:
-    from dartcore.models.hub import TARGET_ALIASES, BUILTIN_TARGETS
+    from dartcore.models.hub import BUILTIN_TARGETS, TARGET_ALIASES
 
     if value.lower() in BUILTIN_TARGETS or value.lower() in TARGET_ALIASES:
         return value

@@ -21,6 +21,7 @@ from dartcore.cli._common import (
     ArgumentParser,
     HelpFormatter,
     UsageError,
+    add_max_nodes,
     check_choice,
     check_drafter,
     check_index,
@@ -54,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=1, help="runs per prompt; the median time is kept")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
     p.add_argument("--data-dir", help="shared data directory (default: $DARTCORE_DATA or ../shared/data)")
-    p.add_argument("--max-nodes", type=int, help="tree budget for every tree method (default: the builder's)")
+    add_max_nodes(p, "node budget per round, root excluded, for every tree method (default: the builder's)")
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
@@ -83,8 +84,8 @@ def _check(args) -> tuple[str, ...]:
     """Every argument a user can get wrong, before the model loads; returns the methods."""
     from dartcore.benchmark.datasets import DATASETS, load_prompts
     from dartcore.benchmark.runner import HF_METHODS
-    from dartcore.trees import make_tree_builder, tree_builders
     from dartcore.errors import CorpusError
+    from dartcore.trees import make_tree_builder, tree_builders
 
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     if not methods and not args.verify_cost_only:
@@ -137,7 +138,12 @@ def _run(args) -> int:
     import torch
 
     from dartcore.benchmark.report import markdown_table, plot_all, plot_verify_cost
-    from dartcore.benchmark.runner import HF_METHODS, BenchConfig, machine_info, run_benchmark
+    from dartcore.benchmark.runner import (
+        HF_METHODS,
+        BenchConfig,
+        machine_info,
+        run_benchmark,
+    )
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -199,8 +205,12 @@ def _verify_cost(args, report: dict) -> dict:
     T = 0 rows at the budget they ran with, plus --budgets sweeps."""
     import statistics
 
-    from dartcore.benchmark.verify_cost import DEFAULT_SIZES, choose_budget, measure_verify_cost
     from dartcore.benchmark.runner import torch_dtype
+    from dartcore.benchmark.verify_cost import (
+        DEFAULT_SIZES,
+        choose_budget,
+        measure_verify_cost,
+    )
     from dartcore.models.hub import load_target
     from dartcore.models.transformer import TargetModel
 

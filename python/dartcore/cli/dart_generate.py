@@ -21,30 +21,21 @@ from dartcore.cli._common import (
     ArgumentParser,
     HelpFormatter,
     UsageError,
+    add_max_nodes,
     check_drafter,
     check_index,
     check_index_tokenizer,
     check_target,
     check_tree,
+    deprecated,
     index_tokenizer,
     run_cli,
+    sampling_params,
+    tree_param,
 )
+from dartcore.sampling import DEFAULTS
 
 __all__ = ["main", "format_stats"]
-
-
-def _tree_param(text: str) -> tuple[str, object]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    if value.lower() in ("true", "false"):  # flags such as ngram_first_level=false
-        return key, value.lower() == "true"
-    for cast in (int, float):
-        try:
-            return key, cast(value)
-        except ValueError:
-            pass
-    return key, value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -58,13 +49,17 @@ def _parser() -> argparse.ArgumentParser:
                                    "needed by the trees that read one (dart, ngram-only, ...)")
     p.add_argument("--tree", default="dart", metavar="{" + ",".join(tree_builders()) + "}",
                    help="tree builder, any registered one: " + ", ".join(tree_builders()))
-    p.add_argument("--tree-param", action="append", type=_tree_param, default=[], metavar="KEY=VALUE",
-                   help="tree builder parameter, e.g. max_nodes=24, beam_width=20 (repeatable)")
+    add_max_nodes(p, "node budget per round, root excluded (default: the builder's; 4 on CPU, 59 on CUDA)")
+    p.add_argument("--tree-param", action="append", type=tree_param, default=[], metavar="KEY=VALUE",
+                   help="tree builder parameter, e.g. beam_width=20 (repeatable)")
     p.add_argument("--chat", action="store_true", help="render the prompt as one user message with the chat template")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="stop after this many new tokens")
-    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default: 0, greedy)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
-    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (default: 0, off)")
+    p.add_argument("--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens,
+                   help="stop after this many new tokens")
+    p.add_argument("--temperature", type=float, default=DEFAULTS.temperature,
+                   help="sampling temperature (default: 0, greedy)")
+    p.add_argument("--top-p", type=float, default=DEFAULTS.top_p, help="nucleus sampling mass (1 = off)")
+    p.add_argument("--top-k", type=int, default=DEFAULTS.top_k,
+                   help="sample among the k most likely tokens (default: 0, off)")
     p.add_argument("--seed", type=int, help="random seed for sampling (reproducible output)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="target weights")
@@ -107,16 +102,20 @@ def _run(args) -> int:
     # Everything a user can get wrong is checked here, before the ~4 s of loading the model.
     check_tree(args.tree)
     params = dict(args.tree_param)
+    if "max_nodes" in params:
+        deprecated("--tree-param max_nodes=", "--max-nodes")
+        if args.max_nodes is not None and args.max_nodes != params["max_nodes"]:
+            raise UsageError(f"--max-nodes {args.max_nodes} and --tree-param max_nodes={params['max_nodes']} "
+                             "disagree: give --max-nodes only")
+    if args.max_nodes is not None:
+        params["max_nodes"] = args.max_nodes
     from dartcore.trees import make_tree_builder
 
     try:
         builder = make_tree_builder(args.tree, **params)
     except (TypeError, ValueError) as exc:
         raise UsageError(f"--tree-param for --tree {args.tree}: {exc}") from None
-    if args.max_new_tokens < 0:
-        raise UsageError(f"--max-new-tokens must be 0 or more, got {args.max_new_tokens}")
-    if args.temperature < 0:
-        raise UsageError(f"--temperature must be 0 (greedy) or more, got {args.temperature}")
+    sampling = sampling_params(args)
     check_target(args.target)
     needs_drafter = bool(getattr(builder, "needs_drafter", True))
     if needs_drafter:
@@ -144,8 +143,8 @@ def _run(args) -> int:
             f"--index {args.index} (tokenizer {index_tokenizer(index)!r}) does not fit --target "
             f"{args.target}: {exc}") from None
     prompt = [{"role": "user", "content": text}] if args.chat else text
-    kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-              top_k=args.top_k, stop=args.stop or None, seed=args.seed)
+    kw = dict(max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+              top_k=sampling.top_k, stop=sampling.stop or None, seed=sampling.seed)
     if args.json:
         result = decoder.generate(prompt, **kw)
         print(json.dumps({"tokens": result.tokens, "text": result.text, "stats": result.stats.as_dict()}))

@@ -1,7 +1,7 @@
 """dart-serve: an OpenAI-compatible server for DART speculative decoding.
 
     dart-serve --target smollm2 --drafter smollm2 --index smollm2.idx --workers 2 --port 8000
-    dart-serve --index smollm2.idx --budget 0          # the same server, speculation off (AR steps)
+    dart-serve --index smollm2.idx --max-nodes 0       # the same server, speculation off (AR steps)
 
 Endpoints: POST /v1/chat/completions, POST /v1/completions (stream over SSE),
 GET /v1/models, GET /health, GET /metrics (Prometheus). Each of the --workers
@@ -21,31 +21,21 @@ from dartcore.cli._common import (
     ArgumentParser,
     HelpFormatter,
     UsageError,
+    add_max_nodes,
     check_drafter,
     check_index,
     check_index_tokenizer,
     check_target,
     check_tree,
     run_cli,
+    tree_param,
 )
-from dartcore.cli.dart_generate import _tree_param
+from dartcore.sampling import DEFAULTS
 
 __all__ = ["main"]
 
 
 DEFAULT_FACTORY = "dartcore.serve.worker:load_engine"
-
-
-def _budget(text: str) -> str | int:
-    if text == "adaptive":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--budget must be 'adaptive' or a node count >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"--budget must be 'adaptive' or a node count >= 0, got {value}")
-    return value
 
 
 def _positive(name: str, minimum: int = 1):
@@ -66,11 +56,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--drafter", default="smollm2", help="drafter directory or built-in name (default: smollm2)")
     p.add_argument("--index", help="n-gram index built with the target's tokenizer (needed by --tree dart)")
     p.add_argument("--tree", default="dart", help="tree builder (dart, dart-no-ngram, ngram-only, ar, ...)")
-    p.add_argument("--tree-param", action="append", type=_tree_param, default=[], metavar="KEY=VALUE",
+    p.add_argument("--tree-param", action="append", type=tree_param, default=[], metavar="KEY=VALUE",
                    help="tree builder parameter (repeatable)")
-    p.add_argument("--budget", type=_budget, default="adaptive",
-                   help="node budget per sequence and step: 'adaptive' (the controller, default) or a fixed "
-                        "count; 0 = speculation off (plain AR steps)")
+    add_max_nodes(p, "node budget per sequence and step, root excluded: 'adaptive' (the controller, default) or "
+                     "a fixed count; 0 = speculation off (plain AR steps)", default="adaptive", adaptive=True,
+                  old="--budget")
     p.add_argument("--workers", type=_positive("--workers"), default=1, help="worker processes (default 1)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=_positive("--port", 0), default=8000)
@@ -80,8 +70,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="per-sequence KV capacity = the context requests are checked against (default 2048)")
     p.add_argument("--max-queue", type=_positive("--max-queue", 0), default=16,
                    help="requests held beyond the workers' batches before answering 429 (default 16)")
-    p.add_argument("--default-max-tokens", type=_positive("--default-max-tokens"), default=256,
-                   help="max_tokens of a chat request that gives none (default 256)")
+    p.add_argument("--default-max-tokens", type=_positive("--default-max-tokens"),
+                   default=DEFAULTS.max_new_tokens,
+                   help=f"max_tokens of a chat request that gives none (default {DEFAULTS.max_new_tokens})")
     p.add_argument("--served-model-name", action="append", default=[],
                    help="model name clients send (repeatable; default: the --target name)")
     p.add_argument("--threads", type=_positive("--threads"), default=1, help="torch threads per worker (default 1)")
@@ -128,7 +119,7 @@ def _run(args) -> int:
     from dartcore.serve import WorkerConfig, WorkerPool, WorkerStartError, create_app
 
     config = WorkerConfig(
-        target=args.target, drafter=args.drafter, index=args.index, tree=args.tree, budget=args.budget,
+        target=args.target, drafter=args.drafter, index=args.index, tree=args.tree, budget=args.max_nodes,
         max_batch=args.max_batch, max_seq_len=args.max_seq_len, threads=args.threads, device=args.device,
         dtype=args.dtype, prefault_index=not args.no_prefault_index, default_max_tokens=args.default_max_tokens,
         tree_params=dict(args.tree_param), engine_factory=args.engine_factory)

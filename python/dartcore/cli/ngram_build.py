@@ -17,10 +17,17 @@ import threading
 import time
 from pathlib import Path
 
-from dartcore.ngram_build import MapOptions, build, peak_rss_bytes, print_summary, run_map, run_reduce
 from dartcore.cli._help import HelpFormatter
 from dartcore.errors import CorpusError, DartError
 from dartcore.index import MAX_THREADS, parse_size
+from dartcore.ngram_build import (
+    MapOptions,
+    build,
+    peak_rss_bytes,
+    print_summary,
+    run_map,
+    run_reduce,
+)
 
 __all__ = ["main"]
 
