@@ -140,3 +140,21 @@ def test_stats_are_readable():
     assert f"tau         {(10 + 24 + 24) / 30:.2f}" in text
     assert "prefill 106 ms (9 %)" in text and "verify 1.23 s (100 %)" in text
     assert not re.search(r"\d\.\d{5,}", text)  # no raw floats
+
+
+def test_the_node_budget_is_max_nodes_in_every_cli_and_old_spellings_still_work():
+    notice = "is deprecated, use --max-nodes"
+    for module in ("dart_generate", "dart_bench", "dart_serve"):
+        assert "--max-nodes" in run_cli(module, "--help").stdout, module
+    # dart-generate: --tree-param max_nodes= still sets the budget (a bad one fails as before), with a notice
+    r = run_cli("dart_generate", "--tree", "ar", "--tree-param", "max_nodes=0", "hi")
+    assert r.returncode == 2 and f"--tree-param max_nodes= {notice}" in r.stderr and "max_nodes" in r.stderr
+    r = run_cli("dart_generate", "--tree", "ar", "--max-nodes", "0", "hi")
+    assert r.returncode == 2 and notice not in r.stderr and "max_nodes" in r.stderr
+    r = run_cli("dart_generate", "--tree", "ar", "--max-nodes", "3", "--tree-param", "max_nodes=4", "hi")
+    assert r.returncode == 2 and "disagree" in r.stderr
+    # dart-serve: --budget is --max-nodes (checked the same way), with a notice
+    r = run_cli("dart_serve", "--budget", "3", "--index", "/nonexistent/smollm2.idx")
+    assert r.returncode == 2 and f"--budget {notice}" in r.stderr and "--index" in r.stderr
+    r = run_cli("dart_serve", "--max-nodes", "-1")
+    assert r.returncode == 2 and "--max-nodes must be 'adaptive' or a node count >= 0" in r.stderr

@@ -10,6 +10,9 @@ run and are not counted.
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "python" / "dartcore"
@@ -193,3 +196,24 @@ def test_the_engine_never_imports_the_decoder():
             seen.add(m)
             todo.extend(edges.get(m, ()))
     assert "dartcore.decoder" not in seen
+
+
+def test_old_module_names_still_import_with_a_warning():
+    code = ("import warnings\n"
+            "with warnings.catch_warnings(record=True) as seen:\n"
+            "    warnings.simplefilter('always')\n"
+            "    import dartcore.builders, dartcore.verify, dartcore.build.map\n"
+            "for w in seen:\n"
+            "    print(w.category.__name__, w.message)\n"
+            "import dartcore.acceptance, dartcore.ngram_build.map, dartcore.trees\n"
+            "from dartcore.builders import BeamBuilder, make_tree_builder\n"
+            "assert make_tree_builder is dartcore.trees.make_tree_builder and BeamBuilder is dartcore.trees.BeamBuilder\n"
+            "assert dartcore.verify.accept is dartcore.acceptance.accept\n"
+            "assert dartcore.build.map.MapOptions is dartcore.ngram_build.map.MapOptions\n")
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        f"DeprecationWarning {old} is now {new}: import it from there (the old name goes in the next release)"
+        for old, new in (("dartcore.builders", "dartcore.trees"), ("dartcore.verify", "dartcore.acceptance"),
+                         ("dartcore.build", "dartcore.ngram_build"), ("dartcore.build.map", "dartcore.ngram_build.map"))]
