@@ -98,7 +98,7 @@ def add_max_nodes(parser: argparse.ArgumentParser, help: str, *, default=None, a
         class Alias(argparse.Action):
             def __call__(self, parser, namespace, values, option_string=None):
                 deprecated(old, "--max-nodes")
-                setattr(namespace, "max_nodes", values)
+                namespace.max_nodes = values
 
         parser.add_argument(old, dest="max_nodes", action=Alias, type=_node_count(old, adaptive),
                             help=argparse.SUPPRESS)
