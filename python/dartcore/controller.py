@@ -70,6 +70,7 @@ from pathlib import Path
 import numpy as np
 
 from dartcore.errors import DartError
+from dartcore.paths import cache_root
 
 __all__ = ["Acceptance", "BudgetController", "CostCurve", "NodeCalibration", "best_nodes", "cost_cache_dir",
            "expected_tokens"]
@@ -290,10 +291,9 @@ class CostCurve:
 
 
 def cost_cache_dir() -> Path:
-    """Where measured verify-cost curves live: ``$DARTCORE_CACHE_DIR/verify_cost``, default
+    """Where measured verify-cost curves live: ``$DARTCORE_CACHE/verify_cost``, default
     ``~/.cache/dartcore/verify_cost``."""
-    base = os.environ.get("DARTCORE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "dartcore")
-    return Path(base) / "verify_cost"
+    return cache_root() / "verify_cost"
 
 
 def _curve_key(target) -> dict:
