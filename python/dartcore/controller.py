@@ -47,9 +47,9 @@ did not, its expected marginals relax by :data:`RELAX` toward the prior's
 then (the batch prior relaxes likewise in a round where no sequence drafted). RELAX is a
 quarter of ALPHA: while every draft misses, a sequence probes about one round in five.
 
-The rule (seed note Eq. 13): add the node whose ΔE/E exceeds ΔT/T by the most, while one
-does. T depends on the total row count only, so every candidate node has the same ΔT and
-"by the most" is the node with the largest ΔE -- the next node of the sequence whose next
+The rule (docs/architecture.md, "Budget controller"): add the node whose ΔE/E exceeds ΔT/T
+by the most, while one does. T depends on the total row count only, so every candidate node
+has the same ΔT and "by the most" is the node with the largest ΔE -- the next node of the sequence whose next
 marginal is largest. Those marginals never grow along a sequence, so the first K nodes of
 that order are the allocation with the largest E among all with K nodes; the controller walks
 that order to the end of the caps and keeps the K with the best E / T, which is the exact

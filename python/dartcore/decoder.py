@@ -1,7 +1,7 @@
 """DartDecoder: lossless speculative decoding with a drafter, a trigram index
 and tree verification.
 
-One round of the loop (ARCHITECTURE.md "Data flow")::
+One round of the loop (docs/architecture.md, "Data flow")::
 
     draft   drafter(taps of the newly committed positions, their next tokens) -> d rows of logits
     search  tree builder(logits, context, index) -> tree rooted at the last committed token

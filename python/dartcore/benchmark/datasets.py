@@ -109,7 +109,7 @@ def load_prompts(dataset: str, n: int, data_dir: str | os.PathLike[str] | None =
             named = data_dir or data_dir_from_env()
             where = f"{named!s} has no eval/ directory" if named else "none found"
             raise CorpusError(
-                f"dataset {dataset!r} needs the shared evaluation data (eval/*.json*; {where}); "
+                f"dataset {dataset!r} needs the evaluation data sets (eval/*.json*; {where}); "
                 "pass --data-dir or set DARTCORE_DATA, or use the 'builtin' prompts"
             )
         texts = _user_texts(dataset, root)
