@@ -54,6 +54,8 @@ def test_cited_documents_exist():
     cited = re.compile(r"\b((?:docs|tools/reports|tests/data|crates/[\w-]+)/[\w./-]+\.(?:md|json|png))\b")
     missing = []
     for path in tracked_files():
+        if path.relative_to(REPO).parts[0] == "tests":
+            continue  # tests make up paths on purpose
         text = text_of(path)
         if text is None:
             continue
@@ -75,3 +77,33 @@ def test_cited_sections_exist():
             continue
         wrong += [f"{path.relative_to(REPO)}: {name!r}" for name in cite.findall(text) if name not in headings]
     assert not wrong, f"sections not in docs/architecture.md ({sorted(headings)}):\n" + "\n".join(wrong)
+
+
+def _gpu_marked_test_files() -> set[str]:
+    """Test files that mark a test ``gpu`` (decorator, ``pytestmark`` or a ``pytest.param``
+    mark), found in their syntax tree: ``pytest.mark.gpu`` anywhere in the module."""
+    import ast
+
+    out = set()
+    for path in sorted((REPO / "tests").glob("test_*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and node.attr == "gpu" and isinstance(node.value, ast.Attribute)
+                    and node.value.attr == "mark"):
+                out.add(path.relative_to(REPO).as_posix())
+                break
+    return out
+
+
+def test_device_check_runs_every_gpu_test_and_cuda_benchmark():
+    script = (REPO / "tools" / "device_check.sh").read_text()
+    listed = set(re.search(r"GPU_TESTS=\(([^)]*)\)", script).group(1).split())
+    marked = _gpu_marked_test_files()
+    assert "tests/test_engine_triton.py" in marked  # the finder sees the marks
+    assert marked <= listed, f"tools/device_check.sh's GPU_TESTS misses {sorted(marked - listed)}"
+    assert listed <= marked, f"GPU_TESTS names files without gpu tests: {sorted(listed - marked)}"
+    assert '"${GPU_TESTS[@]}"' in script and "-m gpu" in script
+    cuda_benches = {p.name for p in (REPO / "tools").glob("bench_*.py") if "cuda" in p.read_text(encoding="utf-8")}
+    assert cuda_benches, "no CUDA benchmark found"
+    missing = sorted(b for b in cuda_benches if f"tools/{b}" not in script)
+    assert not missing, f"tools/device_check.sh runs no {missing}"

@@ -211,7 +211,7 @@ def check(repo: Path = REPO) -> list[str]:
             if rel == name:
                 for no, fig in outside_blocks(text, heading):
                     problems.append(f"{rel}:{no}: the figure {fig!r} in {heading!r} cites no report "
-                                    "(put a <!-- report: tools/reports/X.json --> before it)")
+                                    "(put a <!-- report: tools/reports/<name>.json --> before it)")
     return problems
 
 
