@@ -43,13 +43,20 @@ HEADING = re.compile(r"^#{1,6} ")
 # for the whole file.
 STRICT_SECTIONS = [("README.md", "## Results"), ("docs/index-at-scale.md", None),
                    ("docs/distributed-build.md", "## Measured: Ray against the local engine on one 2-core machine")]
+STRICT_SECTIONS += [("docs/official.md", "## What happens"), ("docs/architecture.md", None)]
+STRICT_SECTIONS += [("docs/benchmarks.md", h) for h in (
+    "## Decoding (`dart-bench`, SmolLM2-135M-Instruct, fp32, CPU)", "## Batched decoding (`tools/bench_batch.py`)",
+    "## `dart-serve` under load (`tools/bench_serve.py`)", "## On a GPU (`tools/device_check.sh`)",
+    "## Trigram index (`tools/bench_index.py`)", "## `ngram-build` end to end (`tools/bench_build.py`, qwen3 tokenizer)",
+    "## Tree search (`tools/bench_tree.py`)", "## Drafter (`tools/reports/drafter_smollm2.md`)",
+    "## DARTree (`tools/reports/dartree.md`)")]
 
 # Names with digits that are not figures, removed before numbers are read.
 NAMES = re.compile(
     r"SmolLM2(?:-135M(?:-Instruct)?)?|Qwen\d(?:\.\d)?(?:-\d+(?:\.\d+)?B)?|AVX-?512|AVX2|Zen \d|Q\d_\d|Q\d_K|"
     r"fp32|fp16|bf16|float32|float16|bfloat16|int32|u32|u64|H\d00|Eq\. ?\(\d+\)|hit@\d+|top-\d+|"
     r"arXiv \d+\.\d+|[Ss]tage \d|\bk ?= ?\d+|\bd ?= ?\d+|\bw ?= ?\d+|θ ?= ?\d+|T ?= ?\d+|\d+-vCPU|"
-    r"llama-cpp-python \d[\d.]*|SHA-\d+|EPYC|Xeon|x86_64|\bv\d+\b|\d{4}-\d\d-\d\d")
+    r"llama-cpp-python \d[\d.]*|SHA-\d+|\d[\d,]*-id\b|EPYC|Xeon|x86_64|\bv\d+\b|\d{4}-\d\d-\d\d")
 # A number: not part of a word or of a longer number; "1.35x" is the number 1.35.
 NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?!(?!x\b)\w|\.\d)")
 FIGURE = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?\s*(?:µs|us\b|ms\b|s\b|min\b|minutes|hours?|tok/s|tokens/s|×|x\b|%|"
@@ -213,6 +220,8 @@ def check(repo: Path = REPO) -> list[str]:
                     problems.append(f"{rel}:{line}: {x} is in no cited report ({', '.join(paths)})")
         for name, heading in STRICT_SECTIONS:
             if rel == name:
+                if heading is not None and heading not in text.splitlines():
+                    problems.append(f"{rel}: no section {heading!r} (STRICT_SECTIONS names it)")
                 for no, fig in outside_blocks(text, heading):
                     problems.append(f"{rel}:{no}: the figure {fig!r} in {heading or name!r} cites no report "
                                     "(put a <!-- report: tools/reports/<name>.json --> before it)")
