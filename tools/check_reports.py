@@ -20,8 +20,8 @@ fields, or, for reports written before their tool recorded those, the report's e
 ``tools/reports/provenance.json``.
 
 A section that presents results (README.md's "Results", the docs listed in STRICT_SECTIONS) may
-hold no measured figure outside a block: a number followed by a unit of time, speed, size or a ratio (µs, ms, s, min, tok/s,
-×, %, MB, GB, ...) there is an error.
+hold no measured figure outside a block: a number followed by a unit of time, speed, size or a
+ratio (µs, ms, s, min, tok/s, ×, %, MB, GB, ...) there is an error.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ STRICT_SECTIONS += [("docs/official.md", "## What happens"), ("docs/architecture
 STRICT_SECTIONS += [("docs/benchmarks.md", h) for h in (
     "## Decoding (`dart-bench`, SmolLM2-135M-Instruct, fp32, CPU)", "## Batched decoding (`tools/bench_batch.py`)",
     "## `dart-serve` under load (`tools/bench_serve.py`)", "## On a GPU (`tools/device_check.sh`)",
-    "## Trigram index (`tools/bench_index.py`)", "## `ngram-build` end to end (`tools/bench_build.py`, qwen3 tokenizer)",
+    "## Trigram index (`tools/bench_index.py`)",
+    "## `ngram-build` end to end (`tools/bench_build.py`, qwen3 tokenizer)",
     "## Tree search (`tools/bench_tree.py`)", "## Drafter (`tools/reports/drafter_smollm2.md`)",
     "## DARTree (`tools/reports/dartree.md`)")]
 
@@ -70,10 +71,10 @@ SCALES = (1.0, 100.0, 1e-3, 1e-6, 1e-9, 2.0 ** -20, 2.0 ** -30, 1e3, 1e6, 1 / 60
 
 def _strip(text: str) -> str:
     """Text without what is not prose: fenced code, code spans, link targets, comments, names."""
-    text = re.sub(r"```.*?```", " ", text, flags=re.S)
+    text = re.sub(r"```.*?```", " ", text, flags=re.DOTALL)
     text = re.sub(r"`[^`\n]*`", " ", text)
     text = re.sub(r"\]\([^)]*\)", "] ", text)
-    text = re.sub(r"<!--.*?-->", " ", text, flags=re.S)
+    text = re.sub(r"<!--.*?-->", " ", text, flags=re.DOTALL)
     return NAMES.sub(" ", text)
 
 

@@ -19,7 +19,7 @@ import os
 import warnings
 from pathlib import Path
 
-__all__ = ["DATA_ENV", "CACHE_ENV", "data_dir_from_env", "cache_root"]
+__all__ = ["CACHE_ENV", "DATA_ENV", "cache_root", "data_dir_from_env"]
 
 DATA_ENV = "DARTCORE_DATA"
 CACHE_ENV = "DARTCORE_CACHE"
