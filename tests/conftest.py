@@ -1,23 +1,23 @@
 """Shared fixtures: tiny random Llama / Qwen3 targets for unit tests, the real
 SmolLM2-135M-Instruct for the few integration tests (marked ``slow``), and the
-shared data directory."""
+fixture data that ships in ``tests/data`` (provenance in tests/data/README.md)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("DARTCORE_SHARED_DATA", REPO.parent / "shared" / "data"))
+TEST_DATA = REPO / "tests" / "data"
 
 
 @pytest.fixture(scope="session")
-def shared_data() -> Path:
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"shared data not found at {SHARED_DATA}")
-    return SHARED_DATA
+def test_data() -> Path:
+    """The repository's fixtures in the data-directory layout (``eval/``, ``train/``,
+    ``dolma-sample/``, ``official-dart/``): a ``data_dir`` for ``load_prompts`` too."""
+    return TEST_DATA
+
 
 
 def tiny_config(family: str = "llama", *, vocab_size: int = 64, layers: int = 4, hidden: int = 32,

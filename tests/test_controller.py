@@ -211,7 +211,7 @@ def test_the_engine_cuts_each_tree_to_its_refined_budget(curve, tmp_path, monkey
     from dartcore.engine import Engine, SamplingParams
     from test_engine import oracle_decoder, prompts_and_refs, run
 
-    monkeypatch.setenv("DARTCORE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("DARTCORE_CACHE", str(tmp_path))
     torch.set_num_threads(1)
     model = tiny_model("llama", seed=2)
     model.generation_config.eos_token_id = None

@@ -25,12 +25,12 @@ def _jsonl(texts, **extra):
     return "".join(json.dumps({"id": str(i), "text": t, "source": "test", **extra}) + "\n" for i, t in enumerate(texts))
 
 
-def test_dolma_sample(shared_data):
-    corpus = open_corpus("dolma", corpus_dir=shared_data / "dolma-sample")
+def test_dolma_sample(test_data):
+    corpus = open_corpus("dolma", corpus_dir=test_data / "dolma-sample")
     docs = list(corpus)
     # Independent reader: gzip + json, file by file in sorted order.
     expected = []
-    for path in sorted((shared_data / "dolma-sample" / "documents").iterdir()):
+    for path in sorted((test_data / "dolma-sample" / "documents").iterdir()):
         with gzip.open(path, "rt", encoding="utf-8") as f:
             expected += [json.loads(line)["text"] for line in f if line.strip()]
     assert docs == expected and len(docs) == 30

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import lzma
 import struct
 from collections import Counter
 from pathlib import Path
@@ -25,16 +26,17 @@ def run(*args) -> int:
 
 
 @pytest.fixture(scope="module")
-def official(shared_data):
-    d = shared_data / "official-dart"
-    if not (d / "dolma-sample-qwen3.trie").is_file():
-        pytest.skip(f"no {d / 'dolma-sample-qwen3.trie'}")
+def official(test_data, tmp_path_factory):
+    """A directory holding the official .trie of the Dolma sample (it ships xz-compressed)."""
+    d = tmp_path_factory.mktemp("official-dart")
+    packed = test_data / "official-dart" / "dolma-sample-qwen3.trie.xz"
+    (d / "dolma-sample-qwen3.trie").write_bytes(lzma.decompress(packed.read_bytes()))
     return d
 
 
 @pytest.fixture(scope="module")
-def expected(official):
-    with gzip.open(official / "expected_counts.json.gz", "rt") as f:
+def expected(test_data):
+    with gzip.open(test_data / "official-dart" / "expected_counts.json.gz", "rt") as f:
         return json.load(f)
 
 
@@ -74,10 +76,10 @@ def test_sample_trie_has_the_reference_counts(converted, expected, official):
     assert meta["tokenizer"]["name"] == "qwen3" and meta["tokenizer"]["vocab_size"] == 151669
 
 
-def test_sample_trie_equals_the_corpus_index(converted, expected, shared_data, tmp_path):
+def test_sample_trie_equals_the_corpus_index(converted, expected, test_data, tmp_path):
     """The corpus build of the same documents has the same counts; every query agrees."""
     corpus_idx = tmp_path / "corpus.idx"
-    assert run("--corpus", "dolma", "--corpus-dir", shared_data / "dolma-sample", "--tokenizer", "qwen3",
+    assert run("--corpus", "dolma", "--corpus-dir", test_data / "dolma-sample", "--tokenizer", "qwen3",
                "--output", corpus_idx, "--memory", "4G", "--quiet") == 0
     _check_counts(corpus_idx, expected)
     a, b = NgramIndex(str(converted)), NgramIndex(str(corpus_idx))

@@ -1,5 +1,5 @@
 """Real-model integration (slow): DartDecoder on SmolLM2-135M-Instruct, fp32,
-greedy, for 21 prompts from ../shared/data/eval (7 HumanEval, 7 GSM8K, 7
+greedy, for 21 prompts from tests/data/eval (7 HumanEval, 7 GSM8K, 7
 CodeAlpaca), against Hugging Face ``generate(do_sample=False)`` on the same
 token ids. Uses the shipped trained drafter when it is installed
 (``DartDrafter.from_pretrained("smollm2")``), otherwise an untrained one (the
@@ -23,7 +23,7 @@ MAX_NEW = 32
 
 
 @pytest.fixture(scope="module")
-def decoders(smollm2, shared_data, tmp_path_factory):
+def decoders(smollm2, test_data, tmp_path_factory):
     import gzip
     import json
 
@@ -40,7 +40,7 @@ def decoders(smollm2, shared_data, tmp_path_factory):
     except FileNotFoundError:
         drafter = DartDrafter.from_target(model, d=8)
     docs = []
-    for path in sorted((shared_data / "dolma-sample" / "documents").glob("*.gz")):
+    for path in sorted((test_data / "dolma-sample" / "documents").glob("*.gz")):
         with gzip.open(path, "rt", encoding="utf-8") as fh:
             for line in fh:
                 text = json.loads(line).get("text", "")
@@ -53,20 +53,20 @@ def decoders(smollm2, shared_data, tmp_path_factory):
     return {tree: DartDecoder(model, tok, drafter, index, tree=tree) for tree in ("dart", "ngram-only")}
 
 
-def _prompts(shared_data, tok):
+def _prompts(test_data, tok):
     from dartcore.benchmark.datasets import load_prompts
 
     out = []
     for name in ("humaneval", "gsm8k", "code_alpaca"):
-        for messages in load_prompts(name, 7, shared_data):
+        for messages in load_prompts(name, 7, test_data):
             ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
             out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
     return out
 
 
-def test_greedy_identical_to_hf_generate_on_eval_prompts(smollm2, shared_data, decoders):
+def test_greedy_identical_to_hf_generate_on_eval_prompts(smollm2, test_data, decoders):
     model, tok = smollm2
-    prompts = _prompts(shared_data, tok)
+    prompts = _prompts(test_data, tok)
     assert len(prompts) >= 20
     mismatches = []
     taus = []

@@ -29,7 +29,7 @@ torch.set_num_threads(1)
 @pytest.fixture(autouse=True)
 def _cost_cache(tmp_path, monkeypatch):
     """Verify-cost curves of the tiny models go to a temp directory, not ~/.cache."""
-    monkeypatch.setenv("DARTCORE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("DARTCORE_CACHE", str(tmp_path))
 
 
 @dataclass

@@ -42,14 +42,14 @@ def decoder(smollm2, tmp_path_factory):
     return DartDecoder(model, tok, drafter, NgramIndex(path), tree="dart")
 
 
-def test_batched_greedy_equals_batch1(smollm2, shared_data, decoder, tmp_path, monkeypatch):
+def test_batched_greedy_equals_batch1(smollm2, test_data, decoder, tmp_path, monkeypatch):
     from dartcore.benchmark.datasets import load_prompts
 
-    monkeypatch.setenv("DARTCORE_CACHE_DIR", str(tmp_path))  # the cost curve of this test only
+    monkeypatch.setenv("DARTCORE_CACHE", str(tmp_path))  # the cost curve of this test only
     _, tok = smollm2
     prompts = []
     for name, k in (("humaneval", 2), ("gsm8k", 2), ("code_alpaca", 1)):
-        for messages in load_prompts(name, k, shared_data):
+        for messages in load_prompts(name, k, test_data):
             ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
             prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
     assert max(map(len, prompts)) > 2 * min(map(len, prompts))

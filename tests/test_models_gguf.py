@@ -131,7 +131,7 @@ def quantized_smollm2():
 
 @pytest.mark.slow
 @native
-def test_smollm2_with_its_blocks_decodes_exactly_as_the_float32_conversion(smollm2, quantized_smollm2, shared_data,
+def test_smollm2_with_its_blocks_decodes_exactly_as_the_float32_conversion(smollm2, quantized_smollm2, test_data,
                                                                           tmp_path):
     import gzip
     import json
@@ -150,7 +150,7 @@ def test_smollm2_with_its_blocks_decodes_exactly_as_the_float32_conversion(smoll
     except FileNotFoundError:
         pytest.skip("the shipped SmolLM2 drafter is not installed")
     docs = []
-    for path in sorted((shared_data / "dolma-sample" / "documents").glob("*.gz"))[:10]:
+    for path in sorted((test_data / "dolma-sample" / "documents").glob("*.gz"))[:10]:
         with gzip.open(path, "rt", encoding="utf-8") as fh:
             for line in fh:
                 text = json.loads(line).get("text", "")
@@ -167,7 +167,7 @@ def test_smollm2_with_its_blocks_decodes_exactly_as_the_float32_conversion(smoll
     assert decoders["dart"].max_nodes == CPU_BLOCKS_MAX_NODES  # the block weights' CPU default
     mismatches = []
     for name in ("humaneval", "gsm8k", "code_alpaca"):
-        for messages in load_prompts(name, 2, shared_data):
+        for messages in load_prompts(name, 2, test_data):
             ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
             ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
             x = torch.tensor([ids])

@@ -84,10 +84,10 @@ def _children(idx, context, k):
     return [int(t) for t in toks], [int(c) for c in counts], int(total), int(order)
 
 
-def dolma_docs(shared_data: Path, tok) -> list[np.ndarray]:
+def dolma_docs(test_data: Path, tok) -> list[np.ndarray]:
     """Documents of the sample read and tokenised independently (gzip + json + encode)."""
     docs = []
-    for path in sorted((shared_data / "dolma-sample" / "documents").iterdir()):
+    for path in sorted((test_data / "dolma-sample" / "documents").iterdir()):
         with gzip.open(path, "rt", encoding="utf-8") as f:
             for line in f:
                 if line.strip():
@@ -103,11 +103,11 @@ def run(*args: str) -> int:
 # ----------------------------------------------------------------------------- end to end
 
 
-def test_dolma_sample_counts_equal_reference(shared_data, qwen3, tmp_path, capsys):
+def test_dolma_sample_counts_equal_reference(test_data, qwen3, tmp_path, capsys):
     out = tmp_path / "qwen3-dolma.idx"
-    assert run("--corpus", "dolma", "--corpus-dir", shared_data / "dolma-sample", "--tokenizer", "qwen3",
+    assert run("--corpus", "dolma", "--corpus-dir", test_data / "dolma-sample", "--tokenizer", "qwen3",
                "--output", out, "--memory", "4G", "--quiet") == 0
-    docs = dolma_docs(shared_data, qwen3)
+    docs = dolma_docs(test_data, qwen3)
     assert_index_matches(out, docs)
     meta = NgramIndex(str(out)).metadata
     assert meta["tokenizer"] == {"name": "qwen3", "fingerprint": qwen3.fingerprint, "vocab_size": 151669,
@@ -117,29 +117,29 @@ def test_dolma_sample_counts_equal_reference(shared_data, qwen3, tmp_path, capsy
     assert not (tmp_path / "qwen3-dolma.idx.work").exists()  # work dir removed after success
 
 
-def test_summary_and_progress(shared_data, tmp_path, capsys):
+def test_summary_and_progress(test_data, tmp_path, capsys):
     out = tmp_path / "s.idx"
-    assert run("--corpus-dir", shared_data / "dolma-sample", "--output", out, "--memory", "4G", "--json") == 0
+    assert run("--corpus-dir", test_data / "dolma-sample", "--output", out, "--memory", "4G", "--json") == 0
     captured = capsys.readouterr()
     summary = json.loads(captured.out.strip().splitlines()[-1])
     assert summary["documents"] == 30 and summary["file_bytes"] == out.stat().st_size
     assert summary["nodes"]["total"] == sum(summary["nodes"][k] for k in ("unigram", "bigram", "trigram"))
     assert summary["peak_rss_bytes"] > 0 and summary["wall_s"] > 0
     assert "docs/s" in captured.err and "Mtok/s" in captured.err and "MiB read" in captured.err
-    assert run("--corpus-dir", shared_data / "dolma-sample", "--output", out, "--memory", "4G") == 0
+    assert run("--corpus-dir", test_data / "dolma-sample", "--output", out, "--memory", "4G") == 0
     text = capsys.readouterr().out
     for word in ("documents", "tokens", "nodes", "trigram", "file size", "wall time", "peak RSS"):
         assert word in text
 
 
-def test_max_docs_and_max_tokens(shared_data, qwen3, tmp_path):
-    docs = dolma_docs(shared_data, qwen3)
+def test_max_docs_and_max_tokens(test_data, qwen3, tmp_path):
+    docs = dolma_docs(test_data, qwen3)
     out = tmp_path / "m.idx"
-    assert run("--corpus-dir", shared_data / "dolma-sample", "--output", out, "--max-docs", 7, "--quiet") == 0
+    assert run("--corpus-dir", test_data / "dolma-sample", "--output", out, "--max-docs", 7, "--quiet") == 0
     assert_index_matches(out, docs[:7])
     # --max-tokens: whole documents, up to and including the one that reaches the limit.
     limit = sum(len(d) for d in docs[:12]) - 5
-    assert run("--corpus-dir", shared_data / "dolma-sample", "--output", out, "--max-tokens", limit, "--quiet") == 0
+    assert run("--corpus-dir", test_data / "dolma-sample", "--output", out, "--max-tokens", limit, "--quiet") == 0
     assert_index_matches(out, docs[:12])
 
 
@@ -239,8 +239,8 @@ def test_help_documents_map_and_reduce(capsys):
 # ----------------------------------------------------------------------------- npy and memory
 
 
-def test_npy_corpus(shared_data, qwen3, tmp_path):
-    docs = dolma_docs(shared_data, qwen3)
+def test_npy_corpus(test_data, qwen3, tmp_path):
+    docs = dolma_docs(test_data, qwen3)
     flat = np.concatenate(docs)  # EOS between (and after) documents: the Dolma tokenizer's layout
     d = tmp_path / "npy"
     d.mkdir()
@@ -303,10 +303,10 @@ def test_memory_limit_far_below_distinct_trigrams(tmp_path):
 # ----------------------------------------------------------------------------- bad input
 
 
-def test_unknown_corpus_and_tokenizer(shared_data, tmp_path, capsys):
-    assert run("--corpus", "parquet", "--corpus-dir", shared_data / "dolma-sample", "--output", tmp_path / "x") == 2
+def test_unknown_corpus_and_tokenizer(test_data, tmp_path, capsys):
+    assert run("--corpus", "parquet", "--corpus-dir", test_data / "dolma-sample", "--output", tmp_path / "x") == 2
     assert "dolma, jsonl, text, npy" in capsys.readouterr().err
-    assert run("--corpus-dir", shared_data / "dolma-sample", "--tokenizer", "gpt-17", "--output", tmp_path / "x") == 2
+    assert run("--corpus-dir", test_data / "dolma-sample", "--tokenizer", "gpt-17", "--output", tmp_path / "x") == 2
     err = capsys.readouterr().err
     assert "TokenizerError" in err and "qwen3" in err and "smollm2" in err
 
@@ -321,11 +321,11 @@ def test_empty_directory(tmp_path, capsys, monkeypatch):
     assert "DOLMA_DIR" in capsys.readouterr().err
 
 
-def test_output_not_writable_fails_before_work(shared_data, tmp_path, capsys):
+def test_output_not_writable_fails_before_work(test_data, tmp_path, capsys):
     t0 = time.monotonic()
-    assert run("--corpus-dir", shared_data / "dolma-sample", "--output", tmp_path / "no" / "such" / "x.idx") == 2
+    assert run("--corpus-dir", test_data / "dolma-sample", "--output", tmp_path / "no" / "such" / "x.idx") == 2
     assert "does not exist" in capsys.readouterr().err
-    assert run("--corpus-dir", shared_data / "dolma-sample", "--output", tmp_path) == 2
+    assert run("--corpus-dir", test_data / "dolma-sample", "--output", tmp_path) == 2
     assert "is a directory" in capsys.readouterr().err
     assert time.monotonic() - t0 < 5  # nothing was tokenised
     assert not any(p.name.endswith(".work") for p in tmp_path.iterdir())
@@ -333,7 +333,7 @@ def test_output_not_writable_fails_before_work(shared_data, tmp_path, capsys):
         ro = tmp_path / "ro"
         ro.mkdir()
         ro.chmod(0o500)
-        assert run("--corpus-dir", shared_data / "dolma-sample", "--output", ro / "x.idx") == 2
+        assert run("--corpus-dir", test_data / "dolma-sample", "--output", ro / "x.idx") == 2
         assert "not writable" in capsys.readouterr().err
 
 
@@ -388,10 +388,10 @@ def test_work_dir_cleanup_keeps_user_files(tmp_path):
     assert sorted(p.name for p in work.iterdir()) == ["notes.txt"]
 
 
-def test_min_count_reaches_the_index(shared_data, qwen3, tmp_path):
+def test_min_count_reaches_the_index(test_data, qwen3, tmp_path):
     out = tmp_path / "mc.idx"
-    assert run("--corpus-dir", shared_data / "dolma-sample", "--output", out, "--min-count", 2, "--quiet") == 0
-    c1, c2, c3 = reference_counts(dolma_docs(shared_data, qwen3))
+    assert run("--corpus-dir", test_data / "dolma-sample", "--output", out, "--min-count", 2, "--quiet") == 0
+    c1, c2, c3 = reference_counts(dolma_docs(test_data, qwen3))
     idx = NgramIndex(str(out))
     s = idx.stats()
     assert s["unigram_nodes"] == len(c1)  # unigrams are kept
@@ -403,21 +403,21 @@ def test_min_count_reaches_the_index(shared_data, qwen3, tmp_path):
 
 
 @pytest.mark.slow
-def test_smollm2_index_records_the_hf_fingerprint(shared_data, qwen3, tmp_path):
+def test_smollm2_index_records_the_hf_fingerprint(test_data, qwen3, tmp_path):
     """What the decoder compares: the index's recorded fingerprint and
     fingerprint() of the target's Hugging Face tokenizer."""
     from dartcore.models.hub import load_hf_tokenizer
     from dartcore.tokenizers import fingerprint
 
     out = tmp_path / "smol.idx"
-    assert run("--corpus-dir", shared_data / "dolma-sample", "--tokenizer", "smollm2", "--output", out,
+    assert run("--corpus-dir", test_data / "dolma-sample", "--tokenizer", "smollm2", "--output", out,
                "--max-docs", 5, "--quiet") == 0
     hf = load_hf_tokenizer("smollm2")
     meta = NgramIndex(str(out)).metadata["tokenizer"]
     assert meta["fingerprint"] == fingerprint(hf) != qwen3.fingerprint
     assert meta["vocab_size"] == len(hf) and meta["eos_id"] == hf.eos_token_id
     docs = []
-    for path in sorted((shared_data / "dolma-sample" / "documents").iterdir()):
+    for path in sorted((test_data / "dolma-sample" / "documents").iterdir()):
         with gzip.open(path, "rt", encoding="utf-8") as f:
             docs += [json.loads(line)["text"] for line in f if line.strip()]
     ref = [np.array(hf.encode(t, add_special_tokens=False) + [hf.eos_token_id], dtype=np.uint32) for t in docs[:5]]

@@ -14,12 +14,10 @@ from dartcore.models.official_drafter import OfficialDartDrafter, is_official_ch
 
 
 @pytest.fixture(scope="module")
-def tiny(shared_data):
+def tiny(test_data):
     from safetensors.torch import load_file
 
-    path = shared_data / "official-dart" / "drafter-tiny"
-    if not path.is_dir():
-        pytest.skip(f"no {path}")
+    path = test_data / "official-dart" / "drafter-tiny"
     return path, load_file(str(path / "reference_io.safetensors"))
 
 

@@ -18,7 +18,7 @@ def qwen3():
     return load_tokenizer("qwen3")
 
 
-# Vectors from the reference Qwen3 tokenizer (../shared/data/README.md).
+# Vectors from the reference Qwen3 tokenizer.
 @pytest.mark.parametrize(
     "text, special, ids",
     [

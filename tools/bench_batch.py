@@ -3,7 +3,7 @@
 batched engine on SmolLM2-135M-Instruct (fp32, CPU) at several concurrencies, for batched
 plain AR (``ar``, budget 0), DART with a fixed budget (``dart-fixed``, 4 nodes per sequence)
 and DART with the budget controller (``dart-adaptive``), one run, the same prompts (a mix of
-HumanEval, GSM8K and CodeAlpaca from ../shared/data/eval, chat template), greedy.
+HumanEval, GSM8K and CodeAlpaca from $DARTCORE_DATA/eval, chat template), greedy.
 
 Closed loop: ``c`` requests are in the engine at once; when one finishes the next prompt
 joins. Latency = a request's time from joining to its last token. tok/s = all requests'
@@ -16,8 +16,8 @@ greedy decoding).
 
 Writes bench_batch.json and bench_batch.png (throughput against concurrency) to --out.
 Without --index it builds a SmolLM2-tokenizer index once from the shipped target responses
-and the shared training sets' answers (never the eval sets), cached under
-~/.cache/dartcore/bench_batch/.
+and the answers of $DARTCORE_DATA's training sets (never the eval sets), cached under
+$DARTCORE_CACHE/bench_batch/ (default ~/.cache/dartcore).
 """
 
 from __future__ import annotations
@@ -39,12 +39,13 @@ def build_default_index(tok, data_dir) -> Path:
 
     from dartcore.benchmark.datasets import find_data_dir
     from dartcore.index import build_index
+    from dartcore.paths import cache_root
     from dartcore.tokenizers import fingerprint
     from dartcore.training.data import read_documents
 
     data = find_data_dir(data_dir)
     name = "smollm2-responses+train.idx" if data is not None else "smollm2-responses.idx"
-    out = Path(os.path.expanduser("~")) / ".cache" / "dartcore" / "bench_batch" / name
+    out = cache_root() / "bench_batch" / name
     if out.is_file():
         return out
     files = [REPO / "python" / "dartcore" / "assets" / "corpus" / "smollm2_responses.jsonl.gz"]
@@ -112,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--budget", type=int, default=4, help="dart-fixed's nodes per sequence (default 4)")
     p.add_argument("--data-dir", default=None,
-                   help="the shared data directory (eval/ and train/; default $DARTCORE_DATA, else "
-                        "../shared/data beside the checkout)")
+                   help="the data directory (eval/ and train/; default $DARTCORE_DATA)")
     p.add_argument("--index", help="n-gram index (default: built once from the shipped responses)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default torch's)")
     p.add_argument("--remeasure", action="store_true", help="measure the verify-cost curve again")

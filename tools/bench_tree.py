@@ -9,7 +9,7 @@ per file with EOS appended. Token shards and the index are cached under ``--work
 
 Drafter rows (``--rows``): ``real`` (default) takes them from the shipped SmolLM2 drafter
 (``DartDrafter.from_pretrained("smollm2", target)``) on held-out text: prompts + reference
-answers of /work/shared/data/eval (gsm8k_test.jsonl, code_alpaca_2k.json), teacher-forced
+answers of ``--data-dir``/eval (default ``$DARTCORE_DATA``: gsm8k_test.jsonl, code_alpaca_2k.json), teacher-forced
 as the decoder runs it: one target forward per document with the drafter's taps, then one
 ``draft`` call per position (the drafter state advancing by the true next token), the d
 rows of logits mapped to target ids and turned into top-k fp32 log-probs by
@@ -56,6 +56,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from dartcore.paths import cache_root, data_dir_from_env
 
 D, K = 8, 25
 
@@ -184,7 +186,7 @@ def make_inputs(index, held: list[np.ndarray], n: int, vocab: int, seed: int):
     return contexts, toks, lps
 
 
-def real_inputs(n: int, seed: int, positions: int = 200):
+def real_inputs(n: int, seed: int, data_dir: Path, positions: int = 200):
     """Contexts and drafter rows from the real drafter on held-out eval text (module docs)."""
     import torch
     from dartcore.drafter import DartDrafter
@@ -197,7 +199,7 @@ def real_inputs(n: int, seed: int, positions: int = 200):
     target = TargetModel(model)
     drafter = DartDrafter.from_pretrained("smollm2", model, tokenizer=tok).eval()
     taps = tuple(drafter.taps)
-    data = Path(os.environ.get("DARTCORE_EVAL_DIR", "/work/shared/data/eval"))
+    data = data_dir / "eval"
     texts = [json.loads(line) for line in (data / "gsm8k_test.jsonl").read_text().splitlines()[:64]]
     docs = [f"{d['question']}\n{d['answer']}" for d in texts]
     alpaca = json.loads((data / "code_alpaca_2k.json").read_text())[:64]
@@ -270,7 +272,7 @@ def bench_on(args, idx_path: Path) -> int:
 
     index = NgramIndex(idx_path)
     eos = int(load_hf_tokenizer("smollm2").eos_token_id)
-    contexts, toks, lps, n_pos = real_inputs(args.searches, args.seed)
+    contexts, toks, lps, n_pos = real_inputs(args.searches, args.seed, args.data_dir)
     tails = [c[-2:] for c in contexts]
     offsets = np.concatenate([[0], np.cumsum([t.size for t in tails])]).astype(np.int64)
     flat = np.concatenate(tails).astype(np.int64)
@@ -296,7 +298,9 @@ def bench_on(args, idx_path: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--work", type=Path, default=Path(os.environ.get("DARTCORE_CACHE", Path.home() / ".cache" / "dartcore")) / "bench_tree")
+    ap.add_argument("--work", type=Path, default=cache_root() / "bench_tree")
+    ap.add_argument("--data-dir", type=Path, default=data_dir_from_env(),
+                    help="data directory with eval/ for --rows real (default: $DARTCORE_DATA)")
     ap.add_argument("--corpus-mb", type=int, default=240,
                     help="text to tokenize (MiB); 240 gives an index of 12.5 M nodes (the target is >= 10 M)")
     ap.add_argument("--rows", choices=("real", "synthetic"), default="real", help="drafter rows (module docs)")
@@ -310,6 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     ap.add_argument("--out", type=Path, help="also write the JSON here")
     args = ap.parse_args(argv)
+    if (args.rows == "real" or args.index is not None) and (args.data_dir is None
+                                                            or not (args.data_dir / "eval").is_dir()):
+        ap.error("real drafter rows read the evaluation sets: pass --data-dir DIR (with DIR/eval/) or set "
+                 "DARTCORE_DATA, or use --rows synthetic")
 
     from dartcore import _native
     from dartcore import tree as T
@@ -336,9 +344,9 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     if args.rows == "real":
-        contexts, toks, lps, n_pos = real_inputs(args.searches, args.seed)
+        contexts, toks, lps, n_pos = real_inputs(args.searches, args.seed, args.data_dir)
         rows_desc = (f"real: shipped SmolLM2 drafter, teacher-forced on {n_pos} held-out positions of "
-                     "/work/shared/data/eval prompts + answers, cycled (see tools/bench_tree.py docstring)")
+                     "the GSM8K test and CodeAlpaca-2k prompts + answers, cycled (see tools/bench_tree.py docstring)")
     else:
         contexts, toks, lps = make_inputs(index, held, args.searches, meta["vocab_size"], args.seed)
         rows_desc = "synthetic, anchored in held-out real text (see tools/bench_tree.py docstring)"

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Benchmark ngram-build --from-dart-trie: conversion rate and peak RSS on a synthetic DART
-.trie (the official TrieNgram::save format, see ../shared/data/official-dart/README.md).
+.trie (the official TrieNgram::save format, see tests/data/README.md).
 
     python tools/bench_trie_convert.py --json                  # 100 M nodes (~3.6 GB, deleted after)
     python tools/bench_trie_convert.py --nodes 10M --memory 1G

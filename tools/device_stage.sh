@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 INDEX=${INDEX:-artifacts/demo/smollm2.idx}
-DATA=${DATA:-../shared/data}
+DATA=${DATA:-${DARTCORE_DATA:-tests/data}}  # eval/ of the full sets, else the fixtures' first 10 prompts each
 META=${DARTCORE_CACHE:-$HOME/.cache/dartcore}/SmolLM2-135M-Instruct
 PIECE1_MB=${PIECE1_MB:-41}
 PIECE2_MB=${PIECE2_MB:-41}

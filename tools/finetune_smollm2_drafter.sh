@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-artifacts/selfdistill}
 INIT=${INIT:-smollm2}
-DATA=../shared/data/train
+DATA=${DARTCORE_DATA:?set DARTCORE_DATA to the data directory holding train/}/train
 mkdir -p "$OUT"
 if [ ! -s "$OUT/generated.jsonl" ] || [ -n "${GEN_MORE:-}" ]; then
   python3 tools/generate_target_responses.py --data "$DATA/gsm8k_train.jsonl" "$DATA/new_codealpaca.json" \

@@ -4,7 +4,7 @@ prompts (the text the decoder actually drafts against), written as chat JSONL th
 `dart-train --data` reads.
 
     python3 tools/generate_target_responses.py \\
-        --data ../shared/data/train/gsm8k_train.jsonl ../shared/data/train/new_codealpaca.json \\
+        --data $DARTCORE_DATA/train/gsm8k_train.jsonl $DARTCORE_DATA/train/new_codealpaca.json \\
         --holdout 200 --out artifacts/selfdistill --max-minutes 20
 
 It applies dart-train's seeded held-out split (same --holdout / --seed) and writes

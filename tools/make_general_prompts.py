@@ -13,7 +13,7 @@ Two sources, each prompt tagged with where it came from:
   crash) keeps what it made and a rerun continues with the next request seeds.
 * ``document``: an instruction (summarise, explain, rewrite, answer a question about it, ...)
   applied to a passage of text that ships with this machine: the Dolma sample documents under
-  ``../shared/data/dolma-sample``, the Debian package documentation under /usr/share/doc, and
+  ``$DARTCORE_DATA/dolma-sample``, the Debian package documentation under /usr/share/doc, and
   the docstrings of the Python standard library. No model is run for these.
 
 Then every candidate is cleaned (one line, 4-90 words, no template residue), deduplicated
@@ -375,7 +375,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-minutes", type=float, default=0.0, help="stop the self-instruct step after this long")
     p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--data-dir", default=None, help="shared data (default: $DARTCORE_DATA or ../shared/data)")
+    p.add_argument("--data-dir", default=None, help="data directory with eval/ and dolma-sample/ (default: $DARTCORE_DATA)")
     args = p.parse_args(argv)
     if args.self_instruct < 0 or args.documents < 0 or not 0 < args.heldout_frac < 1 or args.batch_size < 1:
         p.error("--self-instruct/--documents must be >= 0, --batch-size >= 1, 0 < --heldout-frac < 1")
@@ -385,7 +385,7 @@ def main(argv=None) -> int:
 
     data_dir = find_data_dir(args.data_dir)
     if data_dir is None:
-        p.error("the shared data directory (eval/, dolma-sample/) was not found: pass --data-dir")
+        p.error("no data directory with eval/ and dolma-sample/: pass --data-dir or set DARTCORE_DATA")
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out)

@@ -22,7 +22,7 @@ mkdir -p "$OUT"
 # spin-waiting for a busy core).
 exec python3 -m dartcore.cli.dart_train \
   --target smollm2 \
-  --data ../shared/data/train/gsm8k_train.jsonl ../shared/data/train/new_codealpaca.json \
+  --data $DARTCORE_DATA/train/gsm8k_train.jsonl $DARTCORE_DATA/train/new_codealpaca.json \
   --out "$OUT" \
   --holdout 200 --eval-docs 24 --eval-every "${EVAL_EVERY:-200}" \
   --ctx-len 512 --batch-size 2 --anchors "${ANCHORS:-256}" --d 8 --gamma 0.6 \

@@ -1,6 +1,6 @@
 """Tree verification: flatten a tree for one target forward, then walk it.
 
-Flattening (ARCHITECTURE.md "Verification"): node 0 is the root (the bonus
+Flattening (docs/architecture.md, "Verification"): node 0 is the root (the bonus
 token of the previous round, already committed but not yet run through the
 target), the other nodes follow in depth order; node n sits at position
 ``prefix_len + depth[n]`` and sees the cached prefix, its ancestors and

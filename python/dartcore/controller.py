@@ -47,9 +47,9 @@ did not, its expected marginals relax by :data:`RELAX` toward the prior's
 then (the batch prior relaxes likewise in a round where no sequence drafted). RELAX is a
 quarter of ALPHA: while every draft misses, a sequence probes about one round in five.
 
-The rule (seed note Eq. 13): add the node whose ΔE/E exceeds ΔT/T by the most, while one
-does. T depends on the total row count only, so every candidate node has the same ΔT and
-"by the most" is the node with the largest ΔE -- the next node of the sequence whose next
+The rule (docs/architecture.md, "Budget controller"): add the node whose ΔE/E exceeds ΔT/T
+by the most, while one does. T depends on the total row count only, so every candidate node
+has the same ΔT and "by the most" is the node with the largest ΔE -- the next node of the sequence whose next
 marginal is largest. Those marginals never grow along a sequence, so the first K nodes of
 that order are the allocation with the largest E among all with K nodes; the controller walks
 that order to the end of the caps and keeps the K with the best E / T, which is the exact
@@ -70,6 +70,7 @@ from pathlib import Path
 import numpy as np
 
 from dartcore.errors import DartError
+from dartcore.paths import cache_root
 
 __all__ = ["Acceptance", "BudgetController", "CostCurve", "NodeCalibration", "best_nodes", "cost_cache_dir",
            "expected_tokens"]
@@ -290,10 +291,9 @@ class CostCurve:
 
 
 def cost_cache_dir() -> Path:
-    """Where measured verify-cost curves live: ``$DARTCORE_CACHE_DIR/verify_cost``, default
+    """Where measured verify-cost curves live: ``$DARTCORE_CACHE/verify_cost``, default
     ``~/.cache/dartcore/verify_cost``."""
-    base = os.environ.get("DARTCORE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "dartcore")
-    return Path(base) / "verify_cost"
+    return cache_root() / "verify_cost"
 
 
 def _curve_key(target) -> dict:

@@ -1,7 +1,7 @@
 """DartDecoder: lossless speculative decoding with a drafter, a trigram index
 and tree verification, one request at a time.
 
-The loop is :mod:`dartcore.rounds`' (ARCHITECTURE.md "Data flow")::
+The loop is :mod:`dartcore.rounds`' (docs/architecture.md, "Data flow")::
 
     prefill once, then per round until done:
     limits  the round's depth and node budget

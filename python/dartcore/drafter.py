@@ -1,6 +1,6 @@
 """The DART drafter: one decoder layer that drafts ``d`` future positions per forward.
 
-Architecture (see ../shared/ARCHITECTURE.md, "Drafter"):
+Architecture (see docs/architecture.md, "Drafter"):
 
 * taps: the target's ``hidden_states`` at indices ``(2, L//2, L-3)`` (the inputs of those
   decoder layers), concatenated to ``[n, 3H]``;

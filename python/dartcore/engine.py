@@ -1,6 +1,6 @@
 """The batched engine: many requests decoded together, step by step (continuous batching).
 
-Per :meth:`Engine.step` (ARCHITECTURE.md "Batched decoding")::
+Per :meth:`Engine.step` (docs/architecture.md, "Batched decoding")::
 
     admit     queued requests take free KV slots; their prompts run through the target
               (prefill, one forward each) and commit their first token

@@ -1,6 +1,6 @@
 """The decoding round, as flat functions over one :class:`Parts` object.
 
-One round (ARCHITECTURE.md "Data flow")::
+One round (docs/architecture.md, "Data flow")::
 
     limits  the round's deepest usable node and node budget (decided here only)
     draft   drafter(taps of the newly committed positions, their next tokens) -> d rows of logits

@@ -781,7 +781,7 @@ impl<D: AsRef<[u8]>> Index<D> {
         }
     }
 
-    /// g(v|c) of ARCHITECTURE.md: count(c,v)/total(c) for the longest suffix c of `context`
+    /// g(v|c) of docs/architecture.md: count(c,v)/total(c) for the longest suffix c of `context`
     /// (last two tokens, then the last one, then — if `unigram_backoff` or the context is
     /// empty — the empty context) after which `token` has been seen; 0.0 if never seen.
     pub fn prob(&self, context: &[u32], token: u32, unigram_backoff: bool) -> f64 {

@@ -1,9 +1,10 @@
 """Evaluation prompts: HumanEval, GSM8K test and CodeAlpaca-2k, general conversation, as chat
 messages.
 
-The first three are the unchanged public releases listed in shared/data/README.md; the
-directory is found at ``--data-dir``, ``$DARTCORE_DATA`` or ``../shared/data``
-beside the repository. ``general`` is shipped with the package
+The first three are the unchanged public releases (HumanEval, GSM8K, CodeAlpaca; sources and
+licences in the repository's tests/data/README.md), read from ``DIR/eval/`` of the directory
+named by ``--data-dir`` or ``$DARTCORE_DATA`` (:mod:`dartcore.paths`); the repository's
+``tests/data`` holds their first ten prompts in the same layout. ``general`` is shipped with the package
 (``assets/eval/general_heldout.jsonl``): the general-conversation prompts that
 ``tools/make_general_prompts.py`` held out of the drafter's training (requests the target wrote
 from a task type and topic, and instructions over local documents). A handful of embedded
@@ -20,6 +21,7 @@ import os
 from pathlib import Path
 
 from dartcore.errors import CorpusError
+from dartcore.paths import data_dir_from_env
 
 __all__ = ["DATASETS", "BUILTIN_PROMPTS", "find_data_dir", "load_prompts"]
 
@@ -38,12 +40,10 @@ BUILTIN_PROMPTS = [
 
 
 def find_data_dir(explicit: str | os.PathLike[str] | None = None) -> Path | None:
-    """The shared evaluation data directory, or None when there is none. A directory the user
-    names (``explicit``, else ``$DARTCORE_DATA``) is the only one tried, so a wrong one is an
-    error rather than a silent fallback; with neither, ``../shared/data`` beside the checkout."""
-    named = explicit or os.environ.get("DARTCORE_DATA")
-    c = Path(named) if named else Path(__file__).resolve().parents[3].parent / "shared" / "data"
-    return c if (c / "eval").is_dir() else None
+    """The evaluation data directory (one with ``eval/``), or None when there is none: the one
+    the user names (``explicit``, else ``$DARTCORE_DATA``); nothing is looked for elsewhere."""
+    c = Path(explicit) if explicit else data_dir_from_env()
+    return c if c is not None and (c / "eval").is_dir() else None
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -106,10 +106,10 @@ def load_prompts(dataset: str, n: int, data_dir: str | os.PathLike[str] | None =
     else:
         root = find_data_dir(data_dir)
         if root is None:
-            named = data_dir or os.environ.get("DARTCORE_DATA")
+            named = data_dir or data_dir_from_env()
             where = f"{named!s} has no eval/ directory" if named else "none found"
             raise CorpusError(
-                f"dataset {dataset!r} needs the shared evaluation data (eval/*.json*; {where}); "
+                f"dataset {dataset!r} needs the evaluation data sets (eval/*.json*; {where}); "
                 "pass --data-dir or set DARTCORE_DATA, or use the 'builtin' prompts"
             )
         texts = _user_texts(dataset, root)

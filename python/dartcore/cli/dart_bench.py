@@ -54,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt")
     p.add_argument("--repeats", type=int, default=1, help="runs per prompt; the median time is kept")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
-    p.add_argument("--data-dir", help="shared data directory (default: $DARTCORE_DATA or ../shared/data)")
+    p.add_argument("--data-dir", help="data directory holding eval/ (default: $DARTCORE_DATA)")
     add_max_nodes(p, "node budget per round, root excluded, for every tree method (default: the builder's)")
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
@@ -105,7 +105,7 @@ def _check(args) -> tuple[str, ...]:
     except ValueError:
         raise UsageError(f"--budgets {args.budgets!r}: expected comma-separated integers, e.g. 4,8,16") from None
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
-        raise UsageError(f"--data-dir {args.data_dir} is not a directory: pass the shared data directory "
+        raise UsageError(f"--data-dir {args.data_dir} is not a directory: pass the data directory "
                          "(the one holding eval/)")
     if not args.verify_cost_only:
         for d in datasets:

@@ -1,9 +1,9 @@
 """dart-train: train (or evaluate) a DART drafter for a Hugging Face target.
 
-    dart-train --target smollm2 --data ../shared/data/train --out artifacts/run1 \\
+    dart-train --target smollm2 --data $DARTCORE_DATA/train --out artifacts/run1 \\
         --draft-vocab 8192 --max-minutes 60
-    dart-train --target smollm2 --data ../shared/data/train --out artifacts/run1 --resume
-    dart-train --target smollm2 --data ../shared/data/train --eval-only --drafter smollm2
+    dart-train --target smollm2 --data $DARTCORE_DATA/train --out artifacts/run1 --resume
+    dart-train --target smollm2 --data $DARTCORE_DATA/train --eval-only --drafter smollm2
 
 Held-out prompts: ``--holdout N`` documents (seeded shuffle) are removed from the training
 data and used for evaluation; ``--eval-data`` uses separate files instead. With

@@ -6,7 +6,7 @@ model directory (config.json + safetensors), or a local ``.gguf`` file.
 
 Loading a GGUF takes ~20-30 s (de-quantisation), so the first load converts it
 once into a float safetensors directory under the cache (``$DARTCORE_CACHE`` or
-``~/.cache/dartcore``), written to a temp directory and renamed into place so an
+``~/.cache/dartcore``, :mod:`dartcore.paths`), written to a temp directory and renamed into place so an
 interrupted conversion never leaves a half-written model behind.
 
 ``load_target(..., quantized=True)`` keeps a GGUF target's Q4_0 / Q4_1 / Q8_0 tensors as the
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dartcore.errors import DartError, WeightFormatError
+from dartcore.paths import cache_root
 
 __all__ = ["BUILTIN_TARGETS", "cache_dir", "converted_dir", "gguf_source", "resolve_target", "load_target",
            "load_hf_tokenizer"]
@@ -51,8 +52,7 @@ TARGET_ALIASES = {"smollm2-135m-instruct": "smollm2", "smollm2-135m": "smollm2"}
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("DARTCORE_CACHE") or os.path.join(Path.home(), ".cache", "dartcore")
-    path = Path(root)
+    path = cache_root()
     path.mkdir(parents=True, exist_ok=True)
     return path
 
