@@ -7,9 +7,12 @@ use std::path::Path;
 use dart_ngram::{convert_dart_trie, BuildOptions, Builder, Error, TrieProblem};
 use proptest::prelude::*;
 
-/// A TrieNgram(3) in memory: token, parent, freq, children (token -> child id).
+/// One node of a TrieNgram(3): token, parent, freq, children (token -> child id).
+type Node = (i32, u64, i32, Vec<(i32, u64)>);
+
+/// A TrieNgram(3) in memory.
 struct Trie {
-    nodes: Vec<(i32, u64, i32, Vec<(i32, u64)>)>,
+    nodes: Vec<Node>,
 }
 
 impl Trie {
