@@ -7,7 +7,7 @@
 //! Depth-1 nodes count unigrams, depth-2 bigrams, depth-3 trigrams: plain n-gram counts of
 //! documents, no n-gram crossing a document (each window of up to 3 tokens was inserted).
 //!
-//! The index builder counts padded trigram keys `(a, b|END, c|END)` (see `builder.rs`), and the
+//! The index builder counts padded trigram keys `(a, b|END, c|END)` (see the `builder` module), and the
 //! trie determines them exactly: `(a,b,c)` = freq(abc), `(a,b,END)` = freq(ab) − Σ_c freq(abc)
 //! (bigrams that end a document), `(a,END,END)` = freq(a) − Σ_b freq(ab) (document-final
 //! tokens, whose sum is the number of documents). A negative difference means a wrapped int32
