@@ -20,9 +20,9 @@ import torch
 
 pytest.importorskip("dartcore._native", reason="the Rust extension is not built (pip install -e .)")
 
-from dartcore import tree as T  # noqa: E402
-from dartcore.builders import TreeInputs, make_tree_builder, node_budget  # noqa: E402
-from dartcore.index import NgramIndex, build_index  # noqa: E402
+from dartcore import tree as T
+from dartcore.builders import TreeInputs, make_tree_builder, node_budget
+from dartcore.index import NgramIndex, build_index
 
 DATA = Path(__file__).parent / "data" / "official-search"
 EOS = 151643
