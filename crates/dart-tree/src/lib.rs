@@ -14,6 +14,7 @@ mod beam;
 mod error;
 mod index_impl;
 mod memo;
+mod order;
 mod params;
 mod rows;
 mod scorer;
