@@ -97,4 +97,4 @@ def test_unknown_candidate_set_is_a_tree_error():
 def test_dart_builder_forwards_candidates():
     assert make_tree_builder("dart", candidates="all").search.candidates == "all"
     assert make_tree_builder("dart", candidates="beam").search.candidates == "beam"
-    assert make_tree_builder("dart").search.candidates == "all"  # DART_CANDIDATES
+    assert make_tree_builder("dart").search.candidates == "all"  # SearchParams' default, dart-tree's

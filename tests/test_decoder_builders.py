@@ -53,7 +53,7 @@ def setup(tmp_path_factory):
     return model, tok, drafter, index, prompts, refs
 
 
-@pytest.mark.parametrize("tree", ["dart", "dart-no-ngram", "dart-chain", "ngram-only", "dart+ngram", "dart+ctx", "ar"])
+@pytest.mark.parametrize("tree", ["dart", "dart-official", "dart-no-ngram", "dart-chain", "ngram-only", "dart+ngram", "dart+ctx", "ar"])
 def test_every_builder_is_lossless_under_greedy(setup, tree):
     model, tok, drafter, index, prompts, refs = setup
     dec = DartDecoder(model, tok, drafter, index, tree=tree, max_nodes=8, eos_token_ids=()) if tree not in (

@@ -145,7 +145,8 @@ def test_beam_search_equals_brute_force(corpus_index, seed):
     kw = dict(beam_width=int(rng.integers(1, 5)), max_nodes=int(rng.integers(1, 25)),
               ngram_weight=float(rng.choice([0.0, 0.5, 1.0])), ngram_first_level=bool(seed % 2),
               unigram_backoff=bool(seed % 3), eos_token_ids=(int(rng.integers(0, V)),) if seed % 4 == 0 else ())
-    tree = T.beam_search(index, context, toks, lps, **kw)
+    # brute_eq10 is the "beam" candidate set; "all" has its own brute force (test_candidates.py)
+    tree = T.beam_search(index, context, toks, lps, candidates="beam", **kw)
     check_structure(tree, kw["max_nodes"])
     assert tree.tokens[0] == context[-1]
     want = brute_eq10(counts, context, toks, lps, **kw)
@@ -173,8 +174,8 @@ def test_probability_one_chain_keeps_ancestors(theta):
 def test_drafter_only_tree_and_chain():
     rng = np.random.default_rng(3)
     toks, lps = random_rows(rng, 4, 5, neg_inf=0.0)
-    chain = T.beam_search(None, [9], toks, lps, beam_width=1, max_nodes=4, ngram_weight=0.0)
-    # beam_width = 1 keeps one node per level: the chain of each row's best token.
+    chain = T.beam_search(None, [9], toks, lps, beam_width=1, max_nodes=4, ngram_weight=0.0, candidates="beam")
+    # beam_width = 1 with the "beam" candidates keeps one node per level: the chain of each row's best token.
     assert chain.parents.tolist() == [-1, 0, 1, 2, 3]
     best = [int(toks[l, np.argmax(lps[l])]) for l in range(4)]
     assert chain.tokens[1:].tolist() == best
@@ -399,8 +400,9 @@ def test_search_params_defaults_are_the_papers_and_round_trip_to_rust(corpus_ind
     p = T.SearchParams()
     paper = {k: v.default for k, v in inspect.signature(brute_eq10).parameters.items()
              if v.default is not inspect.Parameter.empty}
-    # candidates: brute_eq10 is the "beam" set; "all" has its own brute force (test_candidates.py)
-    assert {f: getattr(p, f) for f in T.SearchParams.fields()} == {**paper, "eos_token_ids": (), "candidates": "beam"}
+    # candidates: the paper's "all" (the `dart` tree's); brute_eq10 is the "beam" set, "all" has its own
+    # brute force (test_candidates.py)
+    assert {f: getattr(p, f) for f in T.SearchParams.fields()} == {**paper, "eos_token_ids": (), "candidates": "all"}
     assert set(_native.search_defaults()) | {"eos_token_ids"} == T.SearchParams.fields()
     assert set(p.native()) == T.SearchParams.fields()
     docs, index = corpus_index
@@ -409,7 +411,8 @@ def test_search_params_defaults_are_the_papers_and_round_trip_to_rust(corpus_ind
     toks, lps = random_rows(rng, 4, 5, neg_inf=0.0)
     context = [3, 1]
     odd = T.SearchParams(beam_width=3, max_nodes=9, level_decay=0.6, ngram_weight=1.3, depth_exponent=1.1, eps=1e-4,
-                         ngram_first_level=False, unigram_backoff=False, eos_token_ids=(int(toks[0, 0]),))
+                         ngram_first_level=False, unigram_backoff=False, eos_token_ids=(int(toks[0, 0]),),
+                         candidates="beam")
     assert all(getattr(odd, f) != getattr(p, f) for f in T.SearchParams.fields() - {"candidates"})
     got = tree_dict(T.beam_search(index, context, toks, lps, odd))
     want = brute_eq10(counts, context, toks, lps, **{f: getattr(odd, f) for f in T.SearchParams.fields() - {"candidates"}})

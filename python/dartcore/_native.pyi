@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import types
-from typing import Any, Callable
+from typing import Any, Callable, final
 
 import numpy as np
 import numpy.typing as npt
@@ -12,12 +12,13 @@ __version__: str
 
 # ----------------------------------------------------------------------------- index
 
+@final
 class NgramIndex:
     """Memory-mapped trigram index (use :class:`dartcore.index.NgramIndex`)."""
 
-    def __init__(
-        self, path: str, *, prefault: bool = False, hugepages: bool = False, verify: str = "header"
-    ) -> None: ...
+    def __new__(
+        cls, path: str, *, prefault: bool = False, hugepages: bool = False, verify: str = "header"
+    ) -> NgramIndex: ...
     @property
     def vocab_size(self) -> int: ...
     @property
@@ -39,9 +40,10 @@ class NgramIndex:
     def stats(self) -> dict[str, Any]: ...
     def verify(self, level: str = "full") -> None: ...
 
+@final
 class IndexBuilder:
-    def __init__(
-        self,
+    def __new__(
+        cls,
         vocab_size: int,
         *,
         memory_limit: int = ...,
@@ -50,7 +52,7 @@ class IndexBuilder:
         max_children: int | None = None,
         threads: int | None = None,
         token_bits: int | None = None,
-    ) -> None: ...
+    ) -> IndexBuilder: ...
     @property
     def documents(self) -> int: ...
     def add(self, doc: npt.NDArray[np.uint32]) -> None: ...
@@ -106,6 +108,7 @@ def pin_numa_node(node: int | None = None) -> None: ...
 _TreeArrays = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]]
 
 def search_defaults() -> dict[str, Any]: ...
+def search_official() -> dict[str, Any]: ...
 def beam_search(
     index: NgramIndex | None,
     context: npt.NDArray[np.int64],
@@ -129,6 +132,9 @@ def best_first(
     tokens: npt.NDArray[np.int64], logprobs: npt.NDArray[np.float32], root: int, b: int
 ) -> _TreeArrays: ...
 def ancestor_bits(parents: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]: ...
+def topk_logprobs(
+    logits: npt.NDArray[np.float32], k: int, id_map: npt.NDArray[np.int64] | None = None
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]: ...
 
 # ----------------------------------------------------------------------------- private
 # Not public API (crates/dartcore-py/src/bench.rs), importable as dartcore._native._bench /

@@ -289,7 +289,7 @@ def _float_arg(name: str, value: Any, lo: float = -math.inf, error=TreeError) ->
 
 @dataclass(frozen=True)
 class SearchParams:
-    """Every constant of Eq. (10) and of the n-gram-only tree, with the paper's defaults
+    """Every constant of Eq. (10) and of the n-gram-only tree, with the ``dart`` tree's defaults
     (read from dart-tree's ``SearchParams::default()``, where they are written once), handed
     to the native search as one struct. Validated on construction: a clear
     :class:`~dartcore.errors.TreeError` (or ``TypeError``) naming the field.
@@ -328,6 +328,13 @@ class SearchParams:
     @classmethod
     def fields(cls) -> frozenset[str]:
         return frozenset(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def official(cls, **changes: Any) -> SearchParams:
+        """The official DART searcher's tree, exactly (dart-tree's ``SearchParams::official()``):
+        the paper's constants, every expansion a candidate, no n-gram term at level 0, no
+        unigram level, 60 nodes besides the root; ``changes`` override fields."""
+        return cls(**{**_native.search_official(), **changes})
 
     def replace(self, **changes: Any) -> SearchParams:
         return dataclasses.replace(self, **changes)

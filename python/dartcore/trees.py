@@ -19,6 +19,7 @@ Built in:
 
 ==================  ==========================================================
 ``dart``            Eq. (10) beam search over drafter top-k and the trigram index
+``dart-official``   the official DART searcher's tree exactly (``SearchParams.official()``)
 ``dart-no-ngram``   the same search with ``ngram_weight = 0`` (no index)
 ``dart-chain``      ``beam_width = 1``, ``max_nodes = d``: one drafter chain
 ``ngram-only``      trigram-index tree, no drafter
@@ -411,21 +412,17 @@ def _search(params: dict[str, Any]) -> SearchParams:
     return SearchParams(**{k: v for k, v in params.items() if k != "max_nodes"})
 
 
-# Eq. (10)'s candidate set of the `dart` builder (dartcore.tree.beam_search): "beam" (each
-# level's best w expansions) or "all" (every expansion, the paper's). "all" by measurement
-# (docs/official.md): tools/sim_tau.py on the demo index, 10 greedy outputs x 64 tokens per
-# eval set, tau equal at the CPU budget (4 nodes: humaneval / gsm8k / code_alpaca 1.736 /
-# 2.006 / 2.169 for both) and higher with "all" at the GPU budget, theta = 59, on every set
-# (2.250 / 2.751 / 2.873 vs 2.226 / 2.739 / 2.830); it is also the paper's tree, which the
-# released drafters were trained against. Its cost is small since the search prunes against
-# the tree's theta-th best path: search CPU p50 66-72 vs 62-63 us for "beam"
-# (tools/bench_tree.py --index, real rows, d=8, k=25, w=20, theta=59, 7 alternated runs).
-DART_CANDIDATES = "all"
-
-
 def _dart(k: int = TOP_K, max_nodes: int | None = None, **params) -> BeamBuilder:
-    params.setdefault("candidates", DART_CANDIDATES)
+    # Every default (the candidate set included) is SearchParams' own, i.e. dart-tree's.
     return BeamBuilder(search=_search(params), k=k, max_nodes=max_nodes)
+
+
+def _dart_official(k: int = TOP_K, max_nodes: int | None = None, **params) -> BeamBuilder:
+    # The official searcher's tree, exactly: its 60 nodes unless max_nodes says otherwise;
+    # other search parameters override the preset's.
+    _search(params)  # a clear error for a misspelt parameter
+    search = SearchParams.official(**params)
+    return BeamBuilder(search=search, k=k, max_nodes=search.max_nodes if max_nodes is None else max_nodes)
 
 
 def _dart_no_ngram(**params) -> BeamBuilder:
@@ -480,6 +477,7 @@ def _ar(**params) -> ArBuilder:
 
 
 register_tree_builder("dart", _dart)
+register_tree_builder("dart-official", _dart_official)
 register_tree_builder("dart-no-ngram", _dart_no_ngram)
 register_tree_builder("dart-chain", _dart_chain)
 register_tree_builder("ngram-only", _ngram_only)

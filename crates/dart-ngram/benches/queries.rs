@@ -44,16 +44,22 @@ fn bench(c: &mut Criterion) {
     let docs = corpus(2_000_000);
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("bench.idx");
-    let mut b = Builder::new(BuildOptions { vocab_size: V, ..Default::default() }).unwrap();
+    let mut b = Builder::new(BuildOptions {
+        vocab_size: V,
+        ..Default::default()
+    })
+    .unwrap();
     let refs: Vec<&[u32]> = docs.iter().map(|d| d.as_slice()).collect();
     b.add_documents(&refs).unwrap();
     b.finish(&out, "{}").unwrap();
     let ix = Index::open(&out).unwrap();
     let all: Vec<u32> = docs.concat();
-    let ctx: Vec<[u32; 2]> = (0..4096).map(|i| {
-        let p = (i * 7919) % (all.len() - 2);
-        [all[p], all[p + 1]]
-    }).collect();
+    let ctx: Vec<[u32; 2]> = (0..4096)
+        .map(|i| {
+            let p = (i * 7919) % (all.len() - 2);
+            [all[p], all[p + 1]]
+        })
+        .collect();
     let mut cands: Vec<u32> = all[..2000].to_vec();
     cands.sort_unstable();
     cands.dedup();
@@ -78,7 +84,9 @@ fn bench(c: &mut Criterion) {
     c.bench_function("children_batch_141", |bn| {
         bn.iter(|| black_box(ix.children_batch(&ctx[..141], 25, &pool).unwrap()))
     });
-    c.bench_function("open", |bn| bn.iter(|| black_box(Index::open(&out).unwrap())));
+    c.bench_function("open", |bn| {
+        bn.iter(|| black_box(Index::open(&out).unwrap()))
+    });
 }
 
 criterion_group!(benches, bench);

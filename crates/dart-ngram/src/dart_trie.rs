@@ -7,7 +7,7 @@
 //! Depth-1 nodes count unigrams, depth-2 bigrams, depth-3 trigrams: plain n-gram counts of
 //! documents, no n-gram crossing a document (each window of up to 3 tokens was inserted).
 //!
-//! The index builder counts padded trigram keys `(a, b|END, c|END)` (see `builder.rs`), and the
+//! The index builder counts padded trigram keys `(a, b|END, c|END)` (see the `builder` module), and the
 //! trie determines them exactly: `(a,b,c)` = freq(abc), `(a,b,END)` = freq(ab) − Σ_c freq(abc)
 //! (bigrams that end a document), `(a,END,END)` = freq(a) − Σ_b freq(ab) (document-final
 //! tokens, whose sum is the number of documents). A negative difference means a wrapped int32
@@ -28,14 +28,14 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::fs::File;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::builder::{merge_runs, write_run, BuildOptions, BuildSummary};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, TrieProblem};
 use crate::format::MAX_TOKEN_BITS;
 
 const F: u32 = MAX_TOKEN_BITS;
@@ -44,27 +44,6 @@ const NODE_BYTES: u64 = 24;
 const CHILD_BYTES: u64 = 12;
 /// Progress is reported every this many nodes.
 const PROGRESS_EVERY: u64 = 1 << 20;
-
-/// Why a `.trie` file cannot be converted (inside [`Error::Trie`]).
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum TrieProblem {
-    /// The file ends inside a node (or before its header is complete).
-    #[error("truncated: the file ends at byte {len} inside node {node} (of {nodes}); it is incomplete, download it again")]
-    Truncated { node: u64, nodes: u64, len: u64 },
-    /// Not a `TrieNgram::save` file of order 3.
-    #[error("not a DART TrieNgram(3) file: {reason}")]
-    Foreign { reason: String },
-    /// A node's int32 count is negative: it wrapped past 2^31 − 1 in the official builder.
-    #[error("node {node} (token {token}, depth {depth}) has count {freq}: the official int32 count wrapped past 2^31-1, so the trie's counts are not exact and it cannot be converted")]
-    NegativeCount { node: u64, token: i32, depth: u32, freq: i32 },
-    /// A node's count is below the sum of its children's: a count wrapped (or the file is corrupt).
-    #[error("node {node} (token {token}, depth {depth}) has count {count} but its children sum to {children}: an int32 count wrapped past 2^31-1 (or the file is corrupt); it cannot be converted exactly")]
-    CountBelowChildren { node: u64, token: u32, depth: u32, count: u64, children: u64 },
-    /// The nodes do not form a trigram trie over the vocabulary.
-    #[error("node {node}: {reason}")]
-    Structure { node: u64, reason: String },
-}
 
 /// Where a conversion is (for a progress bar): `stage` "read" counts bytes of the input,
 /// "join" bigram nodes, "write" is reported once before the index is written.
@@ -108,7 +87,10 @@ impl Hasher for IdHasher {
 }
 
 fn trie_err(path: &Path, problem: TrieProblem) -> Error {
-    Error::Trie { path: path.to_path_buf(), problem }
+    Error::Trie {
+        path: path.to_path_buf(),
+        problem,
+    }
 }
 
 #[inline]
@@ -127,7 +109,13 @@ struct Spiller {
 
 impl Spiller {
     fn new(cap: usize, dir: &Path, name: &'static str) -> Self {
-        Spiller { buf: Vec::new(), cap, dir: dir.to_path_buf(), name, files: Vec::new() }
+        Spiller {
+            buf: Vec::new(),
+            cap,
+            dir: dir.to_path_buf(),
+            name,
+            files: Vec::new(),
+        }
     }
 
     #[inline]
@@ -147,7 +135,9 @@ impl Spiller {
             return Ok(());
         }
         self.buf.sort_unstable_by_key(|p| p.0);
-        let path = self.dir.join(format!("{}-{:05}.bin", self.name, self.files.len()));
+        let path = self
+            .dir
+            .join(format!("{}-{:05}.bin", self.name, self.files.len()));
         let f = File::create(&path).map_err(|e| Error::io(&path, e))?;
         let mut w = BufWriter::with_capacity(1 << 20, f);
         for &(k, v) in &self.buf {
@@ -204,7 +194,9 @@ impl Merged {
         self.heap.peek().map(|Reverse((kv, _))| *kv)
     }
     fn pop(&mut self) -> Result<Option<(u64, u64)>> {
-        let Some(Reverse((kv, i))) = self.heap.pop() else { return Ok(None) };
+        let Some(Reverse((kv, i))) = self.heap.pop() else {
+            return Ok(None);
+        };
         if let Some(next) = read_pair(&mut self.readers[i])? {
             self.heap.push(Reverse((next, i)));
         }
@@ -249,11 +241,18 @@ impl Runs {
                 path: self.input.clone(),
                 problem: TrieProblem::Structure {
                     node: 0,
-                    reason: format!("the n-gram ({}, {}, {}) has two nodes", k >> (2 * F), (k >> F) & END, k & END),
+                    reason: format!(
+                        "the n-gram ({}, {}, {}) has two nodes",
+                        k >> (2 * F),
+                        (k >> F) & END,
+                        k & END
+                    ),
                 },
             });
         }
-        let path = self.dir.join(format!("keys-{:05}.dartrun", self.files.len()));
+        let path = self
+            .dir
+            .join(format!("keys-{:05}.dartrun", self.files.len()));
         write_run(&path, self.vocab, documents, self.buf.iter().copied())?;
         self.buf.clear();
         self.files.push(path);
@@ -311,13 +310,22 @@ pub fn convert_dart_trie(
         }
     }
     if opts.vocab_size == 0 || opts.vocab_size as u64 >= END {
-        return Err(Error::InvalidOption(format!("vocab_size must be in 1..={}, got {}", END - 1, opts.vocab_size)));
+        return Err(Error::InvalidOption(format!(
+            "vocab_size must be in 1..={}, got {}",
+            END - 1,
+            opts.vocab_size
+        )));
     }
     let vocab = opts.vocab_size as u64;
-    let mut r = TrieReader { r: BufReader::with_capacity(1 << 20, f), pos: 0 };
+    let mut r = TrieReader {
+        r: BufReader::with_capacity(1 << 20, f),
+        pos: 0,
+    };
     let foreign = |reason: String| trie_err(input, TrieProblem::Foreign { reason });
     let (Some(h0), Some(h1)) = (r.exact::<8>(), r.exact::<8>()) else {
-        return Err(foreign(format!("{len} bytes, shorter than the 16-byte header")));
+        return Err(foreign(format!(
+            "{len} bytes, shorter than the 16-byte header"
+        )));
     };
     let (order, nodes) = (u64::from_le_bytes(h0), u64::from_le_bytes(h1));
     if order != 3 {
@@ -326,17 +334,31 @@ pub fn convert_dart_trie(
         )));
     }
     // every node takes at least 24 bytes and is the child of one other
-    let least = nodes.checked_mul(NODE_BYTES).and_then(|b| b.checked_add(16 + nodes.saturating_sub(1) * CHILD_BYTES));
+    let least = nodes
+        .checked_mul(NODE_BYTES)
+        .and_then(|b| b.checked_add(16 + nodes.saturating_sub(1) * CHILD_BYTES));
     match least {
         None => return Err(foreign(format!("node count {nodes} is impossible"))),
         Some(_) if nodes == 0 => return Err(foreign("no nodes (not even the root)".into())),
         Some(need) if need > len => {
             let whole = (len.saturating_sub(16)) / (NODE_BYTES + CHILD_BYTES);
-            return Err(trie_err(input, TrieProblem::Truncated { node: whole.min(nodes - 1), nodes, len }));
+            return Err(trie_err(
+                input,
+                TrieProblem::Truncated {
+                    node: whole.min(nodes - 1),
+                    nodes,
+                    len,
+                },
+            ));
         }
         _ => {}
     }
-    let tmp_parent = opts.temp_dir.clone().unwrap_or_else(|| output.parent().filter(|p| !p.as_os_str().is_empty()).map_or_else(|| PathBuf::from("."), Path::to_path_buf));
+    let tmp_parent = opts.temp_dir.clone().unwrap_or_else(|| {
+        output
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+    });
     let tmp = tempfile::Builder::new()
         .prefix("dart-trie-convert-")
         .tempdir_in(&tmp_parent)
@@ -355,32 +377,64 @@ pub fn convert_dart_trie(
     let mut tri = Spiller::new(cap, tmp.path(), "trigrams");
     let (mut n1, mut n2, mut n3, mut children_total) = (0u64, 0u64, 0u64, 0u64);
     for id in 0..nodes {
-        let truncated = || trie_err(input, TrieProblem::Truncated { node: id, nodes, len });
+        let truncated = || {
+            trie_err(
+                input,
+                TrieProblem::Truncated {
+                    node: id,
+                    nodes,
+                    len,
+                },
+            )
+        };
         let rec = r.exact::<24>().ok_or_else(truncated)?;
         let token = i32::from_le_bytes(rec[0..4].try_into().unwrap_or([0; 4]));
         let parent = u64::from_le_bytes(rec[4..12].try_into().unwrap_or([0; 8]));
         let freq = i32::from_le_bytes(rec[12..16].try_into().unwrap_or([0; 4]));
         let nch = u64::from_le_bytes(rec[16..24].try_into().unwrap_or([0; 8]));
         if nch > nodes {
-            return Err(foreign(format!("node {id} claims {nch} children of {nodes} nodes")));
+            return Err(foreign(format!(
+                "node {id} claims {nch} children of {nodes} nodes"
+            )));
         }
         if !r.skip(nch * CHILD_BYTES) {
             return Err(truncated());
         }
         children_total += nch;
         if id % PROGRESS_EVERY == 0 {
-            progress(&TrieProgress { stage: "read", done: r.pos, total: len });
+            progress(&TrieProgress {
+                stage: "read",
+                done: r.pos,
+                total: len,
+            });
         }
         if id == 0 {
             continue; // the root: its freq (all tokens) is not needed
         }
-        let structure = |reason: String| trie_err(input, TrieProblem::Structure { node: id, reason });
+        let structure =
+            |reason: String| trie_err(input, TrieProblem::Structure { node: id, reason });
         if parent >= id {
-            return Err(structure(format!("its parent {parent} does not precede it (TrieNgram::save writes parents first)")));
+            return Err(structure(format!(
+                "its parent {parent} does not precede it (TrieNgram::save writes parents first)"
+            )));
         }
-        let depth = if parent == 0 { 1 } else if uni_node.contains_key(&parent) { 2 } else { 3 };
+        let depth = if parent == 0 {
+            1
+        } else if uni_node.contains_key(&parent) {
+            2
+        } else {
+            3
+        };
         if freq < 0 {
-            return Err(trie_err(input, TrieProblem::NegativeCount { node: id, token, depth, freq }));
+            return Err(trie_err(
+                input,
+                TrieProblem::NegativeCount {
+                    node: id,
+                    token,
+                    depth,
+                    freq,
+                },
+            ));
         }
         if token < 0 || token as u64 >= vocab {
             return Err(structure(format!(
@@ -405,7 +459,9 @@ pub fn convert_dart_trie(
                 b[..8].copy_from_slice(&id.to_le_bytes());
                 b[8..16].copy_from_slice(&key(a, t, 0).to_le_bytes());
                 b[16..].copy_from_slice(&fq.to_le_bytes());
-                bigrams.write_all(&b).map_err(|e| Error::io(&bigram_path, e))?;
+                bigrams
+                    .write_all(&b)
+                    .map_err(|e| Error::io(&bigram_path, e))?;
                 n2 += 1;
             }
             _ => {
@@ -417,12 +473,22 @@ pub fn convert_dart_trie(
             }
         }
     }
-    progress(&TrieProgress { stage: "read", done: r.pos, total: len });
+    progress(&TrieProgress {
+        stage: "read",
+        done: r.pos,
+        total: len,
+    });
     if r.pos != len {
-        return Err(foreign(format!("{} bytes follow the last of its {nodes} nodes", len - r.pos)));
+        return Err(foreign(format!(
+            "{} bytes follow the last of its {nodes} nodes",
+            len - r.pos
+        )));
     }
     if children_total != nodes - 1 {
-        return Err(foreign(format!("its nodes list {children_total} children, {} expected", nodes - 1)));
+        return Err(foreign(format!(
+            "its nodes list {children_total} children, {} expected",
+            nodes - 1
+        )));
     }
     bigrams.flush().map_err(|e| Error::io(&bigram_path, e))?;
     drop(bigrams);
@@ -431,15 +497,29 @@ pub fn convert_dart_trie(
     // ---- pass 2: join trigrams to their bigrams, emit the padded keys
     let t1 = Instant::now();
     let mut tris = tri.into_merged(quarter)?;
-    let mut runs = Runs { buf: Vec::new(), cap, dir: tmp.path().to_path_buf(), input: input.to_path_buf(), vocab: opts.vocab_size, files: Vec::new() };
+    let mut runs = Runs {
+        buf: Vec::new(),
+        cap,
+        dir: tmp.path().to_path_buf(),
+        input: input.to_path_buf(),
+        vocab: opts.vocab_size,
+        files: Vec::new(),
+    };
     let bf = File::open(&bigram_path).map_err(|e| Error::io(&bigram_path, e))?;
     let mut br = BufReader::with_capacity(1 << 20, bf);
     let orphan = |parent: u64| {
-        trie_err(input, TrieProblem::Structure { node: parent, reason: "it has children of depth 3 but is not a bigram node".into() })
+        trie_err(
+            input,
+            TrieProblem::Structure {
+                node: parent,
+                reason: "it has children of depth 3 but is not a bigram node".into(),
+            },
+        )
     };
     for j in 0..n2 {
         let mut b = [0u8; 24];
-        br.read_exact(&mut b).map_err(|e| Error::io(&bigram_path, e))?;
+        br.read_exact(&mut b)
+            .map_err(|e| Error::io(&bigram_path, e))?;
         let id = u64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8]));
         let ab = u64::from_le_bytes(b[8..16].try_into().unwrap_or([0; 8]));
         let fq = u64::from_le_bytes(b[16..].try_into().unwrap_or([0; 8]));
@@ -457,13 +537,24 @@ pub fn convert_dart_trie(
             sum += c;
         }
         if sum > fq {
-            return Err(trie_err(input, TrieProblem::CountBelowChildren {
-                node: id, token: ((ab >> F) & END) as u32, depth: 2, count: fq, children: sum,
-            }));
+            return Err(trie_err(
+                input,
+                TrieProblem::CountBelowChildren {
+                    node: id,
+                    token: ((ab >> F) & END) as u32,
+                    depth: 2,
+                    count: fq,
+                    children: sum,
+                },
+            ));
         }
         runs.push(ab | END, fq - sum)?;
         if j % PROGRESS_EVERY == 0 {
-            progress(&TrieProgress { stage: "join", done: j, total: n2 });
+            progress(&TrieProgress {
+                stage: "join",
+                done: j,
+                total: n2,
+            });
         }
     }
     if let Some((pk, _)) = tris.peek() {
@@ -477,18 +568,39 @@ pub fn convert_dart_trie(
             continue;
         }
         if children > count {
-            return Err(trie_err(input, TrieProblem::CountBelowChildren { node: id, token: a as u32, depth: 1, count, children }));
+            return Err(trie_err(
+                input,
+                TrieProblem::CountBelowChildren {
+                    node: id,
+                    token: a as u32,
+                    depth: 1,
+                    count,
+                    children,
+                },
+            ));
         }
         runs.push(key(a as u64, END, END), count - children)?; // the documents that end with a
         documents += count - children;
     }
     runs.spill(documents, true)?;
-    progress(&TrieProgress { stage: "join", done: n2, total: n2 });
+    progress(&TrieProgress {
+        stage: "join",
+        done: n2,
+        total: n2,
+    });
     let join_seconds = t1.elapsed().as_secs_f64();
-    progress(&TrieProgress { stage: "write", done: 0, total: 1 });
+    progress(&TrieProgress {
+        stage: "write",
+        done: 0,
+        total: 1,
+    });
     let mut build = merge_runs(&runs.files, output, opts, metadata_json)?;
     build.seconds = t0.elapsed().as_secs_f64();
-    progress(&TrieProgress { stage: "write", done: 1, total: 1 });
+    progress(&TrieProgress {
+        stage: "write",
+        done: 1,
+        total: 1,
+    });
     Ok(TrieSummary {
         build,
         trie_nodes: nodes,

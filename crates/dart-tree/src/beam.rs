@@ -19,93 +19,10 @@ use std::cell::RefCell;
 use std::collections::BinaryHeap;
 
 use crate::memo::{Cache, Memo};
+use crate::order::{total_key, BestOf, HeapKey, TopW};
+use crate::params::{Candidates, SearchParams};
+use crate::rows::TopkRows;
 use crate::{Error, NgramScorer, Result, Tree};
-
-/// Which expansions of the Eq. (10) search are candidates of the tree.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Candidates {
-    /// Each level's best `beam_width` expansions (EOS-ended ones included); the non-EOS ones
-    /// among them are the next beam.
-    #[default]
-    Beam,
-    /// Every expansion of every level (Eq. (10) as the paper and its code have it); the best
-    /// `beam_width` non-EOS expansions of a level are the next beam.
-    All,
-}
-
-/// Every constant of Eq. (10). `Default` gives the paper's values.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SearchParams {
-    /// w: nodes kept per level (the candidates); the non-EOS ones are expanded next level.
-    pub beam_width: usize,
-    /// θ: nodes in the tree besides the root.
-    pub max_nodes: usize,
-    /// Level weight base: the drafter term of level l is multiplied by `level_decay^l`.
-    pub level_decay: f64,
-    /// Weight of the n-gram term; 0 gives the drafter-only tree and never queries the index.
-    pub ngram_weight: f64,
-    /// Depth divisor exponent: Δs of level l is divided by `(l + 1)^depth_exponent`.
-    pub depth_exponent: f64,
-    /// ε inside both logarithms.
-    pub eps: f64,
-    /// Include the n-gram term at level 0 (DART's official code omits it).
-    pub ngram_first_level: bool,
-    /// Back off to the unigram distribution when neither the two-token nor the one-token
-    /// context ever preceded a token (the official code has no unigram level).
-    pub unigram_backoff: bool,
-    /// Token ids that end a sequence: such nodes can be kept (and be in the tree) but are
-    /// never expanded.
-    pub eos: Vec<u32>,
-    /// The candidate set ([`Candidates`]); the n-gram-only tree always uses `Beam`.
-    pub candidates: Candidates,
-}
-
-impl Default for SearchParams {
-    fn default() -> Self {
-        SearchParams {
-            beam_width: 20,
-            max_nodes: 59,
-            level_decay: 0.9,
-            ngram_weight: 0.5,
-            depth_exponent: 0.7,
-            eps: 1e-10,
-            ngram_first_level: true,
-            unigram_backoff: true,
-            eos: Vec::new(),
-            candidates: Candidates::Beam,
-        }
-    }
-}
-
-impl SearchParams {
-    /// Check every field; the searches call this first.
-    pub fn validate(&self) -> Result<()> {
-        if self.max_nodes == 0 {
-            return Err(Error::ZeroBudget { name: "max_nodes" });
-        }
-        if self.max_nodes > i32::MAX as usize - 1 {
-            return Err(Error::TooLarge { what: format!("max_nodes = {}", self.max_nodes) });
-        }
-        if self.beam_width == 0 {
-            return Err(Error::Param { name: "beam_width", value: 0.0, why: "must be at least 1" });
-        }
-        let finite = |name, value: f64| {
-            if value.is_finite() {
-                Ok(())
-            } else {
-                Err(Error::Param { name, value, why: "must be finite" })
-            }
-        };
-        finite("level_decay", self.level_decay)?;
-        finite("ngram_weight", self.ngram_weight)?;
-        finite("depth_exponent", self.depth_exponent)?;
-        finite("eps", self.eps)?;
-        if self.eps < 0.0 {
-            return Err(Error::Param { name: "eps", value: self.eps, why: "must be >= 0" });
-        }
-        Ok(())
-    }
-}
 
 const NONE: u32 = u32::MAX;
 
@@ -206,108 +123,6 @@ struct Scratch {
     child_probs: Vec<f64>,
 }
 
-/// The best `w` expansions of a level so far, as (score key, candidate index), best first:
-/// score descending by `f64::total_cmp`, then creation order — the order of the next beam.
-///
-/// A sorted array with insertion: w is small (20) and most expansions are rejected by one
-/// comparison with the last entry. It replaces a min-heap of scores plus a selection over all
-/// of a level's expansions at its end (which also needed every expansion stored as a node):
-/// on the bench (tools/bench_tree.py) the search loop did ~1,150 pushes per search.
-///
-/// Scores are held as [`total_key`]s (plain integers in `f64::total_cmp`'s order), and an
-/// insertion shifts the worse entries up in the same pass that finds its place. (A
-/// `Vec<(f64, u32)>` with `total_cmp`, `rposition` and `Vec::insert`, a memmove call: on
-/// tools/bench_tree.py, real rows, 698 k -> 690 k instructions per search under cachegrind;
-/// search CPU p50 min 99.3 -> 98.0 µs, median 101.1 -> 99.5 µs over 16 interleaved runs.)
-#[derive(Default)]
-struct TopW(Vec<(u64, u32)>);
-
-/// `f64::total_cmp`'s order as an unsigned integer: `total_key(a) < total_key(b)` exactly
-/// when `a.total_cmp(&b)` is `Less`. [`from_total_key`] inverts it.
-#[inline]
-fn total_key(x: f64) -> u64 {
-    let mut b = x.to_bits() as i64;
-    b ^= (((b >> 63) as u64) >> 1) as i64;
-    (b as u64) ^ (1 << 63)
-}
-
-/// The score whose [`total_key`] is `k` (the xor of `total_key` is its own inverse).
-#[inline]
-fn from_total_key(k: u64) -> f64 {
-    let mut b = (k ^ (1 << 63)) as i64;
-    b ^= (((b >> 63) as u64) >> 1) as i64;
-    f64::from_bits(b as u64)
-}
-
-impl TopW {
-    fn clear(&mut self) {
-        self.0.clear();
-    }
-    /// Would an expansion whose score has key `x`, created after every entry, enter the best `w`?
-    #[inline]
-    fn admits(&self, x: u64, w: usize) -> bool {
-        self.0.len() < w || self.0.last().is_some_and(|&(m, _)| x > m)
-    }
-    /// Insert candidate `idx` (created after every entry) whose score has key `x`; call only
-    /// when [`TopW::admits`] says so. Equal scores keep creation order (the new one goes last).
-    #[inline]
-    fn insert(&mut self, x: u64, idx: u32, w: usize) {
-        let v = &mut self.0;
-        if v.len() < w {
-            v.push((x, idx));
-        }
-        // The last slot is free now (pushed, or the w-th best, which `x` beats): shift the
-        // entries worse than `x` up by one, from the end.
-        let mut pos = v.len() - 1;
-        while pos > 0 && v[pos - 1].0 < x {
-            v[pos] = v[pos - 1];
-            pos -= 1;
-        }
-        v[pos] = (x, idx);
-    }
-    /// The w-th best score so far, −inf while fewer than w were seen.
-    #[inline]
-    fn floor(&self, w: usize) -> f64 {
-        if self.0.len() < w {
-            f64::NEG_INFINITY
-        } else {
-            self.0.last().map_or(f64::NEG_INFINITY, |m| from_total_key(m.0))
-        }
-    }
-}
-
-/// The best `n` of a stream of score keys, for the θ-th best path minimum of
-/// [`Candidates::All`]: a min-heap of at most `n` keys. (A sorted array like [`TopW`] shifts
-/// ~θ/2 entries per insertion with θ = 59, and all-candidates searches insert hundreds.)
-#[derive(Default)]
-struct BestOf(BinaryHeap<std::cmp::Reverse<u64>>);
-
-impl BestOf {
-    fn clear(&mut self) {
-        self.0.clear();
-    }
-    /// Would key `x` enter the best `n` (ties lose)?
-    #[inline]
-    fn admits(&self, x: u64, n: usize) -> bool {
-        self.0.len() < n || self.0.peek().is_some_and(|m| x > m.0)
-    }
-    #[inline]
-    fn insert(&mut self, x: u64, n: usize) {
-        if self.0.len() >= n {
-            self.0.pop();
-        }
-        self.0.push(std::cmp::Reverse(x));
-    }
-    /// The n-th best score so far, −inf while fewer than n were seen.
-    #[inline]
-    fn floor(&self, n: usize) -> f64 {
-        match self.0.peek() {
-            Some(m) if self.0.len() >= n => from_total_key(m.0),
-            _ => f64::NEG_INFINITY,
-        }
-    }
-}
-
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
@@ -318,7 +133,15 @@ impl Scratch {
     fn entry(&self, l: usize, e: usize, context: &[u32]) -> (u32, f64, [u32; 2]) {
         if l == 0 {
             let rc = root_context(context);
-            (NONE, 0.0, if rc.len() == 2 { [rc[0], rc[1]] } else { [NONE, rc[0]] })
+            (
+                NONE,
+                0.0,
+                if rc.len() == 2 {
+                    [rc[0], rc[1]]
+                } else {
+                    [NONE, rc[0]]
+                },
+            )
         } else {
             let c = &self.cands[self.beam[e] as usize];
             (self.beam[e], c.score, [c.prev, c.token])
@@ -372,22 +195,6 @@ fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {
     })
 }
 
-/// Heap entry of the best-first traversal, ordered as max score first (`f64::total_cmp`),
-/// then shallower, then earlier: one integer, score bits on top. (A struct with a three-way
-/// `Ord` cost ~5 % of a search on tools/bench_tree.py in its comparisons.)
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct HeapKey(u128);
-
-impl HeapKey {
-    fn new(score: f64, level: u16, idx: u32) -> Self {
-        let s = total_key(score);
-        HeapKey((s as u128) << 64 | ((u16::MAX - level) as u128) << 32 | (u32::MAX - idx) as u128)
-    }
-    fn idx(self) -> u32 {
-        u32::MAX - self.0 as u32
-    }
-}
-
 fn check_context(context: &[u32], vocab: u32) -> Result<()> {
     if context.is_empty() {
         return Err(Error::EmptyContext);
@@ -395,30 +202,11 @@ fn check_context(context: &[u32], vocab: u32) -> Result<()> {
     // Only the last two tokens are ever read; older ones need not be valid ids.
     for &t in &context[context.len().saturating_sub(2)..] {
         if t >= vocab {
-            return Err(Error::TokenOutOfVocab { what: "context", token: t as u64, vocab });
-        }
-    }
-    Ok(())
-}
-
-/// Validate the `[d, k]` drafter inputs of [`beam_search`].
-pub(crate) fn check_topk(tokens: &[u32], logprobs: &[f32], d: usize, k: usize, vocab: u32) -> Result<()> {
-    let n = d.checked_mul(k).ok_or_else(|| Error::shape(format!("d = {d}, k = {k} overflows")))?;
-    if tokens.len() != n {
-        return Err(Error::shape(format!("topk_tokens has {} entries, expected d * k = {d} * {k}", tokens.len())));
-    }
-    if logprobs.len() != n {
-        return Err(Error::shape(format!("topk_logprobs has {} entries, expected d * k = {d} * {k}", logprobs.len())));
-    }
-    if d > u16::MAX as usize - 1 {
-        return Err(Error::TooLarge { what: format!("d = {d} levels") });
-    }
-    for (i, (&t, &lp)) in tokens.iter().zip(logprobs).enumerate() {
-        if lp.is_nan() || lp == f32::INFINITY {
-            return Err(Error::BadLogprob { what: "topk_logprobs", row: i / k, col: i % k, value: lp });
-        }
-        if t >= vocab {
-            return Err(Error::TokenOutOfVocab { what: "topk_tokens", token: t as u64, vocab });
+            return Err(Error::TokenOutOfVocab {
+                what: "context",
+                token: t as u64,
+                vocab,
+            });
         }
     }
     Ok(())
@@ -434,11 +222,11 @@ fn root_context(context: &[u32]) -> &[u32] {
 /// * `context`: committed tokens, at least one; the last is the root (the bonus token), the
 ///   last two are the trigram context of level 0. A one-token context backs off to the
 ///   bigram (then unigram) statistics of that token.
-/// * `topk_tokens`, `topk_logprobs`: row-major `[d, k]`; row l is the top-k of drafter row l
-///   and its log-probabilities renormalised inside the top-k (log-softmax over the k logits,
-///   computed in fp32 by the caller; `dartcore.tree.topk_logprobs` does it). Here
-///   p = exp(logprob) and ln(p + ε) are computed in f64. A −inf log-probability marks an
-///   impossible token: it is never a candidate (so short rows can be padded with −inf).
+/// * `rows`: `d` rows of `k`; row l is the top-k of drafter row l and its log-probabilities
+///   renormalised inside the top-k (log-softmax over the k logits, computed in fp32 by the
+///   caller; `dartcore.tree.topk_logprobs` does it). Here p = exp(logprob) and ln(p + ε) are
+///   computed in f64. A −inf log-probability marks an impossible token: it is never a
+///   candidate (so short rows can be padded with −inf).
 ///
 /// For a node v at level l with trigram context c (the two tokens before v on
 /// committed text + path): `Δs = (level_decay^l · ln(p_l(v) + ε) + ngram_weight ·
@@ -452,13 +240,10 @@ fn root_context(context: &[u32]) -> &[u32] {
 pub fn beam_search<S: NgramScorer + ?Sized>(
     scorer: &S,
     context: &[u32],
-    topk_tokens: &[u32],
-    topk_logprobs: &[f32],
-    d: usize,
-    k: usize,
+    rows: TopkRows<'_>,
     params: &SearchParams,
 ) -> Result<Tree> {
-    checked_search(scorer, context, topk_tokens, topk_logprobs, d, k, params, true)
+    checked_search(scorer, context, rows, params, true)
 }
 
 /// [`beam_search`] without any of its pruning: every expansion of a reachable beam entry is
@@ -468,33 +253,26 @@ pub fn beam_search<S: NgramScorer + ?Sized>(
 pub fn beam_search_unpruned<S: NgramScorer + ?Sized>(
     scorer: &S,
     context: &[u32],
-    topk_tokens: &[u32],
-    topk_logprobs: &[f32],
-    d: usize,
-    k: usize,
+    rows: TopkRows<'_>,
     params: &SearchParams,
 ) -> Result<Tree> {
-    checked_search(scorer, context, topk_tokens, topk_logprobs, d, k, params, false)
+    checked_search(scorer, context, rows, params, false)
 }
 
 /// The arguments checked, then one search on this thread's scratch (`prune`: see
 /// [`beam_search_unpruned`]).
-#[allow(clippy::too_many_arguments)]
 fn checked_search<S: NgramScorer + ?Sized>(
     scorer: &S,
     context: &[u32],
-    topk_tokens: &[u32],
-    topk_logprobs: &[f32],
-    d: usize,
-    k: usize,
+    rows: TopkRows<'_>,
     params: &SearchParams,
     prune: bool,
 ) -> Result<Tree> {
     params.validate()?;
     let vocab = scorer.vocab_size();
     check_context(context, vocab)?;
-    check_topk(topk_tokens, topk_logprobs, d, k, vocab)?;
-    with_scratch(|s| beam_search_in(s, scorer, context, topk_tokens, topk_logprobs, d, k, params, prune))
+    rows.check(vocab)?;
+    with_scratch(|s| beam_search_in(s, scorer, context, rows, params, prune))
 }
 
 /// Upper bounds for the pruning against the tree's θ-th best path minimum (see
@@ -512,7 +290,11 @@ fn gain_bounds(rest: &mut Vec<f64>, d: usize, params: &SearchParams) -> f64 {
         let div = ((l + 1) as f64).powf(params.depth_exponent);
         let decay = params.level_decay.powi(l as i32);
         let use_ngram = params.ngram_weight != 0.0 && (l > 0 || params.ngram_first_level);
-        let scale = if use_ngram { params.ngram_weight / div } else { 0.0 };
+        let scale = if use_ngram {
+            params.ngram_weight / div
+        } else {
+            0.0
+        };
         let (a_hi, a_lo) = (decay * ln_top / div, decay * ln_eps / div);
         let (b_hi, b_lo) = (scale * ln_top, scale * ln_eps);
         let gain = a_hi.max(a_lo).max(0.0) + b_hi.max(b_lo).max(0.0);
@@ -523,15 +305,15 @@ fn gain_bounds(rest: &mut Vec<f64>, d: usize, params: &SearchParams) -> f64 {
     1e-9 * (1.0 + mag)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// One search (see [`beam_search`]): level by level, every beam entry is expanded by the
+/// level's row ([`expand_entry`]) as far as the pruning lets the expansions matter
+/// ([`entry_reach`], [`mark_alive`], [`ngram_terms`]); the level's best w become candidates and
+/// the next beam ([`keep_top`]); the tree is picked from the candidates ([`select_tree`]).
 fn beam_search_in<S: NgramScorer + ?Sized>(
     s: &mut Scratch,
     scorer: &S,
     context: &[u32],
-    topk_tokens: &[u32],
-    topk_logprobs: &[f32],
-    d: usize,
-    k: usize,
+    rows: TopkRows<'_>,
     params: &SearchParams,
     prune: bool,
 ) -> Result<Tree> {
@@ -542,232 +324,41 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
     s.gmemo.clear();
     s.tree_top.clear();
     let all = params.candidates == Candidates::All;
-    let mmargin = gain_bounds(&mut s.rest, d, params);
-    for l in 0..d {
-        let row_tokens = &topk_tokens[l * k..(l + 1) * k];
-        let row_lp = &topk_logprobs[l * k..(l + 1) * k];
-        let div = ((l + 1) as f64).powf(params.depth_exponent);
-        let decay = params.level_decay.powi(l as i32);
-        // Columns that can be candidates (finite log-prob), their drafter terms, EOS flags.
-        s.valid.clear();
-        s.drafter.clear();
-        s.eos.clear();
-        for (j, &lp) in row_lp.iter().enumerate() {
-            if lp != f32::NEG_INFINITY {
-                s.valid.push(j as u32);
-                s.drafter.push(decay * ((lp as f64).exp() + params.eps).ln() / div);
-                s.eos.push(params.eos.contains(&row_tokens[j]));
-            }
-        }
-        // The index wants strictly increasing candidate ids: sort the valid columns by token.
-        // (As (token, column) pairs packed in u64 keys: a sort of plain integers, where
-        // sorting the columns by a key read through two indirections cost ~10 k
-        // instructions per search.)
-        s.keys.clear();
-        let key = |(i, &j): (usize, &u32)| (row_tokens[j as usize] as u64) << 32 | i as u64;
-        s.keys.extend(s.valid.iter().enumerate().map(key));
-        s.keys.sort_unstable();
-        // `valid` and `sorted` now describe the row; build the sorted token list in `next`'s
-        // spare buffer (child_tokens) to avoid another allocation.
-        s.sorted.clear();
-        s.child_tokens.clear();
-        for &key in &s.keys {
-            s.sorted.push(key as u32);
-            s.child_tokens.push((key >> 32) as u32);
-        }
-        if let Some(w) = s.child_tokens.windows(2).find(|w| w[0] == w[1]) {
-            return Err(Error::DuplicateToken { row: l, token: w[0] });
-        }
-        let nv = s.valid.len();
-        let use_ngram = params.ngram_weight != 0.0 && (l > 0 || params.ngram_first_level);
-        let scale = params.ngram_weight / div;
-        // Largest possible n-gram term (g ∈ [0, 1]); an upper bound for pruning below.
-        // The term of g = 0, computed once per level (ln is ~5 % of a search).
-        let scale_ln_eps = scale * params.eps.ln();
-        let bmax = if use_ngram {
-            (scale * (1.0 + params.eps).ln()).max(scale_ln_eps)
-        } else {
-            0.0
-        };
-        let amax = s.drafter.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        s.drafter.resize(nv.div_ceil(64) * 64, f64::NEG_INFINITY);
-        s.top.clear();
-        let wn = nv.div_ceil(64);
-        s.gbuf.resize(nv, 0.0);
-        s.gmiss.resize(nv, 0.0);
-        s.miss_tokens.resize(nv, 0);
-        s.miss_at.resize(nv, 0);
-        s.sub_tokens.resize(nv, 0);
-        s.sub_cols.resize(nv, 0);
-        s.memo_ctx.clear();
-        s.memo_b.clear();
-        s.alive.resize(wn, 0);
-        s.want.resize(wn, 0);
-        s.tmask.resize(wn, 0);
-        s.rank.resize(nv, 0);
-        for (si, &vi) in s.sorted.iter().enumerate() {
-            s.rank[vi as usize] = si as u32;
-        }
-
+    let mmargin = gain_bounds(&mut s.rest, rows.d, params);
+    for l in 0..rows.d {
+        let lv = load_level(s, rows, l, params)?;
         let n_entries = if l == 0 { 1 } else { s.beam.len() };
-        if use_ngram {
-            // Room for one two-token memo and one backoff memo per beam entry, reserved once
-            // per level: the vectors only grow (from search to search), the column sets are
-            // cleared, the terms are read only where set. (A resize per memo cost ~25 k
-            // instructions per search on tools/bench_tree.py.)
-            let (nf, nw) = (n_entries * nv, n_entries * wn);
-            for v in [&mut s.ngram, &mut s.g1] {
-                if v.len() < nf {
-                    v.resize(nf, 0.0);
-                }
-            }
-            for v in [&mut s.known, &mut s.pending, &mut s.known1] {
-                if v.len() < nw {
-                    v.resize(nw, 0);
-                }
-                v[..nw].fill(0);
-            }
+        if lv.use_ngram {
+            reserve_memos(s, n_entries, lv.nv, lv.wn);
         }
         for e in 0..n_entries {
             let (parent, pscore, ctx) = s.entry(l, e, context);
-            // Exact pruning. Only the best `beam_width` expansions of a level are kept, and
-            // a later expansion that ties the current w-th best loses on creation order, so
-            // an expansion whose score cannot exceed the current w-th best score (`floor`)
-            // is never kept, never a candidate, never expanded: skip it, and its index
-            // lookup. Beam entries come in descending score, so once a whole entry is out of
-            // reach, so are all after it. The margin absorbs rounding (the bound adds terms
-            // in another order than the score). Measured on the real-text benchmark index
-            // (tools/bench_tree.py): ~4x fewer cond_probs candidates and ln() calls. (Taking
-            // the pairs of a level in best-bound-first order instead saved under 10% of the
-            // lookups there: the bound is loose, real n-gram terms are far below it.)
-            //
-            // With Candidates::All an expansion also matters when it can be in the tree. The
-            // tree holds no node with θ candidates ahead of it in an ancestor-closed set: the
-            // candidates whose path minimum beats it (the best-first traversal pops all of
-            // them first). So the threshold is the lower of the beam's floor and the θ-th
-            // best path minimum so far (`tree_top`), and the same bounds prune the lookups.
-            let bfloor = s.top.floor(params.beam_width);
-            let mut floor = bfloor;
-            if all {
-                floor = floor.min(s.tree_top.floor(params.max_nodes));
-            }
-            let margin = 1e-9 * (1.0 + floor.abs());
-            // Column a is out of reach when pscore + a + bmax + margin < floor, i.e. when
-            // a < floor − pscore − bmax − margin (`low`): one comparison per column, eight
-            // columns' flags packed into bits by one multiplication (no shift and OR per
-            // column): ~18 k fewer instructions per search on tools/bench_tree.py (real rows).
-            // Rounding either way is far inside the margin, so the test stays exact pruning.
-            // NaN (−inf + inf with ε = 0, or floor = pscore = −inf) keeps every column, as
-            // NaN in the sum did (`f64::max` ignores a NaN bound).
-            let mut low = floor - pscore - bmax - margin;
-            // Pruning against the tree (both candidate sets). M, the θ-th best path minimum
-            // of the candidates so far (`tree_top`; with `Beam` only of finished levels,
-            // whose candidates are final), only rises. A node whose score stays below M is
-            // never in the tree: θ candidates whose whole paths score above it are popped
-            // first. Such nodes still compete for the beam, but dropping them changes the
-            // best w of a level only below them: the nodes that enter the beam in their place
-            // score lower still, so they and all their descendants stay below M too, and are
-            // dropped in turn (an entry below M − rest is skipped whole). Every node that is
-            // in one search and not the other thus scores below M, and the tree is the same,
-            // bit for bit. `rest[l]` bounds what levels l.. can add (children can outscore
-            // their parent by ln(1 + ε) > 0), `mmargin` the rounding. So a column is
-            // dropped when its bound cannot reach M − rest[l + 1]; with `All` that is the
-            // only test for a child of a parent on a path above M (every expansion is a
-            // candidate), and a child of a parent below M (never in the tree itself) must
-            // also be able to enter the beam.
-            let mt = s.tree_top.floor(params.max_nodes);
-            let tree_low = mt - s.rest[l + 1] - pscore - bmax - mmargin;
-            low = low.max(tree_low);
-            if !prune {
-                low = f64::NEG_INFINITY;
-            } else if pscore + 0.5 * mmargin < mt - s.rest[l] || amax < low {
-                // Later entries score lower: out of reach too.
-                break;
-            }
-            if prune && all && parent != NONE && s.cands[parent as usize].path_min < mt {
-                low = low.max(bfloor - pscore - bmax - 1e-9 * (1.0 + bfloor.abs()));
-                if amax < low {
-                    continue;
-                }
-            }
-            let mut any = 0u64;
-            for (wi, word) in s.alive.iter_mut().enumerate() {
-                // `drafter` is padded to whole words; the padding's bits are cleared below.
-                let mut m = 0u64;
-                let used = (nv - wi * 64).min(64).div_ceil(8) * 8;
-                for (ci, chunk) in s.drafter[wi * 64..wi * 64 + used].chunks_exact(8).enumerate() {
-                    let chunk: &[f64; 8] = chunk.try_into().expect("8 columns");
-                    // Eight 0/1 bytes, gathered into eight bits by one multiplication.
-                    let mut flags = [0u8; 8];
-                    for (f, &a) in flags.iter_mut().zip(chunk) {
-                        // Negated on purpose: a NaN bound must keep the node.
-                        #[allow(clippy::neg_cmp_op_on_partial_ord)]
-                        let ok = !(a < low);
-                        *f = ok as u8;
-                    }
-                    let byte = u64::from_le_bytes(flags).wrapping_mul(0x0102_0408_1020_4080) >> 56;
-                    m |= byte << (8 * ci);
-                }
-                if nv < wi * 64 + 64 {
-                    m &= (1u64 << (nv - wi * 64)) - 1;
-                }
-                *word = m;
-                any |= m;
-            }
-            if any == 0 {
+            let low = match entry_reach(s, &lv, parent, pscore, params, all, prune, mmargin) {
+                Reach::Stop => break,
+                Reach::Skip => continue,
+                Reach::Above(low) => low,
+            };
+            if !mark_alive(s, lv.nv, low) {
                 continue;
             }
-            let memo = if use_ngram {
-                let slot = memo_offset(s, ctx, nv);
-                ngram_terms(s, scorer, slot, nv, wn, (scale, scale_ln_eps), params, -(low + bmax));
+            let memo = if lv.use_ngram {
+                let slot = memo_offset(s, ctx, lv.nv);
+                ngram_terms(
+                    s,
+                    scorer,
+                    slot,
+                    lv.nv,
+                    lv.wn,
+                    (lv.scale, lv.scale_ln_eps),
+                    params,
+                    -(low + lv.bmax),
+                );
                 s.memo_ctx[slot].off
             } else {
                 usize::MAX
             };
             let child_start = s.cands.len() as u32;
-            for wi in 0..wn {
-                let mut m = s.alive[wi];
-                while m != 0 {
-                    let vi = wi * 64 + m.trailing_zeros() as usize;
-                    m &= m - 1;
-                    let mut delta = s.drafter[vi];
-                    if memo != usize::MAX {
-                        delta += s.ngram[memo + vi];
-                    }
-                    let score = pscore + delta;
-                    // Only expansions that enter the level's best w so far are stored: the
-                    // others are never kept, so never in the tree nor expanded. Skipping them
-                    // keeps the creation order of the stored ones, the tie-breaker everywhere.
-                    let key = total_key(score);
-                    if all {
-                        // Stored when it can be in the beam (non-EOS, among the best w so far)
-                        // or in the tree (ahead of the θ-th best path minimum: a tie loses,
-                        // being deeper or later than every candidate before it).
-                        let to_beam = !s.eos[vi] && s.top.admits(key, params.beam_width);
-                        if to_beam || !prune || s.tree_top.admits(key, params.max_nodes) {
-                            let idx = s.cands.len() as u32;
-                            if to_beam {
-                                s.top.insert(key, idx, params.beam_width);
-                            }
-                            let pmin = if parent == NONE { score } else { s.cands[parent as usize].path_min.min(score) };
-                            let pkey = total_key(pmin);
-                            if s.tree_top.admits(pkey, params.max_nodes) {
-                                s.tree_top.insert(pkey, params.max_nodes);
-                            }
-                            s.push_cand(score, row_tokens[s.valid[vi] as usize], ctx[1], parent, l);
-                            let c = s.cands.last_mut().expect("just pushed");
-                            c.kept = true;
-                            c.path_min = pmin;
-                        }
-                    } else if s.top.admits(key, params.beam_width) {
-                        let idx = s.cands.len() as u32;
-                        s.top.insert(key, idx, params.beam_width);
-                        let pmin = if parent == NONE { score } else { s.cands[parent as usize].path_min.min(score) };
-                        s.push_cand(score, row_tokens[s.valid[vi] as usize], ctx[1], parent, l);
-                        s.cands.last_mut().expect("just pushed").path_min = pmin;
-                    }
-                }
-            }
+            expand_entry(s, &lv, parent, pscore, ctx[1], memo, params, all, prune);
             s.close_children(parent, child_start);
         }
         keep_top(s, params, !all);
@@ -776,15 +367,351 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
         }
     }
     if all && prune {
-        // A candidate whose score is below the final θ-th best path minimum M is never
-        // selected (θ candidates, ancestors included, beat it), so the traversal need not
-        // push it: the paper's set stores ~3x the beam set's candidates, most of them such.
-        let m = s.tree_top.floor(params.max_nodes);
-        for c in s.cands.iter_mut() {
-            c.kept = c.score >= m;
-        }
+        drop_below_cut(s, params.max_nodes);
     }
     Ok(select_tree(s, root, params.max_nodes))
+}
+
+/// What [`load_level`] works out once per level, for every entry of the level.
+struct Level<'r> {
+    l: usize,
+    /// The level's row of drafter tokens (column order).
+    row_tokens: &'r [u32],
+    /// Columns that can be candidates (finite log-prob), and `nv.div_ceil(64)` words of bits.
+    nv: usize,
+    wn: usize,
+    /// Whether the level has an n-gram term; its weight `ngram_weight / (l + 1)^depth_exponent`
+    /// and the term of g = 0.
+    use_ngram: bool,
+    scale: f64,
+    scale_ln_eps: f64,
+    /// The largest possible n-gram term (0 without one) and drafter term of the level.
+    bmax: f64,
+    amax: f64,
+}
+
+/// Read row `l` into the scratch: the valid columns with their drafter terms and EOS flags,
+/// sorted by token as the index wants them (a duplicate token is an error), and the column
+/// sets sized to the row.
+fn load_level<'r>(
+    s: &mut Scratch,
+    rows: TopkRows<'r>,
+    l: usize,
+    params: &SearchParams,
+) -> Result<Level<'r>> {
+    let (row_tokens, row_lp) = rows.row(l);
+    let div = ((l + 1) as f64).powf(params.depth_exponent);
+    let decay = params.level_decay.powi(l as i32);
+    // Columns that can be candidates (finite log-prob), their drafter terms, EOS flags.
+    s.valid.clear();
+    s.drafter.clear();
+    s.eos.clear();
+    for (j, &lp) in row_lp.iter().enumerate() {
+        if lp != f32::NEG_INFINITY {
+            s.valid.push(j as u32);
+            s.drafter
+                .push(decay * ((lp as f64).exp() + params.eps).ln() / div);
+            s.eos.push(params.eos.contains(&row_tokens[j]));
+        }
+    }
+    // The index wants strictly increasing candidate ids: sort the valid columns by token.
+    // (As (token, column) pairs packed in u64 keys: a sort of plain integers, where
+    // sorting the columns by a key read through two indirections cost ~10 k
+    // instructions per search.)
+    s.keys.clear();
+    let key = |(i, &j): (usize, &u32)| (row_tokens[j as usize] as u64) << 32 | i as u64;
+    s.keys.extend(s.valid.iter().enumerate().map(key));
+    s.keys.sort_unstable();
+    // `valid` and `sorted` now describe the row; build the sorted token list in `next`'s
+    // spare buffer (child_tokens) to avoid another allocation.
+    s.sorted.clear();
+    s.child_tokens.clear();
+    for &key in &s.keys {
+        s.sorted.push(key as u32);
+        s.child_tokens.push((key >> 32) as u32);
+    }
+    if let Some(w) = s.child_tokens.windows(2).find(|w| w[0] == w[1]) {
+        return Err(Error::DuplicateToken {
+            row: l,
+            token: w[0],
+        });
+    }
+    let nv = s.valid.len();
+    let use_ngram = params.ngram_weight != 0.0 && (l > 0 || params.ngram_first_level);
+    let scale = params.ngram_weight / div;
+    // Largest possible n-gram term (g ∈ [0, 1]); an upper bound for pruning below.
+    // The term of g = 0, computed once per level (ln is ~5 % of a search).
+    let scale_ln_eps = scale * params.eps.ln();
+    let bmax = if use_ngram {
+        (scale * (1.0 + params.eps).ln()).max(scale_ln_eps)
+    } else {
+        0.0
+    };
+    let amax = s.drafter.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    s.drafter.resize(nv.div_ceil(64) * 64, f64::NEG_INFINITY);
+    s.top.clear();
+    let wn = nv.div_ceil(64);
+    s.gbuf.resize(nv, 0.0);
+    s.gmiss.resize(nv, 0.0);
+    s.miss_tokens.resize(nv, 0);
+    s.miss_at.resize(nv, 0);
+    s.sub_tokens.resize(nv, 0);
+    s.sub_cols.resize(nv, 0);
+    s.memo_ctx.clear();
+    s.memo_b.clear();
+    s.alive.resize(wn, 0);
+    s.want.resize(wn, 0);
+    s.tmask.resize(wn, 0);
+    s.rank.resize(nv, 0);
+    for (si, &vi) in s.sorted.iter().enumerate() {
+        s.rank[vi as usize] = si as u32;
+    }
+    Ok(Level {
+        l,
+        row_tokens,
+        nv,
+        wn,
+        use_ngram,
+        scale,
+        scale_ln_eps,
+        bmax,
+        amax,
+    })
+}
+
+/// Make room in the n-gram memos for `n_entries` beam entries of a level of `nv` columns
+/// (`wn` words) and clear their column sets.
+fn reserve_memos(s: &mut Scratch, n_entries: usize, nv: usize, wn: usize) {
+    // Room for one two-token memo and one backoff memo per beam entry, reserved once
+    // per level: the vectors only grow (from search to search), the column sets are
+    // cleared, the terms are read only where set. (A resize per memo cost ~25 k
+    // instructions per search on tools/bench_tree.py.)
+    let (nf, nw) = (n_entries * nv, n_entries * wn);
+    for v in [&mut s.ngram, &mut s.g1] {
+        if v.len() < nf {
+            v.resize(nf, 0.0);
+        }
+    }
+    for v in [&mut s.known, &mut s.pending, &mut s.known1] {
+        if v.len() < nw {
+            v.resize(nw, 0);
+        }
+        v[..nw].fill(0);
+    }
+}
+
+/// How far down an entry's expansions can matter (see [`entry_reach`]).
+enum Reach {
+    /// Neither this entry nor any later one of the level (they score lower) can add a
+    /// candidate: the level is done.
+    Stop,
+    /// This entry cannot; later ones may.
+    Skip,
+    /// Columns whose drafter term is below this cannot (`-inf` without pruning).
+    Above(f64),
+}
+
+/// The pruning threshold of beam entry (`parent`, `pscore`) of level `lv`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn entry_reach(
+    s: &Scratch,
+    lv: &Level<'_>,
+    parent: u32,
+    pscore: f64,
+    params: &SearchParams,
+    all: bool,
+    prune: bool,
+    mmargin: f64,
+) -> Reach {
+    // Exact pruning. Only the best `beam_width` expansions of a level are kept, and
+    // a later expansion that ties the current w-th best loses on creation order, so
+    // an expansion whose score cannot exceed the current w-th best score (`floor`)
+    // is never kept, never a candidate, never expanded: skip it, and its index
+    // lookup. Beam entries come in descending score, so once a whole entry is out of
+    // reach, so are all after it. The margin absorbs rounding (the bound adds terms
+    // in another order than the score). Measured on the real-text benchmark index
+    // (tools/bench_tree.py): ~4x fewer cond_probs candidates and ln() calls. (Taking
+    // the pairs of a level in best-bound-first order instead saved under 10% of the
+    // lookups there: the bound is loose, real n-gram terms are far below it.)
+    //
+    // With Candidates::All an expansion also matters when it can be in the tree. The
+    // tree holds no node with θ candidates ahead of it in an ancestor-closed set: the
+    // candidates whose path minimum beats it (the best-first traversal pops all of
+    // them first). So the threshold is the lower of the beam's floor and the θ-th
+    // best path minimum so far (`tree_top`), and the same bounds prune the lookups.
+    let bfloor = s.top.floor(params.beam_width);
+    let mut floor = bfloor;
+    if all {
+        floor = floor.min(s.tree_top.floor(params.max_nodes));
+    }
+    let margin = 1e-9 * (1.0 + floor.abs());
+    // Column a is out of reach when pscore + a + bmax + margin < floor, i.e. when
+    // a < floor − pscore − bmax − margin (`low`): one comparison per column, eight
+    // columns' flags packed into bits by one multiplication (no shift and OR per
+    // column): ~18 k fewer instructions per search on tools/bench_tree.py (real rows).
+    // Rounding either way is far inside the margin, so the test stays exact pruning.
+    // NaN (−inf + inf with ε = 0, or floor = pscore = −inf) keeps every column, as
+    // NaN in the sum did (`f64::max` ignores a NaN bound).
+    let mut low = floor - pscore - lv.bmax - margin;
+    // Pruning against the tree (both candidate sets). M, the θ-th best path minimum
+    // of the candidates so far (`tree_top`; with `Beam` only of finished levels,
+    // whose candidates are final), only rises. A node whose score stays below M is
+    // never in the tree: θ candidates whose whole paths score above it are popped
+    // first. Such nodes still compete for the beam, but dropping them changes the
+    // best w of a level only below them: the nodes that enter the beam in their place
+    // score lower still, so they and all their descendants stay below M too, and are
+    // dropped in turn (an entry below M − rest is skipped whole). Every node that is
+    // in one search and not the other thus scores below M, and the tree is the same,
+    // bit for bit. `rest[l]` bounds what levels l.. can add (children can outscore
+    // their parent by ln(1 + ε) > 0), `mmargin` the rounding. So a column is
+    // dropped when its bound cannot reach M − rest[l + 1]; with `All` that is the
+    // only test for a child of a parent on a path above M (every expansion is a
+    // candidate), and a child of a parent below M (never in the tree itself) must
+    // also be able to enter the beam.
+    let mt = s.tree_top.floor(params.max_nodes);
+    let tree_low = mt - s.rest[lv.l + 1] - pscore - lv.bmax - mmargin;
+    low = low.max(tree_low);
+    if !prune {
+        low = f64::NEG_INFINITY;
+    } else if pscore + 0.5 * mmargin < mt - s.rest[lv.l] || lv.amax < low {
+        // Later entries score lower: out of reach too.
+        return Reach::Stop;
+    }
+    if prune && all && parent != NONE && s.cands[parent as usize].path_min < mt {
+        low = low.max(bfloor - pscore - lv.bmax - 1e-9 * (1.0 + bfloor.abs()));
+        if lv.amax < low {
+            return Reach::Skip;
+        }
+    }
+    Reach::Above(low)
+}
+
+/// Set `s.alive` to the level's `nv` columns whose drafter term is not below `low`; false if
+/// there are none.
+#[inline]
+fn mark_alive(s: &mut Scratch, nv: usize, low: f64) -> bool {
+    let mut any = 0u64;
+    for (wi, word) in s.alive.iter_mut().enumerate() {
+        // `drafter` is padded to whole words; the padding's bits are cleared below.
+        let mut m = 0u64;
+        let used = (nv - wi * 64).min(64).div_ceil(8) * 8;
+        for (ci, chunk) in s.drafter[wi * 64..wi * 64 + used]
+            .chunks_exact(8)
+            .enumerate()
+        {
+            let chunk: &[f64; 8] = chunk.try_into().expect("8 columns");
+            // Eight 0/1 bytes, gathered into eight bits by one multiplication.
+            let mut flags = [0u8; 8];
+            for (f, &a) in flags.iter_mut().zip(chunk) {
+                // Negated on purpose: a NaN bound must keep the node.
+                #[allow(clippy::neg_cmp_op_on_partial_ord)]
+                let ok = !(a < low);
+                *f = ok as u8;
+            }
+            let byte = u64::from_le_bytes(flags).wrapping_mul(0x0102_0408_1020_4080) >> 56;
+            m |= byte << (8 * ci);
+        }
+        if nv < wi * 64 + 64 {
+            m &= (1u64 << (nv - wi * 64)) - 1;
+        }
+        *word = m;
+        any |= m;
+    }
+    any != 0
+}
+
+/// Score the alive columns of the entry (`parent`, `pscore`) whose children have trigram
+/// context (…, `prev`): drafter term plus the n-gram term at `s.ngram[memo + column]`
+/// (`memo == usize::MAX`: none), and store the expansions that can still be kept.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn expand_entry(
+    s: &mut Scratch,
+    lv: &Level<'_>,
+    parent: u32,
+    pscore: f64,
+    prev: u32,
+    memo: usize,
+    params: &SearchParams,
+    all: bool,
+    prune: bool,
+) {
+    for wi in 0..lv.wn {
+        let mut m = s.alive[wi];
+        while m != 0 {
+            let vi = wi * 64 + m.trailing_zeros() as usize;
+            m &= m - 1;
+            let mut delta = s.drafter[vi];
+            if memo != usize::MAX {
+                delta += s.ngram[memo + vi];
+            }
+            let score = pscore + delta;
+            // Only expansions that enter the level's best w so far are stored: the
+            // others are never kept, so never in the tree nor expanded. Skipping them
+            // keeps the creation order of the stored ones, the tie-breaker everywhere.
+            let key = total_key(score);
+            if all {
+                // Stored when it can be in the beam (non-EOS, among the best w so far)
+                // or in the tree (ahead of the θ-th best path minimum: a tie loses,
+                // being deeper or later than every candidate before it).
+                let to_beam = !s.eos[vi] && s.top.admits(key, params.beam_width);
+                if to_beam || !prune || s.tree_top.admits(key, params.max_nodes) {
+                    let idx = s.cands.len() as u32;
+                    if to_beam {
+                        s.top.insert(key, idx, params.beam_width);
+                    }
+                    let pmin = if parent == NONE {
+                        score
+                    } else {
+                        s.cands[parent as usize].path_min.min(score)
+                    };
+                    let pkey = total_key(pmin);
+                    if s.tree_top.admits(pkey, params.max_nodes) {
+                        s.tree_top.insert(pkey, params.max_nodes);
+                    }
+                    s.push_cand(
+                        score,
+                        lv.row_tokens[s.valid[vi] as usize],
+                        prev,
+                        parent,
+                        lv.l,
+                    );
+                    let c = s.cands.last_mut().expect("just pushed");
+                    c.kept = true;
+                    c.path_min = pmin;
+                }
+            } else if s.top.admits(key, params.beam_width) {
+                let idx = s.cands.len() as u32;
+                s.top.insert(key, idx, params.beam_width);
+                let pmin = if parent == NONE {
+                    score
+                } else {
+                    s.cands[parent as usize].path_min.min(score)
+                };
+                s.push_cand(
+                    score,
+                    lv.row_tokens[s.valid[vi] as usize],
+                    prev,
+                    parent,
+                    lv.l,
+                );
+                s.cands.last_mut().expect("just pushed").path_min = pmin;
+            }
+        }
+    }
+}
+
+/// With [`Candidates::All`], after the last level: only the candidates at or above the final
+/// cut stay candidates.
+fn drop_below_cut(s: &mut Scratch, max_nodes: usize) {
+    // A candidate whose score is below the final θ-th best path minimum M is never
+    // selected (θ candidates, ancestors included, beat it), so the traversal need not
+    // push it: the paper's set stores ~3x the beam set's candidates, most of them such.
+    let m = s.tree_top.floor(max_nodes);
+    for c in s.cands.iter_mut() {
+        c.kept = c.score >= m;
+    }
 }
 
 /// Slot of two-token context `ctx` in `s.memo_ctx` (its terms in `s.ngram`, its column sets
@@ -794,7 +721,12 @@ fn memo_offset(s: &mut Scratch, ctx: [u32; 2], nv: usize) -> usize {
         Some(i) => i,
         None => {
             let slot = s.memo_ctx.len();
-            s.memo_ctx.push(CtxMemo { ctx, off: slot * nv, handle: [u64::MAX; 3], bound: f64::NAN });
+            s.memo_ctx.push(CtxMemo {
+                ctx,
+                off: slot * nv,
+                handle: [u64::MAX; 3],
+                bound: f64::NAN,
+            });
             slot
         }
     }
@@ -897,7 +829,11 @@ fn ngram_terms<S: NgramScorer + ?Sized>(
                 s.memo_ctx[slot].handle = handle;
                 s.memo_ctx[slot].bound = term_bound(gmax);
             }
-            let CtxMemo { handle, bound: bound3, .. } = s.memo_ctx[slot];
+            let CtxMemo {
+                handle,
+                bound: bound3,
+                ..
+            } = s.memo_ctx[slot];
             // Whether seen after both tokens or backed off, a term is at most `bound`: drop
             // the columns that cannot enter the level's best w even so (left unknown: a later
             // entry with the same context may still want them).
@@ -946,7 +882,12 @@ fn ngram_terms<S: NgramScorer + ?Sized>(
     if m1 > 0 {
         let m2 = memo_split(s, [NONE, b], m1);
         if m2 > 0 {
-            scorer.cond_probs(&[b], &s.miss_tokens[..m2], params.unigram_backoff, &mut s.gmiss[..m2]);
+            scorer.cond_probs(
+                &[b],
+                &s.miss_tokens[..m2],
+                params.unigram_backoff,
+                &mut s.gmiss[..m2],
+            );
             memo_merge(s, [NONE, b], m2, params.eps);
         }
         for i in 0..m1 {
@@ -985,7 +926,11 @@ fn memo_split(s: &mut Scratch, key: [u32; 2], m: usize) -> usize {
 /// and `s.gmemo`.
 fn memo_merge(s: &mut Scratch, key: [u32; 2], m2: usize, eps: f64) {
     let c = Cache::context(key[0], key[1]);
-    for ((&g, &t), &i) in s.gmiss[..m2].iter().zip(&s.miss_tokens[..m2]).zip(&s.miss_at[..m2]) {
+    for ((&g, &t), &i) in s.gmiss[..m2]
+        .iter()
+        .zip(&s.miss_tokens[..m2])
+        .zip(&s.miss_at[..m2])
+    {
         let v = if g.is_nan() { g } else { (g + eps).ln() };
         s.gbuf[i as usize] = v;
         s.gmemo.insert(c, t, v);
@@ -1056,7 +1001,10 @@ fn select_beam(s: &mut Scratch, level_start: usize, params: &SearchParams) {
     s.next.extend(level_start as u32..s.cands.len() as u32);
     let cands = &s.cands;
     let better = |a: &u32, b: &u32| {
-        cands[*b as usize].score.total_cmp(&cands[*a as usize].score).then(a.cmp(b))
+        cands[*b as usize]
+            .score
+            .total_cmp(&cands[*a as usize].score)
+            .then(a.cmp(b))
     };
     let w = params.beam_width;
     if s.next.len() > w {
@@ -1115,7 +1063,11 @@ fn select_tree(s: &mut Scratch, root: u32, max_nodes: usize) -> Tree {
     for (t, &ci) in s.popped.iter().enumerate() {
         let c = s.cands[ci as usize];
         s.cands[ci as usize].tree_idx = t as u32 + 1;
-        let parent = if c.parent == NONE { 0 } else { s.cands[c.parent as usize].tree_idx as i32 };
+        let parent = if c.parent == NONE {
+            0
+        } else {
+            s.cands[c.parent as usize].tree_idx as i32
+        };
         tree.tokens.push(c.token);
         tree.parents.push(parent);
         tree.depths.push(c.level + 1);
@@ -1140,7 +1092,9 @@ pub fn ngram_tree<S: NgramScorer + ?Sized>(
     params.validate()?;
     check_context(context, scorer.vocab_size())?;
     if depth > u16::MAX as usize - 1 {
-        return Err(Error::TooLarge { what: format!("depth = {depth}") });
+        return Err(Error::TooLarge {
+            what: format!("depth = {depth}"),
+        });
     }
     with_scratch(|s| ngram_tree_in(s, scorer, context, depth, k, params))
 }
@@ -1163,10 +1117,23 @@ fn ngram_tree_in<S: NgramScorer + ?Sized>(
         for e in 0..n_entries {
             let (parent, pscore, ctx) = s.entry(l, e, context);
             let cslice = context_slice(&ctx);
-            scorer.top_children(cslice, k, params.unigram_backoff, &mut s.child_tokens, &mut s.child_probs)?;
+            scorer.top_children(
+                cslice,
+                k,
+                params.unigram_backoff,
+                &mut s.child_tokens,
+                &mut s.child_probs,
+            )?;
             let child_start = s.cands.len() as u32;
             for (&t, &g) in s.child_tokens.iter().zip(&s.child_probs) {
-                push_cand(&mut s.cands, pscore + scale * (g + params.eps).ln(), t, ctx[1], parent, l);
+                push_cand(
+                    &mut s.cands,
+                    pscore + scale * (g + params.eps).ln(),
+                    t,
+                    ctx[1],
+                    parent,
+                    l,
+                );
             }
             s.close_children(parent, child_start);
         }

@@ -14,6 +14,9 @@ mod beam;
 mod error;
 mod index_impl;
 mod memo;
+mod order;
+mod params;
+mod rows;
 mod scorer;
 #[cfg(feature = "bench")]
 pub mod timing;
@@ -23,17 +26,19 @@ mod tree;
 
 use rayon::prelude::*;
 
-pub use beam::{beam_search, ngram_tree, Candidates, SearchParams};
 #[doc(hidden)]
 pub use beam::beam_search_unpruned;
+pub use beam::{beam_search, ngram_tree};
 pub use error::{Error, Result};
+pub use params::{Candidates, SearchParams};
+pub use rows::TopkRows;
 pub use scorer::{NgramScorer, NoNgram};
 pub use topb::{best_first, top_b};
 pub use topk::topk_logprobs;
 pub use tree::{ancestor_bits, Tree};
 
-/// [`beam_search`] for `contexts.len()` sequences at once: `topk_tokens` / `topk_logprobs`
-/// are row-major `[B, d, k]` (sequence `b` uses rows `b*d .. b*d + d`). Runs on dartcore's one
+/// [`beam_search`] for `contexts.len()` sequences at once: `rows` holds `B` blocks of `d`
+/// rows back to back, `[B, d, k]` (sequence `b` uses rows `b*d .. b*d + d`). Runs on dartcore's one
 /// owned pool, `dart_ngram::pool` (sized by `DART_NUM_THREADS` or
 /// `dart_ngram::pool::set_num_threads`, fork-safe); the result is the same as `B` single
 /// calls, in order.
@@ -41,15 +46,20 @@ pub use tree::{ancestor_bits, Tree};
 pub fn beam_search_batch<S: NgramScorer + ?Sized>(
     scorer: &S,
     contexts: &[&[u32]],
-    topk_tokens: &[u32],
-    topk_logprobs: &[f32],
-    d: usize,
-    k: usize,
+    rows: TopkRows<'_>,
     params: &SearchParams,
 ) -> Result<Vec<Tree>> {
     let bsz = contexts.len();
-    let per = d.checked_mul(k).ok_or_else(|| Error::shape(format!("d = {d}, k = {k} overflows")))?;
-    let total = bsz.checked_mul(per).ok_or_else(|| Error::shape("batch too large"))?;
+    let TopkRows {
+        tokens: topk_tokens,
+        logprobs: topk_logprobs,
+        d,
+        k,
+    } = rows;
+    let per = rows.entries()?;
+    let total = bsz
+        .checked_mul(per)
+        .ok_or_else(|| Error::shape("batch too large"))?;
     if topk_tokens.len() != total || topk_logprobs.len() != total {
         return Err(Error::shape(format!(
             "batch of {bsz} with d = {d}, k = {k} needs {total} top-k entries, got {} tokens and {} log-probs",
@@ -59,7 +69,12 @@ pub fn beam_search_batch<S: NgramScorer + ?Sized>(
     }
     let one = |b: usize| {
         let r = b * per..(b + 1) * per;
-        beam_search(scorer, contexts[b], &topk_tokens[r.clone()], &topk_logprobs[r], d, k, params)
+        beam_search(
+            scorer,
+            contexts[b],
+            TopkRows::new(&topk_tokens[r.clone()], &topk_logprobs[r], d, k),
+            params,
+        )
     };
     if bsz <= 1 || dart_ngram::pool::num_threads() <= 1 {
         return (0..bsz).map(one).collect();

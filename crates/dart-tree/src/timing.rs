@@ -4,7 +4,7 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::{beam_search, beam_search_batch, NgramScorer, Result, SearchParams};
+use crate::{beam_search, beam_search_batch, NgramScorer, Result, SearchParams, TopkRows};
 
 /// What [`time_beam_search`] measured.
 #[derive(Debug, Clone, Default)]
@@ -32,7 +32,10 @@ pub struct SearchTiming {
 
 /// CPU time consumed by the calling thread (ns), 0 where the clock is unavailable.
 pub fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: clock_gettime only writes the timespec we pass, which lives on our stack.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     if rc != 0 {
@@ -86,7 +89,14 @@ impl<S: NgramScorer + ?Sized> NgramScorer for Recorder<'_, S> {
         self.push(Query::BackoffBound(b));
         self.inner.backoff_bound(b, u)
     }
-    fn top_children(&self, c: &[u32], k: usize, u: bool, t: &mut Vec<u32>, p: &mut Vec<f64>) -> Result<()> {
+    fn top_children(
+        &self,
+        c: &[u32],
+        k: usize,
+        u: bool,
+        t: &mut Vec<u32>,
+        p: &mut Vec<f64>,
+    ) -> Result<()> {
         self.inner.top_children(c, k, u, t, p)
     }
 }
@@ -94,31 +104,42 @@ impl<S: NgramScorer + ?Sized> NgramScorer for Recorder<'_, S> {
 /// Time `contexts.len()` searches (inputs laid out as for [`beam_search_batch`]): one warm-up
 /// pass, then each search timed alone; then the n-gram queries of all searches replayed and
 /// timed; then batches of `batch` searches on the pool (0 = skip).
-#[allow(clippy::too_many_arguments)]
 pub fn time_beam_search<S: NgramScorer + ?Sized>(
     scorer: &S,
     contexts: &[&[u32]],
-    topk_tokens: &[u32],
-    topk_logprobs: &[f32],
-    d: usize,
-    k: usize,
+    rows: TopkRows<'_>,
     params: &SearchParams,
     batch: usize,
 ) -> Result<SearchTiming> {
+    let TopkRows {
+        tokens: topk_tokens,
+        logprobs: topk_logprobs,
+        d,
+        k,
+    } = rows;
     let per = d * k;
-    let row = |b: usize| (&topk_tokens[b * per..(b + 1) * per], &topk_logprobs[b * per..(b + 1) * per]);
+    let row = |b: usize| {
+        TopkRows::new(
+            &topk_tokens[b * per..(b + 1) * per],
+            &topk_logprobs[b * per..(b + 1) * per],
+            d,
+            k,
+        )
+    };
     // Warm-up (page cache, branch predictors, thread-local buffers) and query log.
-    let rec = Recorder { inner: scorer, log: Mutex::new(Vec::new()) };
+    let rec = Recorder {
+        inner: scorer,
+        log: Mutex::new(Vec::new()),
+    };
     for (b, ctx) in contexts.iter().enumerate() {
-        let (tk, lp) = row(b);
-        beam_search(&rec, ctx, tk, lp, d, k, params)?;
+        beam_search(&rec, ctx, row(b), params)?;
     }
     let mut t = SearchTiming::default();
     for (b, ctx) in contexts.iter().enumerate() {
-        let (tk, lp) = row(b);
+        let rows_b = row(b);
         let c0 = thread_cpu_ns();
         let t0 = Instant::now();
-        let tree = beam_search(scorer, ctx, tk, lp, d, k, params)?;
+        let tree = beam_search(scorer, ctx, rows_b, params)?;
         t.search_ns.push(t0.elapsed().as_nanos() as u64);
         t.search_cpu_ns.push(thread_cpu_ns().saturating_sub(c0));
         std::hint::black_box(tree);
@@ -138,7 +159,9 @@ pub fn time_beam_search<S: NgramScorer + ?Sized>(
     let c0 = thread_cpu_ns();
     for q in &log {
         match q {
-            Query::Cond(c, v) => scorer.cond_probs(c, v, params.unigram_backoff, &mut out[..v.len()]),
+            Query::Cond(c, v) => {
+                scorer.cond_probs(c, v, params.unigram_backoff, &mut out[..v.len()])
+            }
             Query::Trigram(c, v) => scorer.trigram_probs(*c, v, &mut out[..v.len()]),
             Query::TrigramContext(c) => out[0] = scorer.trigram_context(*c).1,
             Query::TrigramAt(c, h, v) => scorer.trigram_probs_at(*c, *h, v, &mut out[..v.len()]),
@@ -157,10 +180,12 @@ pub fn time_beam_search<S: NgramScorer + ?Sized>(
             let trees = beam_search_batch(
                 scorer,
                 &contexts[start..end],
-                &topk_tokens[start * per..end * per],
-                &topk_logprobs[start * per..end * per],
-                d,
-                k,
+                TopkRows::new(
+                    &topk_tokens[start * per..end * per],
+                    &topk_logprobs[start * per..end * per],
+                    d,
+                    k,
+                ),
                 params,
             )?;
             t.batch_ns.push(t0.elapsed().as_nanos() as u64);

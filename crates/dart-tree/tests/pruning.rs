@@ -6,7 +6,7 @@
 mod common;
 
 use common::{check_tree, Model};
-use dart_tree::{beam_search, beam_search_unpruned, Candidates, NoNgram, SearchParams};
+use dart_tree::{beam_search, beam_search_unpruned, Candidates, NoNgram, SearchParams, TopkRows};
 use proptest::prelude::*;
 
 const V: u32 = 40;
@@ -100,8 +100,8 @@ proptest! {
     #[test]
     fn pruning_changes_no_tree(c in case()) {
         let model = Model::new(c.seq.clone(), V);
-        let pruned = beam_search(&model, &c.context, &c.toks, &c.lps, c.d, c.k, &c.params).unwrap();
-        let full = beam_search_unpruned(&model, &c.context, &c.toks, &c.lps, c.d, c.k, &c.params).unwrap();
+        let pruned = beam_search(&model, &c.context, TopkRows::new(&c.toks, &c.lps, c.d, c.k), &c.params).unwrap();
+        let full = beam_search_unpruned(&model, &c.context, TopkRows::new(&c.toks, &c.lps, c.d, c.k), &c.params).unwrap();
         check_tree(&pruned, c.params.max_nodes);
         prop_assert_eq!(&pruned, &full);
         let scores = |t: &dart_tree::Tree| t.scores.iter().map(|x| x.to_bits()).collect::<Vec<u64>>();
@@ -129,8 +129,9 @@ fn pruning_with_ties_at_every_level() {
                 candidates,
                 ..SearchParams::default()
             };
-            let a = beam_search(&NoNgram, &[0], &toks, &lps, d, k, &p).unwrap();
-            let b = beam_search_unpruned(&NoNgram, &[0], &toks, &lps, d, k, &p).unwrap();
+            let a = beam_search(&NoNgram, &[0], TopkRows::new(&toks, &lps, d, k), &p).unwrap();
+            let b =
+                beam_search_unpruned(&NoNgram, &[0], TopkRows::new(&toks, &lps, d, k), &p).unwrap();
             assert_eq!(a, b, "d {d} k {k} w {w} theta {theta} {candidates:?}");
             check_tree(&a, theta);
         }

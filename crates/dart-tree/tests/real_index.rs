@@ -3,7 +3,9 @@ mod common;
 
 use common::{check_tree, Model};
 use dart_ngram::{BuildOptions, Builder, Index};
-use dart_tree::{beam_search, beam_search_batch, ngram_tree, Error, NgramScorer, SearchParams};
+use dart_tree::{
+    beam_search, beam_search_batch, ngram_tree, Error, NgramScorer, SearchParams, TopkRows,
+};
 use proptest::prelude::*;
 
 const V: u32 = 12;
@@ -11,7 +13,13 @@ const V: u32 = 12;
 fn build(seq: &[u32]) -> (tempfile::TempDir, Index<Vec<u8>>) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.idx");
-    let mut b = Builder::new(BuildOptions { vocab_size: V, threads: Some(1), temp_dir: Some(dir.path().to_path_buf()), ..BuildOptions::default() }).unwrap();
+    let mut b = Builder::new(BuildOptions {
+        vocab_size: V,
+        threads: Some(1),
+        temp_dir: Some(dir.path().to_path_buf()),
+        ..BuildOptions::default()
+    })
+    .unwrap();
     b.add_document(seq).unwrap();
     b.finish(&path, "{}").unwrap();
     let bytes = std::fs::read(&path).unwrap();
@@ -34,8 +42,8 @@ proptest! {
         let (d, k) = (4, 4);
         let toks: Vec<u32> = rows.iter().flat_map(|r| r[..k].to_vec()).collect();
         let params = SearchParams { beam_width: 3, max_nodes: 12, unigram_backoff: ub, ngram_first_level: first, ..SearchParams::default() };
-        let a = beam_search(&index, &context, &toks, &lps, d, k, &params).unwrap();
-        let b = beam_search(&model, &context, &toks, &lps, d, k, &params).unwrap();
+        let a = beam_search(&index, &context, TopkRows::new(&toks, &lps, d, k), &params).unwrap();
+        let b = beam_search(&model, &context, TopkRows::new(&toks, &lps, d, k), &params).unwrap();
         check_tree(&a, 12);
         prop_assert_eq!(&a, &b);
         let a = ngram_tree(&index, &context, 4, 3, &params).unwrap();
@@ -44,8 +52,8 @@ proptest! {
         let ctxs: Vec<&[u32]> = vec![&context, &context[..1]];
         let two_t: Vec<u32> = toks.iter().chain(&toks).copied().collect();
         let two_l: Vec<f32> = lps.iter().chain(&lps).copied().collect();
-        let batch = beam_search_batch(&index, &ctxs, &two_t, &two_l, d, k, &params).unwrap();
-        prop_assert_eq!(&batch[1], &beam_search(&model, &context[..1], &toks, &lps, d, k, &params).unwrap());
+        let batch = beam_search_batch(&index, &ctxs, TopkRows::new(&two_t, &two_l, d, k), &params).unwrap();
+        prop_assert_eq!(&batch[1], &beam_search(&model, &context[..1], TopkRows::new(&toks, &lps, d, k), &params).unwrap());
     }
 }
 
@@ -53,9 +61,18 @@ proptest! {
 fn out_of_vocabulary_ids_are_errors() {
     let (_dir, index) = build(&[1, 2, 3]);
     let p = SearchParams::default();
-    assert!(matches!(beam_search(&index, &[1, V], &[1], &[0.0], 1, 1, &p), Err(Error::TokenOutOfVocab { .. })));
-    assert!(matches!(beam_search(&index, &[1], &[V + 5], &[0.0], 1, 1, &p), Err(Error::TokenOutOfVocab { .. })));
-    assert!(matches!(ngram_tree(&index, &[V], 2, 2, &p), Err(Error::TokenOutOfVocab { .. })));
+    assert!(matches!(
+        beam_search(&index, &[1, V], TopkRows::new(&[1], &[0.0], 1, 1), &p),
+        Err(Error::TokenOutOfVocab { .. })
+    ));
+    assert!(matches!(
+        beam_search(&index, &[1], TopkRows::new(&[V + 5], &[0.0], 1, 1), &p),
+        Err(Error::TokenOutOfVocab { .. })
+    ));
+    assert!(matches!(
+        ngram_tree(&index, &[V], 2, 2, &p),
+        Err(Error::TokenOutOfVocab { .. })
+    ));
 }
 
 proptest! {

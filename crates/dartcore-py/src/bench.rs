@@ -3,7 +3,10 @@
 //! would time) and `dartcore._native._testing` (hooks of the test suite). Neither is part
 //! of the public API; both go through `errors::guard` like every other entry point.
 
-use numpy::{PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods};
+use dart_tree::TopkRows;
+use numpy::{
+    PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods,
+};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -73,10 +76,16 @@ fn bench_beam_search<'py>(
             (s[0], s[1], s[2])
         };
         if topk_logprobs.shape() != topk_tokens.shape() {
-            return Err(errors::tree_msg("topk_tokens and topk_logprobs differ in shape"));
+            return Err(errors::tree_msg(
+                "topk_tokens and topk_logprobs differ in shape",
+            ));
         }
         let flat = ids(ctx_flat.as_array().iter(), "contexts")?;
-        let offs: Vec<usize> = ctx_offsets.as_array().iter().map(|&o| o.max(0) as usize).collect();
+        let offs: Vec<usize> = ctx_offsets
+            .as_array()
+            .iter()
+            .map(|&o| o.max(0) as usize)
+            .collect();
         if offs.len() != b + 1 || offs.windows(2).any(|w| w[1] < w[0]) || offs[b] != flat.len() {
             return Err(errors::tree_msg("context offsets do not match the batch"));
         }
@@ -84,7 +93,15 @@ fn bench_beam_search<'py>(
         let toks = ids(topk_tokens.as_array().iter(), "topk_tokens")?;
         let lps: Vec<f32> = topk_logprobs.as_array().iter().copied().collect();
         let t = py
-            .detach(|| dart_tree::timing::time_beam_search(&*ix, &contexts, &toks, &lps, d, k, &p, batch))
+            .detach(|| {
+                dart_tree::timing::time_beam_search(
+                    &*ix,
+                    &contexts,
+                    TopkRows::new(&toks, &lps, d, k),
+                    &p,
+                    batch,
+                )
+            })
             .map_err(errors::tree)?;
         let out = PyDict::new(py);
         out.set_item("search_ns", PyArray1::from_vec(py, t.search_ns))?;
@@ -140,7 +157,9 @@ fn submodule<'py>(m: &Bound<'py, PyModule>, name: &str) -> PyResult<Bound<'py, P
     let py = m.py();
     let sub = PyModule::new(py, name)?;
     m.add_submodule(&sub)?;
-    py.import("sys")?.getattr("modules")?.set_item(format!("dartcore._native.{name}"), &sub)?;
+    py.import("sys")?
+        .getattr("modules")?
+        .set_item(format!("dartcore._native.{name}"), &sub)?;
     Ok(sub)
 }
 

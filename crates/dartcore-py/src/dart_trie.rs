@@ -7,28 +7,23 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::errors::{self, guard};
-use crate::index::{options, summary_dict};
+use crate::index::{summary_dict, BuildArgs};
 
 /// Convert a DART `.trie` into an index; `progress(stage, done, total)` is called from time
 /// to time (with the GIL). Returns the build summary plus the trie's node counts.
+/// Options: the build options ([`BuildArgs`], `vocab_size` required) but `token_bits`.
 #[pyfunction]
-#[pyo3(signature = (input, output, *, vocab_size, metadata_json = "{}", memory_limit = 2u64 << 30, temp_dir = None, min_count = 1, max_children = None, threads = None, progress = None))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (input, output, *, metadata_json = "{}", progress = None, **options))]
 fn convert_dart_trie<'py>(
     py: Python<'py>,
     input: PathBuf,
     output: PathBuf,
-    vocab_size: u32,
     metadata_json: &str,
-    memory_limit: u64,
-    temp_dir: Option<PathBuf>,
-    min_count: u64,
-    max_children: Option<u32>,
-    threads: Option<usize>,
     progress: Option<Py<PyAny>>,
+    options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     guard("convert_dart_trie", || {
-        let opts = options(vocab_size, memory_limit, temp_dir, min_count, max_children, threads, None);
+        let opts = BuildArgs::options(py, "convert_dart_trie", options, None, &["token_bits"])?;
         let mut failed: Option<PyErr> = None;
         let mut report = |p: &TrieProgress| {
             if let (Some(cb), None) = (&progress, &failed) {
@@ -36,7 +31,9 @@ fn convert_dart_trie<'py>(
             }
         };
         let s = py
-            .detach(|| dart_ngram::convert_dart_trie(&input, &output, &opts, metadata_json, &mut report))
+            .detach(|| {
+                dart_ngram::convert_dart_trie(&input, &output, &opts, metadata_json, &mut report)
+            })
             .map_err(errors::ngram)?;
         if let Some(e) = failed {
             return Err(e);
