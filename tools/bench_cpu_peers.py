@@ -117,7 +117,10 @@ def find_llama_cpp(explicit: str | None) -> Path | None:
     """The directory holding llama-server / llama-bench / llama-quantize: ``--llama-cpp``, else
     where ``tools/build_llama_cpp.sh`` installs them for this machine (None: not built)."""
     if explicit:
-        return Path(explicit)
+        path = Path(explicit)
+        if not (path / SERVER).is_file():
+            raise SystemExit(f"bench_cpu_peers: no {SERVER} in {path} (bash tools/build_llama_cpp.sh builds it)")
+        return path
     done = subprocess.run(["bash", str(REPO / "tools" / "build_llama_cpp.sh"), "--print-dir"],
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
