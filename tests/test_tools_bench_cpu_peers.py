@@ -330,3 +330,25 @@ def test_numerics_forwarded_only_where_the_keyword_exists(tool, monkeypatch):
     monkeypatch.setattr(dartcore.DartDecoder, "from_pretrained", classmethod(without_kw))
     with pytest.raises(SystemExit, match="no numerics= keyword"):
         tool.numerics_kwargs("exact")
+
+
+def test_same_tensors_compares_data_not_metadata(tool, tmp_path):
+    import numpy as np
+    from gguf import GGUFWriter
+
+    def write(name: str, values, title: str) -> Path:
+        path = tmp_path / name
+        w = GGUFWriter(str(path), "llama")
+        w.add_name(title)
+        w.add_tensor("blk.0.ffn_up.weight", np.asarray(values, dtype=np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return path
+
+    a = write("a.gguf", [[1, 2, 3, 4]], "first")
+    b = write("b.gguf", [[1, 2, 3, 4]], "second title, same tensors")
+    c = write("c.gguf", [[1, 2, 3, 5]], "first")
+    assert tool.same_tensors(a, b)
+    assert not tool.same_tensors(a, c)

@@ -179,6 +179,16 @@ def make_gguf_files(bin_dir: Path, shipped: Path, out_dir: Path, quants: list[st
     return files
 
 
+def same_tensors(a: Path, b: Path) -> bool:
+    """Whether two GGUF files hold the same tensors (names, types, bytes), metadata aside."""
+    from gguf import GGUFReader
+
+    def table(path: Path) -> dict:
+        return {t.name: (int(t.tensor_type), t.data.tobytes()) for t in GGUFReader(str(path)).tensors}
+
+    return table(a) == table(b)
+
+
 @contextlib.contextmanager
 def llama_server(bin_dir: Path, model: Path, threads: int, spec_type: str | None, log: Path,
                  extra: list[str] | None = None, timeout: float = 180.0):
@@ -555,6 +565,9 @@ def markdown(report: dict) -> str:
     if bi.get("version"):
         lines += [f"llama.cpp: {bi['version']}; sdist llama-cpp-python {bi.get('llama_cpp_python_sdist', '?')}; "
                   f"{bi.get('system_info', '')}", ""]
+    if report.get("q4_1_made_equals_shipped") and report.get("files"):
+        lines += ["Q4_1 made from the F32 export holds the shipped file's tensors byte for byte; dartcore's Q4_1 rows "
+                  "ran on the shipped file (its default path).", ""]
     if report.get("best_server_per_run"):
         lines += [f"Best llama-server configuration per run: {', '.join(report['best_server_per_run'])}.", ""]
     lines += ["| engine | weights | method | tok/s | range | server decode tok/s | vs best llama-server | "
@@ -703,10 +716,16 @@ def main(argv: list[str] | None = None) -> int:
         info["spec_types_listed"] = listed
         info["system_info"] = server_system_info(bin_dir, files["F32"], args.threads, out_dir / "server-sysinfo.log")
         report["llama_cpp"] = info
-    # dartcore targets: the default path on the shipped file, every made file it can read, and the fp32 conversion
-    targets = [("smollm2", "Q4_1 (shipped)", None)]
+    # dartcore targets: the default path on the shipped file, every made file it can read, and the
+    # fp32 conversion. Q4_1 made from the F32 export holds the shipped file's tensors byte for byte
+    # (the quantizer finds each block's own minimum and scale again), checked here: then the shipped
+    # file stands for it and dartcore does not run the same weights twice.
+    q41_same = files.get("Q4_1") == shipped or ("Q4_1" in files and same_tensors(files["Q4_1"], shipped))
+    report["q4_1_made_equals_shipped"] = q41_same
+    targets = [("smollm2", "Q4_1" if q41_same else "Q4_1 (shipped)", None)]
     if not args.no_dartcore_files:
-        targets += [(str(f), w, None) for w, f in files.items() if w != "F32" and f != shipped]
+        targets += [(str(f), w, None) for w, f in files.items()
+                    if w != "F32" and f != shipped and not (w == "Q4_1" and q41_same)]
     if not args.no_fp32:
         targets.append(("smollm2", FP32, False))
 
