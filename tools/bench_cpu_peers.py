@@ -558,7 +558,7 @@ def markdown(report: dict) -> str:
     bi = report.get("llama_cpp", {})
     lines = [f"dartcore vs native llama.cpp, SmolLM2-135M-Instruct (shipped `{report['gguf']}`; other files made by "
              f"llama-quantize from its F32 export), {report['prompts']} chat prompts x {report['max_new_tokens']} new "
-             f"tokens, greedy, same token ids, {m['threads']} threads; {m['cpu']}, {m['cpus']} vCPUs "
+             f"tokens, greedy, same token ids, {m['threads']} thread{'s' if m['threads'] != 1 else ''}; {m['cpu']}, {m['cpus']} vCPUs "
              f"({' '.join(m['isa_flags'])}). tok/s: end to end (prefill included; llama-bench: its own test), "
              f"median of {n} run{'s' if n > 1 else ''} (range); ratios within each run. "
              f"Outputs, τ and acceptance: the last run.", ""]
@@ -579,7 +579,8 @@ def markdown(report: dict) -> str:
         if r["engine"] == BENCH and r["method"] != "tg128":
             continue
         acc = (f"{r['tau']:.2f}" if r.get("tau") else
-               f"{r['acceptance']:.0%} of {r['draft_n']}" if r.get("acceptance") is not None else "-")
+               f"{r['acceptance']:.0%} of {r['draft_n']}" if r.get("acceptance") is not None else
+               "none drafted" if r["engine"] == SERVER and r["method"] != "plain" else "-")
         pct = lambda v: "-" if v is None else f"{v:.0%}"
         lines.append("| {} | {} | {} | {:.1f} | {:.1f}-{:.1f} | {} | {} | {} | {} | {} | {} |".format(
             r["engine"], r["weights"], r["method"], med[k], *rng[k],
