@@ -311,13 +311,10 @@ def parse_llama_bench(text: str, weights: str, file: str) -> list[dict]:
 
 def weight_bytes(target) -> int:
     """Bytes of the target weights one forward streams (projections + LM head)."""
-    total = 0
-    for f in target._fused:
-        for p in (f.qkv, f.o, f.gu, f.down):
-            total += p.nbytes if hasattr(p, "nbytes") else p._w.nbytes
-    head = target._head
-    total += head.nbytes if hasattr(head, "nbytes") else head._w.nbytes
-    return total
+    def nbytes(p) -> int:
+        return int(getattr(p, "nbytes", None) or getattr(getattr(p, "_w", None), "nbytes", 0))
+
+    return sum(nbytes(p) for f in target._fused for p in (f.qkv, f.o, f.gu, f.down)) + nbytes(target._head)
 
 
 def drafter_bytes(drafter) -> int:
@@ -376,7 +373,9 @@ def run_dartcore(args, target: str, weights: str, quantized: bool | None, prompt
         per_round = wbytes + (dbytes if m != "ar" else 0)
         # forwards = rounds + one prefill per prompt (its weights read once per 16 rows: ignored)
         bytes_per_token = per_round * (rounds + len(prompts_ids)) / max(toks, 1)
-        rows.append({"engine": "dartcore", "weights": weights, "method": m, "numerics": args.numerics,
+        # the numerics the target runs (the loader's default where --numerics is not given)
+        numerics = getattr(decs[m].target, "numerics", None) or args.numerics
+        rows.append({"engine": "dartcore", "weights": weights, "method": m, "numerics": numerics,
                      "blocks": bool(getattr(ar.target, "blocks", False)), "new_tokens": toks, "seconds": secs,
                      "tok_per_s": toks / secs, "tau": (toks - len(prompts_ids)) / rounds if rounds else None,
                      "weight_bytes_per_forward": per_round, "bytes_per_token": bytes_per_token,
@@ -582,8 +581,9 @@ def markdown(report: dict) -> str:
                f"{r['acceptance']:.0%} of {r['draft_n']}" if r.get("acceptance") is not None else
                "none drafted" if r["engine"] == SERVER and r["method"] != "plain" else "-")
         pct = lambda v: "-" if v is None else f"{v:.0%}"
+        engine = f"{r['engine']} ({r['numerics']})" if r.get("numerics") else r["engine"]
         lines.append("| {} | {} | {} | {:.1f} | {:.1f}-{:.1f} | {} | {} | {} | {} | {} | {} |".format(
-            r["engine"], r["weights"], r["method"], med[k], *rng[k],
+            engine, r["weights"], r["method"], med[k], *rng[k],
             f"{r['decode_tok_per_s']:.1f}" if r.get("decode_tok_per_s") else "-",
             _fmt_ratio(report["median_ratio_to_best_server"], report["range_ratio_to_best_server"], k),
             _fmt_ratio(report["median_ratio_to_tg128_same_weights"], report["range_ratio_to_tg128_same_weights"], k),
@@ -631,6 +631,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quants", default="Q4_0,Q4_1,Q4_K_M", help="llama-quantize types made from the F32 export")
     p.add_argument("--llama-cpp", help="directory of llama-server, llama-bench, llama-quantize "
                                        "(default: where tools/build_llama_cpp.sh installs them)")
+    p.add_argument("--no-llama-cpp", action="store_true", help="dartcore's rows only")
     p.add_argument("--spec-types", help="llama-server speculative types to run (comma list; default: every "
                                         "no-draft-model type this llama-server lists)")
     p.add_argument("--bench-reps", type=int, default=5, help="llama-bench -r")
@@ -700,11 +701,12 @@ def main(argv: list[str] | None = None) -> int:
         from dartcore.kernels.linear import native_linear_isa
 
         report["machine"]["dartcore_isa"] = native_linear_isa()
-    bin_dir = find_llama_cpp(args.llama_cpp)
+    bin_dir = None if args.no_llama_cpp else find_llama_cpp(args.llama_cpp)
     files: dict[str, Path] = {"Q4_1": shipped}
     spec_types: list[str] = []
     if bin_dir is None:
-        report["skipped"].append("native llama.cpp: not built here (bash tools/build_llama_cpp.sh, or --llama-cpp DIR)")
+        report["skipped"].append("native llama.cpp: --no-llama-cpp" if args.no_llama_cpp else
+                                 "native llama.cpp: not built here (bash tools/build_llama_cpp.sh, or --llama-cpp DIR)")
     else:
         info = llama_build_info(bin_dir)
         quants = [q for q in args.quants.split(",") if q]
