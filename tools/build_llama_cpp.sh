@@ -87,13 +87,15 @@ jobs="${LLAMA_CPP_JOBS:-$(nproc)}"
 # pip download of an sdist prepares its metadata, which needs the package's build backend; with
 # --no-build-isolation it uses the backend installed here instead of building cmake from source
 # in an isolated environment (which takes longer than llama.cpp).
+# Pinned, so that a rebuild uses the same cmake; the venv is remade when the pins change.
+build_tools=(cmake==4.4.5 scikit-build-core==1.1.2)
 tools="$root/.tools-venv"
-if [[ ! -f "$tools/.ready" ]]; then
-    echo "build_llama_cpp: installing cmake and scikit-build-core into $tools" >&2
+if [[ "$(cat "$tools/.ready" 2>/dev/null)" != "${build_tools[*]}" ]]; then
+    echo "build_llama_cpp: installing ${build_tools[*]} into $tools" >&2
     rm -rf "$tools"
     python3 -m venv "$tools"
-    "$tools/bin/python" -m pip install --quiet cmake scikit-build-core
-    touch "$tools/.ready"
+    "$tools/bin/python" -m pip install --quiet "${build_tools[@]}"
+    echo "${build_tools[*]}" > "$tools/.ready"
 fi
 cmake_cmd=("$tools/bin/cmake")
 
