@@ -1,5 +1,10 @@
 """dartcore demo: index -> drafter -> DartDecoder vs AR on a handful of prompts.
 
+The target loads the way ``DartDecoder.from_pretrained`` loads it by default, which is what a
+CPU user runs: a GGUF target (the built-in ``smollm2``) keeps its quantized blocks, streamed by
+the native kernels. ``--fp32`` runs its float32 conversion instead. The exit status is 0 only
+when every DART answer equals plain AR's token for token on the same path.
+
 Every step prints what it does; outputs go to artifacts/demo/ (git-ignored): the corpus,
 the index (smollm2.idx) and the results next to it (smollm2_demo.json and .md: answers,
 τ, tok/s, speedup, identity with AR).
@@ -7,6 +12,7 @@ Rerunning reuses the corpus and the index when they are already there.
 
     python tools/demo.py                 # defaults: ~60 MB of local text, 5 prompts
     python tools/demo.py --corpus-bytes 20M --prompts 2 --max-new-tokens 64
+    python tools/demo.py --fp32          # the float32 conversion of the GGUF
 """
 
 from __future__ import annotations
@@ -74,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drafter", default="smollm2")
     p.add_argument("--tokenizer", help="tokenizer for the index (default: the target's)")
     p.add_argument("--tree", default="dart")
+    p.add_argument("--fp32", action="store_true",
+                   help="run the float32 conversion of a GGUF target instead of its blocks (the default path)")
     p.add_argument("--no-task-text", dest="task_text", action="store_false",
                    help="index only the local text (not the training responses, see write_task_responses)")
     args = p.parse_args(argv)
@@ -111,18 +119,19 @@ def main(argv: list[str] | None = None) -> int:
     else:
         step(f"2/4 ngram-build: reusing {index}")
 
-    step(f"3/4 load target ({args.target}, fp32, CPU), drafter and index")
-    from dartcore import DartDecoder, DartDrafter, NgramIndex
+    # The path a CPU user gets: DartDecoder.from_pretrained's defaults (a GGUF target keeps its
+    # blocks, quantized=None); --fp32 asks for the float32 conversion instead.
+    from dartcore import DartDecoder
     from dartcore.benchmark.datasets import BUILTIN_PROMPTS
-    from dartcore.models.hub import load_target
 
-    model, tok = load_target(args.target)
-    drafter = DartDrafter.from_pretrained(args.drafter, model)
-    idx = NgramIndex(index)
-    st = idx.stats()
+    quantized = False if args.fp32 else None
+    dart = DartDecoder.from_pretrained(args.target, args.drafter, index, tree=args.tree, quantized=quantized)
+    path = "GGUF blocks" if getattr(dart.target, "blocks", False) else "float32"
+    step(f"3/4 loaded target ({args.target}, {path}, CPU), drafter and index")
+    st = dart.index.stats()
     print(f"   index: {st.get('nodes')} nodes, {st.get('bytes_per_node', 0):.2f} bytes/node")
-    dart = DartDecoder(model, tok, drafter, idx, tree=args.tree)
-    ar = DartDecoder(model, tok, tree="ar")
+    # AR loaded the same way, so that both answers come from one numerical path
+    ar = DartDecoder.from_pretrained(args.target, tree="ar", quantized=quantized)
 
     step(f"4/4 generate: {args.prompts} prompts, {args.max_new_tokens} new tokens, greedy; "
          "DART's answer streams as it decodes, then the same prompt with plain AR")
@@ -168,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{summary['ar_tok_s']:.1f} tok/s -> speedup {summary['speedup']:.2f}×; greedy outputs identical: "
           f"{summary['identical']}; total {summary['total_s']:.0f} s (torch threads: {summary['torch_threads']}, "
           f"{summary['cpus']} CPUs)")
-    results = {"target": args.target, "drafter": args.drafter, "index": str(index), "tree": args.tree,
+    results = {"target": args.target, "weights": path, "drafter": args.drafter, "index": str(index), "tree": args.tree,
                "max_new_tokens": args.max_new_tokens, "summary": summary, "prompts": rows}
     json_path, md_path = write_results(results, out / (index.stem + "_demo"))
     print(f"   results: {json_path}, {md_path}")
@@ -181,8 +190,8 @@ def write_results(results: dict, stem: Path) -> tuple[Path, Path]:
     import json
 
     s = results["summary"]
-    lines = [f"# dartcore demo: {results['target']}, tree {results['tree']}, {results['max_new_tokens']} new "
-             f"tokens, greedy", "",
+    lines = [f"# dartcore demo: {results['target']} ({results['weights']}), tree {results['tree']}, "
+             f"{results['max_new_tokens']} new tokens, greedy", "",
              f"DART {s['dart_tok_s']:.1f} tok/s (τ = {s['tau']:.2f}) vs AR {s['ar_tok_s']:.1f} tok/s: "
              f"**{s['speedup']:.2f}×**; outputs identical to AR: {'yes' if s['identical'] else 'NO'}; "
              f"{s['torch_threads']} torch threads, {s['cpus']} CPUs; index `{results['index']}`.", "",
