@@ -27,6 +27,13 @@
 //! follow are the f32 kernel's, so the results are bit for bit those of the dequantised f32
 //! weight, from 4.5 (Q4_1: 20 bytes per 32 weights) or 8.5 bits per weight.
 //!
+//! The same blocks run on a second numerics, the integer path ([`int8`], [`Weights::Int8`]):
+//! the rows of `x` quantised to int8 per 32-value block and integer block dot products
+//! (AVX-512 VNNI, else AVX2) over the weights interleaved eight rows at a time -- not the
+//! dequantised weight's products, but as fixed a computation, at a fraction of the exact
+//! path's cost per extra row (each row's FMAs over formed weights become one `vpdpbusd` per
+//! four weights of eight output rows).
+//!
 //! Every output element is computed by the same instructions whatever the number of rows and
 //! however the weight rows are split between threads: L lane-wise fused multiply-add chains
 //! over `k` in order, a fixed reduction tree, then the bias. So a row's result does not
