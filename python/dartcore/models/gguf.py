@@ -301,7 +301,9 @@ def load_gguf_model(gguf_path: str | Path, hf_dir: str | Path, *, numerics: str 
     directory) with the block weights kept as blocks (see the module docs), in eval mode.
     ``numerics`` ("exact" or "int8", :data:`dartcore.kernels.linear.NUMERICS`): the arithmetic
     :class:`~dartcore.models.transformer.TargetModel` runs the blocks with (recorded on the
-    model as ``dartcore_numerics``; the Hugging Face forward stays exact)."""
+    model as ``dartcore_numerics``). The Hugging Face forward of the model is exact until a
+    TargetModel adopts it with "int8": its projections then share the fused int8 rows (where
+    they are whole groups of eight) and run that numerics too."""
     from dartcore.kernels.linear import NUMERICS
 
     if numerics not in NUMERICS:
