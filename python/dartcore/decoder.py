@@ -136,13 +136,16 @@ class DartDecoder:
 
     @classmethod
     def from_pretrained(cls, target, drafter=None, index=None, *, tree: str = "dart", device=None,
-                        dtype=None, quantized: bool | None = None, **tree_params) -> DartDecoder:
+                        dtype=None, quantized: bool | None = None, numerics: str | None = None,
+                        **tree_params) -> DartDecoder:
         """Load everything by name or path: ``target`` for :mod:`dartcore.models.hub`
         (e.g. ``"smollm2"``), ``drafter`` a drafter directory or name, ``index``
         an index file. ``quantized`` (default: on for a GGUF target on the CPU in float32
         where the native kernels run): keep the GGUF's Q4_0 / Q4_1 / Q8_0 tensors as their
         blocks, streamed by the native kernels -- the same outputs as the dequantised float32
-        model from a fraction of the memory and bytes per token (:mod:`dartcore.models.gguf`)."""
+        model from a fraction of the memory and bytes per token (:mod:`dartcore.models.gguf`).
+        ``numerics`` (blocks only; default ``"int8"`` where the integer kernels run, else
+        ``"exact"``): see :class:`dartcore.models.transformer.TargetModel`."""
         import torch
 
         from dartcore.kernels.linear import native_linear_available
@@ -151,7 +154,12 @@ class DartDecoder:
         if quantized is None:
             quantized = (gguf_source(target) is not None and str(device or "cpu") == "cpu"
                          and dtype in (None, torch.float32) and native_linear_available())
-        model, tokenizer = load_target(target, dtype=dtype, device=str(device or "cpu"), quantized=bool(quantized))
+        if numerics is None:
+            from dartcore.kernels.linear import int8_kernel
+
+            numerics = "int8" if quantized and int8_kernel() is not None else "exact"
+        model, tokenizer = load_target(target, dtype=dtype, device=str(device or "cpu"), quantized=bool(quantized),
+                                       numerics=numerics)
         drafter_obj = None
         if drafter is not None:
             from dartcore.drafter import DartDrafter

@@ -1,9 +1,11 @@
 //! SmolLM2-135M's decoding products (30 layers' fused q|k|v, o, gate|up, down, and the LM
 //! head: 134 M weights, streamed from memory) at 1..16 rows, per instruction set this CPU runs:
 //! the median of `REPEATS` passes, in ms. Weights f32, or a GGML block format named by the
-//! environment's `DART_LINEAR_FORMAT` (q4_0, q4_1, q8_0: random blocks).
+//! environment's `DART_LINEAR_FORMAT` (q4_0, q4_1, q8_0: random blocks), on the exact path
+//! (`Weights::Packed`) or, with `DART_LINEAR_NUMERICS=int8`, on the integer path
+//! (`Weights::Int8`).
 //!
-//!     [DART_LINEAR_FORMAT=q4_1] cargo run --release -p dart-linear --example rows [threads] [repeats] [rows ...]
+//!     [DART_LINEAR_FORMAT=q4_1 [DART_LINEAR_NUMERICS=int8]] cargo run --release -p dart-linear --example rows [threads] [repeats] [rows ...]
 
 use dart_linear::quant::Format;
 use dart_linear::{linear_on, Isa, Weights};
@@ -25,6 +27,7 @@ fn main() {
         ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.04
     };
     let format = std::env::var("DART_LINEAR_FORMAT").ok().and_then(|f| Format::from_name(&f));
+    let int8 = format.is_some() && std::env::var("DART_LINEAR_NUMERICS").is_ok_and(|v| v == "int8");
     let weights: Vec<Vec<f32>> = if format.is_none() { shapes.iter().map(|&(n, k)| (0..n * k).map(|_| next()).collect()).collect() } else { Vec::new() };
     // block rows: random bytes, every block's fp16 scales (and Q4_1 offset) set to 2^-8
     let blocks: Vec<Vec<u8>> = match format {
@@ -38,14 +41,14 @@ fn main() {
                         s.copy_from_slice(&0x1c00u16.to_le_bytes());
                     }
                 }
-                dart_linear::quant::pack_vec(f, &b, n, k).unwrap()
+                if int8 { dart_linear::int8::interleave(f, &b, n, k).unwrap() } else { dart_linear::quant::pack_vec(f, &b, n, k).unwrap() }
             })
             .collect(),
         None => Vec::new(),
     };
     let x: Vec<f32> = (0..16 * i).map(|_| next()).collect();
     let mut out = vec![0f32; 16 * v];
-    println!("threads {threads}, {}, median of {repeats} passes, ms", format.map_or("f32", Format::name));
+    println!("threads {threads}, {}{}, median of {repeats} passes, ms", format.map_or("f32", Format::name), if int8 { " int8" } else { "" });
     for isa in Isa::supported_here() {
         let mut line = format!("{:>6}:", isa.name());
         for &rows in &counts {
@@ -54,6 +57,7 @@ fn main() {
                     let t = Instant::now();
                     for (j, &(n, k)) in shapes.iter().enumerate() {
                         let w = match format {
+                            Some(f) if int8 => Weights::Int8(f, &blocks[j]),
                             Some(f) => Weights::Packed(f, &blocks[j]),
                             None => Weights::F32(&weights[j]),
                         };

@@ -27,6 +27,13 @@
 //! follow are the f32 kernel's, so the results are bit for bit those of the dequantised f32
 //! weight, from 4.5 (Q4_1: 20 bytes per 32 weights) or 8.5 bits per weight.
 //!
+//! The same blocks run on a second numerics, the integer path ([`int8`], [`Weights::Int8`]):
+//! the rows of `x` quantised to int8 per 32-value block and integer block dot products
+//! (AVX-512 VNNI, else AVX2) over the weights interleaved eight rows at a time -- not the
+//! dequantised weight's products, but as fixed a computation, at a fraction of the exact
+//! path's cost per extra row (each row's FMAs over formed weights become one `vpdpbusd` per
+//! four weights of eight output rows).
+//!
 //! Every output element is computed by the same instructions whatever the number of rows and
 //! however the weight rows are split between threads: L lane-wise fused multiply-add chains
 //! over `k` in order, a fixed reduction tree, then the bias. So a row's result does not
@@ -41,6 +48,7 @@
 //! for 1 / 2 / 5 / 8 / 16 rows; MKL on the same row-major weights 78.9 / 158 / 232 / 254 /
 //! 306, on column-major ones (its best layout) 60.9 / 98.3 / 223 / 248 / 287.
 
+pub mod int8;
 pub mod ops;
 pub mod quant;
 pub mod stack;
@@ -150,6 +158,11 @@ pub enum Weights<'a> {
     /// rounds them ([`quant::dequantize`]), so the results are bit for bit those of the f32
     /// weights it dequantises to.
     Packed(quant::Format, &'a [u8]),
+    /// The same blocks in the integer path's interleaved layout ([`int8::interleave`]): the
+    /// rows of `x` are quantised to int8 per 32-value block and each block product is an
+    /// integer dot product ([`int8`]) -- another numerics than the dequantised f32 weight's,
+    /// as fixed (each output row is the same bits whatever the other rows and the threads).
+    Int8(quant::Format, &'a [u8]),
 }
 
 impl Weights<'_> {
@@ -159,6 +172,7 @@ impl Weights<'_> {
             Weights::F32(w) => w.len(),
             Weights::F16(w) | Weights::Bf16(w) => w.len(),
             Weights::Blocks(f, w) | Weights::Packed(f, w) => return f.check(w.len(), n, k),
+            Weights::Int8(f, w) => return int8::check_interleaved(*f, w.len(), n, k),
         };
         if Some(len) == n.checked_mul(k) {
             Ok(())
@@ -171,7 +185,7 @@ impl Weights<'_> {
         match self {
             Weights::F32(w) => w.as_ptr().cast(),
             Weights::F16(w) | Weights::Bf16(w) => w.as_ptr().cast(),
-            Weights::Blocks(_, w) | Weights::Packed(_, w) => w.as_ptr(),
+            Weights::Blocks(_, w) | Weights::Packed(_, w) | Weights::Int8(_, w) => w.as_ptr(),
         }
     }
 }
@@ -224,6 +238,15 @@ pub fn linear_on<'w>(
     }
     if rows == 0 || n == 0 {
         return Ok(());
+    }
+    if let Weights::Int8(f, bytes) = w {
+        // AVX-512 runs the VNNI kernel where the CPU has it; AVX2 (forced or not) the AVX2 one.
+        let kernel = match isa {
+            Isa::Avx512 => int8::Kernel::supported_here().first().copied(),
+            Isa::Avx2 => Some(int8::Kernel::Avx2).filter(|k| k.supported()),
+        };
+        let kernel = kernel.ok_or_else(|| ShapeError(format!("the integer path does not run with {} here: use the exact path", isa.name())))?;
+        return int8::linear_on(kernel, f, x, rows, k, bytes, n, bias, out, threads);
     }
     if let Weights::Blocks(f, file) = w {
         let packed = quant::pack_vec(f, file, n, k)?;
@@ -338,7 +361,7 @@ fn run_part(isa: Isa, x: &[f32], rows: usize, k: usize, w: Weights<'_>, n: usize
             Weights::Packed(quant::Format::Q4_0, _) => Q4_0,
             Weights::Packed(quant::Format::Q4_1, _) => Q4_1,
             Weights::Packed(quant::Format::Q8_0, _) => Q8_0,
-            Weights::Blocks(..) => unreachable!("packed by linear_on"),
+            Weights::Blocks(..) | Weights::Int8(..) => unreachable!("packed by linear_on, or the integer path's"),
         };
         let wp = w.ptr();
         macro_rules! go {

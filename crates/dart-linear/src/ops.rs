@@ -539,6 +539,34 @@ mod fast {
                 S::store(c.as_mut_ptr(), e);
                 sum = S::add(sum, e);
             }
+            // The sum's lanes follow the keys' slots: where a hidden block key comes before a
+            // visible one (a tree's sibling), the visible keys are summed packed together, in
+            // the slots a plain step would give them -- so a tree node's softmax (and with it
+            // its whole row: the scores and P·V skip a hidden key exactly) is its plain step's
+            // bit for bit. (Without it the rounding differed in the last bits, which the
+            // integer path's activation rounding can turn into a different token.)
+            let mut hidden_before = false;
+            let mut holes = false;
+            for jj in 0..total - prefix {
+                let v = visible(jj);
+                holes |= v && hidden_before;
+                hidden_before |= !v;
+            }
+            if holes {
+                let mut packed = vec![0f32; row.len()];
+                packed[..prefix].copy_from_slice(&row[..prefix]);
+                let mut at = prefix;
+                for jj in 0..total - prefix {
+                    if visible(jj) {
+                        packed[at] = row[prefix + jj];
+                        at += 1;
+                    }
+                }
+                sum = S::zero();
+                for c in packed.chunks_exact(lanes) {
+                    sum = S::add(sum, S::load(c.as_ptr()));
+                }
+            }
             let inv = S::set1(1.0 / S::hsum(sum));
             for c in row.chunks_exact_mut(lanes) {
                 S::store(c.as_mut_ptr(), S::mul(S::load(c.as_ptr()), inv));
@@ -677,6 +705,33 @@ fn exp(x: f32) -> f32 {
 mod tests {
     use super::*;
     use crate::tests::data;
+
+    #[test]
+    fn a_tree_row_after_a_hidden_sibling_is_its_plain_steps_row_bit_for_bit() {
+        // rows: root, child a, child b (b does not see a); b alone after the root must give
+        // the same bits (the softmax's sum over its visible keys as if they were contiguous)
+        let hd = Heads { heads: 4, kv_heads: 2, head_dim: 64 };
+        let (d, w) = (hd.head_dim, (hd.heads + 2 * hd.kv_heads) * hd.head_dim);
+        for isa in [None].into_iter().chain(crate::Isa::supported_here().into_iter().map(Some)) {
+            for prefix in [0usize, 5, 16, 37] {
+                let capacity = prefix + 3;
+                let cache = data(hd.kv_heads * capacity * d, 3);
+                let qkv = data(3 * w, 4);
+                let (cos, sin) = (data(3 * d, 5), data(3 * d, 6));
+                let (mut k1, mut v1) = (cache.clone(), cache.iter().map(|v| v * 0.5).collect::<Vec<f32>>());
+                let (mut k2, mut v2) = (k1.clone(), v1.clone());
+                let mut tree = vec![0f32; 3 * hd.heads * d];
+                let mask = [1u8, 0, 0, 1, 1, 0, 1, 0, 1];
+                block_attention_on(isa, &qkv, 3, hd, None, &cos, &sin, &mut k1, &mut v1, prefix, Some(&mask), 0.125, &mut tree, 1).unwrap();
+                let pick = |a: &[f32], rows: [usize; 2], width: usize| -> Vec<f32> { rows.iter().flat_map(|&r| a[r * width..(r + 1) * width].to_vec()).collect() };
+                let mut steps = vec![0f32; 2 * hd.heads * d];
+                block_attention_on(isa, &pick(&qkv, [0, 2], w), 2, hd, None, &pick(&cos, [0, 2], d), &pick(&sin, [0, 2], d), &mut k2, &mut v2, prefix, None, 0.125, &mut steps, 1).unwrap();
+                let row = |a: &[f32], r: usize| a[r * hd.heads * d..(r + 1) * hd.heads * d].iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+                assert_eq!(row(&tree, 0), row(&steps, 0), "{isa:?} prefix {prefix}: root");
+                assert_eq!(row(&tree, 2), row(&steps, 1), "{isa:?} prefix {prefix}: the second child");
+            }
+        }
+    }
 
     #[test]
     fn exp_is_within_two_ulp_of_f64() {

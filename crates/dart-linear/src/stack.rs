@@ -6,6 +6,14 @@
 //! (the caller's loop) -- without a return to the caller between them: from Python, ~7 calls
 //! and a few framework ops per layer cost ~3-4 ms of a ~10 ms SmolLM2 step.
 //!
+//! The products' numerics are the held weights': the products of the weights' f32 values (f32,
+//! fp16, bf16, and GGML blocks formed exactly: [`Weights::Packed`]), or the integer path for
+//! GGML blocks ([`Weights::Int8`]: each product quantises its input rows once, int8 per
+//! 32-value block, and runs integer block dot products, [`crate::int8`]); a stack may mix
+//! them (a tensor type without an integer kernel stays exact). The attention, the norms and
+//! SiLU are f32 either way. Every output row is the same bits whatever the other rows of the
+//! block and the threads, on either numerics.
+//!
 //! Llama-family layers (Llama, Qwen2/3, Mistral): pre-norm, RMSNorm, rotate-half RoPE,
 //! grouped-query attention with optional q/k norms (Qwen3), a gated SiLU MLP.
 
@@ -319,7 +327,57 @@ mod tests {
         }
         let o = owned();
         let ls = layers(&o);
-        let final_norm = o.norms.last().unwrap();
+        the_stack_is_its_calls(&ls, o.norms.last().unwrap());
+    }
+
+    /// `n` rows of `k` random block weights of `format` (scales about 2^-5).
+    fn blocks(format: crate::quant::Format, n: usize, k: usize, seed: u64) -> Vec<u8> {
+        let mut b: Vec<u8> = data(n * format.row_bytes(k).unwrap(), seed).iter().map(|v| (v.to_bits() >> 9) as u8).collect();
+        for (i, block) in b.chunks_exact_mut(format.block_bytes()).enumerate() {
+            block[..2].copy_from_slice(&(0x2800u16 + (i % 97) as u16).to_le_bytes());
+            if format == crate::quant::Format::Q4_1 {
+                block[2..4].copy_from_slice(&(0xa400u16 + (i % 89) as u16).to_le_bytes());
+            }
+        }
+        b
+    }
+
+    #[test]
+    fn the_stack_on_the_integer_path_is_its_calls_and_each_row_its_own_step() {
+        use crate::int8;
+        use crate::quant::Format;
+        if int8::kernel().is_none() {
+            return;
+        }
+        // Q4_0 q|k|v, Q4_1 o and gate|up, Q8_0 nowhere the inner size is not whole blocks
+        // (down stays f32): the int8 numerics mixed with an exact product, as a GGUF file
+        // with a tensor type without an integer kernel is run.
+        let o = owned();
+        let Shape { hidden, inter, .. } = SHAPE;
+        let d = HEADS.head_dim;
+        let width = (HEADS.heads + 2 * HEADS.kv_heads) * d;
+        let mut held = Vec::new();
+        for i in 0..LAYERS {
+            let s = 50 + 10 * i as u64;
+            for (f, n, k, seed) in [(Format::Q4_0, width, hidden, s), (Format::Q4_1, hidden, HEADS.heads * d, s + 1), (Format::Q8_0, 2 * inter, hidden, s + 2)] {
+                held.push((f, n, k, int8::interleave(f, &blocks(f, n, k, seed), n, k).unwrap()));
+            }
+        }
+        let mut ls = layers(&o);
+        for (i, l) in ls.iter_mut().enumerate() {
+            let q = |j: usize| {
+                let (f, n, k, ref w) = held[3 * i + j];
+                Product { w: Weights::Int8(f, w), n, k, bias: None }
+            };
+            l.qkv = Product { bias: l.qkv.bias, ..q(0) };
+            l.o = Product { bias: l.o.bias, ..q(1) };
+            l.gate_up = q(2);
+        }
+        the_stack_is_its_calls(&ls, o.norms.last().unwrap());
+    }
+
+    fn the_stack_is_its_calls(ls: &[Layer<'_>], final_norm: &[f32]) {
+        let ls = ls.to_vec();
         check_layers(&ls, &SHAPE, final_norm).unwrap();
         let hidden = SHAPE.hidden;
         let (n, capacity) = (5, 12);

@@ -9,13 +9,38 @@ use pyo3::prelude::*;
 use crate::arrays::{c_slice, c_slice_mut};
 use crate::errors::{self, guard};
 
+/// How a GGML block weight's rows are laid out.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Layout {
+    /// As the GGUF file stores them.
+    File,
+    /// dart-linear's packed layout (`pack_rows`): the exact path streams it.
+    Packed,
+    /// The integer path's interleaved layout (`interleave_rows`, whole groups of 8 rows).
+    Int8,
+}
+
 /// A GGML block format by name: "q4_0", "q4_1", "q8_0" (rows as the GGUF file stores them),
-/// or with "_packed" (rows in dart-linear's packed layout, `pack_rows`); None otherwise.
-pub(crate) fn block_format(name: &str) -> Option<(Format, bool)> {
-    match name.strip_suffix("_packed") {
-        Some(base) => Format::from_name(base).map(|f| (f, true)),
-        None => Format::from_name(name).map(|f| (f, false)),
+/// with "_packed" (rows in dart-linear's packed layout, `pack_rows`), or with "_int8" (the
+/// integer path's interleaved rows, `interleave_rows`); None otherwise.
+pub(crate) fn block_format(name: &str) -> Option<(Format, Layout)> {
+    let (base, layout) = if let Some(b) = name.strip_suffix("_packed") {
+        (b, Layout::Packed)
+    } else if let Some(b) = name.strip_suffix("_int8") {
+        (b, Layout::Int8)
+    } else {
+        (name, Layout::File)
+    };
+    Format::from_name(base).map(|f| (f, layout))
+}
+
+/// The rows of an interleaved weight array (`[groups * 8, row bytes]`) for `n` output rows:
+/// its shape's first dimension is `n` rounded up to whole groups.
+pub(crate) fn interleaved_rows(held: usize, n: usize, what: &str) -> PyResult<()> {
+    if held != n.div_ceil(dart_linear::int8::GROUP) * dart_linear::int8::GROUP || n == 0 {
+        return Err(errors::value(format!("{what}: an _int8 weight of {held} rows cannot hold {n} output rows (interleave_rows pads to whole groups of 8)")));
     }
+    Ok(())
 }
 
 /// linear_rows(x float32[m, k], w [n, k], bias float32[n] | None, out float32[m, n],
@@ -24,7 +49,11 @@ pub(crate) fn block_format(name: &str) -> Option<(Format, bool)> {
 /// converted to f32 exactly), or for a GGML block format ("q4_0", "q4_1", "q8_0") uint8
 /// `[n, k / 32 * block bytes]`: the rows' blocks as the GGUF file stores them (packed for the
 /// call), or with "_packed" ("q4_1_packed", ...) the same rows packed by `pack_rows`, which
-/// the kernel streams; bit for bit the products of their dequantised f32 values. On the
+/// the kernel streams; bit for bit the products of their dequantised f32 values. With "_int8"
+/// ("q4_1_int8", ...) `w` holds the rows interleaved by `interleave_rows` (padded to whole
+/// groups of 8, `n` = out's columns) and the product runs on the integer path: `x`'s rows
+/// quantised to int8 per 32-value block, integer block dot products (another numerics, each
+/// row the same bits whatever the others). On the
 /// calling thread, or with `threads > 1` on it and the spinning helpers of dart-linear's team.
 #[pyfunction]
 #[pyo3(signature = (x, w, bias, out, threads = 1, format = "f32"))]
@@ -39,16 +68,23 @@ fn linear_rows(
     format: &str,
 ) -> PyResult<()> {
     guard("linear_rows", || {
-        if let Some((fmt, packed)) = block_format(format) {
+        if let Some((fmt, layout)) = block_format(format) {
             let blocks = w.extract::<PyReadonlyArray2<'_, u8>>().map_err(|_| wrong_w(format))?;
             let (rows, k) = (x.shape()[0], x.shape()[1]);
-            let n = blocks.shape()[0];
+            let n = if layout == Layout::Int8 { out.shape()[1] } else { blocks.shape()[0] };
+            if layout == Layout::Int8 {
+                interleaved_rows(blocks.shape()[0], n, "linear_rows")?;
+            }
             if out.shape() != [rows, n] {
                 return Err(errors::value(format!("linear_rows: x {:?}, w {:?} ({format}), out {:?} do not fit out = x @ w.T", x.shape(), blocks.shape(), out.shape())));
             }
             let xs = c_slice(&x, "linear_rows: x")?;
             let bytes = c_slice(&blocks, "linear_rows: w")?;
-            let ws = if packed { dart_linear::Weights::Packed(fmt, bytes) } else { dart_linear::Weights::Blocks(fmt, bytes) };
+            let ws = match layout {
+                Layout::File => dart_linear::Weights::Blocks(fmt, bytes),
+                Layout::Packed => dart_linear::Weights::Packed(fmt, bytes),
+                Layout::Int8 => dart_linear::Weights::Int8(fmt, bytes),
+            };
             let bs = bias.as_ref().map(|b| c_slice(b, "linear_rows: bias")).transpose()?;
             let os = c_slice_mut(&mut out, "linear_rows: out")?;
             return py.detach(|| dart_linear::linear(xs, rows, k, ws, n, bs, os, threads)).map_err(|e| errors::value(format!("linear_rows: {}", e.0)));
@@ -56,7 +92,7 @@ fn linear_rows(
         let (w32, w16) = match format {
             "f32" => (Some(w.extract::<PyReadonlyArray2<'_, f32>>().map_err(|_| wrong_w(format))?), None),
             "f16" | "bf16" => (None, Some(w.extract::<PyReadonlyArray2<'_, u16>>().map_err(|_| wrong_w(format))?)),
-            _ => return Err(errors::value(format!("linear_rows: unknown weight format {format:?} (f32, f16, bf16, q4_0, q4_1, q8_0, each q with _packed)"))),
+            _ => return Err(errors::value(format!("linear_rows: unknown weight format {format:?} (f32, f16, bf16, q4_0, q4_1, q8_0, each q with _packed or _int8)"))),
         };
         let w_shape = match (&w32, &w16) {
             (Some(a), _) => a.shape().to_vec(),
@@ -89,18 +125,25 @@ fn linear_rows(
 /// dequantize_rows(w uint8[n, k / 32 * block bytes], out float32[n, k], format): the f32
 /// values of GGML block rows ("q4_0", "q4_1", "q8_0"), as the `gguf` package's dequantiser
 /// computes them (fp16 scales widened; a multiply, then a separate add); "q4_1_packed" etc.:
-/// rows packed by `pack_rows`.
+/// rows packed by `pack_rows`; "q4_1_int8" etc.: rows interleaved by `interleave_rows` (`out`'s
+/// `n` rows of them).
 #[pyfunction]
 fn dequantize_rows(py: Python<'_>, w: PyReadonlyArray2<'_, u8>, mut out: PyReadwriteArray2<'_, f32>, format: &str) -> PyResult<()> {
     guard("dequantize_rows", || {
-        let (fmt, packed) = block_format(format).ok_or_else(|| errors::value(format!("dequantize_rows: unknown block format {format:?} (q4_0, q4_1, q8_0, each with _packed)")))?;
+        let (fmt, layout) = block_format(format).ok_or_else(|| errors::value(format!("dequantize_rows: unknown block format {format:?} (q4_0, q4_1, q8_0, each with _packed or _int8)")))?;
         let (n, k) = (out.shape()[0], out.shape()[1]);
-        if w.shape()[0] != n {
+        if layout == Layout::Int8 {
+            interleaved_rows(w.shape()[0], n, "dequantize_rows")?;
+        } else if w.shape()[0] != n {
             return Err(errors::value(format!("dequantize_rows: w has {} rows, out {n}", w.shape()[0])));
         }
         let ws = c_slice(&w, "dequantize_rows: w")?;
         let os = c_slice_mut(&mut out, "dequantize_rows: out")?;
-        let run = |ws, os: &mut [f32]| if packed { dart_linear::quant::dequantize_packed(fmt, ws, n, k, os) } else { dart_linear::quant::dequantize(fmt, ws, n, k, os) };
+        let run = |ws, os: &mut [f32]| match layout {
+            Layout::File => dart_linear::quant::dequantize(fmt, ws, n, k, os),
+            Layout::Packed => dart_linear::quant::dequantize_packed(fmt, ws, n, k, os),
+            Layout::Int8 => dart_linear::int8::deinterleave(fmt, ws, n, k).and_then(|file| dart_linear::quant::dequantize(fmt, &file, n, k, os)),
+        };
         py.detach(|| run(ws, os)).map_err(|e| errors::value(format!("dequantize_rows: {}", e.0)))
     })
 }
@@ -124,6 +167,51 @@ fn pack_rows(py: Python<'_>, w: PyReadonlyArray2<'_, u8>, mut out: PyReadwriteAr
         let os = c_slice_mut(&mut out, "pack_rows: out")?;
         py.detach(|| dart_linear::quant::pack(fmt, ws, n, k, os)).map_err(|e| errors::value(format!("pack_rows: {}", e.0)))
     })
+}
+
+/// interleave_rows(w uint8[n, k / 32 * block bytes], format) -> uint8[ceil(n / 8) * 8, same]:
+/// GGML block rows ("q4_0", "q4_1", "q8_0", as the file stores them) in the integer path's
+/// interleaved layout (format name + "_int8"): eight rows at a time, four bytes of each in
+/// turn, the last group padded with zero rows.
+#[pyfunction]
+fn interleave_rows<'py>(py: Python<'py>, w: PyReadonlyArray2<'py, u8>, format: &str) -> PyResult<Bound<'py, numpy::PyArray2<u8>>> {
+    guard("interleave_rows", || {
+        let fmt = Format::from_name(format).ok_or_else(|| errors::value(format!("interleave_rows: unknown block format {format:?} (q4_0, q4_1, q8_0)")))?;
+        let (n, bytes) = (w.shape()[0], w.shape()[1]);
+        if bytes % fmt.block_bytes() != 0 || bytes == 0 {
+            return Err(errors::value(format!("interleave_rows: rows of {bytes} bytes are not whole {format} blocks")));
+        }
+        let k = bytes / fmt.block_bytes() * dart_linear::quant::BLOCK_WEIGHTS;
+        let ws = c_slice(&w, "interleave_rows: w")?;
+        let out = py.detach(|| dart_linear::int8::interleave(fmt, ws, n, k)).map_err(|e| errors::value(format!("interleave_rows: {}", e.0)))?;
+        let rows = out.len() / bytes;
+        numpy::PyArrayMethods::reshape(&numpy::PyArray1::from_vec(py, out), [rows, bytes])
+    })
+}
+
+/// deinterleave_rows(w uint8[ceil(n / 8) * 8, row bytes], n, format) -> uint8[n, row bytes]:
+/// rows interleaved by `interleave_rows` back as the file stores them.
+#[pyfunction]
+fn deinterleave_rows<'py>(py: Python<'py>, w: PyReadonlyArray2<'py, u8>, n: usize, format: &str) -> PyResult<Bound<'py, numpy::PyArray2<u8>>> {
+    guard("deinterleave_rows", || {
+        let fmt = Format::from_name(format).ok_or_else(|| errors::value(format!("deinterleave_rows: unknown block format {format:?} (q4_0, q4_1, q8_0)")))?;
+        let bytes = w.shape()[1];
+        if bytes % fmt.block_bytes() != 0 || bytes == 0 {
+            return Err(errors::value(format!("deinterleave_rows: rows of {bytes} bytes are not whole {format} blocks")));
+        }
+        interleaved_rows(w.shape()[0], n, "deinterleave_rows")?;
+        let k = bytes / fmt.block_bytes() * dart_linear::quant::BLOCK_WEIGHTS;
+        let ws = c_slice(&w, "deinterleave_rows: w")?;
+        let out = py.detach(|| dart_linear::int8::deinterleave(fmt, ws, n, k)).map_err(|e| errors::value(format!("deinterleave_rows: {}", e.0)))?;
+        numpy::PyArrayMethods::reshape(&numpy::PyArray1::from_vec(py, out), [n, bytes])
+    })
+}
+
+/// The integer path's kernel here: "vnni" (AVX-512 VNNI), "avx2", or None (the kernels do
+/// not run, or DARTCORE_LINEAR_ISA turned them off).
+#[pyfunction]
+fn int8_kernel() -> Option<&'static str> {
+    dart_linear::int8::kernel().map(dart_linear::int8::Kernel::name)
 }
 
 fn wrong_w(format: &str) -> PyErr {
@@ -154,5 +242,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dequantize_rows, m)?)?;
     m.add_function(wrap_pyfunction!(pack_rows, m)?)?;
     m.add_function(wrap_pyfunction!(linear_isa, m)?)?;
+    m.add_function(wrap_pyfunction!(interleave_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(int8_kernel, m)?)?;
+    m.add_function(wrap_pyfunction!(deinterleave_rows, m)?)?;
     Ok(())
 }

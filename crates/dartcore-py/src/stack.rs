@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 
 use crate::arrays::{c_slice, c_slice_mut};
 use crate::errors::{self, guard};
+use crate::linear::Layout;
 
 /// The elements of a C-contiguous array the stack holds a reference to.
 #[derive(Clone, Copy)]
@@ -37,6 +38,7 @@ enum HeldWeights {
     Bf16(Span<u16>),
     Blocks(Format, Span<u8>),
     Packed(Format, Span<u8>),
+    Int8(Format, Span<u8>),
 }
 
 #[derive(Clone, Copy)]
@@ -59,7 +61,9 @@ struct HeldLayer {
 /// qkv, o, gate_up, down)` with float32 norm weights and each product `(w, format, bias |
 /// None)` as `linear_rows` takes it (`w` `[n, k]` float32, uint16 bit patterns of "f16" /
 /// "bf16", or uint8 GGML block rows of "q4_0" / "q4_1" / "q8_0", or packed ones of
-/// "q4_1_packed" etc.: the layout the kernel streams; file rows are packed per product);
+/// "q4_1_packed" etc.: the layout the kernel streams; file rows are packed per product; or
+/// interleaved ones of "q4_1_int8" etc. (`interleave_rows`): the integer path, see
+/// dart_linear::stack);
 /// every array C-contiguous.
 /// The stack keeps references to the arrays and reads them in place (no copy): they must not be
 /// written while a forward runs.
@@ -124,13 +128,18 @@ impl Holder {
                 (if format == "f16" { HeldWeights::F16(s) } else { HeldWeights::Bf16(s) }, n, k)
             }
             name => {
-                let (fmt, packed) = crate::linear::block_format(name).ok_or_else(|| errors::value(format!("LayerStack: {what}: unknown weight format {name:?} (f32, f16, bf16, q4_0, q4_1, q8_0, each q with _packed)")))?;
+                let (fmt, layout) = crate::linear::block_format(name).ok_or_else(|| errors::value(format!("LayerStack: {what}: unknown weight format {name:?} (f32, f16, bf16, q4_0, q4_1, q8_0, each q with _packed or _int8)")))?;
                 let (s, shape) = self.hold::<u8>(w, what, "uint8 (block rows)")?;
                 let (n, bytes) = two_d(&shape)?;
                 if bytes % fmt.block_bytes() != 0 {
                     return Err(errors::value(format!("LayerStack: {what}: rows of {bytes} bytes are not whole {name} blocks")));
                 }
-                let held = if packed { HeldWeights::Packed(fmt, s) } else { HeldWeights::Blocks(fmt, s) };
+                // (an _int8 weight's rows are padded to whole groups: `new` sets its `n`)
+                let held = match layout {
+                    Layout::File => HeldWeights::Blocks(fmt, s),
+                    Layout::Packed => HeldWeights::Packed(fmt, s),
+                    Layout::Int8 => HeldWeights::Int8(fmt, s),
+                };
                 (held, n, bytes / fmt.block_bytes() * dart_linear::quant::BLOCK_WEIGHTS)
             }
         };
@@ -150,6 +159,7 @@ impl PyLayerStack {
                 HeldWeights::Bf16(s) => Weights::Bf16(unsafe { s.get() }),
                 HeldWeights::Blocks(f, s) => Weights::Blocks(f, unsafe { s.get() }),
                 HeldWeights::Packed(f, s) => Weights::Packed(f, unsafe { s.get() }),
+                HeldWeights::Int8(f, s) => Weights::Int8(f, unsafe { s.get() }),
             },
             n: p.n,
             k: p.k,
@@ -199,6 +209,17 @@ impl PyLayerStack {
                 });
             }
             let shape = Shape { hidden: final_span.len, heads: Heads { heads, kv_heads, head_dim }, inter, eps, scale };
+            // An _int8 product's array holds its rows padded to whole groups of 8: its output
+            // rows are the layer's (q|k|v, hidden, gate|up, hidden).
+            let wants = [(heads + 2 * kv_heads) * head_dim, final_span.len, 2 * inter, final_span.len];
+            for (i, l) in held.iter_mut().enumerate() {
+                for (p, &n) in l.products.iter_mut().zip(&wants) {
+                    if matches!(p.w, HeldWeights::Int8(..)) {
+                        crate::linear::interleaved_rows(p.n, n, &format!("LayerStack: layer {i}"))?;
+                        p.n = n;
+                    }
+                }
+            }
             let stack = PyLayerStack { layers: held, final_norm: final_span, shape, threads: threads.max(1), _owners: holder.owners };
             // SAFETY: held above.
             stack::check_layers(&stack.layers(), &stack.shape, unsafe { stack.final_norm.get() }).map_err(|e| errors::value(e.0))?;

@@ -34,6 +34,16 @@ package's dequantiser does, so the products are bit for bit those of the dequant
 weight (:func:`dequantize_blocks`), from 4-7x fewer bytes.
 Elsewhere (more rows, no kernel) it dequantises into a temporary float32 matrix for
 ``F.linear``.
+
+Two numerics for block weights (:data:`NUMERICS`): ``"exact"`` is the above (the products of
+the dequantised float32 weight, = Hugging Face on the float32 conversion); ``"int8"`` runs
+the integer path (crates/dart-linear/src/int8.rs): each row of ``x`` quantised to int8 per
+32-value block (scale amax / 127), integer block dot products (AVX-512 VNNI, else AVX2), the
+blocks' partial sums scaled and accumulated in one fixed order -- so each output row is the
+same bits whatever the other rows and threads (a tree's verify computes each node as a plain
+step would), and an extra row costs a fraction of the exact path's. Its weights are
+interleaved eight rows at a time once (:func:`interleave_blocks`); :func:`int8_kernel` names
+the kernel that runs here.
 """
 
 from __future__ import annotations
@@ -46,7 +56,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["BLOCK_FORMATS", "BlockWeight", "LINEAR_THREADS", "MAX_ROWS", "NativeWeight", "dequantize_blocks", "exact_narrow", "pack_blocks", "linear_threads", "native_linear_available",
+__all__ = ["BLOCK_FORMATS", "BlockWeight", "NUMERICS", "int8_kernel", "interleave_blocks", "LINEAR_THREADS", "MAX_ROWS", "NativeWeight", "dequantize_blocks", "exact_narrow", "pack_blocks", "linear_threads", "native_linear_available",
            "native_linear_isa", "native_linears_", "small_linear", "torch_threads"]
 
 MAX_ROWS = 16  # crates/dart-linear's MAX_ROWS
@@ -66,6 +76,26 @@ def _probe() -> str | None:
 
 _ISA = _probe()
 _AVAILABLE = _ISA is not None
+
+
+def _probe_int8() -> str | None:
+    if not _AVAILABLE:
+        return None
+    from dartcore import _native
+
+    return getattr(_native, "int8_kernel", lambda: None)()
+
+
+_INT8 = _probe_int8()
+
+# The numerics of block weights: their dequantised float32 values' products, or the integer path.
+NUMERICS = ("exact", "int8")
+
+
+def int8_kernel() -> str | None:
+    """The integer path's kernel here: ``"vnni"`` (AVX-512 VNNI), ``"avx2"``, or None where it
+    does not run (no AVX2, the native kernels off)."""
+    return _INT8
 
 
 def _env_threads() -> int | None:
@@ -103,12 +133,13 @@ def torch_threads(n: int) -> Iterator[None]:
             torch.set_num_threads(prev)
 
 
-def _product(x: torch.Tensor, w: np.ndarray, b: np.ndarray | None, threads: int, fmt: str = "f32") -> torch.Tensor:
+def _product(x: torch.Tensor, w: np.ndarray, b: np.ndarray | None, threads: int, fmt: str = "f32",
+             n: int | None = None) -> torch.Tensor:
     """The native call: ``x @ w.T + b`` into a new float32 tensor (``w`` float32, or uint16
-    bit patterns of format ``fmt``)."""
+    bit patterns or block rows of format ``fmt``; ``n`` output columns, default ``w``'s rows)."""
     from dartcore import _native
 
-    out = torch.empty(x.shape[0], w.shape[0])
+    out = torch.empty(x.shape[0], w.shape[0] if n is None else n)
     _native.linear_rows(x.detach().contiguous().numpy(), w, b, out.numpy(), threads, fmt)
     return out
 
@@ -260,16 +291,40 @@ def _check_rows(data, k: int, fmt: str) -> None:
         raise WeightFormatError(f"data: {fmt} rows of {k} weights are uint8 [n, {row}], got {got}")
 
 
-def dequantize_blocks(data: np.ndarray, k: int, fmt: str, *, packed: bool = False) -> torch.Tensor:
+def dequantize_blocks(data: np.ndarray, k: int, fmt: str, *, packed: bool = False, rows: int | None = None,
+                      layout: str | None = None) -> torch.Tensor:
     """The float32 values ``[n, k]`` of ``n`` rows of GGML blocks (``data`` uint8 ``[n, k / 32
-    * block bytes]``, as the file stores them, or ``packed`` by :func:`pack_blocks`),
-    natively, as the ``gguf`` package's dequantiser computes them."""
+    * block bytes]``, as the file stores them, or ``packed`` by :func:`pack_blocks`; or
+    ``layout="int8"``: interleaved by :func:`interleave_blocks`, ``rows`` of them), natively,
+    as the ``gguf`` package's dequantiser computes them."""
     from dartcore import _native
 
     _check_rows(data, k, fmt)
-    out = torch.empty(data.shape[0], k)
-    _native.dequantize_rows(np.ascontiguousarray(data), out.numpy(), fmt + "_packed" if packed else fmt)
+    layout = layout or ("packed" if packed else "file")
+    n = data.shape[0] if rows is None else int(rows)
+    out = torch.empty(n, k)
+    _native.dequantize_rows(np.ascontiguousarray(data), out.numpy(), fmt if layout == "file" else f"{fmt}_{layout}")
     return out
+
+
+def interleave_blocks(data: np.ndarray, k: int, fmt: str) -> np.ndarray:
+    """Rows of GGML blocks as the file stores them (uint8 ``[n, k / 32 * block bytes]``) in
+    the integer path's interleaved layout: a new uint8 array ``[ceil(n / 8) * 8, same]``
+    (eight rows at a time, four bytes of each in turn; the last group padded with zero rows;
+    crates/dart-linear/src/int8.rs)."""
+    from dartcore import _native
+
+    _check_rows(data, k, fmt)
+    return _native.interleave_rows(np.ascontiguousarray(data), fmt)
+
+
+def _unpack(data: np.ndarray, k: int, fmt: str) -> np.ndarray:
+    """Packed rows (:func:`pack_blocks`) back as the file stores them."""
+    n, nb, bb = data.shape[0], k // 32, BLOCK_FORMATS[fmt]
+    sb = 4 if fmt == "q4_1" else 2
+    scales = data[:, :nb * sb].reshape(n, nb, sb)
+    quants = data[:, nb * sb:].reshape(n, nb, bb - sb)
+    return np.ascontiguousarray(np.concatenate([scales, quants], axis=2).reshape(n, nb * bb))
 
 
 def pack_blocks(data: np.ndarray, k: int, fmt: str) -> np.ndarray:
@@ -289,40 +344,104 @@ class BlockWeight:
     """A weight ``[n, k]`` kept as GGML blocks: ``data`` uint8 ``[n, k / 32 * block bytes]``
     (each row its blocks, as the GGUF file stores them; or ``packed`` already by
     :func:`pack_blocks`), ``fmt`` one of :data:`BLOCK_FORMATS`, an optional float32 bias.
-    ``w(x)`` is ``F.linear(x, W, bias)`` with ``W`` the dequantised float32 weight: natively
-    from the blocks for 1..MAX_ROWS float32 CPU rows (bit for bit), else through a temporary
-    float32 ``W`` (:meth:`dequantize`). ``data`` holds the rows packed (the same bytes)."""
+    ``numerics="exact"``: ``w(x)`` is ``F.linear(x, W, bias)`` with ``W`` the dequantised
+    float32 weight: natively from the blocks for 1..MAX_ROWS float32 CPU rows (bit for bit),
+    else through a temporary float32 ``W`` (:meth:`dequantize`); ``data`` holds the rows
+    packed (the same bytes). ``numerics="int8"`` (where :func:`int8_kernel` runs): the integer
+    path (see the module docs), MAX_ROWS rows per native call whatever the number of rows;
+    ``data`` holds the rows interleaved (:func:`interleave_blocks`)."""
 
-    __slots__ = ("data", "format", "shape", "bias", "threads", "_b")
+    __slots__ = ("data", "format", "shape", "bias", "threads", "numerics", "adopted", "_b")
 
     def __init__(self, data: np.ndarray, k: int, fmt: str, bias: torch.Tensor | None = None, *,
-                 threads: int | None = None, packed: bool = False):
+                 threads: int | None = None, packed: bool = False, numerics: str = "exact"):
+        from dartcore.errors import WeightFormatError
+
         _check_rows(data, k, fmt)
-        self.data = np.ascontiguousarray(data) if packed else pack_blocks(data, k, fmt)
-        self.format, self.shape = fmt, (int(data.shape[0]), int(k))
+        if numerics not in NUMERICS:
+            raise WeightFormatError(f"numerics: {numerics!r}, expected one of {NUMERICS}")
+        if numerics == "int8" and _INT8 is None:
+            raise WeightFormatError("numerics='int8' needs the integer kernels (AVX2 + FMA + F16C, the native "
+                                    "kernels on): use numerics='exact'")
+        self.format, self.shape, self.numerics = fmt, (int(data.shape[0]), int(k)), numerics
+        if numerics == "int8":
+            self.data = interleave_blocks(_unpack(data, k, fmt) if packed else data, k, fmt)
+        else:
+            self.data = np.ascontiguousarray(data) if packed else pack_blocks(data, k, fmt)
         self.bias = bias
         self.threads = threads or linear_threads()
+        self.adopted = False  # whether a TargetModel runs it (transformer.py)
         self._b = None if bias is None else np.ascontiguousarray(bias.detach().numpy())
+
+    @classmethod
+    def rows_of(cls, whole: "BlockWeight", start: int, n: int) -> "BlockWeight":
+        """Rows ``start .. start + n`` of a weight as a weight of their own (no bias) sharing
+        its bytes (int8: ``start`` and ``n`` whole groups of 8)."""
+        if whole.numerics == "int8" and (start % 8 or n % 8):
+            raise ValueError(f"rows {start}..{start + n} of an int8 weight are not whole groups of 8")
+        self = cls.__new__(cls)
+        self.data = whole.data[start:start + n]
+        self.format, self.shape, self.numerics = whole.format, (n, whole.shape[1]), whole.numerics
+        self.bias, self.threads, self.adopted, self._b = None, whole.threads, False, None
+        return self
+
+    def with_numerics(self, numerics: str, *, copy: bool = False) -> "BlockWeight":
+        """This weight laid out for ``numerics`` (the same values): re-laid out in place, or
+        with ``copy`` a new weight (this one unchanged)."""
+        if numerics == self.numerics and not copy:
+            return self
+        bias = self.bias
+        new = BlockWeight(self.file_rows(), self.shape[1], self.format, bias, threads=self.threads, numerics=numerics)
+        if copy:
+            return new
+        self.data, self.numerics = new.data, numerics
+        return self
+
+    def file_rows(self) -> np.ndarray:
+        """The rows as the GGUF file stores them (a new array)."""
+        if self.numerics == "exact":
+            return _unpack(self.data, self.shape[1], self.format)
+        from dartcore import _native
+
+        return _native.deinterleave_rows(self.data, self.shape[0], self.format)
 
     @property
     def nbytes(self) -> int:
         return int(self.data.nbytes)
 
+    def _layout(self) -> str:
+        return "int8" if self.numerics == "int8" else "packed"
+
     def dequantize(self) -> torch.Tensor:
         """The float32 weight ``[n, k]`` (a new tensor)."""
-        return dequantize_blocks(self.data, self.shape[1], self.format, packed=True)
+        return dequantize_blocks(self.data, self.shape[1], self.format, rows=self.shape[0], layout=self._layout())
 
     def dequantize_rows(self, rows: np.ndarray) -> torch.Tensor:
         """The float32 rows ``rows`` (indices) of the weight, ``[len(rows), k]``."""
-        return dequantize_blocks(self.data[rows], self.shape[1], self.format, packed=True)
+        if self.numerics != "int8":
+            return dequantize_blocks(self.data[rows], self.shape[1], self.format, packed=True)
+        # whole groups of eight interleaved rows, then the asked rows of them
+        rows = np.asarray(rows, dtype=np.int64)
+        groups = np.unique(rows // 8)
+        take = (groups[:, None] * 8 + np.arange(8)[None, :]).reshape(-1)
+        values = dequantize_blocks(self.data[take], self.shape[1], self.format, rows=take.size, layout="int8")
+        return values[torch.from_numpy(np.searchsorted(groups, rows // 8) * 8 + rows % 8)]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if (_AVAILABLE and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.dtype == torch.float32
-                and x.device.type == "cpu" and not (torch.is_grad_enabled() and x.requires_grad)):
-            return _product(x, self.data, self._b, self.threads, self.format + "_packed")
+        if (_AVAILABLE and x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu"
+                and not (torch.is_grad_enabled() and x.requires_grad)):
+            fmt = f"{self.format}_{self._layout()}"
+            if 1 <= x.shape[0] <= MAX_ROWS:
+                return _product(x, self.data, self._b, self.threads, fmt, self.shape[0])
+            if self.numerics == "int8" and x.shape[0] > 0:
+                # the integer path at any number of rows, MAX_ROWS at a time (each row's
+                # result is the same whatever the others)
+                return torch.cat([_product(x[i:i + MAX_ROWS], self.data, self._b, self.threads, fmt, self.shape[0])
+                                  for i in range(0, x.shape[0], MAX_ROWS)])
         return F.linear(x, self.dequantize().to(x.device, x.dtype), self.bias)
 
     def native_parts(self) -> tuple[np.ndarray, str, np.ndarray | None] | None:
-        """``(packed block rows, format name, bias)`` as the native kernel reads them (None
-        where it does not run here)."""
-        return (self.data, self.format + "_packed", self._b) if _AVAILABLE else None
+        """``(block rows, format name, bias)`` as the native kernel reads them (None where it
+        does not run here): packed rows (``"q4_1_packed"``), or interleaved ones for the
+        integer path (``"q4_1_int8"``)."""
+        return (self.data, f"{self.format}_{self._layout()}", self._b) if _AVAILABLE else None

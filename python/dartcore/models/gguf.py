@@ -11,7 +11,8 @@ tensor of any other GGML type is dequantised to float32 by the ``gguf`` package.
 The values are the float32 model's: every block weight is formed exactly as the ``gguf``
 package's numpy dequantiser forms it (which the float32 conversion uses), natively for 1-16
 rows (:class:`dartcore.kernels.linear.BlockWeight`) and through a temporary float32 matrix
-for more. :class:`dartcore.models.transformer.TargetModel` fuses q|k|v and gate|up as block
+for more -- or, with ``numerics="int8"``, on the integer path (activations quantised to int8 per
+32-value block; see :mod:`dartcore.kernels.linear`). :class:`dartcore.models.transformer.TargetModel` fuses q|k|v and gate|up as block
 rows and decodes through the native kernels; the Hugging Face forward of the model keeps
 working (slowly: it dequantises each weight per call).
 
@@ -295,9 +296,18 @@ def block_bytes(model: nn.Module) -> int:
 _GROUPS = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gate_proj", "mlp.up_proj"))
 
 
-def load_gguf_model(gguf_path: str | Path, hf_dir: str | Path):
+def load_gguf_model(gguf_path: str | Path, hf_dir: str | Path, *, numerics: str = "exact"):
     """The Hugging Face model of ``gguf_path`` (config from ``hf_dir``, its converted
-    directory) with the block weights kept as blocks (see the module docs), in eval mode."""
+    directory) with the block weights kept as blocks (see the module docs), in eval mode.
+    ``numerics`` ("exact" or "int8", :data:`dartcore.kernels.linear.NUMERICS`): the arithmetic
+    :class:`~dartcore.models.transformer.TargetModel` runs the blocks with (recorded on the
+    model as ``dartcore_numerics``). The Hugging Face forward of the model is exact until a
+    TargetModel adopts it with "int8": its projections then share the fused int8 rows (where
+    they are whole groups of eight) and run that numerics too."""
+    from dartcore.kernels.linear import NUMERICS
+
+    if numerics not in NUMERICS:
+        raise DartError(f"numerics={numerics!r}: expected one of {NUMERICS}")
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -341,6 +351,7 @@ def load_gguf_model(gguf_path: str | Path, hf_dir: str | Path):
     if left:
         raise DartError(f"{gguf_path} lacks tensors for {left[:4]}{' ...' if len(left) > 4 else ''}")
     model.config.tie_word_embeddings = False  # the head holds its own reference to the blocks
+    model.dartcore_numerics = numerics
     return model.eval()
 
 

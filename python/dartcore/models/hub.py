@@ -171,10 +171,12 @@ def load_hf_tokenizer(name_or_path: str | os.PathLike[str]):
 
 
 def load_target(name_or_path: str | os.PathLike[str], *, dtype=None, device: str = "cpu",
-                quantized: bool = False):
+                quantized: bool = False, numerics: str = "exact"):
     """Load (model, tokenizer) as Hugging Face objects, in eval mode. ``quantized``: a GGUF
     target keeps its block tensors as blocks (float32 CPU only; see the module docs); an error
-    for a target that is not a GGUF."""
+    for a target that is not a GGUF. ``numerics`` (block weights only): ``"exact"`` (the
+    dequantised float32 model's products) or ``"int8"`` (the integer path,
+    :mod:`dartcore.kernels.linear`)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -188,7 +190,9 @@ def load_target(name_or_path: str | os.PathLike[str], *, dtype=None, device: str
             raise DartError("quantized=True runs on the CPU in float32: pass device='cpu' and no dtype")
         from dartcore.models.gguf import load_gguf_model
 
-        return load_gguf_model(source, path), AutoTokenizer.from_pretrained(path)
+        return load_gguf_model(source, path, numerics=numerics), AutoTokenizer.from_pretrained(path)
+    if numerics != "exact":
+        raise DartError(f"numerics={numerics!r} is for GGML block weights: pass quantized=True with a GGUF target")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
     model.to(device).eval()
     tok = AutoTokenizer.from_pretrained(path)

@@ -20,6 +20,7 @@ tests/test_models_transformer.py.
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,7 +28,8 @@ import numpy as np
 import torch
 
 from dartcore.errors import DartError
-from dartcore.kernels.linear import (MAX_ROWS, BlockWeight, NativeWeight, linear_threads, native_linear_available,
+from dartcore.kernels.linear import (MAX_ROWS, NUMERICS, BlockWeight, NativeWeight, int8_kernel, linear_threads,
+                                     native_linear_available,
                                      torch_threads)
 from dartcore.kernels.tree_attention import backend_for, pack_block_mask, tree_attention
 from dartcore.models.cache import KVCache
@@ -81,6 +83,13 @@ class TargetModel:
     dequantised float32 weight's products), a causal prefill runs through the same kernels
     16 rows at a time, and any other block of more than 16 rows multiplies by a temporary
     float32 copy of each weight (:class:`dartcore.kernels.linear.BlockWeight`).
+    ``numerics`` names the block weights' arithmetic: ``"exact"`` (the above: the dequantised
+    float32 model's products) or ``"int8"`` (the integer path: activations quantised to int8 per
+    32-value block, integer block dot products -- each row the same bits whatever the other
+    rows, so a tree's verify equals plain steps; extra rows cost a fraction). Default: what
+    :func:`dartcore.models.gguf.load_gguf_model` asked for the model, else ``"exact"``. A
+    product whose tensor type has no integer kernel (its GGUF type was dequantised to float32)
+    runs exact, with a one-line warning; without the integer kernels everything runs exact.
     Off (or unavailable), the fused weights are column-major (``[in, out]``) for
     MKL: with a row-major weight its GEMM falls off a cliff from 4 rows on (a 576 x
     4608 product: 0.44 ms for 1-3 rows, 0.84 ms for 4, 1.3 ms for 8 on one core of
@@ -88,7 +97,8 @@ class TargetModel:
     tools/bench_verify_layout.py.
     """
 
-    def __init__(self, hf_model, *, fuse_cpu_weights: bool | None = None, native_linear: bool | None = None):
+    def __init__(self, hf_model, *, fuse_cpu_weights: bool | None = None, native_linear: bool | None = None,
+                 numerics: str | None = None):
         config = hf_model.config
         family = getattr(config, "model_type", None)
         if family not in SUPPORTED_FAMILIES:
@@ -130,13 +140,32 @@ class TargetModel:
             if self.device.type != "cpu" or self.dtype != torch.float32:
                 raise DartError("a model with GGML block weights runs on the CPU in float32 (load the float32 "
                                 "conversion for another device or dtype)")
-            self._fused = [_FusedLayer.adopt_blocks(layer, threads=self.threads) for layer in self.layers]
+            numerics = _block_numerics(numerics or getattr(hf_model, "dartcore_numerics", None) or "exact")
+            self._fused = [_FusedLayer.adopt_blocks(layer, threads=self.threads, numerics=numerics)
+                           for layer in self.layers]
             head = getattr(self.lm_head, "block", None)
+            if isinstance(head, BlockWeight) and head.numerics != numerics:
+                # re-laid out in place (a tied embedding reads either layout), unless a model
+                # adopted it with the other numerics: then this model's own copy
+                head = head.with_numerics(numerics, copy=head.adopted)
+            if isinstance(head, BlockWeight):
+                head.adopted = True
+            if numerics == "int8":
+                exact = sum(not isinstance(p, BlockWeight) for f in self._fused for p in (f.qkv, f.o, f.gu, f.down))
+                exact += not isinstance(head, BlockWeight)
+                if exact:
+                    warnings.warn(f"numerics='int8': {exact} products have no integer kernel (their GGUF tensor "
+                                  "types are read as float32) and run exact", stacklevel=2)
+            self.numerics = numerics
             self._head = head if isinstance(head, BlockWeight) else NativeWeight(self.lm_head.weight, self.lm_head.bias,
                                                                                   threads=self.threads)
             self._ops = NativeLayerOps.adopt(self) if native_linear_available() else None
             _return_freed_heap()
             return
+        if numerics not in (None, "exact"):
+            raise DartError(f"numerics={numerics!r} is for a model with GGML block weights (load_target(..., "
+                            "quantized=True)); this model's weights are floats: numerics='exact'")
+        self.numerics = "exact"
         if fuse_cpu_weights if fuse_cpu_weights is not None else self.device.type == "cpu":
             # Row-major ([out, in]) for the native small-batch kernel, column-major for MKL.
             # Default: native wherever it runs (see the class docs for the measurements).
@@ -401,24 +430,30 @@ class _FusedLayer:
         return fused, bias
 
     @staticmethod
-    def _fuse_blocks(linears, threads):
-        """The group's block rows stacked ([sum(out), row bytes]) as one BlockWeight; each
-        module's blocks become a view of its rows (one copy)."""
+    def _fuse_blocks(linears, threads, numerics: str = "exact"):
+        """The group's block rows stacked ([sum(out), row bytes]) as one BlockWeight of
+        ``numerics``; each module's blocks become a view of its rows (one copy; an int8 view
+        where its rows are whole groups of eight, else the module keeps its own rows)."""
         blocks = [m.block for m in linears]
         if len({(b.format, b.shape[1]) for b in blocks}) != 1:
             raise DartError(f"fused projections of formats {[b.format for b in blocks]}: one format per group")
-        data = np.concatenate([b.data for b in blocks])
+        packed = all(b.numerics == "exact" for b in blocks)
+        data = np.concatenate([b.data if packed else b.file_rows() for b in blocks])
         biases = [m.bias for m in linears]
         bias = None if all(b is None for b in biases) else torch.cat(
             [b.detach() if b is not None else torch.zeros(m.out_features) for b, m in zip(biases, linears)])
+        fused = BlockWeight(data, blocks[0].shape[1], blocks[0].format, bias, threads=threads, packed=packed,
+                            numerics=numerics)
         start = 0
-        for b in blocks:
-            b.data = data[start:start + b.shape[0]]
-            start += b.shape[0]
-        return BlockWeight(data, blocks[0].shape[1], blocks[0].format, bias, threads=threads, packed=True)
+        for m, b in zip(linears, blocks):
+            n = b.shape[0]
+            if numerics == "exact" or (start % 8 == 0 and n % 8 == 0):
+                m.block = BlockWeight.rows_of(fused, start, n)
+            start += n
+        return fused
 
     @classmethod
-    def adopt_blocks(cls, layer, *, threads: int | None = None) -> "_FusedLayer":
+    def adopt_blocks(cls, layer, *, threads: int | None = None, numerics: str = "exact") -> "_FusedLayer":
         """:meth:`adopt` for a layer whose projections are GGML blocks (``BlockLinear``):
         each fused group stacked as block rows; a group of float32 ``nn.Linear`` fused as
         :meth:`adopt` fuses it (row-major)."""
@@ -428,7 +463,7 @@ class _FusedLayer:
 
         def group(linears):
             if all(isinstance(getattr(m, "block", None), BlockWeight) for m in linears):
-                return cls._fuse_blocks(linears, threads)
+                return cls._fuse_blocks(linears, threads, numerics)
             w, b = cls._fuse(linears, True)
             return NativeWeight(w, b, threads=threads)
 
@@ -532,6 +567,18 @@ class NativeLayerOps:
         for j, t in enumerate(taps):
             captured[t] = tap_out[j]
         return out
+
+
+def _block_numerics(numerics: str) -> str:
+    """The numerics a block model runs: ``numerics`` checked, "int8" only where its kernels run
+    (else "exact", with a one-line warning)."""
+    if numerics not in NUMERICS:
+        raise DartError(f"numerics={numerics!r}: expected one of {NUMERICS}")
+    if numerics == "int8" and int8_kernel() is None:
+        warnings.warn("numerics='int8' needs the integer kernels (AVX2 + FMA + F16C, the native kernels on): "
+                      "running numerics='exact'", stacklevel=3)
+        return "exact"
+    return numerics
 
 
 def _return_freed_heap() -> None:

@@ -1,0 +1,997 @@
+//! The integer path for GGML block weights: `y[m, n] ≈ x[m, :] · w[n, :]` with the rows of `x`
+//! quantised to int8 in 32-value blocks ([`quantize_rows`]) and every block product an integer
+//! dot product, as llama.cpp feeds its Q4 / Q8 kernels. Not the products of the dequantised f32
+//! weight (that is [`crate::linear`] on [`crate::Weights::Packed`], bit for bit): a second,
+//! named numerics whose every output is still one fixed computation:
+//!
+//! * `x` row, block `b` (32 values): `amax` = the largest `|x_i|`, `d_x = amax / 127`, `q_i =
+//!   round_ties_even(x_i · (127 / amax))` clamped to ±127 (all 0 where `amax` is 0), `s_x = Σ
+//!   q_i`, and `ds_x = d_x · s_x` (f32).
+//! * weight row `j`, block `b`: the integer `p = Σ w_i q_i` over the block's integer weights
+//!   (`nibble − 8` for Q4_0, `nibble` for Q4_1, the int8 for Q8_0), exact in i32;
+//! * `acc = fma(d_w · d_x, f32(p), acc)` and for Q4_1 `acc = fma(m_w, ds_x, acc)`, block after
+//!   block along `k` from `acc = 0`; then `y = acc + bias`.
+//!
+//! [`reference`] is that definition in plain loops; the SIMD kernels compute the integer `p`
+//! their own way (exact whatever the way) and then the same f32 operations in the same order,
+//! so they equal it bit for bit, whatever the number of rows and however the threads split the
+//! weight rows (tests).
+//!
+//! Why a layout of its own ([`interleave`], made once at load, the same number of bytes as the
+//! file's blocks plus the padding of the last group): the weight rows are interleaved in groups
+//! of [`GROUP`] = 8, four bytes at a time, so that one 32-byte vector holds four consecutive
+//! weights of eight rows and a `vpdpbusd` (or `maddubs` + `madd`) against the broadcast four
+//! bytes of `x` leaves each row's partial sum in its own i32 lane. A block's integer sum then
+//! needs no horizontal reduction (with the file's row-major blocks each block of each row
+//! needs one: ~2.5 extra instructions per block and row of `x`), the conversion and the scale
+//! are one instruction per eight weight rows, and a group's unpacked vectors serve every row of
+//! `x`. Per group and block: the eight `d` (then, Q4_1, the eight `m`) as fp16, then the
+//! quants: Q4 as four vectors whose byte `4r + j` of vector `c` is byte `4c + j` of row `r`'s
+//! block (low nibble: weight `4c + j`, high nibble: weight `16 + 4c + j`), Q8_0 as eight
+//! vectors whose byte `4r + j` of vector `c` is weight `4c + j` of row `r` plus 128 (so that it
+//! is an unsigned byte for `vpdpbusd`; the `128 · s_x` it adds is subtracted as an integer).
+//!
+//! Instruction sets ([`Kernel`]): AVX-512 VNNI with VL (`vpdpbusd` on 256-bit vectors: Zen 4
+//! runs 512-bit ones as two halves, so the narrower vectors lose nothing there and share the
+//! AVX2 kernel's shape), else AVX2 (`maddubs` + `madd`; Q8_0 through `sign` / `abs`, since an
+//! unsigned byte up to 255 times 127 would saturate `maddubs`' 16-bit pairs).
+
+use crate::quant::{f16_to_f32, Format, BLOCK_WEIGHTS};
+use crate::{OutPart, ShapeError, Team, MAX_ROWS};
+
+/// Weight rows interleaved per group (the i32 lanes of a 256-bit vector).
+pub const GROUP: usize = 8;
+
+/// A kernel of the integer path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// AVX-512 VNNI + VL (`vpdpbusd` on 256-bit vectors), with AVX2 + FMA + F16C.
+    Vnni,
+    /// AVX2 + FMA + F16C (`maddubs` + `madd`).
+    Avx2,
+}
+
+impl Kernel {
+    /// `"vnni"` or `"avx2"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Vnni => "vnni",
+            Kernel::Avx2 => "avx2",
+        }
+    }
+
+    /// Whether this CPU runs it.
+    pub fn supported(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+            match self {
+                Kernel::Vnni => avx2 && has!("avx512vnni") && has!("avx512vl"),
+                Kernel::Avx2 => avx2,
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
+    /// The kernels this CPU runs, fastest first (tests run each).
+    pub fn supported_here() -> Vec<Kernel> {
+        [Kernel::Vnni, Kernel::Avx2]
+            .into_iter()
+            .filter(|k| k.supported())
+            .collect()
+    }
+}
+
+/// The kernel the integer path uses: none where the f32 kernels are off ([`crate::isa`] None);
+/// AVX2 where [`crate::ISA_ENV`] forces `avx2` (tests and measures that path on a VNNI
+/// machine); else VNNI where the CPU has it, else AVX2.
+pub fn kernel() -> Option<Kernel> {
+    match crate::isa()? {
+        crate::Isa::Avx2 => Some(Kernel::Avx2).filter(|k| k.supported()),
+        crate::Isa::Avx512 => Kernel::supported_here().first().copied(),
+    }
+}
+
+/// Bytes of `n` rows of `k` weights in the interleaved layout ([`interleave`]): whole groups.
+pub fn interleaved_bytes(format: Format, n: usize, k: usize) -> Result<usize, ShapeError> {
+    let row = format.row_bytes(k)?;
+    n.div_ceil(GROUP).checked_mul(GROUP * row).ok_or_else(|| {
+        ShapeError(format!(
+            "{}: {n} rows of {k} weights overflow",
+            format.name()
+        ))
+    })
+}
+
+/// `n` rows of `k` weights' blocks as the file stores them (`file`) in the integer path's
+/// interleaved layout (see the module docs; the last group padded with zero rows).
+pub fn interleave(format: Format, file: &[u8], n: usize, k: usize) -> Result<Vec<u8>, ShapeError> {
+    format.check(file.len(), n, k)?;
+    let (bb, sb, nb) = (
+        format.block_bytes(),
+        format.scale_bytes(),
+        k / BLOCK_WEIGHTS,
+    );
+    let rec = GROUP * bb;
+    let mut out = vec![0u8; interleaved_bytes(format, n, k)?];
+    for (g, group) in out.chunks_exact_mut(nb * rec).enumerate() {
+        for (b, r) in group.chunks_exact_mut(rec).enumerate() {
+            for row in 0..GROUP.min(n - g * GROUP) {
+                let src = &file[(g * GROUP + row) * nb * bb + b * bb..][..bb];
+                // scales: d of the eight rows, then (Q4_1) m of the eight rows
+                r[2 * row..2 * row + 2].copy_from_slice(&src[..2]);
+                if sb == 4 {
+                    r[16 + 2 * row..16 + 2 * row + 2].copy_from_slice(&src[2..4]);
+                }
+                let (quants, qs) = (&mut r[GROUP * sb..], &src[sb..]);
+                for c in 0..qs.len() / 4 {
+                    for j in 0..4 {
+                        let byte = qs[4 * c + j];
+                        quants[32 * c + 4 * row + j] = if format == Format::Q8_0 {
+                            byte ^ 0x80
+                        } else {
+                            byte
+                        };
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The file's block rows back from the interleaved layout (`n` rows: the padding dropped).
+pub fn deinterleave(
+    format: Format,
+    bytes: &[u8],
+    n: usize,
+    k: usize,
+) -> Result<Vec<u8>, ShapeError> {
+    check_interleaved(format, bytes.len(), n, k)?;
+    let (bb, sb, nb) = (
+        format.block_bytes(),
+        format.scale_bytes(),
+        k / BLOCK_WEIGHTS,
+    );
+    let rec = GROUP * bb;
+    let mut file = vec![0u8; n * nb * bb];
+    for (j, row) in file.chunks_exact_mut(nb * bb).enumerate() {
+        let (g, r) = (j / GROUP, j % GROUP);
+        for (b, dst) in row.chunks_exact_mut(bb).enumerate() {
+            let src = &bytes[(g * nb + b) * rec..][..rec];
+            dst[..2].copy_from_slice(&src[2 * r..2 * r + 2]);
+            if sb == 4 {
+                dst[2..4].copy_from_slice(&src[16 + 2 * r..16 + 2 * r + 2]);
+            }
+            let quants = &src[GROUP * sb..];
+            for (i, q) in dst[sb..].iter_mut().enumerate() {
+                let byte = quants[32 * (i / 4) + 4 * r + i % 4];
+                *q = if format == Format::Q8_0 {
+                    byte ^ 0x80
+                } else {
+                    byte
+                };
+            }
+        }
+    }
+    Ok(file)
+}
+
+/// Checks that `bytes` holds `n` interleaved rows of `k` weights.
+pub fn check_interleaved(
+    format: Format,
+    bytes: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), ShapeError> {
+    let want = interleaved_bytes(format, n, k)?;
+    if bytes != want {
+        return Err(ShapeError(format!("{} (interleaved): w has {bytes} bytes, expected {} groups of {GROUP} rows x {} blocks x {} bytes = {want}", format.name(), n.div_ceil(GROUP), k / BLOCK_WEIGHTS, format.block_bytes())));
+    }
+    Ok(())
+}
+
+/// Rows of `x` quantised per 32-value block (see the module docs).
+#[derive(Clone, Debug, Default)]
+pub struct QuantRows {
+    /// `[rows, k]`.
+    pub q: Vec<i8>,
+    /// `[rows, k / 32]` each: `d_x`, `s_x`, `d_x · s_x`, and the kernels' integer
+    /// corrections `−8 · s_x`, `−128 · s_x`.
+    pub d: Vec<f32>,
+    pub s: Vec<i32>,
+    pub ds: Vec<f32>,
+    pub s8: Vec<i32>,
+    pub s128: Vec<i32>,
+}
+
+/// `rows` rows of `k` values (`x`, row-major) quantised per 32-value block; `k` a whole number
+/// of blocks.
+pub fn quantize_rows(x: &[f32], rows: usize, k: usize) -> Result<QuantRows, ShapeError> {
+    if k == 0 || !k.is_multiple_of(BLOCK_WEIGHTS) || Some(x.len()) != rows.checked_mul(k) {
+        return Err(ShapeError(format!("quantize_rows: x has {} elements for {rows} rows of {k} (rows must be whole 32-value blocks)", x.len())));
+    }
+    let nb = rows * k / BLOCK_WEIGHTS;
+    let mut out = QuantRows {
+        q: vec![0; x.len()],
+        d: vec![0.0; nb],
+        s: vec![0; nb],
+        ds: vec![0.0; nb],
+        s8: vec![0; nb],
+        s128: vec![0; nb],
+    };
+    quantize_into(x, &mut out);
+    Ok(out)
+}
+
+fn quantize_into(x: &[f32], out: &mut QuantRows) {
+    #[cfg(target_arch = "x86_64")]
+    if Kernel::Avx2.supported() {
+        // SAFETY: the CPU runs AVX2 (checked); the body is the portable one, vectorised.
+        unsafe { quantize_avx2(x, out) };
+        return;
+    }
+    quantize_portable(x, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_avx2(x: &[f32], out: &mut QuantRows) {
+    // (the same IEEE operations in the same order: Rust never contracts a * b + c into an
+    // fma, so the wider vectors give the portable body's bits)
+    quantize_portable(x, out)
+}
+
+/// Rounds to the nearest integer, ties to even, for |v| < 2^22 (the magic-number addition:
+/// vectorises without SSE4.1's `round`).
+#[inline(always)]
+fn round_even(v: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 · 2^23
+    (v + MAGIC) - MAGIC
+}
+
+#[inline(always)]
+fn quantize_portable(x: &[f32], out: &mut QuantRows) {
+    for (b, (xs, qs)) in x
+        .chunks_exact(BLOCK_WEIGHTS)
+        .zip(out.q.chunks_exact_mut(BLOCK_WEIGHTS))
+        .enumerate()
+    {
+        let amax = xs.iter().fold(0f32, |a, &v| a.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        let mut sum = 0i32;
+        for (q, &v) in qs.iter_mut().zip(xs) {
+            // (NaN converts to 0; |v · id| <= 127 up to rounding, the clamp only guards
+            // non-finite input)
+            let r = (round_even(v * id) as i32).clamp(-127, 127);
+            *q = r as i8;
+            sum += r;
+        }
+        out.d[b] = d;
+        out.s[b] = sum;
+        out.ds[b] = d * sum as f32;
+        out.s8[b] = -8 * sum;
+        out.s128[b] = -128 * sum;
+    }
+}
+
+/// The integer path's definition in plain loops ([`reference`]'s per-output computation), from
+/// the file's blocks: `out[m, j]` for `rows` rows of `x` against `n` weight rows.
+#[allow(clippy::too_many_arguments)]
+pub fn reference(
+    format: Format,
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    file: &[u8],
+    n: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) -> Result<(), ShapeError> {
+    format.check(file.len(), n, k)?;
+    let xq = quantize_rows(x, rows, k)?;
+    check_out(rows, n, bias, out)?;
+    let (bb, sb, nb) = (
+        format.block_bytes(),
+        format.scale_bytes(),
+        k / BLOCK_WEIGHTS,
+    );
+    for m in 0..rows {
+        for j in 0..n {
+            let mut acc = 0f32;
+            for b in 0..nb {
+                let blk = &file[(j * nb + b) * bb..][..bb];
+                let dw = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
+                let qx = &xq.q[m * k + b * 32..][..32];
+                let mut p = 0i32;
+                for i in 0..32 {
+                    let w = match format {
+                        Format::Q8_0 => blk[2 + i] as i8 as i32,
+                        _ => {
+                            let byte = blk[sb + i % 16];
+                            let nib = if i < 16 { byte & 0x0f } else { byte >> 4 } as i32;
+                            if format == Format::Q4_0 {
+                                nib - 8
+                            } else {
+                                nib
+                            }
+                        }
+                    };
+                    p += w * qx[i] as i32;
+                }
+                let xb = m * nb + b;
+                acc = (dw * xq.d[xb]).mul_add(p as f32, acc);
+                if format == Format::Q4_1 {
+                    let mw = f16_to_f32(u16::from_le_bytes([blk[2], blk[3]]));
+                    acc = mw.mul_add(xq.ds[xb], acc);
+                }
+            }
+            out[m * n + j] = acc + bias.map_or(0.0, |b| b[j]);
+        }
+    }
+    Ok(())
+}
+
+fn check_out(rows: usize, n: usize, bias: Option<&[f32]>, out: &[f32]) -> Result<(), ShapeError> {
+    if Some(out.len()) != rows.checked_mul(n) {
+        return Err(ShapeError(format!(
+            "out has {} elements, expected {rows} x {n}",
+            out.len()
+        )));
+    }
+    if let Some(b) = bias.filter(|b| b.len() != n) {
+        return Err(ShapeError(format!(
+            "bias has {} elements, expected {n}",
+            b.len()
+        )));
+    }
+    Ok(())
+}
+
+/// `out[m, n] = x[m, :] · w[n, :] (+ bias[n])` on the integer path for `rows` (1..=
+/// [`MAX_ROWS`]) rows of `x` (`[rows, k]`) and `n` weight rows in the interleaved layout
+/// (`w`, [`interleave`]); the weight rows' groups are split between `threads` threads.
+#[allow(clippy::too_many_arguments)]
+pub fn linear(
+    format: Format,
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    w: &[u8],
+    n: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    threads: usize,
+) -> Result<(), ShapeError> {
+    let Some(kernel) = kernel() else {
+        return Err(ShapeError("the integer path needs AVX2 + FMA + F16C (or DARTCORE_LINEAR_ISA turned the kernels off): use the exact path".into()));
+    };
+    linear_on(kernel, format, x, rows, k, w, n, bias, out, threads)
+}
+
+/// [`linear`] with a given kernel (an error where the CPU does not run it).
+#[allow(clippy::too_many_arguments)]
+pub fn linear_on(
+    kernel: Kernel,
+    format: Format,
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    w: &[u8],
+    n: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    threads: usize,
+) -> Result<(), ShapeError> {
+    if rows > MAX_ROWS {
+        return Err(ShapeError(format!(
+            "{rows} rows: at most {MAX_ROWS} per call"
+        )));
+    }
+    check_interleaved(format, w.len(), n, k)?;
+    let xq = quantize_rows(x, rows, k)?;
+    check_out(rows, n, bias, out)?;
+    if !kernel.supported() {
+        return Err(ShapeError(format!(
+            "this CPU does not run the {} integer kernel: use the exact path",
+            kernel.name()
+        )));
+    }
+    linear_quantized(kernel, format, &xq, rows, k, w, n, bias, out, threads);
+    Ok(())
+}
+
+/// The kernel over rows already quantised (shapes checked by the caller).
+#[allow(clippy::too_many_arguments)]
+fn linear_quantized(
+    kernel: Kernel,
+    format: Format,
+    xq: &QuantRows,
+    rows: usize,
+    k: usize,
+    w: &[u8],
+    n: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    threads: usize,
+) {
+    if rows == 0 || n == 0 {
+        return;
+    }
+    let groups = n.div_ceil(GROUP);
+    let part = OutPart::new(out);
+    let run = |g0: usize, g1: usize| {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU runs `kernel` (checked by `linear_on`); `w` holds `groups` groups
+        // of `k / 32` records, `xq` `rows` rows of `k`, `part` rows x n floats of which this
+        // call writes the columns of groups g0..g1 only.
+        unsafe {
+            x86::run(
+                kernel,
+                format,
+                xq,
+                rows,
+                k,
+                w,
+                n,
+                bias,
+                part.clone(),
+                g0,
+                g1,
+            )
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (g0, g1, &part, kernel, format, xq, w, bias, k);
+    };
+    if threads <= 1 || groups == 1 {
+        run(0, groups);
+        return;
+    }
+    let per = groups.div_ceil(threads);
+    Team::get(threads).run(&|t| {
+        let (g0, g1) = (t * per, ((t + 1) * per).min(groups));
+        if g0 < g1 {
+            run(g0, g1);
+        }
+    });
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    const Q4_0: u8 = 0;
+    const Q4_1: u8 = 1;
+    const Q8_0: u8 = 2;
+
+    /// # Safety
+    /// As at the call in `linear_quantized`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn run(
+        kernel: Kernel,
+        format: Format,
+        xq: &QuantRows,
+        rows: usize,
+        k: usize,
+        w: &[u8],
+        n: usize,
+        bias: Option<&[f32]>,
+        out: OutPart,
+        g0: usize,
+        g1: usize,
+    ) {
+        macro_rules! go {
+            ($f:ident) => {
+                // SAFETY: as for this function.
+                match format {
+                    Format::Q4_0 => unsafe { $f::<Q4_0>(xq, rows, k, w, n, bias, out, g0, g1) },
+                    Format::Q4_1 => unsafe { $f::<Q4_1>(xq, rows, k, w, n, bias, out, g0, g1) },
+                    Format::Q8_0 => unsafe { $f::<Q8_0>(xq, rows, k, w, n, bias, out, g0, g1) },
+                }
+            };
+        }
+        match kernel {
+            Kernel::Vnni => go!(entry_vnni),
+            Kernel::Avx2 => go!(entry_avx2),
+        }
+    }
+
+    /// Rows of `x` per pass over a group: their i32 and f32 accumulators stay in registers
+    /// (32 vector registers with AVX-512VL, 16 with AVX2); a group's records are in L1 for
+    /// the later passes.
+    const VNNI_ROWS: usize = 8;
+    const AVX2_ROWS: usize = 4;
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn entry_vnni<const F: u8>(
+        xq: &QuantRows,
+        rows: usize,
+        k: usize,
+        w: &[u8],
+        n: usize,
+        bias: Option<&[f32]>,
+        out: OutPart,
+        g0: usize,
+        g1: usize,
+    ) {
+        // SAFETY: the caller's contract; the features are enabled here.
+        unsafe { groups::<F, true, VNNI_ROWS>(xq, rows, k, w, n, bias, out, g0, g1) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn entry_avx2<const F: u8>(
+        xq: &QuantRows,
+        rows: usize,
+        k: usize,
+        w: &[u8],
+        n: usize,
+        bias: Option<&[f32]>,
+        out: OutPart,
+        g0: usize,
+        g1: usize,
+    ) {
+        // SAFETY: the caller's contract; the features are enabled here.
+        unsafe { groups::<F, false, AVX2_ROWS>(xq, rows, k, w, n, bias, out, g0, g1) }
+    }
+
+    const fn block_bytes(f: u8) -> usize {
+        match f {
+            Q4_0 => 18,
+            Q4_1 => 20,
+            _ => 34,
+        }
+    }
+
+    /// Groups `g0..g1` for every row of `x`, `MC` rows per pass.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn groups<const F: u8, const VNNI: bool, const MC: usize>(
+        xq: &QuantRows,
+        rows: usize,
+        k: usize,
+        w: &[u8],
+        n: usize,
+        bias: Option<&[f32]>,
+        out: OutPart,
+        g0: usize,
+        g1: usize,
+    ) {
+        let nb = k / BLOCK_WEIGHTS;
+        let group_bytes = nb * GROUP * block_bytes(F);
+        for g in g0..g1 {
+            // SAFETY: group g < groups of `w` (checked by the caller).
+            let gp = unsafe { w.as_ptr().add(g * group_bytes) };
+            let mut m0 = 0;
+            while m0 < rows {
+                let mc = (rows - m0).min(MC);
+                let mut acc = [0f32; GROUP * VNNI_ROWS];
+                macro_rules! pass {
+                    ($($m:literal),+) => {
+                        match mc {
+                            $($m => unsafe { pass::<F, VNNI, $m>(xq, m0, k, gp, g + 1 < g1, &mut acc) },)+
+                            _ => unreachable!("1..=MC rows"),
+                        }
+                    };
+                }
+                // SAFETY: rows m0..m0 + mc of `xq`, the group's records in `w`.
+                if MC == 8 {
+                    pass!(1, 2, 3, 4, 5, 6, 7, 8)
+                } else {
+                    pass!(1, 2, 3, 4)
+                }
+                let rr = GROUP.min(n - g * GROUP);
+                for m in 0..mc {
+                    for r in 0..rr {
+                        let j = g * GROUP + r;
+                        let y = acc[m * GROUP + r] + bias.map_or(0.0, |b| b[j]);
+                        // SAFETY: row m0 + m < rows and column j < n: inside out's rows x n.
+                        unsafe { *out.ptr.add((m0 + m) * n + j) = y };
+                    }
+                }
+                m0 += mc;
+            }
+        }
+    }
+
+    /// One group's blocks against rows `m0..m0 + M` of `x`: each row's eight outputs into
+    /// `acc[m * 8..]`. `ahead`: a next group follows in `w` (prefetched).
+    #[inline(always)]
+    unsafe fn pass<const F: u8, const VNNI: bool, const M: usize>(
+        xq: &QuantRows,
+        m0: usize,
+        k: usize,
+        gp: *const u8,
+        ahead: bool,
+        acc: &mut [f32],
+    ) {
+        let nb = k / BLOCK_WEIGHTS;
+        let rec = GROUP * block_bytes(F);
+        let scales = if F == Q4_1 { 32 } else { 16 };
+        unsafe {
+            let mut facc = [_mm256_setzero_ps(); M];
+            let low = _mm256_set1_epi8(0x0f);
+            let ones = _mm256_set1_epi16(1);
+            let xp = xq.q.as_ptr().add(m0 * k);
+            for b in 0..nb {
+                let rp = gp.add(b * rec);
+                if ahead || b + 4 < nb {
+                    // the stream a few records ahead (into the next group at the end); a
+                    // prefetch never faults
+                    _mm_prefetch::<_MM_HINT_T0>(rp.wrapping_add(4 * rec) as *const i8);
+                }
+                let qp = rp.add(scales);
+                // Each row's sums start at its integer correction, −8 · s_x for Q4_0 (nibbles
+                // are w + 8), −128 · s_x for Q8_0 under vpdpbusd (bytes are w + 128): a
+                // broadcast load instead of a zeroing and a subtraction later.
+                let isum_start = |m: usize| {
+                    let xb = (m0 + m) * nb + b;
+                    match F {
+                        Q4_0 => _mm256_set1_epi32(*xq.s8.get_unchecked(xb)),
+                        Q8_0 if VNNI => _mm256_set1_epi32(*xq.s128.get_unchecked(xb)),
+                        _ => _mm256_setzero_si256(),
+                    }
+                };
+                // Independent partial sums per row of x where few rows leave the dot products'
+                // latency exposed (one row: a chain of eight dependent vpdpbusd a block); the
+                // integer partials add up exactly, so the split changes no bit.
+                let chains = if M == 1 { 4 } else if M <= 3 { 2 } else { 1 };
+                let mut isum: [[__m256i; 4]; M] = std::array::from_fn(|m| {
+                    [isum_start(m), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()]
+                });
+                // `u` unsigned bytes of eight rows x four weights, against the four bytes of
+                // each row of x at `off` within the block, into partial sum `ch`
+                macro_rules! dot {
+                    ($u:expr, $signed:expr, $off:expr, $ch:expr) => {
+                        let ch = $ch % chains;
+                        for m in 0..M {
+                            let xv = _mm256_set1_epi32(
+                                xp.add(m * k + b * 32 + $off).cast::<i32>().read_unaligned(),
+                            );
+                            let acc = isum[m][ch];
+                            isum[m][ch] = if VNNI {
+                                _mm256_dpbusd_epi32(acc, $u, xv)
+                            } else if F == Q8_0 {
+                                // |w| (unsigned, <= 128) against sign(x, w): the pairs stay
+                                // within i16 (2 · 128 · 127)
+                                let prod = _mm256_maddubs_epi16($u, _mm256_sign_epi8(xv, $signed));
+                                _mm256_add_epi32(acc, _mm256_madd_epi16(prod, ones))
+                            } else {
+                                _mm256_add_epi32(
+                                    acc,
+                                    _mm256_madd_epi16(_mm256_maddubs_epi16($u, xv), ones),
+                                )
+                            };
+                        }
+                    };
+                }
+                if F == Q8_0 {
+                    for c in 0..8 {
+                        let v = _mm256_loadu_si256(qp.add(32 * c).cast());
+                        if VNNI {
+                            dot!(v, v, 4 * c, c);
+                        } else {
+                            let s = _mm256_xor_si256(v, _mm256_set1_epi8(-128));
+                            dot!(_mm256_abs_epi8(s), s, 4 * c, c);
+                        }
+                    }
+                } else {
+                    for c in 0..4 {
+                        let v = _mm256_loadu_si256(qp.add(32 * c).cast());
+                        let lo = _mm256_and_si256(v, low);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                        dot!(lo, lo, 4 * c, 2 * c);
+                        dot!(hi, hi, 16 + 4 * c, 2 * c + 1);
+                    }
+                }
+                let dw = _mm256_cvtph_ps(_mm_loadu_si128(rp.cast()));
+                let mw = if F == Q4_1 {
+                    _mm256_cvtph_ps(_mm_loadu_si128(rp.add(16).cast()))
+                } else {
+                    _mm256_setzero_ps()
+                };
+                for m in 0..M {
+                    let xb = (m0 + m) * nb + b;
+                    let s = _mm256_mul_ps(dw, _mm256_set1_ps(*xq.d.get_unchecked(xb)));
+                    let [a0, a1, a2, a3] = isum[m];
+                    let p = match chains {
+                        1 => a0,
+                        2 => _mm256_add_epi32(a0, a1),
+                        _ => _mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3)),
+                    };
+                    facc[m] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), facc[m]);
+                    if F == Q4_1 {
+                        facc[m] =
+                            _mm256_fmadd_ps(mw, _mm256_set1_ps(*xq.ds.get_unchecked(xb)), facc[m]);
+                    }
+                }
+            }
+            for (m, v) in facc.iter().enumerate() {
+                _mm256_storeu_ps(acc.as_mut_ptr().add(m * GROUP), *v);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tests::data;
+
+    /// `n` rows of `k` weights in `format`: random bytes; fp16 scales drawn from all finite
+    /// magnitudes (subnormal to 65504, both signs) and a few zero.
+    fn random_blocks(format: Format, n: usize, k: usize, seed: u64) -> Vec<u8> {
+        let bytes = format.row_bytes(k).unwrap() * n;
+        let raw = data(bytes, seed);
+        let mut w: Vec<u8> = raw.iter().map(|v| (v.to_bits() >> 9) as u8).collect();
+        let scales = data(bytes, seed + 1);
+        for (b, block) in w.chunks_exact_mut(format.block_bytes()).enumerate() {
+            for h in 0..format.scale_bytes() / 2 {
+                let s = scales[b * 2 + h].to_bits();
+                let bits = match b % 11 {
+                    0 => (s >> 9) as u16 & 0x83ff,             // subnormal
+                    1 => 0x7bff | ((s >> 16) as u16 & 0x8000), // ±65504
+                    2 => 0,                                    // zero
+                    _ => ((s >> 9) as u16 & 0x8fff) | 0x3000,  // ordinary: 2^-3 .. 2^3 scale range
+                };
+                block[2 * h..2 * h + 2].copy_from_slice(&bits.to_le_bytes());
+            }
+        }
+        w
+    }
+
+    /// Rows of x with the awkward cases: a zero row, an all-equal row, huge and tiny values.
+    fn awkward_x(rows: usize, k: usize, seed: u64) -> Vec<f32> {
+        let mut x = data(rows * k, seed);
+        for m in 0..rows {
+            let row = &mut x[m * k..(m + 1) * k];
+            match m % 6 {
+                1 => row.fill(0.0),
+                2 => row.fill(-0.375),
+                3 => row.iter_mut().for_each(|v| *v *= 3.0e4),
+                4 => row.iter_mut().for_each(|v| *v *= 1.0e-30),
+                _ => {}
+            }
+        }
+        // a block of one row with a single nonzero value, exact ties
+        if rows > 5 {
+            x[5 * k..5 * k + 32].fill(0.0);
+            x[5 * k + 3] = 2.5;
+            x[5 * k + 4] = 127.0 * 0.5 / 127.0;
+        }
+        x
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    #[test]
+    fn the_kernels_equal_the_scalar_reference_bit_for_bit_at_any_rows_and_threads() {
+        // k whole blocks but not whole 256s; n not whole groups
+        let shapes = [
+            (576, 37),
+            (32, 1),
+            (64, 7),
+            (96, 13),
+            (1536, 9),
+            (160, 16),
+            (224, 3),
+        ];
+        for kernel in Kernel::supported_here() {
+            for format in [Format::Q4_0, Format::Q4_1, Format::Q8_0] {
+                for (i, &(k, n)) in shapes.iter().enumerate() {
+                    let file = random_blocks(format, n, k, 31 + i as u64);
+                    let w = interleave(format, &file, n, k).unwrap();
+                    assert_eq!(deinterleave(format, &w, n, k).unwrap(), file);
+                    let x = awkward_x(MAX_ROWS, k, 17 + i as u64);
+                    let bias = data(n, 5);
+                    let mut want = vec![0f32; MAX_ROWS * n];
+                    reference(format, &x, MAX_ROWS, k, &file, n, Some(&bias), &mut want).unwrap();
+                    for rows in 1..=MAX_ROWS {
+                        for threads in 1..=3 {
+                            let mut got = vec![0f32; rows * n];
+                            linear_on(
+                                kernel,
+                                format,
+                                &x[..rows * k],
+                                rows,
+                                k,
+                                &w,
+                                n,
+                                Some(&bias),
+                                &mut got,
+                                threads,
+                            )
+                            .unwrap();
+                            let same = bits(&got) == bits(&want[..rows * n]);
+                            assert!(same, "{kernel:?} {format:?} k {k} n {n} rows {rows} threads {threads}: {:?} vs {:?}", &got[..n.min(8)], &want[..n.min(8)]);
+                        }
+                    }
+                    // without a bias: the same sums
+                    let mut got = vec![0f32; n];
+                    let mut want1 = vec![0f32; n];
+                    linear_on(kernel, format, &x[..k], 1, k, &w, n, None, &mut got, 2).unwrap();
+                    reference(format, &x[..k], 1, k, &file, n, None, &mut want1).unwrap();
+                    assert_eq!(bits(&got), bits(&want1));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_linear_entry_runs_the_integer_path_for_each_instruction_set() {
+        let (k, n, f) = (160, 19, Format::Q4_1);
+        let file = random_blocks(f, n, k, 7);
+        let w = interleave(f, &file, n, k).unwrap();
+        let x = awkward_x(7, k, 8);
+        let mut want = vec![0f32; 7 * n];
+        reference(f, &x, 7, k, &file, n, None, &mut want).unwrap();
+        for isa in crate::Isa::supported_here() {
+            let mut got = vec![0f32; 7 * n];
+            crate::linear_on(
+                isa,
+                &x,
+                7,
+                k,
+                crate::Weights::Int8(f, &w),
+                n,
+                None,
+                &mut got,
+                2,
+            )
+            .unwrap();
+            assert_eq!(bits(&got), bits(&want), "{isa:?}");
+        }
+        let mut y = vec![0f32; 7 * n];
+        assert!(crate::linear(
+            &x,
+            7,
+            k,
+            crate::Weights::Int8(f, &w[32..]),
+            n,
+            None,
+            &mut y,
+            1
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn the_integer_path_is_near_the_exact_products() {
+        // ordinary scales and activations: the relative error of int8 activations is ~1%
+        let (k, n, rows) = (576, 40, 3);
+        for format in [Format::Q4_0, Format::Q4_1, Format::Q8_0] {
+            let mut file = random_blocks(format, n, k, 3);
+            for block in file.chunks_exact_mut(format.block_bytes()) {
+                block[..2].copy_from_slice(&0x2000u16.to_le_bytes()); // d = 2^-7
+                if format == Format::Q4_1 {
+                    block[2..4].copy_from_slice(&0xa400u16.to_le_bytes()); // m = -2^-6
+                }
+            }
+            let x = data(rows * k, 9);
+            let mut wide = vec![0f32; n * k];
+            crate::quant::dequantize(format, &file, n, k, &mut wide).unwrap();
+            let mut got = vec![0f32; rows * n];
+            reference(format, &x, rows, k, &file, n, None, &mut got).unwrap();
+            let exact: Vec<f64> = (0..rows * n)
+                .map(|i| {
+                    (0..k)
+                        .map(|t| x[i / n * k + t] as f64 * wide[i % n * k + t] as f64)
+                        .sum()
+                })
+                .collect();
+            let scale = exact.iter().map(|v| v.abs()).fold(0.0, f64::max);
+            let err = got
+                .iter()
+                .zip(&exact)
+                .map(|(&a, &e)| (a as f64 - e).abs())
+                .fold(0.0, f64::max);
+            assert!(
+                err <= 0.03 * scale,
+                "{format:?}: error {err} against {scale}"
+            );
+        }
+    }
+
+    #[test]
+    fn quantised_rows_round_each_block_to_its_scale() {
+        let k = 96;
+        let x = awkward_x(6, k, 3);
+        let q = quantize_rows(&x, 6, k).unwrap();
+        for (b, xs) in x.chunks_exact(32).enumerate() {
+            let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
+            assert_eq!(q.d[b], amax / 127.0);
+            let qs = &q.q[b * 32..(b + 1) * 32];
+            assert_eq!(q.s[b], qs.iter().map(|&v| v as i32).sum::<i32>());
+            assert_eq!(q.ds[b], q.d[b] * q.s[b] as f32);
+            for (&v, &qv) in xs.iter().zip(qs) {
+                if amax == 0.0 {
+                    assert_eq!(qv, 0);
+                } else {
+                    let exact = v as f64 * 127.0 / amax as f64;
+                    assert!(
+                        (qv as f64 - exact).abs() <= 0.5 + 1e-4,
+                        "{v} -> {qv} (scale {amax})"
+                    );
+                }
+            }
+        }
+        // ties go to even; non-finite input never panics
+        assert_eq!(round_even(2.5), 2.0);
+        assert_eq!(round_even(-3.5), -4.0);
+        let odd = [f32::NAN, f32::INFINITY, 1.0, -1.0].repeat(8);
+        assert!(quantize_rows(&odd, 1, 32).is_ok());
+    }
+
+    #[test]
+    fn bad_shapes_are_errors() {
+        let f = Format::Q4_1;
+        let file = vec![0u8; 3 * 2 * 20];
+        let w = interleave(f, &file, 3, 64).unwrap();
+        assert_eq!(w.len(), GROUP * 2 * 20);
+        let (x, mut y) = (vec![0f32; 2 * 64], vec![0f32; 2 * 3]);
+        if kernel().is_some() {
+            assert!(linear(f, &x, 2, 64, &w, 3, None, &mut y, 1).is_ok());
+        }
+        assert!(
+            linear_on(Kernel::Avx2, f, &x, 2, 64, &w[1..], 3, None, &mut y, 1)
+                .unwrap_err()
+                .0
+                .contains("bytes")
+        );
+        assert!(linear_on(
+            Kernel::Avx2,
+            f,
+            &x,
+            2,
+            64,
+            &w,
+            3,
+            Some(&[0.0; 2]),
+            &mut y,
+            1
+        )
+        .unwrap_err()
+        .0
+        .contains("bias"));
+        assert!(
+            linear_on(Kernel::Avx2, f, &x, 2, 64, &w, 3, None, &mut y[1..], 1)
+                .unwrap_err()
+                .0
+                .contains("out")
+        );
+        assert!(linear_on(Kernel::Avx2, f, &x[1..], 2, 64, &w, 3, None, &mut y, 1).is_err());
+        let big = vec![0f32; 17 * 64];
+        assert!(linear_on(
+            Kernel::Avx2,
+            f,
+            &big,
+            17,
+            64,
+            &w,
+            3,
+            None,
+            &mut vec![0f32; 17 * 3],
+            1
+        )
+        .unwrap_err()
+        .0
+        .contains("at most"));
+        assert!(interleave(f, &file, 3, 40)
+            .unwrap_err()
+            .0
+            .contains("whole number"));
+        assert!(interleave(f, &file[1..], 3, 64).is_err());
+        assert!(deinterleave(f, &w[..w.len() - 1], 3, 64).is_err());
+        assert!(quantize_rows(&x, 2, 40).is_err());
+        assert!(reference(Format::Q8_0, &x, 2, 64, &file, 3, None, &mut y).is_err());
+    }
+}

