@@ -269,8 +269,12 @@ def test_the_verify_time_of_each_row_count_follows_the_engine():
     assert np.all(np.diff(t) >= 0)  # never cheaper for more rows, seen or not
     ctrl.controller_ms = 0.0
     (n,) = ctrl._allocate([gains], ctrl.draft_ms)
-    true = max(range(9), key=lambda k: expected_tokens(gains, k) / (40.0 + 3.0 * k + (3.0 if k else 0.0)))
-    assert n == true < 8
+
+    def rate(k):
+        return expected_tokens(gains, k) / (40.0 + 3.0 * k + (3.0 if k else 0.0))
+
+    true = max(range(9), key=rate)  # 2 and 3 nodes tie here: either is the optimum
+    assert n < 8 and rate(n) == pytest.approx(rate(true), rel=1e-9)
     # a count never measured takes the overall ratio
     lone = BudgetController(flat, max_nodes=4, draft_ms=3.0)
     for _ in range(50):
@@ -304,7 +308,7 @@ def test_cost_curve_is_cached_and_remeasured(tmp_path, monkeypatch):
     torch.set_num_threads(1)
     dec = DartDecoder(tiny_model("llama"), CharTokenizer(), tree="ar")
     calls = []
-    import dartcore.benchmark.verify_cost as vc
+    import dartcore.cost as vc
 
     real = vc.measure_verify_cost
 

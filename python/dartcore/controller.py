@@ -17,16 +17,48 @@ maximise the batch's committed tokens per second, ``E / T``:
   gets few, whatever the sequence did before; and a tree's siblings count what they add
   (a chain model of per-depth rates prices a budget's nodes as one chain, and undervalues
   the siblings of a tree).
-* ``T = s(R) * verify(R) + [any n_i > 0] * (draft + search) + per_token * E + controller``:
-  the target forward's time for R rows is the verify-cost curve of this machine
-  (:class:`CostCurve`, measured once per model / device / dtype / thread count and cached on
-  disk), scaled by ``s(R)``, the running ratio of the engine's measured verify times of R
-  rows to the curve, shrunk toward the ratio over all steps where few steps had R rows (a
-  shared machine's load changes after the curve was measured, and the forward inside the
-  engine need not cost what it did alone), kept non-decreasing in R; the draft + search
-  time, the acceptance time per committed token (on the CPU the walk computes the LM-head
-  rows it visits: about one per committed token) and the controller's own time are running
-  means of what the engine measured.
+* ``T = verify(R) + [any n_i > 0] * draft + per_token * E + controller``: the target
+  forward's time for R rows is what the engine measured for R rows (decayed mean over its
+  steps), shrunk by :data:`ROW_PRIOR` steps toward the verify-cost curve of this machine
+  (:class:`~dartcore.cost.CostCurve`, measured once and cached on disk) *mapped onto the
+  engine's measurements* -- ``a + b * curve(R)`` fitted by least squares over the row
+  counts the engine measured -- and kept non-decreasing in R. The curve is a prior for
+  its shape only: a shared machine's load changes after it was measured, and the forward
+  inside the engine need not cost what it did alone. The draft + search time, the acceptance
+  time per committed token (on the CPU the walk computes the LM-head rows it visits: about
+  one per committed token) and the controller's own time are running means of what the
+  engine measured.
+
+A wrong curve must not decide for good. A curve measured on a busy 2-vCPU VM (SmolLM2 fp32:
+69 ms for one row, 104 for two, where the engine's steps took ~30 and ~32) prices a node at
+more than a third of a round, so the model chose budget 0 in 334 of 335 rounds and never
+measured a step with more rows that would have shown it wrong. Four things undo that:
+
+* **probes**: a round in which no sequence would draft, more than ``probe_interval`` rounds
+  after the batch last drafted, the sequence with the best first marginal draws a tree and
+  verifies at least :data:`PROBE_NODES` (3) of its nodes whatever the model says. Its step
+  measures a second row count, and one such step re-fits ``a + b * curve`` through it (the
+  planted-curve test recovers at the first probe, round 5). At the next choice the probe is
+  judged: it *wins* when its tree, with the times now known and the draft priced as a
+  steady one, would have been worth drafting; a win sets the interval back to
+  :data:`PROBE_MIN` (4 rounds), a loss doubles it up to :data:`PROBE_MAX` (64). Where
+  drafting truly loses, the probes cost 3 verify rows and a draft that catches up on the
+  rounds since, once per 64 rounds: tens of ms on the dev VM against ~2 s of 30 ms rounds,
+  1-3 %.
+* **the draft as a steady cost**: a sequence that has not drafted for k rounds (a new one:
+  its whole prompt) makes its next draft read every position since -- ~160 ms for a
+  200-token chat prompt against 5-8 ms a steady draft (2-vCPU VM, SmolLM2 drafter). Only a
+  step whose drafting sequences all drafted the step before updates the draft time; a
+  catch-up draft can only lower it (it bounds the steady cost from above). Before any
+  draft was timed it is :data:`DRAFT_SHARE` of the measured one-row verify time.
+* **one row count for long**: after :data:`PROBE_MAX` steps of the same row count (batch 1
+  at a fixed choice), the next tree is halved once, so the fit has two counts to go on (a
+  curve flat where the forward is not is found out too).
+* **stale curves**: :meth:`CostCurve.for_target <dartcore.cost.CostCurve.for_target>`
+  measures a cached curve again when its one-row time is more than
+  :data:`~dartcore.cost.DISAGREE` (1.5) times a spot measurement at load; and a running
+  controller that sees the engine's forwards that much faster than the curve marks the
+  cache file stale, so the next process measures it again.
 
 Two decisions a step. Before drafting (:meth:`BudgetController.choose`), which sequences
 draft at all, from each sequence's expected marginals ``p_{i,j}`` of its recent trees
@@ -43,13 +75,16 @@ now paid, the budgets are chosen again and each tree keeps its best ``n_i`` node
 A sequence given no nodes draws no tree, so an estimate that fell (a stretch of text the
 drafter misses) would keep it at AR for good; instead every round it could have drafted and
 did not, its expected marginals relax by :data:`RELAX` toward the prior's
-``PRIOR_RATE ** j``, so it drafts again after a few rounds and follows what its trees show
-then (the batch prior relaxes likewise in a round where no sequence drafted). RELAX is a
-quarter of ALPHA: while every draft misses, a sequence probes about one round in five.
+``PRIOR_RATE ** j``, so it drafts again after a few rounds where the cost model lets the
+prior's marginals pay, and follows what its trees show then (the batch prior relaxes
+likewise in a round where no sequence drafted). RELAX is a quarter of ALPHA: while every
+draft misses, a sequence probes about one round in five. Where even the prior's marginals
+do not pay -- the cost model's fault as often as the drafter's -- the forced probes above
+take over.
 
-The rule (docs/architecture.md, "Budget controller"): add the node whose ΔE/E exceeds ΔT/T
-by the most, while one does. T depends on the total row count only, so every candidate node
-has the same ΔT and "by the most" is the node with the largest ΔE -- the next node of the sequence whose next
+The rule (docs/architecture.md, "Budget controller"): add the node whose ΔE/E exceeds ΔT/T by the most, while one
+does. T depends on the total row count only, so every candidate node has the same ΔT and
+"by the most" is the node with the largest ΔE -- the next node of the sequence whose next
 marginal is largest. Those marginals never grow along a sequence, so the first K nodes of
 that order are the allocation with the largest E among all with K nodes; the controller walks
 that order to the end of the caps and keeps the K with the best E / T, which is the exact
@@ -60,17 +95,13 @@ such a step. tests/test_controller.py checks it against brute force.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from dartcore.errors import DartError
-from dartcore.paths import cache_root
+from dartcore.cost import DISAGREE, CostCurve, cost_cache_dir, decreasing, increasing
 
 __all__ = ["Acceptance", "BudgetController", "CostCurve", "NodeCalibration", "best_nodes", "cost_cache_dir",
            "expected_tokens"]
@@ -93,10 +124,24 @@ CALIBRATION_DEPTHS = 3
 PRIOR_WEIGHT = 4.0
 DECAY = 0.998
 # The verify time of each row count as the engine measured it: per count, the decayed mean of
-# the measured / curve ratios (a count follows its last ~1 / (1 - ROW_DECAY) steps), shrunk
-# toward the ratio over all steps by ROW_PRIOR steps.
+# the measured times (a count follows its last ~1 / (1 - ROW_DECAY) steps), shrunk by ROW_PRIOR
+# steps toward the curve mapped onto the engine's measurements (module docs). A count takes part
+# in that map while its decayed weight is at least FIT_WEIGHT steps.
 ROW_PRIOR = 4.0
 ROW_DECAY = 0.995
+FIT_WEIGHT = 0.5
+# Until a draft was timed, it is priced at this share of a one-row verify (SmolLM2's drafter is
+# one layer and a head over 8k tokens against 30 layers and a 49k head).
+DRAFT_SHARE = 0.25
+# Probing at budget 0 (module docs): a probe verifies at least PROBE_NODES nodes; the first comes
+# PROBE_MIN rounds after the batch stopped drafting, the interval doubles per losing probe up to
+# PROBE_MAX rounds and returns to PROBE_MIN after a winning one.
+PROBE_NODES = 3
+PROBE_MIN = 4
+PROBE_MAX = 64
+# A cached curve is marked stale once the smallest row count the engine measured this many
+# (decayed) times ran more than DISAGREE (dartcore.cost) times faster than the curve says.
+STALE_STEPS = 16.0
 # A sequence that drafts draws a tree of its chosen budget plus this many nodes (module docs).
 DRAW_SLACK = 2
 
@@ -116,16 +161,17 @@ def prior_gains(n: int) -> np.ndarray:
 class Acceptance:
     """One sequence's (or the batch prior's) expected marginals: ``gains[j]``, the calibrated
     chance of the (j+1)-th best node of its recent trees, exponentially averaged. Never
-    increasing in j."""
+    increasing in j. ``idle``: the rounds since the sequence last drew a tree."""
 
     gains: np.ndarray
+    idle: int = 0  # rounds since it last drew a tree: positions its drafter has to catch up on
 
     @classmethod
-    def prior(cls, depth: int) -> "Acceptance":
+    def prior(cls, depth: int) -> Acceptance:
         return cls(prior_gains(depth))
 
-    def copy(self) -> "Acceptance":
-        return Acceptance(self.gains.copy())
+    def copy(self) -> Acceptance:
+        return Acceptance(self.gains.copy(), self.idle)
 
     def relax(self, alpha: float = RELAX) -> None:
         """A round this sequence could have drafted and did not: the marginals move toward the
@@ -182,7 +228,7 @@ class NodeCalibration:
             t = (self.hits + PRIOR_WEIGHT * self._prior) / w
             # lower score: never more likely (each depth's cells pooled where they disagree,
             # weighted by what they saw); deeper: never more likely
-            t = np.array([_decreasing(row, wr) for row, wr in zip(t, w)])
+            t = np.array([decreasing(row, wr) for row, wr in zip(t, w)])
             self._table = np.minimum.accumulate(t, axis=0)
         return self._table
 
@@ -201,23 +247,6 @@ class NodeCalibration:
         self._table = None
 
 
-def _decreasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """The weighted least-squares non-increasing fit of ``values`` (pool adjacent violators)."""
-    blocks: list[list[float]] = []  # [mean, weight, count]
-    for v, w in zip(values, weights):
-        blocks.append([float(v), float(w), 1])
-        while len(blocks) > 1 and blocks[-2][0] < blocks[-1][0]:
-            m2, w2, c2 = blocks.pop()
-            m1, w1, c1 = blocks[-1]
-            blocks[-1] = [(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, c1 + c2]
-    return np.concatenate([np.full(c, m) for m, _, c in blocks])
-
-
-def _increasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """The weighted least-squares non-decreasing fit of ``values``."""
-    return -_decreasing(-np.asarray(values, dtype=np.float64), weights)
-
-
 def best_nodes(probs: np.ndarray, depths: np.ndarray) -> np.ndarray:
     """Indices of a tree's non-root nodes (1-based), best first: by chance, ties shallower then
     earlier. With chances that never grow from parent to child, every prefix is
@@ -227,97 +256,12 @@ def best_nodes(probs: np.ndarray, depths: np.ndarray) -> np.ndarray:
     return idx[np.lexsort((idx, np.asarray(depths), -probs))]
 
 
-class CostCurve:
-    """Verify time (ms) against total rows, from measured points, linear in between and
-    extrapolated linearly past the last one."""
-
-    def __init__(self, points: list[dict]):
-        pts = sorted((int(p["rows"]), float(p["ms"])) for p in points)
-        if not pts or pts[0][0] < 1:
-            raise DartError("a verify-cost curve needs measured points with rows >= 1")
-        self.points = pts
-        self.rows = np.array([p[0] for p in pts], dtype=np.float64)
-        # A forward of more rows never costs less: the curve is the least-squares non-decreasing
-        # fit of the measured medians (pool adjacent violators). Not their lower envelope: one
-        # low reading (5 rows at 39 ms after 1-4 rows at 39-47) would make every smaller size
-        # as cheap, and the slope the controller weighs nodes by would vanish.
-        ms = np.array([p[1] for p in pts], dtype=np.float64)
-        self.ms = _increasing(ms, np.ones_like(ms))
-
-    def __call__(self, rows) -> np.ndarray | float:
-        r = np.asarray(rows, dtype=np.float64)
-        out = np.interp(r, self.rows, self.ms)
-        if len(self.rows) >= 2:
-            slope = (self.ms[-1] - self.ms[-2]) / max(self.rows[-1] - self.rows[-2], 1.0)
-            out = np.where(r > self.rows[-1], self.ms[-1] + slope * (r - self.rows[-1]), out)
-        return float(out) if out.ndim == 0 else out
-
-    def as_list(self) -> list[dict]:
-        return [{"rows": r, "ms": m} for r, m in self.points]
-
-    # -- measured once per machine, cached --------------------------------------------------
-
-    @classmethod
-    def for_target(cls, target, backend, *, max_rows: int, remeasure: bool = False,
-                   cache_dir: Path | None = None) -> "CostCurve":
-        """The curve of ``target`` on this machine up to ``max_rows`` rows: read from the
-        cache (:func:`cost_cache_dir`, one file per model / device / dtype / threads / path),
-        else measured with :func:`dartcore.benchmark.verify_cost.measure_verify_cost` under the
-        backend's round scope (what a decoding step runs under) and written by rename.
-        ``remeasure`` (or ``DARTCORE_REMEASURE_COST=1``) measures again."""
-        key = _curve_key(target)
-        path = (cache_dir or cost_cache_dir()) / f"{key['digest']}.json"
-        remeasure = remeasure or os.environ.get("DARTCORE_REMEASURE_COST") == "1"
-        if not remeasure and path.is_file():
-            try:
-                data = json.loads(path.read_text())
-                if data.get("key") == key and max(p["rows"] for p in data["points"]) >= max_rows:
-                    return cls(data["points"])
-            except (OSError, ValueError, KeyError, TypeError):
-                pass  # unreadable: measure again
-        from dartcore.benchmark.verify_cost import measure_verify_cost
-
-        sizes = sorted({r for r in (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 17, 20, 24, 32, 40, 48, 64, 80, 96, 128,
-                                    160, 192, 256) if r <= max_rows} | {max_rows})
-        with backend.round_scope():  # the forward as the engine's verify runs it
-            measured = measure_verify_cost(target, prefix_len=128, sizes=sizes, repeats=5,
-                                           logits_rows=backend.verify_logits_rows())
-        points = [{"rows": a["nodes"], "ms": a["ms"]} for a in measured]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"key": key, "points": points, "measured_at": time.time()}, indent=1))
-        os.replace(tmp, path)
-        return cls(points)
-
-
-def cost_cache_dir() -> Path:
-    """Where measured verify-cost curves live: ``$DARTCORE_CACHE/verify_cost``, default
-    ``~/.cache/dartcore/verify_cost``."""
-    return cache_root() / "verify_cost"
-
-
-def _curve_key(target) -> dict:
-    import torch
-
-    cfg = target.config
-    fields = {
-        "model": str(getattr(cfg, "_name_or_path", "") or ""),
-        "family": target.family, "layers": target.num_layers, "hidden": target.hidden_size,
-        "heads": target.num_heads, "kv_heads": target.num_kv_heads, "vocab": target.vocab_size,
-        "intermediate": int(getattr(cfg, "intermediate_size", 0) or 0),
-        "device": str(target.device), "dtype": str(target.dtype), "threads": int(target.threads),
-        "torch_threads": int(torch.get_num_threads()), "native": bool(target.native_linear),
-        # GGML block weights cost differently from float32 ones at every row count
-        "blocks": bool(getattr(target, "blocks", False)),
-    }
-    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
-    return {**fields, "digest": digest}
-
-
 @dataclass
 class BudgetController:
-    """Chooses each step's budgets (see the module docs). ``curve``: the verify-cost curve;
-    ``max_nodes``: the largest budget per sequence (and the length of the marginals kept)."""
+    """Chooses each step's budgets (see the module docs). ``curve``: the verify-cost curve (a
+    prior: the engine's measured times override it); ``max_nodes``: the largest budget per
+    sequence (and the length of the marginals kept); ``clock``: the clock the controller times
+    its own work with (tests inject one)."""
 
     curve: CostCurve
     max_nodes: int
@@ -326,27 +270,48 @@ class BudgetController:
     per_token_ms: float = 0.0  # acceptance (LM-head rows on the CPU) per committed token
     controller_ms: float = 0.0
     verify_scale: float = 1.0  # measured verify time / curve, over all steps
+    clock: Callable[[], float] = time.perf_counter
     prior: Acceptance = field(init=False)
     calibration: NodeCalibration = field(init=False)
     choose_s: float = 0.0  # total time spent choosing
+    probes: int = 0  # forced probes drawn, and how many of them won
+    probe_wins: int = 0
+    probe_interval: int = PROBE_MIN
+    stale: dict | None = None  # why the curve was marked stale, once it was
 
     def __post_init__(self):
         if self.max_nodes < 0:
             raise ValueError(f"max_nodes must be >= 0, got {self.max_nodes}")
         self.prior = Acceptance.prior(max(self.max_nodes, 1))
         self.calibration = NodeCalibration()
-        # per row count r (index r): decayed sums of measured / curve ratios, and their weights
-        self._ratio_sum = np.zeros(2)
-        self._ratio_n = np.zeros(2)
+        # per row count r (index r): decayed sums of the measured verify ms, and their weights
+        self._ms_sum = np.zeros(2)
+        self._ms_n = np.zeros(2)
         self._verify_table: np.ndarray | None = None  # verify_ms per row count; None after timed()
+        self._map = (0.0, self.verify_scale, 0.0)  # the curve mapped onto the measurements (_fit_map)
+        # The draft: measured in a step whose drafting sequences all drafted the step before
+        # (steady), or bounded from above by a step that also caught up on idle positions.
+        self._draft_steady = self.draft_ms is not None
+        self._draft_bound = float("inf")
+        self._catchup = False
+        # probing
+        self._rounds_idle = 0  # consecutive choices in which no sequence drew a tree
+        self._probe_index: int | None = None  # this step's probe (index into the batch)
+        self._probe_acc: Acceptance | None = None
+        self._probe_marginals: np.ndarray | None = None
+        self._judge = False  # a probe was drawn: judge it at the next choice
+        self._last_rows = 0  # the row count of the last step timed, and how many steps in a row had it
+        self._same_rows = 0
         if self.draft_ms is None:
-            # Until a draft was timed: about a quarter of a one-row verify (SmolLM2's drafter
-            # is one layer and a head over 8k tokens against 30 layers and a 49k head).
-            self.draft_ms = 0.25 * float(self.curve(1))
+            self.draft_ms = DRAFT_SHARE * float(self.curve(1))
 
     def new_sequence(self) -> Acceptance:
-        """A new sequence's expected marginals: the batch's prior."""
-        return self.prior.copy()
+        """A new sequence's expected marginals: the batch's prior. Its first draft catches up
+        on the whole prompt (the drafter has read none of it: ~160 ms for a 200-token chat
+        prompt on the 2-vCPU VM, against 5-8 for a steady draft), so it counts as idle."""
+        acc = self.prior.copy()
+        acc.idle = 1
+        return acc
 
     # -- what a tree's nodes are worth ------------------------------------------------------
 
@@ -364,6 +329,8 @@ class BudgetController:
         """A sequence drew a tree of (up to) ``cap`` nodes with these ranked chances."""
         acc.observe(marginals, cap, self.alpha)
         self.prior.observe(marginals, cap, self.alpha)
+        if acc is self._probe_acc:
+            self._probe_marginals = np.asarray(marginals, dtype=np.float64)[:max(int(cap), 0)].copy()
 
     def observe_verified(self, tree, path) -> None:
         """The verified ``tree`` and its accepted ``path`` (node indices from the root):
@@ -377,55 +344,119 @@ class BudgetController:
     # -- times --------------------------------------------------------------------------------
 
     def timed(self, *, rows: int, verify_ms: float, draft_ms: float | None, per_token_ms: float | None) -> None:
-        """Fold one step's measured times into the running means: its verify forward of
-        ``rows`` rows, its draft + search (None when nothing was drafted) and its acceptance
-        time per committed token."""
+        """Fold one step's measured times into the model: its verify forward of ``rows`` rows,
+        its draft + search (None when nothing was drafted) and its acceptance time per
+        committed token."""
         a = 0.2
         predicted = float(self.curve(rows))
         if predicted > 0 and verify_ms > 0 and rows >= 1:
-            ratio = verify_ms / predicted
-            self.verify_scale += a * (ratio - self.verify_scale)
-            if rows >= len(self._ratio_n):
-                grow = int(rows) + 1 - len(self._ratio_n)
-                self._ratio_sum = np.concatenate((self._ratio_sum, np.zeros(grow)))
-                self._ratio_n = np.concatenate((self._ratio_n, np.zeros(grow)))
-            self._ratio_sum *= ROW_DECAY
-            self._ratio_n *= ROW_DECAY
-            self._ratio_sum[rows] += ratio
-            self._ratio_n[rows] += 1.0
-        self._verify_table = None
+            self.verify_scale += a * (verify_ms / predicted - self.verify_scale)
+            if rows >= len(self._ms_n):
+                grow = int(rows) + 1 - len(self._ms_n)
+                self._ms_sum = np.concatenate((self._ms_sum, np.zeros(grow)))
+                self._ms_n = np.concatenate((self._ms_n, np.zeros(grow)))
+            self._ms_sum *= ROW_DECAY
+            self._ms_n *= ROW_DECAY
+            self._ms_sum[rows] += verify_ms
+            self._ms_n[rows] += 1.0
+            self._same_rows = self._same_rows + 1 if rows == self._last_rows else 0
+            self._last_rows = int(rows)
+            self._verify_table = None
+            if self.stale is None:
+                self._check_curve()
         if draft_ms is not None:
-            self.draft_ms += a * (draft_ms - self.draft_ms)
+            if not self._catchup:  # steady: the cost of drafting round after round
+                if self._draft_steady:
+                    self.draft_ms += a * (draft_ms - self.draft_ms)
+                else:
+                    self.draft_ms, self._draft_steady = float(draft_ms), True
+            elif self._draft_steady:  # a catch-up costs more than a steady draft: an upper bound
+                self.draft_ms = min(self.draft_ms, self.draft_ms + a * (draft_ms - self.draft_ms))
+            else:
+                self._draft_bound = min(self._draft_bound, float(draft_ms))
         if per_token_ms is not None:
             self.per_token_ms += a * (per_token_ms - self.per_token_ms)
 
+    def draft_cost(self) -> float:
+        """The draft + search time of a step that drafts, as a steady cost (module docs):
+        measured, else :data:`DRAFT_SHARE` of the one-row verify time bounded by the
+        catch-up drafts measured so far."""
+        if not self._draft_steady:
+            self.draft_ms = min(DRAFT_SHARE * float(self.verify_ms(1)), self._draft_bound)
+        return self.draft_ms
+
+    def _check_curve(self) -> None:
+        """Mark a cached curve stale when the engine's forwards run more than DISAGREE times
+        faster than it says (it was measured on a busier machine; module docs)."""
+        seen = np.flatnonzero(self._ms_n >= STALE_STEPS)
+        if not len(seen):
+            return
+        r = int(seen[0])
+        live = self._ms_sum[r] / self._ms_n[r]
+        cached = float(self.curve(r))
+        if cached > DISAGREE * live:
+            self.stale = {"rows": r, "curve_ms": cached, "engine_ms": float(live)}
+            self.curve.mark_stale(self.stale)
+
+    def _fit_map(self) -> tuple[float, float, float]:
+        """``(a, b, c)``: the mapped curve ``a + b * curve(r) + c * r``, the weighted
+        least-squares fit of the engine's mean verify times over the row counts it measured
+        (weights: the decayed counts). ``a + b * curve(r)`` (``b >= 0``) where the counts
+        measured differ on the curve; a plain ratio (``b`` alone) where one count was
+        measured, or where the curve is flat across the counts and so are the times; a line
+        in rows (``a + c * r``, ``c >= 0``) where the curve is flat across the counts and the
+        times are not (the curve's shape is wrong there); the overall ratio before any."""
+        idx = np.flatnonzero(self._ms_n >= FIT_WEIGHT)
+        idx = idx[idx >= 1]
+        if not len(idx):
+            return 0.0, max(self.verify_scale, 0.0), 0.0
+        w = self._ms_n[idx]
+        r = idx.astype(np.float64)
+        x = self.curve(r)
+        y = self._ms_sum[idx] / w
+        xm, ym, rm = np.average(x, weights=w), np.average(y, weights=w), np.average(r, weights=w)
+        vx = np.average((x - xm) ** 2, weights=w)
+        if vx > (0.01 * xm) ** 2:
+            b = max(float(np.average((x - xm) * (y - ym), weights=w) / vx), 0.0)
+            return float(ym - b * xm), b, 0.0
+        vy = np.average((y - ym) ** 2, weights=w)
+        if len(idx) < 2 or vy <= (0.01 * ym) ** 2:
+            return 0.0, float(ym / xm), 0.0
+        c = max(float(np.average((r - rm) * (y - ym), weights=w) / np.average((r - rm) ** 2, weights=w)), 0.0)
+        return float(ym - c * rm), 0.0, c
+
+    def _mapped(self, rows) -> np.ndarray:
+        a, b, c = self._map
+        r = np.maximum(np.asarray(rows, dtype=np.float64), 1.0)
+        return np.maximum(a + b * self.curve(r) + c * r, 1e-3)
+
     def verify_ms(self, rows) -> np.ndarray | float:
-        """The model's verify time of ``rows`` rows: the curve, scaled at each row count by the
-        ratio the engine measured there (shrunk toward the ratio over all steps where few steps
-        had that count; the count of a fixed budget is measured often, its neighbours seldom),
-        made non-decreasing in rows. The curve's slope is the price of a node, and a curve
-        measured outside the engine (another prefix, a quiet moment, no drafter between
-        forwards) can get it wrong: on a 2-vCPU AVX2 VM, 1-6 rows measured flat at ~48 ms
-        while the engine's steps took 41 ms for 1 row and 50 for 5."""
+        """The model's verify time of ``rows`` rows (module docs): at each row count the
+        engine's measured mean there, shrunk by :data:`ROW_PRIOR` steps toward the curve
+        mapped onto the engine's measurements (:meth:`_fit_map`), made
+        non-decreasing in rows; past the counts measured, the mapped curve, never below the
+        last count's. The curve's slope is the price of a node, and a curve measured outside
+        the engine (another prefix, a quiet or a busy moment, no drafter between forwards)
+        can get it wrong: on a 2-vCPU AVX2 VM, 1-6 rows measured flat at ~48 ms while the
+        engine's steps took 41 ms for 1 row and 50 for 5; a curve measured under load said
+        69 ms for 1 row and 104 for 2."""
         if self._verify_table is None:
-            count = np.arange(len(self._ratio_n))
-            scale = (self._ratio_sum + ROW_PRIOR * self.verify_scale) / (self._ratio_n + ROW_PRIOR)
-            t = scale * self.curve(np.maximum(count, 1))
-            t[1:] = _increasing(t[1:], self._ratio_n[1:] + ROW_PRIOR)
+            self._map = self._fit_map()
+            prior = self._mapped(np.arange(len(self._ms_n)))
+            t = (self._ms_sum + ROW_PRIOR * prior) / (self._ms_n + ROW_PRIOR)
+            t[1:] = increasing(t[1:], self._ms_n[1:] + ROW_PRIOR)
             t[0] = 0.0
             self._verify_table = t
         table = self._verify_table
         r = np.asarray(rows, dtype=np.int64)
         last = len(table) - 1
-        # past the counts seen: the curve with the overall ratio, never below the last count's
-        out = np.where(r <= last, table[np.minimum(r, last)],
-                       np.maximum(self.verify_scale * self.curve(np.maximum(r, 1)), table[last]))
+        out = np.where(r <= last, table[np.minimum(r, last)], np.maximum(self._mapped(r), table[last]))
         return float(out) if out.ndim == 0 else out
 
     def step_ms(self, rows: int, drafting: bool, expected: float) -> float:
         """The model's time of one step verifying ``rows`` rows and committing ``expected``
         tokens."""
-        return (float(self.verify_ms(rows)) + (self.draft_ms if drafting else 0.0)
+        return (float(self.verify_ms(rows)) + (self.draft_cost() if drafting else 0.0)
                 + self.per_token_ms * expected + self.controller_ms)
 
     # -- the two decisions --------------------------------------------------------------------
@@ -433,17 +464,52 @@ class BudgetController:
     def choose(self, accs: list[Acceptance], caps: list[int]) -> list[int]:
         """Before drafting: budgets ``n_i <= caps[i]`` maximising ``E / T`` from each
         sequence's expected marginals (see the module docs); a sequence with ``n_i > 0``
-        draws a tree."""
-        t0 = time.perf_counter()
+        draws a tree. A round in which none would, :data:`PROBE_MIN` to :data:`PROBE_MAX`
+        rounds after the batch stopped drafting, one sequence probes."""
+        t0 = self.clock()
         caps = [min(int(c), self.max_nodes, len(a.gains)) for a, c in zip(accs, caps)]
-        budgets = self._allocate([a.gains[:c] for a, c in zip(accs, caps)], self.draft_ms)
-        idle = [acc for acc, cap, n in zip(accs, caps, budgets) if n == 0 and cap > 0]
-        for acc in idle:
-            acc.relax(self.alpha / 4)
-        if idle and not any(budgets):
+        if self._judge:
+            self._judge_probe(len(accs))
+        budgets = self._allocate([a.gains[:c] for a, c in zip(accs, caps)], self.draft_cost())
+        self._probe_index = self._probe_acc = None
+        if not any(budgets):
+            self._rounds_idle += 1
+            open_ = [i for i, c in enumerate(caps) if c > 0]
+            if open_ and self._rounds_idle > self.probe_interval:
+                i = max(open_, key=lambda j: (accs[j].gains[0], -j))
+                budgets[i] = min(caps[i], PROBE_NODES)
+                self._probe_index, self._probe_acc, self._probe_marginals = i, accs[i], None
+                self._judge = True
+                self.probes += 1
+        if any(budgets):
+            self._rounds_idle = 0
+        self._catchup = any(acc.idle > 0 for acc, n in zip(accs, budgets) if n > 0)
+        for acc, cap, n in zip(accs, caps, budgets):
+            if n > 0:
+                acc.idle = 0
+            else:
+                acc.idle += 1
+                if cap > 0:
+                    acc.relax(self.alpha / 4)
+        if not any(budgets) and any(c > 0 for c in caps):
             self.prior.relax(self.alpha / 4)
         self._timed_choice(t0)
         return budgets
+
+    def _judge_probe(self, batch: int) -> None:
+        """Last round's probe, with what it showed (its tree's chances, the times of its
+        step): it wins when, the draft priced as a steady one, its tree would have been worth
+        drafting. A win brings the probe interval back to PROBE_MIN, a loss doubles it."""
+        self._judge = False
+        m = self._probe_marginals
+        won = False
+        if m is not None and len(m):
+            won = any(self._allocate([m] + [np.zeros(0)] * max(batch - 1, 0), self.draft_cost()))
+        if won:
+            self.probe_wins += 1
+            self.probe_interval = PROBE_MIN
+        else:
+            self.probe_interval = min(2 * self.probe_interval, PROBE_MAX)
 
     def draws(self, accs: list[Acceptance], caps: list[int]) -> list[int]:
         """:meth:`choose`, as the tree size each sequence draws: its budget plus
@@ -452,14 +518,25 @@ class BudgetController:
 
     def refine(self, marginals: list[np.ndarray]) -> list[int]:
         """After the search: budgets from each tree's own ranked chances (``marginals[i]``,
-        empty for a sequence without a tree), the draft already paid."""
-        t0 = time.perf_counter()
+        empty for a sequence without a tree), the draft already paid; a probe keeps at least
+        :data:`PROBE_NODES` of its tree's nodes, and after :data:`PROBE_MAX` steps of one row
+        count the largest budget is halved once."""
+        t0 = self.clock()
         budgets = self._allocate(marginals, 0.0)
+        i = self._probe_index
+        if i is not None and i < len(budgets):
+            budgets[i] = max(budgets[i], min(PROBE_NODES, len(marginals[i])))
+        elif self._same_rows >= PROBE_MAX and any(budgets):
+            # every step of the last PROBE_MAX verified the same rows: the price of a node
+            # rests on the curve's shape alone; verify fewer this once (module docs)
+            j = int(np.argmax(budgets))
+            budgets[j] //= 2
+            self._same_rows = 0
         self._timed_choice(t0)
         return budgets
 
     def _timed_choice(self, t0: float) -> None:
-        dt = time.perf_counter() - t0
+        dt = self.clock() - t0
         self.choose_s += dt
         self.controller_ms += 0.2 * (1e3 * dt - self.controller_ms)
 
