@@ -152,7 +152,7 @@ def test_smollm2_lm_head_rows_are_the_same_alone_or_among_16(int8_smollm2):
 
 @pytest.mark.slow
 @int8
-def test_smollm2_dart_equals_the_int8_paths_own_ar(int8_smollm2, shared_data, tmp_path):
+def test_smollm2_dart_equals_the_int8_paths_own_ar(int8_smollm2, test_data, tmp_path):
     import gzip
     import json
 
@@ -168,7 +168,7 @@ def test_smollm2_dart_equals_the_int8_paths_own_ar(int8_smollm2, shared_data, tm
     except FileNotFoundError:
         pytest.skip("the shipped SmolLM2 drafter is not installed")
     docs = []
-    for path in sorted((shared_data / "dolma-sample" / "documents").glob("*.gz"))[:4]:
+    for path in sorted((test_data / "dolma-sample" / "documents").glob("*.gz"))[:4]:
         with gzip.open(path, "rt", encoding="utf-8") as fh:
             for line in fh:
                 text = json.loads(line).get("text", "")
@@ -182,7 +182,7 @@ def test_smollm2_dart_equals_the_int8_paths_own_ar(int8_smollm2, shared_data, tm
     assert all(d.target.numerics == "int8" for d in decoders.values())
     accepted = 0
     for name in ("humaneval", "gsm8k", "code_alpaca"):
-        for messages in load_prompts(name, 2, shared_data):
+        for messages in load_prompts(name, 2, test_data):
             ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
             ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
             ar = decoders["ar"].generate(ids, max_new_tokens=48).tokens
