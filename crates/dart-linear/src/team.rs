@@ -155,7 +155,8 @@ impl Team {
         let call = &*self.call;
         // SAFETY: a helper calls `f` only for a part it claimed for this generation, and this
         // function returns only after every part is done (so `f` outlives every use).
-        let job = Job(Some(unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(f) }));
+        let job =
+            Job(Some(unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(f) }));
         *call.job.lock().unwrap_or_else(|p| p.into_inner()) = job;
         call.finished.store(0, SeqCst);
         call.panicked.store(false, SeqCst);
