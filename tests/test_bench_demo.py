@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import REPO, tiny_model
 
 CHAT_TEMPLATE = (
@@ -31,9 +32,10 @@ _TEXT = Path(__file__).read_text() + (REPO / "tests" / "conftest.py").read_text(
 def tiny_dirs(tmp_path_factory):
     """(target dir, drafter dir) of a tiny random Llama with a real tokenizer."""
     import tokenizers
-    from dartcore.drafter import DartDrafter
     from tokenizers import decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
+
+    from dartcore.drafter import DartDrafter
 
     root = tmp_path_factory.mktemp("tiny-target")
     bpe = tokenizers.Tokenizer(models.BPE())

@@ -56,6 +56,7 @@ def test_local_partitioned_reduce_is_byte_identical(corpus, tmp_path):
 
 def test_partition_bounds_cut_at_first_tokens(tmp_path):
     import numpy as np
+
     from dartcore.index import IndexBuilder
 
     b = IndexBuilder(100, memory_limit="64M")

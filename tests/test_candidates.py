@@ -12,7 +12,7 @@ pytest.importorskip("dartcore._native", reason="the Rust extension is not built 
 
 from dartcore.builders import make_tree_builder  # noqa: E402
 from dartcore.errors import TreeError  # noqa: E402
-from dartcore.index import build_index, NgramIndex  # noqa: E402
+from dartcore.index import NgramIndex, build_index  # noqa: E402
 from dartcore.tree import beam_search  # noqa: E402
 
 V = 16

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+
 from cli_helpers import cli_env, run_cli
 
 
@@ -17,6 +18,7 @@ def indexes(tmp_path_factory):
     """A tiny valid index per built-in tokenizer name (qwen3, smollm2), a foreign file and a
     truncated index: only the header and metadata matter to the checks under test."""
     import numpy as np
+
     from dartcore.index import build_index
 
     root = tmp_path_factory.mktemp("cli_indexes")

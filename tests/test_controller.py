@@ -16,8 +16,15 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from dartcore.controller import (PRIOR_RATE, Acceptance, BudgetController, CostCurve, NodeCalibration, best_nodes,
-                                 expected_tokens)
+from dartcore.controller import (
+    PRIOR_RATE,
+    Acceptance,
+    BudgetController,
+    CostCurve,
+    NodeCalibration,
+    best_nodes,
+    expected_tokens,
+)
 
 CURVES = {
     # 1 / 4 / 8 / 16 rows ~ 24 / 34 / 39 / 57 ms: the dev box's two-thread curve (issue figures)

@@ -155,7 +155,7 @@ def test_corrupt_stream_mid_file(tmp_path, codec):
 
 def test_text_files_one_document_each(tmp_path):
     (tmp_path / "a.txt").write_text("first file\nline two\n")
-    (tmp_path / "b.txt.gz").write_bytes(gzip.compress("second file".encode()))
+    (tmp_path / "b.txt.gz").write_bytes(gzip.compress(b"second file"))
     corpus = open_corpus("text", corpus_dir=tmp_path)
     assert list(corpus) == ["first file\nline two\n", "second file"]
 

@@ -55,9 +55,9 @@ def _check_counts(path: Path, expected: dict) -> None:
         expected["n_unigram"], expected["n_bigram"], expected["n_trigram"])
     assert s["documents"] == expected["documents"] and s["tokens"] == expected["tokens"]
     total1, total2 = Counter(), Counter()
-    for a, b, n in expected["bigram"]:
+    for a, _b, n in expected["bigram"]:
         total1[a] += n
-    for a, b, c, n in expected["trigram"]:
+    for a, b, _c, n in expected["trigram"]:
         total2[(a, b)] += n
     for a, n in expected["unigram"].items():
         assert idx.count([], int(a)) == (n, expected["tokens"])

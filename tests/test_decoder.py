@@ -14,14 +14,15 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+
 from conftest import tiny_model
+from dartcore import ContextLengthError, DartDecoder
+from dartcore.tree import Tree
+from dartcore.trees import register_tree_builder
 
 # Tiny models: one intra-op thread is ~10x faster than two on the shared 2-core
 # box (thread wake-up dominates a 4-layer, 32-wide forward).
 torch.set_num_threads(1)
-from dartcore import ContextLengthError, DartDecoder
-from dartcore.tree import Tree
-from dartcore.trees import register_tree_builder
 
 
 class CharTokenizer:
@@ -390,10 +391,11 @@ def test_two_torch_threads_use_the_native_team_and_give_the_same_tokens():
         dec = DartDecoder(model, tok, tree="test-oracle", reference=prompt + ref, vocab=64, seed=3)
         dec.eos_token_ids = ()
         assert dec.target.native_linear and dec.target.threads == 2
-        seen = []
+        seen, last = [], None
         for chunk in dec.stream(prompt, max_new_tokens=24):
             seen.append(torch.get_num_threads())  # the consumer runs with the user's threads
+            last = chunk
         assert set(seen) == {2} and torch.get_num_threads() == 2
-        assert chunk.result.tokens == ref
+        assert last.result.tokens == ref
     finally:
         torch.set_num_threads(before)

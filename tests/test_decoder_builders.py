@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from conftest import tiny_model
 from dartcore import DartDecoder, DrafterMismatchError, TokenizerMismatchError
 from test_decoder import CharTokenizer, hf_greedy

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+
 from conftest import tiny_model
 from dartcore import DartDecoder
 from dartcore.trees import register_tree_builder

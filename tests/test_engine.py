@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+
 from conftest import tiny_model
 from dartcore import ContextLengthError, DartDecoder, DartError
 from dartcore.engine import Engine, RequestOutput, SamplingParams, UnknownRequestError
@@ -161,7 +162,8 @@ def test_abort_leaves_the_others_alone():
     model.generation_config.eos_token_id = None
     prompts, refs = prompts_and_refs(model, 3, 30, seed=5)
     engine = Engine(oracle_decoder(model, prompts, refs), max_batch=2, budget=4)
-    ids = [engine.add_request(p, SamplingParams(max_new_tokens=30), request_id=f"r{i}") for i, p in enumerate(prompts)]
+    for i, p in enumerate(prompts):
+        engine.add_request(p, SamplingParams(max_new_tokens=30), request_id=f"r{i}")
     seen: dict[str, list[RequestOutput]] = {}
     for _ in range(3):
         for out in engine.step():
@@ -319,7 +321,7 @@ def test_engine_arguments_and_requests_are_checked(small_engine):
         engine.add_request([1, 2], {"max_new_tokens": 3})
     with pytest.raises(ValueError, match="empty prompt"):
         engine.add_request([])
-    rid = engine.add_request([1, 2, 3], request_id="same")
+    engine.add_request([1, 2, 3], request_id="same")
     with pytest.raises(ValueError, match="already in the engine"):
         engine.add_request([1, 2, 3], request_id="same")
     with pytest.raises(UnknownRequestError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from conftest import tiny_model
 from dartcore.acceptance import ancestor_mask
 from dartcore.kernels.linear import native_linear_available

@@ -8,9 +8,12 @@ import json
 
 import pytest
 
+import test_bench_demo
 from dartcore.errors import CorpusError
-from test_bench_demo import _load_tool, _tiny_index, tiny_dirs  # noqa: F401  (tiny_dirs: a fixture)
+from test_bench_demo import _load_tool, _tiny_index
 
+# test_bench_demo's module-scoped fixture: the tiny target and drafter directories.
+tiny_dirs = test_bench_demo.tiny_dirs
 
 @pytest.fixture(scope="module")
 def gp():

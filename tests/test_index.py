@@ -313,7 +313,7 @@ sys.stdin.readline()
             smaps = Path(f"/proc/{p.pid}/smaps").read_text()
             block = _mapping_block(smaps, str(out))
             assert block is not None, "index not mapped"
-            f = {k: int(v.split()[0]) for k, v in (l.split(":", 1) for l in block[1:] if ":" in l)
+            f = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in block[1:] if ":" in line)
                  if v.strip().endswith("kB")}
             assert f["Shared_Clean"] > 0, block
             assert f["Private_Dirty"] == 0, block

@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from dartcore.errors import DartError
 from dartcore.kernels.linear import BlockWeight, dequantize_blocks, int8_kernel
 
-gguf = pytest.importorskip("gguf")
-from gguf.constants import GGMLQuantizationType as Q
-from gguf.quants import quantize
+Q = pytest.importorskip("gguf.constants").GGMLQuantizationType
+quantize = pytest.importorskip("gguf.quants").quantize
 
 torch.set_num_threads(1)
 

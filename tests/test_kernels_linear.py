@@ -16,8 +16,16 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_model
-from dartcore.kernels.linear import (MAX_ROWS, NativeWeight, exact_narrow, native_linear_available, native_linear_isa,
-                                     native_linears_, native_rows, small_linear)
+from dartcore.kernels.linear import (
+    MAX_ROWS,
+    NativeWeight,
+    exact_narrow,
+    native_linear_available,
+    native_linear_isa,
+    native_linears_,
+    native_rows,
+    small_linear,
+)
 
 torch.set_num_threads(1)
 

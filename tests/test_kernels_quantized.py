@@ -12,8 +12,15 @@ import torch
 import torch.nn.functional as F
 
 from dartcore.errors import WeightFormatError
-from dartcore.kernels.linear import (BLOCK_FORMATS, MAX_ROWS, BlockWeight, NativeWeight, dequantize_blocks,
-                                     native_linear_available, pack_blocks)
+from dartcore.kernels.linear import (
+    BLOCK_FORMATS,
+    MAX_ROWS,
+    BlockWeight,
+    NativeWeight,
+    dequantize_blocks,
+    native_linear_available,
+    pack_blocks,
+)
 
 gguf = pytest.importorskip("gguf")
 from gguf.constants import GGMLQuantizationType as Q  # noqa: E402

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from dartcore.acceptance import ancestor_mask
 from dartcore.kernels.tree_attention import (
     force_backend,

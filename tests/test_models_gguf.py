@@ -11,11 +11,12 @@ import copy
 import numpy as np
 import pytest
 import torch
+from torch import nn
+
 from conftest import tiny_model
 from dartcore.kernels.linear import BlockWeight, native_linear_available
 from dartcore.models.gguf import BlockEmbedding, BlockLinear, block_bytes
 from dartcore.models.transformer import TargetModel
-from torch import nn
 
 gguf = pytest.importorskip("gguf")
 from gguf.constants import GGMLQuantizationType as Q  # noqa: E402

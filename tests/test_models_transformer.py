@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from conftest import tiny_model
 from dartcore import ContextLengthError
 from dartcore.acceptance import ancestor_mask
@@ -184,8 +185,9 @@ def test_bf16_logits_close_to_fp32():
 
 
 def test_unsupported_family_is_refused():
-    from dartcore import DartError
     from transformers import GPT2Config, GPT2LMHeadModel
+
+    from dartcore import DartError
 
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32))
     with pytest.raises(DartError, match="unsupported target family"):

@@ -53,9 +53,9 @@ def assert_index_matches(path: Path, docs: list[np.ndarray]) -> None:
     assert stats["documents"] == len(docs)
     assert (stats["unigram_nodes"], stats["bigram_nodes"], stats["trigram_nodes"]) == (len(c1), len(c2), len(c3))
     total1, total2 = Counter(), Counter()
-    for (a, b), n in c2.items():
+    for (a, _b), n in c2.items():
         total1[a] += n
-    for (a, b, c), n in c3.items():
+    for (a, b, _c), n in c3.items():
         total2[(a, b)] += n
     tokens = sum(c1.values())
     for a, n in c1.items():

@@ -77,13 +77,13 @@ class OfficialScore:
     def path(self, context, case, path) -> float:
         hist = list(context[-2:])
         s = 0.0
-        for l, v in enumerate(path):
-            row = case["topk_tokens"][l]
-            p = case["topk_probs"][l][row.index(v)]
-            term = 0.9 ** l * math.log(p + 1e-10)
-            if l > 0:
+        for level, v in enumerate(path):
+            row = case["topk_tokens"][level]
+            p = case["topk_probs"][level][row.index(v)]
+            term = 0.9 ** level * math.log(p + 1e-10)
+            if level > 0:
                 term += 0.5 * math.log(self.g(hist[-2], hist[-1], v) + 1e-10)
-            s += (l + 1) ** -0.7 * term
+            s += (level + 1) ** -0.7 * term
             hist.append(v)
         return s
 
@@ -155,9 +155,9 @@ def _drafter_logits(case):
     ids = sorted({t for row in case["topk_tokens"] for t in row})
     col = {t: j for j, t in enumerate(ids)}
     logits = torch.full((8, len(ids)), -1e30, dtype=torch.float32)
-    for l, (row, probs) in enumerate(zip(case["topk_tokens"], case["topk_probs"])):
+    for level, (row, probs) in enumerate(zip(case["topk_tokens"], case["topk_probs"])):
         for t, p in zip(row, probs):
-            logits[l, col[t]] = math.log(p)
+            logits[level, col[t]] = math.log(p)
     return logits, _Drafter(ids)
 
 

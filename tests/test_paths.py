@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from dartcore.benchmark.datasets import find_data_dir, load_prompts
 from dartcore.errors import CorpusError
 from dartcore.paths import cache_root, data_dir_from_env

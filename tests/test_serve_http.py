@@ -6,11 +6,11 @@ end to end in test_serve_smollm2.py."""
 from __future__ import annotations
 
 import http.client
-import subprocess
-import sys
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 

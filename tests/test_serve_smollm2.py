@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 import dartcore
-
 from serve_process import ServerProcess, metric
 
 pytestmark = pytest.mark.slow

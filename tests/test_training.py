@@ -16,7 +16,12 @@ from dartcore.errors import DartError
 from dartcore.training.data import pack_documents
 from dartcore.training.forward import train_forward
 from dartcore.training.loss import gamma_kl_loss, teacher_logprobs
-from dartcore.training.mask import brute_force_mask, build_layout, dense_mask, prefix_shared_attention
+from dartcore.training.mask import (
+    brute_force_mask,
+    build_layout,
+    dense_mask,
+    prefix_shared_attention,
+)
 from dartcore.training.trainer import (
     EvalSet,
     TrainConfig,
@@ -29,7 +34,6 @@ from dartcore.training.trainer import (
     sample_anchors,
     teacher_forward,
 )
-
 
 # -- mask -------------------------------------------------------------------------------
 
@@ -141,7 +145,6 @@ def test_flex_backend_refused_on_cpu():
 
 def _pipeline(target, dr, ids, doc, anchors):
     """Teacher taps on the packed clean sequence -> training forward (group logits)."""
-    N = ids.shape[0]
     pos = torch.cat([torch.arange(int((doc == k).sum())) for k in doc.unique()])
     seq = make_batch([_packed(ids.numpy(), pos.numpy(), doc.numpy())])
     taps, _ = teacher_forward(target, seq, dr.taps)

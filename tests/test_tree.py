@@ -177,7 +177,7 @@ def test_drafter_only_tree_and_chain():
     chain = T.beam_search(None, [9], toks, lps, beam_width=1, max_nodes=4, ngram_weight=0.0, candidates="beam")
     # beam_width = 1 with the "beam" candidates keeps one node per level: the chain of each row's best token.
     assert chain.parents.tolist() == [-1, 0, 1, 2, 3]
-    best = [int(toks[l, np.argmax(lps[l])]) for l in range(4)]
+    best = [int(toks[r, np.argmax(lps[r])]) for r in range(4)]
     assert chain.tokens[1:].tolist() == best
     with pytest.raises(TreeError, match="needs an n-gram index"):
         T.beam_search(None, [9], toks, lps)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from dartcore import TreeError
 from dartcore.acceptance import accept, ancestor_mask, flatten, prune
 from dartcore.sampling import Sampler, SamplingParams

@@ -91,6 +91,7 @@ def machine_info(threads: int) -> dict:
 def read_bandwidth(threads: int, mb: int = 512, repeats: int = 7) -> float:
     """GB/s of the native f32 kernel streaming an ``mb`` MB weight for one row (median)."""
     import numpy as np
+
     from dartcore import _native
 
     k = 4096
@@ -390,6 +391,7 @@ def rss_child(target: str, quantized: bool | None, threads: int, numerics: str |
 
     torch.set_num_threads(threads)
     import transformers  # noqa: F401 -- counted in the baseline
+
     from dartcore import DartDecoder
     from dartcore.models.hub import load_hf_tokenizer
 
@@ -544,6 +546,10 @@ def summarize(runs: list[dict]) -> dict:
     return out
 
 
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0%}"
+
+
 def _fmt_ratio(med: dict, rng: dict, k: str) -> str:
     if k not in med:
         return "-"
@@ -580,14 +586,13 @@ def markdown(report: dict) -> str:
         acc = (f"{r['tau']:.2f}" if r.get("tau") else
                f"{r['acceptance']:.0%} of {r['draft_n']}" if r.get("acceptance") is not None else
                "none drafted" if r["engine"] == SERVER and r["method"] != "plain" else "-")
-        pct = lambda v: "-" if v is None else f"{v:.0%}"
         engine = f"{r['engine']} ({r['numerics']})" if r.get("numerics") else r["engine"]
         lines.append("| {} | {} | {} | {:.1f} | {:.1f}-{:.1f} | {} | {} | {} | {} | {} | {} |".format(
             engine, r["weights"], r["method"], med[k], *rng[k],
             f"{r['decode_tok_per_s']:.1f}" if r.get("decode_tok_per_s") else "-",
             _fmt_ratio(report["median_ratio_to_best_server"], report["range_ratio_to_best_server"], k),
             _fmt_ratio(report["median_ratio_to_tg128_same_weights"], report["range_ratio_to_tg128_same_weights"], k),
-            acc, pct(r.get("same_as_own_plain")), pct(r.get("same_as_server_plain"))))
+            acc, _pct(r.get("same_as_own_plain")), _pct(r.get("same_as_server_plain"))))
     pp = [r for r in report["rows"] if r["engine"] == BENCH and r["method"].startswith("pp")]
     if pp:
         lines += ["", "llama-bench, one forward of k rows (ms, last run): what a k-row verify costs llama.cpp", "",

@@ -59,7 +59,12 @@ def main() -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args()
 
-    from dartcore.kernels.linear import int8_kernel, linear_threads, native_linear_isa, torch_threads
+    from dartcore.kernels.linear import (
+        int8_kernel,
+        linear_threads,
+        native_linear_isa,
+        torch_threads,
+    )
     from dartcore.models.hub import load_target
     from dartcore.models.transformer import TargetModel
 

@@ -111,8 +111,9 @@ def tokenize_corpus(work: Path, corpus_mb: int) -> tuple[list[np.ndarray], dict]
         data = np.load(tag / "tokens.npy", mmap_mode="r")
         cuts = np.load(tag / "cuts.npy")
         return [np.asarray(data[a:b]) for a, b in zip(cuts[:-1], cuts[1:])], meta
-    from dartcore.models.hub import load_hf_tokenizer
     from tqdm import tqdm
+
+    from dartcore.models.hub import load_hf_tokenizer
 
     tok = load_hf_tokenizer("smollm2")
     eos = int(tok.eos_token_id)
@@ -189,6 +190,7 @@ def make_inputs(index, held: list[np.ndarray], n: int, vocab: int, seed: int):
 def real_inputs(n: int, seed: int, data_dir: Path, positions: int = 200):
     """Contexts and drafter rows from the real drafter on held-out eval text (module docs)."""
     import torch
+
     from dartcore.drafter import DartDrafter
     from dartcore.models.hub import load_target
     from dartcore.models.transformer import TargetModel
@@ -265,7 +267,6 @@ def medians(runs: dict[str, list], stat: str) -> dict[str, float]:
 
 def bench_on(args, idx_path: Path) -> int:
     """The candidate sets alternated on an existing index (``--index``), real rows."""
-    from dartcore import _native
     from dartcore import tree as T
     from dartcore.index import NgramIndex
     from dartcore.models.hub import load_hf_tokenizer

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -99,11 +100,11 @@ def run(shapes, prefixes, nodes, dtypes, seed: int = 0, device: str = "cuda") ->
                     ref_err = float((tree_attention_reference(q, k, v, prefix, mask, scale=scale).double()
                                      - exact).abs().max())
                     timings = {
-                        "triton_us": do_bench(lambda: tree_attention_triton(q, k, v, prefix, bits, scale=scale),
+                        "triton_us": do_bench(partial(tree_attention_triton, q, k, v, prefix, bits, scale=scale),
                                               warmup=10, rep=40, return_mode="median") * 1e3,
-                        "reference_us": do_bench(lambda: tree_attention_reference(q, k, v, prefix, mask, scale=scale),
+                        "reference_us": do_bench(partial(tree_attention_reference, q, k, v, prefix, mask, scale=scale),
                                                  warmup=10, rep=40, return_mode="median") * 1e3,
-                        "sdpa_dense_mask_us": do_bench(lambda: _sdpa(q, k, v, prefix, mask, scale),
+                        "sdpa_dense_mask_us": do_bench(partial(_sdpa, q, k, v, prefix, mask, scale),
                                                        warmup=10, rep=40, return_mode="median") * 1e3,
                     }
                     rows.append({"shape": name, "heads": heads, "kv_heads": kv_heads, "head_dim": d,

@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import torch
+
     from dartcore.benchmark.runner import BenchConfig, run_benchmark
 
     if args.threads:

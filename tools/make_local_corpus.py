@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                     "text": text,
                     "source": source,
                     "added": ADDED,
-                    "created": dt.datetime.fromtimestamp(st.st_mtime, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.000Z"),
+                    "created": dt.datetime.fromtimestamp(st.st_mtime, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z"),
                     "metadata": {"path": str(path), "bytes": size, "package": package_of(path, root, source)},
                 })
                 c = counts.setdefault(source, [0, 0])

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import types
-from typing import Any, Callable, final
+from collections.abc import Callable
+from typing import Any, final
 
 import numpy as np
 import numpy.typing as npt

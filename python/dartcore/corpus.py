@@ -33,9 +33,10 @@ import io
 import json
 import os
 import zlib
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Iterator, Sequence
+from typing import BinaryIO
 
 import numpy as np
 

@@ -14,11 +14,8 @@ that wrapped past 2^31 - 1), is an :class:`~dartcore.errors.IndexFormatError` na
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
-
-from dartcore.errors import IndexBuildError
 
 __all__ = ["convert_dart_trie"]
 

@@ -37,7 +37,6 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -124,7 +123,7 @@ class DrafterConfig:
         return json.dumps(data, indent=2, sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "DrafterConfig":
+    def from_dict(cls, data: dict) -> DrafterConfig:
         data = dict(data)
         version = data.get("format_version", 0)
         if version != FORMAT_VERSION:
@@ -135,7 +134,7 @@ class DrafterConfig:
 
     @classmethod
     def from_target_config(cls, tc, *, d: int, taps, draft_vocab_size: int | None,
-                           target_name: str | None, fingerprint: str | None) -> "DrafterConfig":
+                           target_name: str | None, fingerprint: str | None) -> DrafterConfig:
         family = getattr(tc, "model_type", None)
         if family not in _SUPPORTED_FAMILIES:
             raise DartError(f"drafter supports the {_SUPPORTED_FAMILIES} families, target is {family!r}")
@@ -308,7 +307,7 @@ class DrafterState:
         self.max_len = max_len
 
     @classmethod
-    def over(cls, k: torch.Tensor, v: torch.Tensor) -> "DrafterState":
+    def over(cls, k: torch.Tensor, v: torch.Tensor) -> DrafterState:
         """An empty state on existing storage ``[nkv, max_len, head_dim]`` (a slot of a
         :class:`~dartcore.models.kv_pool.KVPool`); nothing is allocated."""
         state = cls.__new__(cls)
@@ -401,7 +400,7 @@ class DartDrafter(nn.Module):
 
     @classmethod
     def from_target(cls, target_model, *, d: int = 8, taps=None, draft_vocab=None,
-                    target_name: str | None = None, tokenizer=None) -> "DartDrafter":
+                    target_name: str | None = None, tokenizer=None) -> DartDrafter:
         """A freshly initialised drafter for ``target_model`` (LM head and final norm copied
         from the target; ``draft_vocab``: optional 1-D sequence of target ids for a reduced
         draft vocabulary)."""
@@ -426,7 +425,7 @@ class DartDrafter(nn.Module):
                 model.norm.weight.copy_(final_norm.weight.float())
         return model
 
-    def with_draft_vocab(self, draft_vocab, target_model) -> "DartDrafter":
+    def with_draft_vocab(self, draft_vocab, target_model) -> DartDrafter:
         """A copy of this drafter with another draft vocabulary (1-D target ids; all of them
         for the full vocabulary). Every weight but the LM head is kept; the head row of an id
         this drafter already had is its own, a new id's row is the target's LM-head row (how
@@ -475,7 +474,7 @@ class DartDrafter(nn.Module):
         (path / CONFIG_NAME).write_text(self.config.to_json() + "\n")
 
     @classmethod
-    def from_pretrained(cls, path_or_name, target_model, *, tokenizer=None) -> "DartDrafter":
+    def from_pretrained(cls, path_or_name, target_model, *, tokenizer=None) -> DartDrafter:
         from safetensors.torch import load_file
 
         key = str(path_or_name)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 from dartcore.cli._help import HelpFormatter
 from dartcore.errors import DartError, IndexFormatError, TokenizerMismatchError

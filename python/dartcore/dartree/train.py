@@ -170,7 +170,7 @@ def evaluate_head(head: CorrectionHead, embed, ex: HeadExamples, d: int, *, batc
         logq = head(part.hidden.float(), embed(part.parent), embed(part.cand), part.base)
         base = torch.log_softmax(part.base.float(), -1)
         pick = logq.argmax(-1)
-        for name, acc, val in (("hb", hit_base, (part.argmax_pos == 0).float()),
+        for _name, acc, val in (("hb", hit_base, (part.argmax_pos == 0).float()),
                                ("hh", hit_head, (pick == part.argmax_pos).float()),
                                ("cb", ce_base, -(part.teacher * base).sum(-1)),
                                ("ch", ce_head, -(part.teacher * logq).sum(-1))):

@@ -374,7 +374,7 @@ class BlockWeight:
         self._b = None if bias is None else np.ascontiguousarray(bias.detach().numpy())
 
     @classmethod
-    def rows_of(cls, whole: "BlockWeight", start: int, n: int) -> "BlockWeight":
+    def rows_of(cls, whole: BlockWeight, start: int, n: int) -> BlockWeight:
         """Rows ``start .. start + n`` of a weight as a weight of their own (no bias) sharing
         its bytes (int8: ``start`` and ``n`` whole groups of 8)."""
         if whole.numerics == "int8" and (start % 8 or n % 8):
@@ -385,7 +385,7 @@ class BlockWeight:
         self.bias, self.threads, self.adopted, self._b = None, whole.threads, False, None
         return self
 
-    def with_numerics(self, numerics: str, *, copy: bool = False) -> "BlockWeight":
+    def with_numerics(self, numerics: str, *, copy: bool = False) -> BlockWeight:
         """This weight laid out for ``numerics`` (the same values): re-laid out in place, or
         with ``copy`` a new weight (this one unchanged)."""
         if numerics == self.numerics and not copy:

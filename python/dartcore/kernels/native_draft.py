@@ -18,7 +18,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dartcore.kernels.linear import MAX_ROWS, NativeWeight, linear_threads, native_linear_available, native_linears_
+from dartcore.kernels.linear import (
+    MAX_ROWS,
+    NativeWeight,
+    linear_threads,
+    native_linear_available,
+    native_linears_,
+)
 
 __all__ = ["NativeDraft"]
 

@@ -33,7 +33,7 @@ class KVCache:
         self.length = 0  # committed slots
 
     @classmethod
-    def over(cls, k: torch.Tensor, v: torch.Tensor) -> "KVCache":
+    def over(cls, k: torch.Tensor, v: torch.Tensor) -> KVCache:
         """A cache on existing storage ``[layers, kv_heads, capacity, head_dim]`` (contiguous),
         empty: a slot of a :class:`~dartcore.models.kv_pool.KVPool`. Nothing is allocated."""
         if k.shape != v.shape or k.dim() != 4 or not (k.is_contiguous() and v.is_contiguous()):

@@ -50,7 +50,7 @@ class KVPool:
         self._free = list(range(slots - 1, -1, -1))  # pop() hands out slot 0 first
 
     @classmethod
-    def for_target(cls, target, drafter, *, slots: int, capacity: int) -> "KVPool":
+    def for_target(cls, target, drafter, *, slots: int, capacity: int) -> KVPool:
         """A pool for ``target`` (a :class:`~dartcore.models.transformer.TargetModel`) and
         ``drafter`` (or None)."""
         if target.max_positions is not None:

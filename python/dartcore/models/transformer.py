@@ -28,9 +28,16 @@ import numpy as np
 import torch
 
 from dartcore.errors import DartError
-from dartcore.kernels.linear import (MAX_ROWS, NUMERICS, BlockWeight, NativeWeight, int8_kernel, linear_threads,
-                                     native_linear_available,
-                                     torch_threads)
+from dartcore.kernels.linear import (
+    MAX_ROWS,
+    NUMERICS,
+    BlockWeight,
+    NativeWeight,
+    int8_kernel,
+    linear_threads,
+    native_linear_available,
+    torch_threads,
+)
 from dartcore.kernels.tree_attention import backend_for, pack_block_mask, tree_attention
 from dartcore.models.cache import KVCache
 
@@ -453,7 +460,7 @@ class _FusedLayer:
         return fused
 
     @classmethod
-    def adopt_blocks(cls, layer, *, threads: int | None = None, numerics: str = "exact") -> "_FusedLayer":
+    def adopt_blocks(cls, layer, *, threads: int | None = None, numerics: str = "exact") -> _FusedLayer:
         """:meth:`adopt` for a layer whose projections are GGML blocks (``BlockLinear``):
         each fused group stacked as block rows; a group of float32 ``nn.Linear`` fused as
         :meth:`adopt` fuses it (row-major)."""
@@ -476,7 +483,7 @@ class _FusedLayer:
         return self
 
     @classmethod
-    def adopt(cls, layer, *, row_major: bool = False, threads: int | None = None) -> "_FusedLayer":
+    def adopt(cls, layer, *, row_major: bool = False, threads: int | None = None) -> _FusedLayer:
         attn, mlp = layer.self_attn, layer.mlp
         if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
             raise DartError(f"unsupported MLP layout {type(mlp).__name__}: expected gate/up/down projections")
@@ -516,7 +523,7 @@ class NativeLayerOps:
         self.stack = stack
 
     @classmethod
-    def adopt(cls, model: "TargetModel") -> "NativeLayerOps | None":
+    def adopt(cls, model: TargetModel) -> NativeLayerOps | None:
         try:
             from dartcore import _native
 
@@ -550,7 +557,7 @@ class NativeLayerOps:
                                    float(model.norm.variance_epsilon), float(model.scale), model.threads)
         return cls(stack)
 
-    def layers(self, model: "TargetModel", segments, tokens, cos, sin, tap_set, captured, prefix: int | None = None):
+    def layers(self, model: TargetModel, segments, tokens, cos, sin, tap_set, captured, prefix: int | None = None):
         """Embedding -> every layer -> final norm for n <= MAX_ROWS packed rows (``segments``:
         ``(cache, start, end, block_mask)`` per sequence, see ``TargetModel.forward_batch``);
         the final normed states ``[n, H]``, taps in ``captured``. ``prefix``: the cached rows

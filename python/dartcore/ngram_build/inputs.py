@@ -8,9 +8,9 @@ import hashlib
 import os
 import sys
 import tempfile
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
 
 from dartcore.errors import IndexBuildError
 

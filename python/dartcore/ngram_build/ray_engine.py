@@ -241,7 +241,7 @@ def _build(ray, opts: MapOptions, output: Path, work: Path, n: int, *, min_count
         raise
     t2 = time.monotonic()
     manifest = {"config": read_manifest(dirs[0])["config"], "shards": {}}
-    for i, d in enumerate(dirs):
+    for d in dirs:
         manifest["shards"].update(read_manifest(d)["shards"])
     ms = [r["map_stats"] for r in results]
     manifest["map_stats"] = {k: sum(m.get(k, 0) for m in ms) for k in ("tokenize_s", "count_s", "read_wait_s")}

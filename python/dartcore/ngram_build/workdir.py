@@ -49,7 +49,7 @@ class WorkDirLock:
         self.path = work_dir / LOCK
         self.fd: int | None = None
 
-    def __enter__(self) -> "WorkDirLock":
+    def __enter__(self) -> WorkDirLock:
         fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -24,8 +24,15 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dartcore.serve.pool import Stream, WorkerPool
-from dartcore.serve.protocol import APIError, GenRequest, chunk_body, completion_body, error_body, parse_chat, \
-    parse_completion
+from dartcore.serve.protocol import (
+    APIError,
+    GenRequest,
+    chunk_body,
+    completion_body,
+    error_body,
+    parse_chat,
+    parse_completion,
+)
 
 __all__ = ["create_app"]
 

@@ -196,7 +196,7 @@ class EvalSet:
     argmax: list[torch.Tensor]  # [B, N] the target's argmax at every clean position
 
     @classmethod
-    def build(cls, target, seqs: list[PackedSequence], taps, batch_size: int = 2) -> "EvalSet":
+    def build(cls, target, seqs: list[PackedSequence], taps, batch_size: int = 2) -> EvalSet:
         batches, tap_list, am = [], [], []
         device = next(target.parameters()).device
         for i in range(0, len(seqs), batch_size):
