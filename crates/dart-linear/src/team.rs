@@ -236,7 +236,7 @@ mod tests {
                 let counts: Vec<AtomicU64> = (0..threads).map(|_| AtomicU64::new(0)).collect();
                 team.run(&|part| {
                     // uneven parts, so that claims interleave differently from call to call
-                    if (call + part as u64) % 7 == 0 {
+                    if (call + part as u64).is_multiple_of(7) {
                         std::hint::black_box((0..2000).sum::<u64>());
                     }
                     counts[part].fetch_add(1, SeqCst);
