@@ -86,8 +86,11 @@ def chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
     assert np.all(obs[exp == 0] == 0) if np.any(exp == 0) else True
     stat = float(((obs - exp) ** 2 / exp).sum())
     df = len(obs) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
-                                         torch.tensor(stat / 2, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(
+            torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)
+        )
+    )
 
 
 def sample_counts(decoder, seeds, **kw):

@@ -25,9 +25,13 @@ def read_manifest(work_dir: Path) -> dict | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise IndexBuildError(f"{path}: unreadable manifest ({e}); remove the work dir and map again") from None
+        raise IndexBuildError(
+            f"{path}: unreadable manifest ({e}); remove the work dir and map again"
+        ) from None
     if data.get("format") != MANIFEST_FORMAT:
-        raise IndexBuildError(f"{path}: not a {MANIFEST_FORMAT} manifest; remove it or use another --work-dir")
+        raise IndexBuildError(
+            f"{path}: not a {MANIFEST_FORMAT} manifest; remove it or use another --work-dir"
+        )
     return data
 
 
