@@ -66,7 +66,8 @@ def test_help_lists_every_registered_tree_builder(module):
     names = listed.stdout.split()
     r = run_cli(module, "--help")
     assert r.returncode == 0
-    text = " ".join(r.stdout.split())  # argparse wraps lines, also after a hyphen ("dart- official")
+    # argparse wraps lines, also after a hyphen ("dart- official")
+    text = " ".join(r.stdout.split())
     text = re.sub(r"(?<=\w)- (?=\w)", "-", text)
     assert {"dart", "dart+ctx", "dart+ngram"} <= set(names)
     for name in names:
