@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-WORDS = ("the cat dog sat on a mat and ran to see big small red blue one two three four five six "
-         "seven eight nine ten is was it he she we they you I my your this that what where why how").split()
+WORDS = (
+    "the cat dog sat on a mat and ran to see big small red blue one two three four five six "
+    "seven eight nine ten is was it he she we they you I my your this that what where why how"
+).split()
 
 
 def cli_env(**extra: str) -> dict:
@@ -21,9 +23,17 @@ def cli_env(**extra: str) -> dict:
     return env
 
 
-def run_cli(module: str, *args: str, cwd=None, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", f"dartcore.cli.{module}", *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd, timeout=timeout, env=cli_env(**env))
+def run_cli(
+    module: str, *args: str, cwd=None, timeout: float = 300, **env: str
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", f"dartcore.cli.{module}", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+        env=cli_env(**env),
+    )
 
 
 def save_tiny_target(path: Path) -> Path:
@@ -40,8 +50,13 @@ def save_tiny_target(path: Path) -> Path:
     assert len(vocab) <= 64
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                  unk_token="<unk>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+    )
     path.mkdir(parents=True, exist_ok=True)
     tiny_model("llama", layers=6).save_pretrained(path)
     tok.save_pretrained(path)
@@ -54,5 +69,7 @@ def write_text_corpus(path: Path, docs: int = 40, seed: int = 0) -> Path:
     rng = random.Random(seed)
     path.mkdir(parents=True, exist_ok=True)
     for i in range(docs):
-        (path / f"doc{i:03d}.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(rng.randint(40, 120))))
+        (path / f"doc{i:03d}.txt").write_text(
+            " ".join(rng.choice(WORDS) for _ in range(rng.randint(40, 120)))
+        )
     return path

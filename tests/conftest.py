@@ -19,9 +19,16 @@ def test_data() -> Path:
     return TEST_DATA
 
 
-
-def tiny_config(family: str = "llama", *, vocab_size: int = 64, layers: int = 4, hidden: int = 32,
-                 heads: int = 4, kv_heads: int = 2, max_positions: int = 256):
+def tiny_config(
+    family: str = "llama",
+    *,
+    vocab_size: int = 64,
+    layers: int = 4,
+    hidden: int = 32,
+    heads: int = 4,
+    kv_heads: int = 2,
+    max_positions: int = 256,
+):
     """A tiny random Hugging Face config of the Llama or Qwen3 family."""
     if family == "llama":
         from transformers import LlamaConfig as Config

@@ -48,7 +48,9 @@ class CharTokenizer:
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return "".join(chr(t) for t in ids if not (skip_special_tokens and t == EOS))
 
-    def apply_chat_template(self, messages, add_generation_prompt: bool = True, tokenize: bool = True):
+    def apply_chat_template(
+        self, messages, add_generation_prompt: bool = True, tokenize: bool = True
+    ):
         text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         text += "<assistant>" if add_generation_prompt else ""
         return [ord(c) for c in text] if tokenize else text
@@ -84,7 +86,11 @@ class FakeStats:
         self.rows = 0
 
     def as_dict(self) -> dict:
-        return {"num_steps": self.steps, "rows_verified": self.rows, "seconds": {"verify": 0.001 * self.steps}}
+        return {
+            "num_steps": self.steps,
+            "rows_verified": self.rows,
+            "seconds": {"verify": 0.001 * self.steps},
+        }
 
 
 class FakeEngine:
@@ -131,25 +137,37 @@ class FakeEngine:
         for s in list(self.running):
             s.rounds += 1
             base = len(s.tokens)
-            s.tokens.extend(s.reply[base:base + TOKENS_PER_STEP])
+            s.tokens.extend(s.reply[base : base + TOKENS_PER_STEP])
             reason, final = None, None
             text = "".join(chr(t) for t in s.tokens)
             hits = [(text.find(stop), stop) for stop in s.params.stop if stop in text]
-            if hits:  # like the real engine: the tokens run to the end of the stop string, the text stops before it
+            # like the real engine: the tokens run to the end of the stop string, the text stops before it
+            if hits:
                 cut, stop = min(hits)
-                del s.tokens[cut + len(stop):]
+                del s.tokens[cut + len(stop) :]
                 reason, final = "stop", text[:cut]
             elif len(s.tokens) >= s.params.max_new_tokens:
-                del s.tokens[s.params.max_new_tokens:]
+                del s.tokens[s.params.max_new_tokens :]
                 reason = "length"
                 final = "".join(chr(t) for t in s.tokens)
             new = s.tokens[base:]
             accepted = max(0, len(new) - 1)
-            outs.append(FakeOutput(request_id=s.rid, new_tokens=new, tokens=list(s.tokens),
-                                   finished=reason is not None, finish_reason=reason, text=final,
-                                   stats={"tau": TOKENS_PER_STEP * 1.0, "rounds": s.rounds,
-                                          "accept_hist": [0] * accepted + [s.rounds],
-                                          "budget_hist": [0] * 4 + [s.rounds]}))
+            outs.append(
+                FakeOutput(
+                    request_id=s.rid,
+                    new_tokens=new,
+                    tokens=list(s.tokens),
+                    finished=reason is not None,
+                    finish_reason=reason,
+                    text=final,
+                    stats={
+                        "tau": TOKENS_PER_STEP * 1.0,
+                        "rounds": s.rounds,
+                        "accept_hist": [0] * accepted + [s.rounds],
+                        "budget_hist": [0] * 4 + [s.rounds],
+                    },
+                )
+            )
             if reason is not None:
                 self.running.remove(s)
         self.stats.steps += 1
@@ -160,8 +178,11 @@ class FakeEngine:
 def load(config) -> Loaded:
     """The engine factory dart-serve's --engine-factory names (serve_fake:load)."""
     step_s = float(os.environ.get("DART_FAKE_STEP_S", "0.01"))
-    return Loaded(engine=FakeEngine(config.max_batch, step_s), tokenizer=CharTokenizer(),
-                  context_length=config.max_seq_len or 512)
+    return Loaded(
+        engine=FakeEngine(config.max_batch, step_s),
+        tokenizer=CharTokenizer(),
+        context_length=config.max_seq_len or 512,
+    )
 
 
 def load_broken(config) -> Loaded:

@@ -27,8 +27,14 @@ def free_port() -> int:
 class ServerProcess:
     """``python -m dartcore.cli.dart_serve ARGS`` on a free port, up until ``stop()``."""
 
-    def __init__(self, args: list[str], *, env: dict[str, str] | None = None, log_path: Path | None = None,
-                 start_timeout: float = 300.0):
+    def __init__(
+        self,
+        args: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        log_path: Path | None = None,
+        start_timeout: float = 300.0,
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         full_env = dict(os.environ)
@@ -39,12 +45,18 @@ class ServerProcess:
         full_env.update(env or {})
         self.log_path = log_path
         self._log = open(log_path, "wb") if log_path is not None else subprocess.DEVNULL
-        self.proc = subprocess.Popen([sys.executable, "-m", "dartcore.cli.dart_serve", "--port", str(self.port), *args],
-                                     env=full_env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dartcore.cli.dart_serve", "--port", str(self.port), *args],
+            env=full_env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + start_timeout
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"dart-serve exited with {self.proc.returncode} while starting:\n{self.log()}")
+                raise RuntimeError(
+                    f"dart-serve exited with {self.proc.returncode} while starting:\n{self.log()}"
+                )
             try:
                 status, _ = self.get("/health")
                 if status == 200:
@@ -53,17 +65,31 @@ class ServerProcess:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"dart-serve did not become healthy in {start_timeout} s:\n{self.log()}")
+                raise RuntimeError(
+                    f"dart-serve did not become healthy in {start_timeout} s:\n{self.log()}"
+                )
             time.sleep(0.2)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path is not None else ""
 
-    def request(self, method: str, path: str, body=None, *, raw: bytes | None = None, headers=None,
-                timeout: float = 120.0) -> tuple[int, dict, Any]:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body=None,
+        *,
+        raw: bytes | None = None,
+        headers=None,
+        timeout: float = 120.0,
+    ) -> tuple[int, dict, Any]:
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json", **(headers or {})})
+        req = urllib.request.Request(
+            self.url + path,
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json", **(headers or {})},
+        )
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
                 text = resp.read().decode()
@@ -103,7 +129,9 @@ class ServerProcess:
             except OSError:
                 pass
             time.sleep(0.2)
-        raise AssertionError(f"the server did not reach the expected state in {timeout} s: {self.health()}")
+        raise AssertionError(
+            f"the server did not reach the expected state in {timeout} s: {self.health()}"
+        )
 
     def terminate(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -127,5 +155,5 @@ def metric(text: str, name: str, **labels) -> float:
     prefix = f"{name}{{{want}}} " if labels else f"{name} "
     for line in text.splitlines():
         if line.startswith(prefix):
-            return float(line[len(prefix):])
+            return float(line[len(prefix) :])
     return 0.0

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import REPO, tiny_model
 
 CHAT_TEMPLATE = (
@@ -31,20 +32,28 @@ _TEXT = Path(__file__).read_text() + (REPO / "tests" / "conftest.py").read_text(
 def tiny_dirs(tmp_path_factory):
     """(target dir, drafter dir) of a tiny random Llama with a real tokenizer."""
     import tokenizers
-    from dartcore.drafter import DartDrafter
     from tokenizers import decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
+
+    from dartcore.drafter import DartDrafter
 
     root = tmp_path_factory.mktemp("tiny-target")
     bpe = tokenizers.Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     text = _TEXT.splitlines()
     bpe.train_from_iterator(text, trainer)
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", bos_token="<|endoftext|>",
-                                  pad_token="<|endoftext|>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        eos_token="<|im_end|>",
+        bos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+    )
     tok.chat_template = CHAT_TEMPLATE
     target = root / "tiny-llama"
     tok.save_pretrained(target)
@@ -73,8 +82,22 @@ def test_demo_steps_end_to_end(tiny_dirs, tmp_path, capsys):
     target, drafter = tiny_dirs
     demo = _load_tool("demo")
     out = tmp_path / "demo"
-    code = demo.main(["--out", str(out), "--corpus-bytes", "300K", "--target", str(target),
-                      "--drafter", str(drafter), "--prompts", "2", "--max-new-tokens", "12"])
+    code = demo.main(
+        [
+            "--out",
+            str(out),
+            "--corpus-bytes",
+            "300K",
+            "--target",
+            str(target),
+            "--drafter",
+            str(drafter),
+            "--prompts",
+            "2",
+            "--max-new-tokens",
+            "12",
+        ]
+    )
     printed = capsys.readouterr().out
     assert code == 0, printed  # 0 only when every DART output equals the AR output
     assert list((out / "corpus" / "documents").glob("*.json.gz"))
@@ -101,10 +124,19 @@ def _tiny_index(target, tmp_path):
     tok = load_tokenizer(str(target))
     docs = [tok.encode(line) for line in _TEXT.splitlines() if line.strip()]
     index = tmp_path / "tiny.idx"
-    build_index([__import__("numpy").append(d, tok.eos_id).astype("uint32") for d in docs], index,
-                vocab_size=tok.vocab_size,
-                metadata={"tokenizer": {"name": "tiny", "fingerprint": fingerprint(tok),
-                                        "vocab_size": tok.vocab_size, "eos_id": tok.eos_id}})
+    build_index(
+        [__import__("numpy").append(d, tok.eos_id).astype("uint32") for d in docs],
+        index,
+        vocab_size=tok.vocab_size,
+        metadata={
+            "tokenizer": {
+                "name": "tiny",
+                "fingerprint": fingerprint(tok),
+                "vocab_size": tok.vocab_size,
+                "eos_id": tok.eos_id,
+            }
+        },
+    )
     return index
 
 
@@ -115,16 +147,37 @@ def test_dart_bench_json_table_and_plots(tiny_dirs, tmp_path, capsys):
     index = _tiny_index(target, tmp_path)
     out = tmp_path / "bench"
     methods = "ar,dart,dart-no-ngram,dart-chain,ngram-only,hf-generate,hf-prompt-lookup"
-    code = main(["--target", str(target), "--drafter", str(drafter), "--index", str(index),
-                 "--datasets", "builtin", "--n", "2", "--methods", methods, "--temperatures", "0,1",
-                 "--max-new-tokens", "8", "--verify-cost", "--out", str(out)])
+    code = main(
+        [
+            "--target",
+            str(target),
+            "--drafter",
+            str(drafter),
+            "--index",
+            str(index),
+            "--datasets",
+            "builtin",
+            "--n",
+            "2",
+            "--methods",
+            methods,
+            "--temperatures",
+            "0,1",
+            "--max-new-tokens",
+            "8",
+            "--verify-cost",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     report = json.loads((out / "bench.json").read_text())
     assert set(report) >= {"config", "machine", "results", "greedy_identical", "verify_cost"}
     assert report["greedy_identical"] is True
     rows = report["results"]
     assert {(r["method"], r["temperature"]) for r in rows} == {
-        (m, t) for m in methods.split(",") for t in (0.0, 1.0)}
+        (m, t) for m in methods.split(",") for t in (0.0, 1.0)
+    }
     for r in rows:
         assert r["dataset"] == "builtin"
         assert r["tok_per_s"] > 0 and r["speedup"] > 0
@@ -168,7 +221,11 @@ def test_sim_tau_replay_equals_the_decoder(tiny_dirs, tmp_path):
     recs = sim.record(DartDecoder, model, tok, drafter, prompts, max_new_tokens=24, keep=32)
     accepted_some = False
     index = NgramIndex(_tiny_index(target, tmp_path))
-    for tree, params in (("dart+ctx", {}), ("dart", {"max_nodes": 6}), ("dart-no-ngram", {"max_nodes": 3})):
+    for tree, params in (
+        ("dart+ctx", {}),
+        ("dart", {"max_nodes": 6}),
+        ("dart-no-ngram", {"max_nodes": 3}),
+    ):
         dec = DartDecoder(model, tok, drafter, index, tree=tree, **params)
         builder = make_tree_builder(tree, **params)
         for rec in recs:
@@ -176,8 +233,10 @@ def test_sim_tau_replay_equals_the_decoder(tiny_dirs, tmp_path):
             assert real.tokens == rec["tokens"]
             replayed, _ = sim.replay(builder, rec, drafter, index, dec.eos_token_ids)
             hist = list(real.stats.accept_hist)
-            assert replayed[:len(hist)] == hist and not any(replayed[len(hist):])
+            assert replayed[: len(hist)] == hist and not any(replayed[len(hist) :])
             accepted_some = accepted_some or any(hist[1:])
     assert accepted_some, "no round accepted a drafted token: the comparison would be vacuous"
     assert sim.parse_config("dart:max_nodes=3,ngram_weight=1.5,ngram_first_level=False") == (
-        "dart", {"max_nodes": 3, "ngram_weight": 1.5, "ngram_first_level": False})
+        "dart",
+        {"max_nodes": 3, "ngram_weight": 1.5, "ngram_first_level": False},
+    )

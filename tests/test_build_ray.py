@@ -40,7 +40,9 @@ def local_ray():
     try:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     except Exception as e:  # a sandbox without the ports or /dev/shm Ray needs
-        pytest.skip(f"a local Ray cannot start here: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        pytest.skip(
+            f"a local Ray cannot start here: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        )
     yield ray
     ray.shutdown()
 
@@ -56,6 +58,7 @@ def test_local_partitioned_reduce_is_byte_identical(corpus, tmp_path):
 
 def test_partition_bounds_cut_at_first_tokens(tmp_path):
     import numpy as np
+
     from dartcore.index import IndexBuilder
 
     b = IndexBuilder(100, memory_limit="64M")
@@ -77,10 +80,24 @@ def test_unreachable_address_is_one_line(corpus, tmp_path, capsys):
     if ray.is_initialized():
         pytest.skip("a Ray is already connected in this process")
     root, _ = corpus
-    assert run("--corpus-dir", root, "--output", tmp_path / "x.idx", "--engine", "ray", "--quiet",
-               "--address", "127.0.0.1:1") == 2
+    assert (
+        run(
+            "--corpus-dir",
+            root,
+            "--output",
+            tmp_path / "x.idx",
+            "--engine",
+            "ray",
+            "--quiet",
+            "--address",
+            "127.0.0.1:1",
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
-    assert err.startswith("ngram-build: error (IndexBuildError): cannot start or reach --address 127.0.0.1:1")
+    assert err.startswith(
+        "ngram-build: error (IndexBuildError): cannot start or reach --address 127.0.0.1:1"
+    )
     assert len(err.splitlines()) == 1
     assert not (tmp_path / "x.idx").exists()
 
@@ -95,15 +112,23 @@ def test_ray_not_installed_is_one_line(corpus, tmp_path, capsys, monkeypatch):
         return real(name, *a, **k)
 
     monkeypatch.setattr(builtins, "__import__", no_ray)
-    assert run("--corpus-dir", root, "--output", tmp_path / "x.idx", "--engine", "ray", "--quiet") == 2
+    assert (
+        run("--corpus-dir", root, "--output", tmp_path / "x.idx", "--engine", "ray", "--quiet") == 2
+    )
     err = capsys.readouterr().err.strip()
-    assert err == "ngram-build: error (IndexBuildError): --engine ray needs Ray: pip install 'dartcore[ray]'"
+    assert (
+        err
+        == "ngram-build: error (IndexBuildError): --engine ray needs Ray: pip install 'dartcore[ray]'"
+    )
     assert not (tmp_path / "x.idx").exists()
 
 
 def test_address_without_ray_engine_is_refused(corpus, tmp_path, capsys):
     root, _ = corpus
-    assert run("--corpus-dir", root, "--output", tmp_path / "x.idx", "--address", "auto", "--quiet") == 2
+    assert (
+        run("--corpus-dir", root, "--output", tmp_path / "x.idx", "--address", "auto", "--quiet")
+        == 2
+    )
     assert "--address is for --engine ray" in capsys.readouterr().err
 
 
@@ -127,8 +152,21 @@ def test_killed_map_task_is_retried(local_ray, corpus, tmp_path, monkeypatch):
     monkeypatch.setenv(FAULT_ENV, "2")
     out = tmp_path / "retried.idx"
     work = tmp_path / "w"
-    assert run("--corpus-dir", root, "--output", out, "--engine", "ray", "--quiet", "--work-dir", work,
-               "--keep-work") == 0
+    assert (
+        run(
+            "--corpus-dir",
+            root,
+            "--output",
+            out,
+            "--engine",
+            "ray",
+            "--quiet",
+            "--work-dir",
+            work,
+            "--keep-work",
+        )
+        == 0
+    )
     assert (work / "ray-00002" / "fault-injected").exists()  # the first attempt did die
     assert out.read_bytes() == ref
 
@@ -154,7 +192,20 @@ def test_killed_driver_resumes(local_ray, corpus, tmp_path, monkeypatch, capsys)
     assert mapped == [f"ray-{i:05d}" for i in range(5)]
     assert run("--corpus-dir", root, "--output", out, "--engine", "ray", "--quiet") == 2
     capsys.readouterr()
-    assert run("--corpus-dir", root, "--output", out, "--engine", "ray", "--quiet", "--resume", "--json") == 0
+    assert (
+        run(
+            "--corpus-dir",
+            root,
+            "--output",
+            out,
+            "--engine",
+            "ray",
+            "--quiet",
+            "--resume",
+            "--json",
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["map_tasks"] == []  # every shard was mapped before: none is mapped again
     assert out.read_bytes() == ref
@@ -170,6 +221,10 @@ def test_a_task_error_is_the_build_error(local_ray, tmp_path, capsys):
     out = tmp_path / "strict.idx"
     assert run("--corpus-dir", root, "--output", out, "--engine", "ray", "--quiet", "--strict") == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("ngram-build: error (CorpusError): ") and "--strict" in err and "--resume" in err
+    assert (
+        err.startswith("ngram-build: error (CorpusError): ")
+        and "--strict" in err
+        and "--resume" in err
+    )
     assert len(err.splitlines()) == 1
     assert not out.exists()

@@ -30,19 +30,30 @@ def run(*args) -> int:
     return main([str(a) for a in args])
 
 
-def corpus(tmp_path: Path, n_shards: int = 3, docs_per: int = 30, seed: int = 0, name: str = "corpus") -> Path:
+def corpus(
+    tmp_path: Path, n_shards: int = 3, docs_per: int = 30, seed: int = 0, name: str = "corpus"
+) -> Path:
     rng = np.random.default_rng(seed)
     root = tmp_path / name
     (root / "documents").mkdir(parents=True)
     for s in range(n_shards):
-        lines = [json.dumps({"id": f"{s}-{i}", "text": " ".join(rng.choice(WORDS, size=int(rng.integers(3, 40))))})
-                 for i in range(docs_per)]
+        lines = [
+            json.dumps(
+                {
+                    "id": f"{s}-{i}",
+                    "text": " ".join(rng.choice(WORDS, size=int(rng.integers(3, 40)))),
+                }
+            )
+            for i in range(docs_per)
+        ]
         (root / "documents" / f"part-{s:03d}.jsonl").write_text("\n".join(lines) + "\n")
     return root
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
 
 
 def err_of(capsys) -> str:
@@ -81,19 +92,68 @@ def test_output_inside_the_corpus_dir_or_the_tokenizer_is_refused(tmp_path, caps
     # The tokenizer file is an input too.
     tok = tmp_path / "tokenizer.json"
     tok.write_bytes(b"{}")
-    assert run("--corpus", "text", "--files", root / "a.txt", "--tokenizer", tok, "--output", tok, "--quiet") == 2
+    assert (
+        run(
+            "--corpus",
+            "text",
+            "--files",
+            root / "a.txt",
+            "--tokenizer",
+            tok,
+            "--output",
+            tok,
+            "--quiet",
+        )
+        == 2
+    )
     assert b"{}" == tok.read_bytes()
     assert snapshot(root) == before
     # A work dir inside the corpus, or holding it, is refused as well.
-    assert run("--corpus", "text", "--corpus-dir", root, "--output", tmp_path / "y.idx", "--work-dir", root,
-               "--quiet") == 2
+    assert (
+        run(
+            "--corpus",
+            "text",
+            "--corpus-dir",
+            root,
+            "--output",
+            tmp_path / "y.idx",
+            "--work-dir",
+            root,
+            "--quiet",
+        )
+        == 2
+    )
     assert "--work-dir" in err_of(capsys)
     (tmp_path / "out").mkdir()
-    assert run("--corpus", "text", "--corpus-dir", root, "--output", tmp_path / "out" / "y.idx", "--work-dir",
-               tmp_path, "--quiet") == 2
+    assert (
+        run(
+            "--corpus",
+            "text",
+            "--corpus-dir",
+            root,
+            "--output",
+            tmp_path / "out" / "y.idx",
+            "--work-dir",
+            tmp_path,
+            "--quiet",
+        )
+        == 2
+    )
     assert "--work-dir" in err_of(capsys)
-    assert run("--corpus", "text", "--corpus-dir", root, "--output", tmp_path / "out" / "y.idx", "--work-dir",
-               tmp_path / "out", "--quiet") == 2
+    assert (
+        run(
+            "--corpus",
+            "text",
+            "--corpus-dir",
+            root,
+            "--output",
+            tmp_path / "out" / "y.idx",
+            "--work-dir",
+            tmp_path / "out",
+            "--quiet",
+        )
+        == 2
+    )
     assert "inside --work-dir" in err_of(capsys)
     assert snapshot(root) == before
 
@@ -121,7 +181,20 @@ def test_reduce_refuses_shards_changed_since_map(tmp_path, capsys):
     err = err_of(capsys)
     assert "part-000.jsonl changed" in err and "--resume" in err
     assert not (tmp_path / "x.idx").exists()
-    assert run("map", "--corpus", "jsonl", "--corpus-dir", root, "--work-dir", work, "--quiet", "--resume") == 0
+    assert (
+        run(
+            "map",
+            "--corpus",
+            "jsonl",
+            "--corpus-dir",
+            root,
+            "--work-dir",
+            work,
+            "--quiet",
+            "--resume",
+        )
+        == 0
+    )
     assert run("reduce", "--work-dir", work, "--output", tmp_path / "x.idx", "--quiet") == 0
     fresh = tmp_path / "fresh.idx"
     assert run("--corpus", "jsonl", "--corpus-dir", root, "--output", fresh, "--quiet") == 0
@@ -161,7 +234,20 @@ def _rewrite_same_size(path: Path, keep_mtime: bool) -> None:
 def test_resume_after_same_size_change_equals_fresh_build(tmp_path, keep_mtime, capsys):
     root = corpus(tmp_path, n_shards=4)
     out = tmp_path / "r.idx"
-    assert run("--corpus", "jsonl", "--corpus-dir", root, "--output", out, "--quiet", "--stop-after-shards", 3) == 130
+    assert (
+        run(
+            "--corpus",
+            "jsonl",
+            "--corpus-dir",
+            root,
+            "--output",
+            out,
+            "--quiet",
+            "--stop-after-shards",
+            3,
+        )
+        == 130
+    )
     manifest = json.loads((tmp_path / "r.idx.work" / "manifest.json").read_text())
     assert sorted(manifest["shards"]) == ["0", "1", "2"]
     assert all(len(s["input"]["sha256"]) == 64 for s in manifest["shards"].values())
@@ -177,10 +263,25 @@ def test_resume_after_same_size_change_equals_fresh_build(tmp_path, keep_mtime, 
 def test_resume_after_a_shard_grew_equals_fresh_build(tmp_path):
     root = corpus(tmp_path, n_shards=3)
     out = tmp_path / "r.idx"
-    assert run("--corpus", "jsonl", "--corpus-dir", root, "--output", out, "--quiet", "--stop-after-shards", 2) == 130
+    assert (
+        run(
+            "--corpus",
+            "jsonl",
+            "--corpus-dir",
+            root,
+            "--output",
+            out,
+            "--quiet",
+            "--stop-after-shards",
+            2,
+        )
+        == 130
+    )
     with open(root / "documents" / "part-000.jsonl", "a") as f:
         f.write(json.dumps({"text": "a brand new document about the mat"}) + "\n")
-    assert run("--corpus", "jsonl", "--corpus-dir", root, "--output", out, "--quiet", "--resume") == 0
+    assert (
+        run("--corpus", "jsonl", "--corpus-dir", root, "--output", out, "--quiet", "--resume") == 0
+    )
     fresh = tmp_path / "fresh.idx"
     assert run("--corpus", "jsonl", "--corpus-dir", root, "--output", fresh, "--quiet") == 0
     assert out.read_bytes() == fresh.read_bytes()
@@ -227,12 +328,17 @@ def test_kill_9_during_reduce_then_next_build_cleans_up(tmp_path):
         "docs = [rng.integers(0, 60000, 200000, dtype=np.uint32) for _ in range(30)]\n"
         f"build_index(docs, {str(out)!r}, vocab_size=60000, memory_limit='64M')\n"
     )
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(
+        os.environ, PYTHONPATH=str(REPO / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")
+    )
     proc = subprocess.Popen([sys.executable, "-c", script], env=env)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         # Kill once the reduce is writing sections (its dir is set up and locked).
-        if any(p.name.startswith(".dart-ngram-sections-") and (p / ".lock").exists() for p in tmp_path.iterdir()):
+        if any(
+            p.name.startswith(".dart-ngram-sections-") and (p / ".lock").exists()
+            for p in tmp_path.iterdir()
+        ):
             break
         time.sleep(0.002)
     proc.kill()
@@ -249,7 +355,9 @@ def test_failed_build_without_finished_shards_removes_its_work_dir(tmp_path, cap
     root.mkdir()
     (root / "a.jsonl").write_text('{"text": "fine"}\nnot json\n')
     out = tmp_path / "f.idx"
-    assert run("--corpus", "jsonl", "--corpus-dir", root, "--output", out, "--strict", "--quiet") == 2
+    assert (
+        run("--corpus", "jsonl", "--corpus-dir", root, "--output", out, "--strict", "--quiet") == 2
+    )
     assert "CorpusError" in err_of(capsys)
     assert not (tmp_path / "f.idx.work").exists()
 
@@ -258,7 +366,9 @@ def test_failed_build_with_finished_shards_keeps_them_and_says_resume(tmp_path, 
     root = corpus(tmp_path, n_shards=3)
     (root / "documents" / "part-002.jsonl").write_text('{"text": "ok"}\nbroken\n')
     out = tmp_path / "f.idx"
-    assert run("--corpus", "jsonl", "--corpus-dir", root, "--output", out, "--strict", "--quiet") == 2
+    assert (
+        run("--corpus", "jsonl", "--corpus-dir", root, "--output", out, "--strict", "--quiet") == 2
+    )
     err = err_of(capsys)
     assert "--resume" in err and "f.idx.work" in err
     assert len(json.loads((tmp_path / "f.idx.work" / "manifest.json").read_text())["shards"]) == 2
@@ -270,8 +380,20 @@ def test_lock_of_a_killed_map_is_taken_over(tmp_path):
     work.mkdir()
     # The pid of a live process, but no flock held: what kill -9 of a map leaves behind.
     (work / "LOCK").write_text(str(os.getpid()))
-    assert run("--corpus", "jsonl", "--corpus-dir", root, "--output", tmp_path / "x.idx", "--work-dir", work,
-               "--quiet") == 0
+    assert (
+        run(
+            "--corpus",
+            "jsonl",
+            "--corpus-dir",
+            root,
+            "--output",
+            tmp_path / "x.idx",
+            "--work-dir",
+            work,
+            "--quiet",
+        )
+        == 0
+    )
 
 
 def test_live_lock_is_respected(tmp_path, capsys):
@@ -282,8 +404,20 @@ def test_live_lock_is_respected(tmp_path, capsys):
     fcntl.flock(fd, fcntl.LOCK_EX)
     os.write(fd, b"4242")
     try:
-        assert run("--corpus", "jsonl", "--corpus-dir", root, "--output", tmp_path / "x.idx", "--work-dir", work,
-                   "--quiet") == 2
+        assert (
+            run(
+                "--corpus",
+                "jsonl",
+                "--corpus-dir",
+                root,
+                "--output",
+                tmp_path / "x.idx",
+                "--work-dir",
+                work,
+                "--quiet",
+            )
+            == 2
+        )
         assert "in use by process 4242" in err_of(capsys)
     finally:
         os.close(fd)
@@ -296,7 +430,9 @@ def test_thread_counts_are_capped(tmp_path):
     t0 = time.monotonic()
     for bad in (10**6, 0, -1, 2.5, True):
         with pytest.raises(IndexBuildArgumentError, match="threads") as e:
-            build_index([np.array([1, 2], np.uint32)], "/tmp/never-written.idx", vocab_size=10, threads=bad)
+            build_index(
+                [np.array([1, 2], np.uint32)], "/tmp/never-written.idx", vocab_size=10, threads=bad
+            )
         assert "4096" in str(e.value)
     assert time.monotonic() - t0 < 2
     assert not os.path.exists("/tmp/never-written.idx")
@@ -308,13 +444,23 @@ def test_thread_counts_are_capped(tmp_path):
     assert NgramIndex(str(tmp_path / "x.idx")).count([5], 6) == (1, 1)
 
 
-@pytest.mark.parametrize("kw, name", [
-    ({"vocab_size": -5}, "vocab_size"), ({"vocab_size": 0}, "vocab_size"), ({"vocab_size": 2**21}, "vocab_size"),
-    ({"vocab_size": True}, "vocab_size"), ({"vocab_size": 10.0}, "vocab_size"),
-    ({"min_count": 0}, "min_count"), ({"max_children": 0}, "max_children"), ({"token_bits": 99}, "token_bits"),
-    ({"memory_limit": "lots"}, "memory_limit"), ({"memory_limit": -1}, "memory_limit"),
-    ({"memory_limit": 1000}, "memory_limit"), ({"threads": 5000}, "threads"),
-])
+@pytest.mark.parametrize(
+    "kw, name",
+    [
+        ({"vocab_size": -5}, "vocab_size"),
+        ({"vocab_size": 0}, "vocab_size"),
+        ({"vocab_size": 2**21}, "vocab_size"),
+        ({"vocab_size": True}, "vocab_size"),
+        ({"vocab_size": 10.0}, "vocab_size"),
+        ({"min_count": 0}, "min_count"),
+        ({"max_children": 0}, "max_children"),
+        ({"token_bits": 99}, "token_bits"),
+        ({"memory_limit": "lots"}, "memory_limit"),
+        ({"memory_limit": -1}, "memory_limit"),
+        ({"memory_limit": 1000}, "memory_limit"),
+        ({"threads": 5000}, "threads"),
+    ],
+)
 def test_builder_arguments_name_the_argument_and_range(kw, name):
     args = {"vocab_size": 10, **kw}
     vocab = args.pop("vocab_size")
@@ -326,12 +472,18 @@ def test_builder_arguments_name_the_argument_and_range(kw, name):
 
 def test_two_d_documents_are_an_error_not_flattened(tmp_path):
     with pytest.raises(IndexBuildArgumentError, match=r"1-D.*shape \(2, 3\)"):
-        build_index([np.array([[1, 2, 3], [4, 5, 6]], np.uint32)], tmp_path / "x.idx", vocab_size=10)
+        build_index(
+            [np.array([[1, 2, 3], [4, 5, 6]], np.uint32)], tmp_path / "x.idx", vocab_size=10
+        )
     assert not (tmp_path / "x.idx").exists()
 
 
 def test_parse_size_errors_name_the_argument():
-    assert parse_size("1.5G") == 3 << 29 and parse_size(" 64 MiB ") == 64 << 20 and parse_size(4096) == 4096
+    assert (
+        parse_size("1.5G") == 3 << 29
+        and parse_size(" 64 MiB ") == 64 << 20
+        and parse_size(4096) == 4096
+    )
     for bad in ("lots", "-1", "0", "1e9", "", True, None, 2.5, 0, 1 << 70):
         with pytest.raises(IndexBuildArgumentError) as e:
             parse_size(bad, what="--memory")
@@ -340,14 +492,40 @@ def test_parse_size_errors_name_the_argument():
 
 def test_cli_arguments_are_checked_before_work(tmp_path, capsys):
     root = corpus(tmp_path, n_shards=1)
-    for flag, value in (("--memory", "8X"), ("--threads", "1000000"), ("--threads", "-1"), ("--max-docs", "0"),
-                        ("--min-count", "0"), ("--max-children", "0")):
+    for flag, value in (
+        ("--memory", "8X"),
+        ("--threads", "1000000"),
+        ("--threads", "-1"),
+        ("--max-docs", "0"),
+        ("--min-count", "0"),
+        ("--max-children", "0"),
+    ):
         with pytest.raises(SystemExit) as e:
-            run("--corpus", "jsonl", "--corpus-dir", root, "--output", tmp_path / "x.idx", flag, value)
+            run(
+                "--corpus",
+                "jsonl",
+                "--corpus-dir",
+                root,
+                "--output",
+                tmp_path / "x.idx",
+                flag,
+                value,
+            )
         assert e.value.code == 2
         assert flag in capsys.readouterr().err
-    assert run("--corpus", "jsonl", "--corpus-dir", root, "--output", tmp_path / "x.idx",
-               "--temp-dir", tmp_path / "nowhere") == 2
+    assert (
+        run(
+            "--corpus",
+            "jsonl",
+            "--corpus-dir",
+            root,
+            "--output",
+            tmp_path / "x.idx",
+            "--temp-dir",
+            tmp_path / "nowhere",
+        )
+        == 2
+    )
     assert "--temp-dir" in err_of(capsys)
     assert not any(p.name.endswith(".work") for p in tmp_path.iterdir())
 
@@ -356,7 +534,13 @@ def test_help_shows_defaults_and_a_line_per_option(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
-    for needle in ("(default: 8G)", "(default: dolma)", "(default: qwen3)", "(default: 1)", "dart-index install"):
+    for needle in (
+        "(default: 8G)",
+        "(default: dolma)",
+        "(default: qwen3)",
+        "(default: 1)",
+        "dart-index install",
+    ):
         assert needle in text
     import argparse
 
@@ -374,14 +558,20 @@ def test_help_shows_defaults_and_a_line_per_option(capsys):
 
 
 def _threads_in_child(value: str | None) -> tuple[int, int, str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(
+        os.environ, PYTHONPATH=str(REPO / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")
+    )
     env.pop("DART_NUM_THREADS", None)
     if value is not None:
         env["DART_NUM_THREADS"] = value
-    code = ("from dartcore.index import num_threads\n"
-            "from dartcore.tokenizers import QwenTokenizer\n"
-            "print(num_threads(), QwenTokenizer()._threads)\n")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    code = (
+        "from dartcore.index import num_threads\n"
+        "from dartcore.tokenizers import QwenTokenizer\n"
+        "print(num_threads(), QwenTokenizer()._threads)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     a, b = r.stdout.split()
     return int(a), int(b), r.stderr
@@ -403,8 +593,12 @@ def test_dart_num_threads_one_rule_everywhere():
 
 
 def _index(path: Path, docs, vocab=10, tokenizer="t1") -> Path:
-    build_index([np.array(d, np.uint32) for d in docs], path, vocab_size=vocab,
-                metadata={"tokenizer": {"name": tokenizer, "fingerprint": tokenizer}})
+    build_index(
+        [np.array(d, np.uint32) for d in docs],
+        path,
+        vocab_size=vocab,
+        metadata={"tokenizer": {"name": tokenizer, "fingerprint": tokenizer}},
+    )
     return path
 
 

@@ -12,13 +12,15 @@ pytest.importorskip("dartcore._native", reason="the Rust extension is not built 
 
 from dartcore.builders import make_tree_builder  # noqa: E402
 from dartcore.errors import TreeError  # noqa: E402
-from dartcore.index import build_index, NgramIndex  # noqa: E402
+from dartcore.index import NgramIndex, build_index  # noqa: E402
 from dartcore.tree import beam_search  # noqa: E402
 
 V = 16
 
 
-def brute_force(index, context, toks, lps, *, w, theta, eos=(), decay=0.9, nw=0.5, expo=0.7, eps=1e-10):
+def brute_force(
+    index, context, toks, lps, *, w, theta, eos=(), decay=0.9, nw=0.5, expo=0.7, eps=1e-10
+):
     """Every expansion a candidate; beam = best w non-EOS of a level; best-first selection."""
     nodes = []  # (path, score, level, parent)
     beam = [None]
@@ -32,7 +34,9 @@ def brute_force(index, context, toks, lps, *, w, theta, eos=(), decay=0.9, nw=0.
                     continue
                 text = list(context) + path0
                 g = index.prob(text[-2:], int(t))
-                delta = (decay ** level * math.log(math.exp(float(lp)) + eps) + nw * math.log(g + eps)) / div
+                delta = (
+                    decay**level * math.log(math.exp(float(lp)) + eps) + nw * math.log(g + eps)
+                ) / div
                 nodes.append((path0 + [int(t)], s0 + delta, level, e))
         level_ids = [i for i in range(start, len(nodes)) if nodes[i][0][-1] not in eos]
         level_ids.sort(key=lambda i: (-nodes[i][1], i))
@@ -41,7 +45,11 @@ def brute_force(index, context, toks, lps, *, w, theta, eos=(), decay=0.9, nw=0.
             break
     chosen, done = [], set()
     while len(chosen) < theta:
-        ready = [i for i in range(len(nodes)) if i not in done and (nodes[i][3] is None or nodes[i][3] in done)]
+        ready = [
+            i
+            for i in range(len(nodes))
+            if i not in done and (nodes[i][3] is None or nodes[i][3] in done)
+        ]
         if not ready:
             break
         best = min(ready, key=lambda i: (-nodes[i][1], nodes[i][2], i))
@@ -77,11 +85,22 @@ def test_all_equals_brute_force(index, seed):
     toks = np.stack([rng.permutation(V)[:k] for _ in range(d)])
     logits = rng.normal(0, 2, (d, k)).astype(np.float32)
     logits[rng.random((d, k)) < 0.15] = 30.0  # near-certain tokens
-    lps = (logits - np.log(np.exp(logits.astype(np.float64)).sum(1, keepdims=True))).astype(np.float32)
+    lps = (logits - np.log(np.exp(logits.astype(np.float64)).sum(1, keepdims=True))).astype(
+        np.float32
+    )
     w, theta = int(rng.integers(1, 4)), int(rng.integers(1, 40))
     eos = (int(toks[0, 0]),) if seed % 3 == 0 else ()
     context = rng.integers(0, V, 3).tolist()
-    tree = beam_search(index, context, toks, lps, beam_width=w, max_nodes=theta, eos_token_ids=eos, candidates="all")
+    tree = beam_search(
+        index,
+        context,
+        toks,
+        lps,
+        beam_width=w,
+        max_nodes=theta,
+        eos_token_ids=eos,
+        candidates="all",
+    )
     want = brute_force(index, context, toks, lps, w=w, theta=theta, eos=eos)
     got = _paths(tree)
     assert [p for p, _ in got] == [p for p, _ in want]
@@ -97,4 +116,5 @@ def test_unknown_candidate_set_is_a_tree_error():
 def test_dart_builder_forwards_candidates():
     assert make_tree_builder("dart", candidates="all").search.candidates == "all"
     assert make_tree_builder("dart", candidates="beam").search.candidates == "beam"
-    assert make_tree_builder("dart").search.candidates == "all"  # SearchParams' default, dart-tree's
+    # SearchParams' default, dart-tree's
+    assert make_tree_builder("dart").search.candidates == "all"

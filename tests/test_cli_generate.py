@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+
 from cli_helpers import cli_env, run_cli
 
 
@@ -17,14 +18,19 @@ def indexes(tmp_path_factory):
     """A tiny valid index per built-in tokenizer name (qwen3, smollm2), a foreign file and a
     truncated index: only the header and metadata matter to the checks under test."""
     import numpy as np
+
     from dartcore.index import build_index
 
     root = tmp_path_factory.mktemp("cli_indexes")
     out = {}
     for name, vocab in (("qwen3", 151669), ("smollm2", 49152)):
         path = root / f"{name}.idx"
-        build_index([np.array([5, 6, 7, 5, 6], dtype=np.uint32)], path, vocab_size=vocab,
-                    metadata={"tokenizer": {"name": name, "fingerprint": "0" * 16, "vocab_size": vocab}})
+        build_index(
+            [np.array([5, 6, 7, 5, 6], dtype=np.uint32)],
+            path,
+            vocab_size=vocab,
+            metadata={"tokenizer": {"name": name, "fingerprint": "0" * 16, "vocab_size": vocab}},
+        )
         out[name] = path
     (root / "foreign.idx").write_bytes(b"not an index at all" * 10)
     out["foreign"] = root / "foreign.idx"
@@ -46,13 +52,22 @@ def _one_line_error(r, prog: str) -> str:
 @pytest.mark.parametrize("module", ["dart_generate", "dart_bench"])
 def test_help_lists_every_registered_tree_builder(module):
     # the registry as a fresh process sees it (tests register private builders in this one)
-    listed = subprocess.run([sys.executable, "-c", "from dartcore.trees import tree_builders; "
-                             "print(' '.join(tree_builders()))"], capture_output=True, text=True, env=cli_env(),
-                            check=True)
+    listed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from dartcore.trees import tree_builders; print(' '.join(tree_builders()))",
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        check=True,
+    )
     names = listed.stdout.split()
     r = run_cli(module, "--help")
     assert r.returncode == 0
-    text = " ".join(r.stdout.split())  # argparse wraps lines, also after a hyphen ("dart- official")
+    # argparse wraps lines, also after a hyphen ("dart- official")
+    text = " ".join(r.stdout.split())
     text = re.sub(r"(?<=\w)- (?=\w)", "-", text)
     assert {"dart", "dart+ctx", "dart+ngram"} <= set(names)
     for name in names:
@@ -66,30 +81,53 @@ def test_help_shows_defaults():
     assert "(default: dart)" in text and "(default: 0, greedy)" in text
     r = run_cli("dart_bench", "--help")
     text = " ".join(r.stdout.split())
-    for flag, default in (("--n", "5"), ("--temperatures", "0,1"), ("--max-new-tokens", "128"),
-                          ("--out", "artifacts/bench"), ("--datasets", "humaneval,gsm8k,code_alpaca")):
+    for flag, default in (
+        ("--n", "5"),
+        ("--temperatures", "0,1"),
+        ("--max-new-tokens", "128"),
+        ("--out", "artifacts/bench"),
+        ("--datasets", "humaneval,gsm8k,code_alpaca"),
+    ):
         assert f"(default: {default})" in text, flag
     from dartcore.benchmark.runner import DEFAULT_METHODS
 
-    assert f"(default: {','.join(DEFAULT_METHODS)})" in text.replace(" ", "").replace("(default:", "(default: ")
+    assert f"(default: {','.join(DEFAULT_METHODS)})" in text.replace(" ", "").replace(
+        "(default:", "(default: "
+    )
 
 
-@pytest.mark.parametrize("args, cls, needles", [
-    (["--tree", "dartt", "hi"], None, ["--tree 'dartt'", "did you mean 'dart'"]),
-    (["hi"], None, ["--tree dart needs an n-gram index", "--index", "tools/demo.sh"]),
-    (["--index", "/nonexistent/smollm2.idx", "hi"], "MissingFileError", ["--index /nonexistent/smollm2.idx",
-                                                                           "ngram-build"]),
-    (["--index", "{foreign}", "hi"], "IndexFormatError", ["--index", "ngram-build"]),
-    (["--index", "{truncated}", "hi"], "IndexFormatError", ["--index"]),
-    (["--index", "{qwen3}", "hi"], "TokenizerMismatchError", ["--index", "qwen3", "smollm2",
-                                                               "ngram-build --tokenizer smollm2"]),
-    (["--index", "{smollm2}", "--drafter", "/nonexistent/drafter", "hi"], "MissingFileError",
-     ["--drafter", "dart-train"]),
-    (["--target", "smollm3", "--tree", "ar", "hi"], "MissingFileError", ["--target", "did you mean 'smollm2'"]),
-    (["--tree", "ar", "--tree-param", "max_nodes", "hi"], None, ["--tree-param", "KEY=VALUE"]),
-    (["--tree", "ar", "--max-new-tokens", "-1", "hi"], None, ["--max-new-tokens"]),
-    (["--tree", "ar", " "], None, ["empty prompt"]),
-])
+@pytest.mark.parametrize(
+    "args, cls, needles",
+    [
+        (["--tree", "dartt", "hi"], None, ["--tree 'dartt'", "did you mean 'dart'"]),
+        (["hi"], None, ["--tree dart needs an n-gram index", "--index", "tools/demo.sh"]),
+        (
+            ["--index", "/nonexistent/smollm2.idx", "hi"],
+            "MissingFileError",
+            ["--index /nonexistent/smollm2.idx", "ngram-build"],
+        ),
+        (["--index", "{foreign}", "hi"], "IndexFormatError", ["--index", "ngram-build"]),
+        (["--index", "{truncated}", "hi"], "IndexFormatError", ["--index"]),
+        (
+            ["--index", "{qwen3}", "hi"],
+            "TokenizerMismatchError",
+            ["--index", "qwen3", "smollm2", "ngram-build --tokenizer smollm2"],
+        ),
+        (
+            ["--index", "{smollm2}", "--drafter", "/nonexistent/drafter", "hi"],
+            "MissingFileError",
+            ["--drafter", "dart-train"],
+        ),
+        (
+            ["--target", "smollm3", "--tree", "ar", "hi"],
+            "MissingFileError",
+            ["--target", "did you mean 'smollm2'"],
+        ),
+        (["--tree", "ar", "--tree-param", "max_nodes", "hi"], None, ["--tree-param", "KEY=VALUE"]),
+        (["--tree", "ar", "--max-new-tokens", "-1", "hi"], None, ["--max-new-tokens"]),
+        (["--tree", "ar", " "], None, ["empty prompt"]),
+    ],
+)
 def test_generate_errors(indexes, args, cls, needles):
     args = [a.format(**indexes) for a in args]
     err = _one_line_error(run_cli("dart_generate", *args), "dart-generate")
@@ -99,19 +137,48 @@ def test_generate_errors(indexes, args, cls, needles):
         assert needle in err, (needle, err)
 
 
-@pytest.mark.parametrize("args, cls, needles", [
-    (["--methods", "ar,dartt"], None, ["--methods 'dartt'", "did you mean 'dart'"]),
-    (["--datasets", "gsm9k", "--methods", "ar"], None, ["--datasets 'gsm9k'", "did you mean 'gsm8k'"]),
-    (["--datasets", "builtin", "--methods", "ar,dart"], None, ["--methods dart", "--index"]),
-    (["--datasets", "builtin", "--temperatures", "0,x"], None, ["--temperatures"]),
-    (["--datasets", "builtin", "--methods", "ar,dart", "--index", "/nonexistent.idx"], "MissingFileError",
-     ["--index"]),
-    (["--datasets", "builtin", "--methods", "ar,dart", "--index", "{qwen3}"], "TokenizerMismatchError",
-     ["--index", "qwen3", "smollm2"]),
-    (["--datasets", "humaneval", "--methods", "ar", "--data-dir", "/nonexistent"], None, ["--data-dir"]),
-    (["--datasets", "builtin", "--methods", "ar,dart", "--index", "{smollm2}", "--drafter", "/nonexistent"],
-     "MissingFileError", ["--drafter"]),
-])
+@pytest.mark.parametrize(
+    "args, cls, needles",
+    [
+        (["--methods", "ar,dartt"], None, ["--methods 'dartt'", "did you mean 'dart'"]),
+        (
+            ["--datasets", "gsm9k", "--methods", "ar"],
+            None,
+            ["--datasets 'gsm9k'", "did you mean 'gsm8k'"],
+        ),
+        (["--datasets", "builtin", "--methods", "ar,dart"], None, ["--methods dart", "--index"]),
+        (["--datasets", "builtin", "--temperatures", "0,x"], None, ["--temperatures"]),
+        (
+            ["--datasets", "builtin", "--methods", "ar,dart", "--index", "/nonexistent.idx"],
+            "MissingFileError",
+            ["--index"],
+        ),
+        (
+            ["--datasets", "builtin", "--methods", "ar,dart", "--index", "{qwen3}"],
+            "TokenizerMismatchError",
+            ["--index", "qwen3", "smollm2"],
+        ),
+        (
+            ["--datasets", "humaneval", "--methods", "ar", "--data-dir", "/nonexistent"],
+            None,
+            ["--data-dir"],
+        ),
+        (
+            [
+                "--datasets",
+                "builtin",
+                "--methods",
+                "ar,dart",
+                "--index",
+                "{smollm2}",
+                "--drafter",
+                "/nonexistent",
+            ],
+            "MissingFileError",
+            ["--drafter"],
+        ),
+    ],
+)
 def test_bench_errors(indexes, tmp_path, args, cls, needles):
     args = [a.format(**indexes) for a in args] + ["--out", str(tmp_path / "bench")]
     err = _one_line_error(run_cli("dart_bench", *args), "dart-bench")
@@ -123,8 +190,18 @@ def test_bench_errors(indexes, tmp_path, args, cls, needles):
 
 
 def test_bench_without_eval_data_names_the_fix(tmp_path):
-    err = _one_line_error(run_cli("dart_bench", "--methods", "ar", "--datasets", "gsm8k", cwd=tmp_path,
-                                  DARTCORE_DATA=str(tmp_path)), "dart-bench")
+    err = _one_line_error(
+        run_cli(
+            "dart_bench",
+            "--methods",
+            "ar",
+            "--datasets",
+            "gsm8k",
+            cwd=tmp_path,
+            DARTCORE_DATA=str(tmp_path),
+        ),
+        "dart-bench",
+    )
     assert "CorpusError:" in err and "--datasets gsm8k" in err and "--data-dir" in err
 
 
@@ -132,9 +209,21 @@ def test_stats_are_readable():
     from dartcore.cli.dart_generate import format_stats
     from dartcore.decoder import GenerationStats
 
-    s = GenerationStats(prompt_tokens=31, new_tokens=64, rounds=30, accept_hist=[10, 12, 8],
-                        total_s=1.2345678901234, finish_reason="length")
-    s.seconds = {"prefill": 0.10602130400002352, "draft": 0.2, "search": 0.01, "verify": 1.2345, "accept": 0.05}
+    s = GenerationStats(
+        prompt_tokens=31,
+        new_tokens=64,
+        rounds=30,
+        accept_hist=[10, 12, 8],
+        total_s=1.2345678901234,
+        finish_reason="length",
+    )
+    s.seconds = {
+        "prefill": 0.10602130400002352,
+        "draft": 0.2,
+        "search": 0.01,
+        "verify": 1.2345,
+        "accept": 0.05,
+    }
     text = format_stats(s.as_dict())
     assert "64 new after 31 prompt tokens (length)" in text
     assert f"{64 / 1.2345678901234:.1f} tok/s" in text and "1.23 s" in text
@@ -149,10 +238,16 @@ def test_the_node_budget_is_max_nodes_in_every_cli_and_old_spellings_still_work(
         assert "--max-nodes" in run_cli(module, "--help").stdout, module
     # dart-generate: --tree-param max_nodes= still sets the budget (a bad one fails as before), with a notice
     r = run_cli("dart_generate", "--tree", "ar", "--tree-param", "max_nodes=0", "hi")
-    assert r.returncode == 2 and f"--tree-param max_nodes= {notice}" in r.stderr and "max_nodes" in r.stderr
+    assert (
+        r.returncode == 2
+        and f"--tree-param max_nodes= {notice}" in r.stderr
+        and "max_nodes" in r.stderr
+    )
     r = run_cli("dart_generate", "--tree", "ar", "--max-nodes", "0", "hi")
     assert r.returncode == 2 and notice not in r.stderr and "max_nodes" in r.stderr
-    r = run_cli("dart_generate", "--tree", "ar", "--max-nodes", "3", "--tree-param", "max_nodes=4", "hi")
+    r = run_cli(
+        "dart_generate", "--tree", "ar", "--max-nodes", "3", "--tree-param", "max_nodes=4", "hi"
+    )
     assert r.returncode == 2 and "disagree" in r.stderr
     # dart-serve: --budget is --max-nodes (checked the same way), with a notice
     r = run_cli("dart_serve", "--budget", "3", "--index", "/nonexistent/smollm2.idx")

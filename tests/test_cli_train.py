@@ -21,17 +21,45 @@ def tiny(tmp_path_factory):
 
 
 def _common(target, corpus, out, steps):
-    return ["--target", str(target), "--data", str(corpus), "--out", str(out), "--holdout", "4",
-            "--ctx-len", "64", "--batch-size", "2", "--anchors", "16", "--warmup", "2", "--eval-every", "0",
-            "--threads", "1", "--checkpoint-minutes", "60", "--max-steps", str(steps)]
+    return [
+        "--target",
+        str(target),
+        "--data",
+        str(corpus),
+        "--out",
+        str(out),
+        "--holdout",
+        "4",
+        "--ctx-len",
+        "64",
+        "--batch-size",
+        "2",
+        "--anchors",
+        "16",
+        "--warmup",
+        "2",
+        "--eval-every",
+        "0",
+        "--threads",
+        "1",
+        "--checkpoint-minutes",
+        "60",
+        "--max-steps",
+        str(steps),
+    ]
 
 
 def test_help_shows_defaults_and_a_line_per_option():
     r = run_cli("dart_train", "--help")
     assert r.returncode == 0
     text = " ".join(r.stdout.split())
-    for needle in ("optimizer steps in all (default: 1000)", "peak learning rate (AdamW) (default: 0.0005)",
-                   "per 100 steps", "Ctrl-C", "(default: artifacts/dart-train)"):
+    for needle in (
+        "optimizer steps in all (default: 1000)",
+        "peak learning rate (AdamW) (default: 0.0005)",
+        "per 100 steps",
+        "Ctrl-C",
+        "(default: artifacts/dart-train)",
+    ):
         assert needle in text, needle
 
 
@@ -44,16 +72,41 @@ def test_every_option_has_help(module):
         assert action.help and action.help.strip(), action.option_strings
 
 
-@pytest.mark.parametrize("args, cls, needle", [
-    (["--target", "smollm3", "--data", "x"], "MissingFileError", "--target"),
-    (["--target", "smollm2", "--data", "/nonexistent/train.jsonl"], "MissingFileError", "--data"),
-    (["--target", "smollm2", "--data", str(REPO), "--max-steps", "0"], None, "--max-steps must be positive"),
-    (["--target", "smollm2", "--data", str(REPO), "--eval-only", "--drafter", "/nonexistent"], "MissingFileError",
-     "--drafter"),
-    (["--target", "smollm2", "--data", str(REPO), "--resume", "--out", "/nonexistent/run"], "MissingFileError",
-     "--resume"),
-    (["--target", "smollm2", "--data", str(REPO), "--drafter", "smollm2"], None, "--init"),
-])
+@pytest.mark.parametrize(
+    "args, cls, needle",
+    [
+        (["--target", "smollm3", "--data", "x"], "MissingFileError", "--target"),
+        (
+            ["--target", "smollm2", "--data", "/nonexistent/train.jsonl"],
+            "MissingFileError",
+            "--data",
+        ),
+        (
+            ["--target", "smollm2", "--data", str(REPO), "--max-steps", "0"],
+            None,
+            "--max-steps must be positive",
+        ),
+        (
+            [
+                "--target",
+                "smollm2",
+                "--data",
+                str(REPO),
+                "--eval-only",
+                "--drafter",
+                "/nonexistent",
+            ],
+            "MissingFileError",
+            "--drafter",
+        ),
+        (
+            ["--target", "smollm2", "--data", str(REPO), "--resume", "--out", "/nonexistent/run"],
+            "MissingFileError",
+            "--resume",
+        ),
+        (["--target", "smollm2", "--data", str(REPO), "--drafter", "smollm2"], None, "--init"),
+    ],
+)
 def test_errors_before_the_model_loads(args, cls, needle):
     t0 = time.time()
     r = run_cli("dart_train", *args)
@@ -78,8 +131,13 @@ def test_sigint_checkpoints_and_resumes_to_the_same_state(tiny, tmp_path):
 
     run = tmp_path / "run"
     args = _common(target, corpus, run, steps)
-    proc = subprocess.Popen([sys.executable, "-m", "dartcore.cli.dart_train", *args, "--no-progress"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dartcore.cli.dart_train", *args, "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+    )
     log = run / "log.jsonl"
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
@@ -94,13 +152,19 @@ def test_sigint_checkpoints_and_resumes_to_the_same_state(tiny, tmp_path):
     assert "Traceback" not in err
     stopped = torch.load(run / "checkpoint.pt", weights_only=False)
     assert 5 <= stopped["step"] < steps  # stopped early, after the steps it had logged
-    assert [r["step"] for r in map(json.loads, log.read_text().splitlines()) if not r.get("eval")] == list(range(1, stopped["step"] + 1))
+    assert [
+        r["step"] for r in map(json.loads, log.read_text().splitlines()) if not r.get("eval")
+    ] == list(range(1, stopped["step"] + 1))
 
     r = run_cli("dart_train", *args, "--resume", "--no-progress")
     assert r.returncode == 0, r.stderr[-2000:]
     a = torch.load(ref / "checkpoint.pt", weights_only=False)
     b = torch.load(run / "checkpoint.pt", weights_only=False)
-    assert a["step"] == b["step"] == steps and a["cursor"] == b["cursor"] and a["tokens"] == b["tokens"]
+    assert (
+        a["step"] == b["step"] == steps
+        and a["cursor"] == b["cursor"]
+        and a["tokens"] == b["tokens"]
+    )
     for k, v in a["drafter"].items():
         assert torch.equal(v, b["drafter"][k]), k
     sa, sb = a["opt"]["state"], b["opt"]["state"]
@@ -108,7 +172,9 @@ def test_sigint_checkpoints_and_resumes_to_the_same_state(tiny, tmp_path):
     for p in sa:
         for k in sa[p]:
             assert torch.equal(sa[p][k], sb[p][k]), (p, k)
-    steps_logged = [r["step"] for r in map(json.loads, log.read_text().splitlines()) if not r.get("eval")]
+    steps_logged = [
+        r["step"] for r in map(json.loads, log.read_text().splitlines()) if not r.get("eval")
+    ]
     assert steps_logged == list(range(1, steps + 1))
 
 
@@ -119,19 +185,50 @@ def test_init_with_draft_vocab_reselects_the_vocabulary(tiny, tmp_path):
 
     target, corpus = tiny
     first = tmp_path / "first"
-    r = run_cli("dart_train", *_common(target, corpus, first, 2), "--no-progress", "--draft-vocab", "40",
-                "--export", str(first / "export"), "--export-dtype", "fp32")
+    r = run_cli(
+        "dart_train",
+        *_common(target, corpus, first, 2),
+        "--no-progress",
+        "--draft-vocab",
+        "40",
+        "--export",
+        str(first / "export"),
+        "--export-dtype",
+        "fp32",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     again = tmp_path / "again"
-    r = run_cli("dart_train", *_common(target, corpus, again, 1), "--no-progress", "--init", str(first / "export"),
-                "--draft-vocab", "60", "--export", str(again / "export"), "--export-dtype", "fp32")
+    r = run_cli(
+        "dart_train",
+        *_common(target, corpus, again, 1),
+        "--no-progress",
+        "--init",
+        str(first / "export"),
+        "--draft-vocab",
+        "60",
+        "--export",
+        str(again / "export"),
+        "--export-dtype",
+        "fp32",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "re-selected the draft vocabulary" in r.stderr and "draft vocabulary 60" in r.stderr
-    a, b = load_file(str(first / "export" / "model.safetensors")), load_file(str(again / "export" / "model.safetensors"))
+    a, b = (
+        load_file(str(first / "export" / "model.safetensors")),
+        load_file(str(again / "export" / "model.safetensors")),
+    )
     assert a["draft_to_target"].numel() == 40 and b["draft_to_target"].numel() == 60
-    assert set(a["draft_to_target"].tolist()) <= set(b["draft_to_target"].tolist())  # same data: a superset
+    # same data: a superset
+    assert set(a["draft_to_target"].tolist()) <= set(b["draft_to_target"].tolist())
     kept = tmp_path / "kept"
-    r = run_cli("dart_train", *_common(target, corpus, kept, 1), "--no-progress", "--init", str(first / "export"),
-                "--export", str(kept / "export"))
+    r = run_cli(
+        "dart_train",
+        *_common(target, corpus, kept, 1),
+        "--no-progress",
+        "--init",
+        str(first / "export"),
+        "--export",
+        str(kept / "export"),
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "draft vocabulary 40" in r.stderr

@@ -16,16 +16,38 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from dartcore.controller import (PRIOR_RATE, Acceptance, BudgetController, CostCurve, NodeCalibration, best_nodes,
-                                 expected_tokens)
+from dartcore.controller import (
+    PRIOR_RATE,
+    Acceptance,
+    BudgetController,
+    CostCurve,
+    NodeCalibration,
+    best_nodes,
+    expected_tokens,
+)
 
 CURVES = {
     # 1 / 4 / 8 / 16 rows ~ 24 / 34 / 39 / 57 ms: the dev box's two-thread curve (issue figures)
-    "cpu": CostCurve([{"rows": 1, "ms": 24}, {"rows": 4, "ms": 34}, {"rows": 8, "ms": 39}, {"rows": 16, "ms": 57},
-                      {"rows": 32, "ms": 110}, {"rows": 64, "ms": 215}]),
+    "cpu": CostCurve(
+        [
+            {"rows": 1, "ms": 24},
+            {"rows": 4, "ms": 34},
+            {"rows": 8, "ms": 39},
+            {"rows": 16, "ms": 57},
+            {"rows": 32, "ms": 110},
+            {"rows": 64, "ms": 215},
+        ]
+    ),
     "flat-gpu": CostCurve([{"rows": 1, "ms": 10}, {"rows": 64, "ms": 11}, {"rows": 128, "ms": 16}]),
     "convex": CostCurve([{"rows": r, "ms": 5 + 0.05 * r * r} for r in range(1, 70)]),
-    "step": CostCurve([{"rows": 1, "ms": 20}, {"rows": 16, "ms": 30}, {"rows": 17, "ms": 60}, {"rows": 64, "ms": 90}]),
+    "step": CostCurve(
+        [
+            {"rows": 1, "ms": 20},
+            {"rows": 16, "ms": 30},
+            {"rows": 17, "ms": 60},
+            {"rows": 64, "ms": 90},
+        ]
+    ),
 }
 
 
@@ -57,8 +79,13 @@ def random_gains(rng, n=5):
 @pytest.mark.parametrize("seed", range(6))
 def test_choice_equals_brute_force(curve, seed):
     rng = np.random.default_rng(seed)
-    ctrl = BudgetController(CURVES[curve], max_nodes=5, draft_ms=float(rng.uniform(0, 8)),
-                            per_token_ms=float(rng.uniform(0, 3)), verify_scale=float(rng.uniform(0.5, 2)))
+    ctrl = BudgetController(
+        CURVES[curve],
+        max_nodes=5,
+        draft_ms=float(rng.uniform(0, 8)),
+        per_token_ms=float(rng.uniform(0, 3)),
+        verify_scale=float(rng.uniform(0.5, 2)),
+    )
     b = int(rng.integers(1, 5))
     accs = [Acceptance(random_gains(rng)) for _ in range(b)]
     caps = [int(rng.integers(0, 6)) for _ in range(b)]
@@ -91,22 +118,31 @@ def test_batch_one_picks_the_best_fixed_budget():
         ctrl = BudgetController(curve, max_nodes=8, draft_ms=3.0)
         ctrl.controller_ms = 0.0
         (n,) = ctrl._allocate([gains], ctrl.draft_ms)
-        fixed = max(range(9), key=lambda k: expected_tokens(gains, k)
-                    / ctrl.step_ms(1 + k, k > 0, expected_tokens(gains, k)))
+        fixed = max(
+            range(9),
+            key=lambda k: (
+                expected_tokens(gains, k) / ctrl.step_ms(1 + k, k > 0, expected_tokens(gains, k))
+            ),
+        )
         assert n == fixed
 
 
 def test_more_load_means_smaller_budgets():
     gains = 0.6 ** np.arange(1, 7)
     ctrl = BudgetController(CURVES["cpu"], max_nodes=6, draft_ms=3.0)
-    per_seq = [np.mean(choose(ctrl, [Acceptance(gains.copy()) for _ in range(b)], [6] * b)) for b in (1, 4, 16)]
+    per_seq = [
+        np.mean(choose(ctrl, [Acceptance(gains.copy()) for _ in range(b)], [6] * b))
+        for b in (1, 4, 16)
+    ]
     assert per_seq[0] >= per_seq[1] >= per_seq[2]
     assert per_seq[2] < per_seq[0]
     # on a flat (GPU-like) curve extra rows are free: every sequence takes its cap
     flat = BudgetController(CURVES["flat-gpu"], max_nodes=6, draft_ms=1.0)
     assert choose(flat, [Acceptance(gains.copy()) for _ in range(8)], [6] * 8) == [6] * 8
     # a sequence that never gets tokens accepted gets no nodes
-    assert choose(BudgetController(CURVES["cpu"], max_nodes=6), [Acceptance(np.full(6, 0.001))], [6]) == [0]
+    assert choose(
+        BudgetController(CURVES["cpu"], max_nodes=6), [Acceptance(np.full(6, 0.001))], [6]
+    ) == [0]
     # a sure sequence gets the nodes a doubtful one would have had
     ctrl = BudgetController(CURVES["cpu"], max_nodes=6, draft_ms=3.0)
     sure, doubtful = Acceptance(np.full(6, 0.95)), Acceptance(np.full(6, 0.02))
@@ -117,10 +153,16 @@ def test_more_load_means_smaller_budgets():
 def test_calibration_learns_the_accepted_share_of_each_cell_and_stays_monotone():
     cal = NodeCalibration()
     # before any observation: the prior PRIOR_RATE ** depth
-    assert np.allclose(cal.probs([1, 2, 3, 7], [-1.0, -1.0, -1.0, -1.0]), PRIOR_RATE ** np.array([1, 2, 3, 3]))
+    assert np.allclose(
+        cal.probs([1, 2, 3, 7], [-1.0, -1.0, -1.0, -1.0]), PRIOR_RATE ** np.array([1, 2, 3, 3])
+    )
     rng = np.random.default_rng(0)
     for _ in range(3000):  # depth 1: accepted 90 % above -0.5, 10 % below -5; depth 2: 40 % at -1
-        cal.observe([1, 1, 2], [-0.3, -5.5, -1.2], [rng.random() < 0.9, rng.random() < 0.1, rng.random() < 0.4])
+        cal.observe(
+            [1, 1, 2],
+            [-0.3, -5.5, -1.2],
+            [rng.random() < 0.9, rng.random() < 0.1, rng.random() < 0.4],
+        )
     p = cal.probs([1, 1, 2], [-0.3, -5.5, -1.2])
     assert p == pytest.approx([0.9, 0.1, 0.4], abs=0.06)
     t = cal.table()
@@ -134,7 +176,9 @@ def test_calibration_learns_the_accepted_share_of_each_cell_and_stays_monotone()
 def test_low_score_cells_start_below_the_flat_prior_and_do_not_lift_their_neighbours():
     cal = NodeCalibration()
     # unseen: PRIOR_RATE ** depth, bounded by exp of the cell's highest score
-    assert cal.probs([1, 1, 2], [-0.1, -6.5, -9.0]) == pytest.approx([PRIOR_RATE, np.exp(-6.0), np.exp(-8.0)])
+    assert cal.probs([1, 1, 2], [-0.1, -6.5, -9.0]) == pytest.approx(
+        [PRIOR_RATE, np.exp(-6.0), np.exp(-8.0)]
+    )
     # a small budget verifies many nodes scoring -4.5 (3 % accepted) and almost none below:
     # the seldom-seen cells under them must not pool it upward (with a flat prior the cell
     # below -8, two nodes seen, sat at ~0.4 and the pooled run at ~0.07)
@@ -216,7 +260,9 @@ def test_the_engine_cuts_each_tree_to_its_refined_budget(curve, tmp_path, monkey
     model = tiny_model("llama", seed=2)
     model.generation_config.eos_token_id = None
     prompts, refs = prompts_and_refs(model, 3, 16, seed=3)
-    engine = Engine(oracle_decoder(model, prompts, refs), max_batch=3, budget="adaptive", max_nodes=6)
+    engine = Engine(
+        oracle_decoder(model, prompts, refs), max_batch=3, budget="adaptive", max_nodes=6
+    )
     engine.controller.curve = CURVES[curve]
     # the model's times are the curve's alone (the tiny model's measured forwards would move them)
     monkeypatch.setattr(engine.controller, "timed", lambda **kw: None)
@@ -247,10 +293,14 @@ def test_measured_times_fold_into_the_model():
     for _ in range(100):  # the machine is now twice as slow as when the curve was measured
         ctrl.timed(rows=8, verify_ms=2 * 39.0, draft_ms=5.0, per_token_ms=1.5)
     assert ctrl.verify_scale == pytest.approx(2.0, rel=1e-3)
-    assert ctrl.draft_ms == pytest.approx(5.0, rel=1e-3) and ctrl.per_token_ms == pytest.approx(1.5, rel=1e-3)
+    assert ctrl.draft_ms == pytest.approx(5.0, rel=1e-3) and ctrl.per_token_ms == pytest.approx(
+        1.5, rel=1e-3
+    )
     ctrl.timed(rows=8, verify_ms=78.0, draft_ms=None, per_token_ms=None)  # a step without a draft
     assert ctrl.draft_ms == pytest.approx(5.0, rel=1e-3)
-    assert ctrl.step_ms(8, True, 4.0) == pytest.approx(2 * 39 + 5 + 1.5 * 4 + ctrl.controller_ms, rel=1e-3)
+    assert ctrl.step_ms(8, True, 4.0) == pytest.approx(
+        2 * 39 + 5 + 1.5 * 4 + ctrl.controller_ms, rel=1e-3
+    )
 
 
 def test_the_verify_time_of_each_row_count_follows_the_engine():
@@ -279,7 +329,9 @@ def test_the_verify_time_of_each_row_count_follows_the_engine():
     lone = BudgetController(flat, max_nodes=4, draft_ms=3.0)
     for _ in range(50):
         lone.timed(rows=2, verify_ms=80.0, draft_ms=None, per_token_ms=None)
-    assert lone.verify_ms(1) == pytest.approx(80.0, rel=0.05) and lone.verify_ms(16) == pytest.approx(120.0, rel=0.05)
+    assert lone.verify_ms(1) == pytest.approx(80.0, rel=0.05) and lone.verify_ms(
+        16
+    ) == pytest.approx(120.0, rel=0.05)
 
 
 def test_choose_times_itself():
@@ -293,11 +345,25 @@ def test_cost_curve_interpolates_and_extrapolates():
     assert c(3) == pytest.approx(15) and c(1) == 10 and c(13) == pytest.approx(60)
     assert np.allclose(c(np.array([1, 5, 9])), [10, 20, 40])
     # more rows never cost less: points that disagree are pooled (least-squares non-decreasing)
-    noisy = CostCurve([{"rows": 1, "ms": 30}, {"rows": 2, "ms": 12}, {"rows": 4, "ms": 50}, {"rows": 8, "ms": 20}])
+    noisy = CostCurve(
+        [{"rows": 1, "ms": 30}, {"rows": 2, "ms": 12}, {"rows": 4, "ms": 50}, {"rows": 8, "ms": 20}]
+    )
     assert np.allclose(noisy(np.array([1, 2, 4, 8])), [21, 21, 35, 35])
     # one low reading does not flatten the sizes before it (a lower envelope would: 39 for 1-5)
-    dip = CostCurve([{"rows": r, "ms": m} for r, m in [(1, 39.3), (2, 40.2), (3, 45.1), (4, 46.6), (5, 39.2),
-                                                       (6, 43.0), (8, 44.1)]])
+    dip = CostCurve(
+        [
+            {"rows": r, "ms": m}
+            for r, m in [
+                (1, 39.3),
+                (2, 40.2),
+                (3, 45.1),
+                (4, 46.6),
+                (5, 39.2),
+                (6, 43.0),
+                (8, 44.1),
+            ]
+        ]
+    )
     assert dip(1) == pytest.approx(39.3) and dip(8) - dip(1) > 3.0
 
 
@@ -327,6 +393,7 @@ def test_cost_curve_is_cached_and_remeasured(tmp_path, monkeypatch):
     assert len(calls) == 1 and again.points == first.points  # read from the cache
     CostCurve.for_target(dec.target, dec.backend, max_rows=10, cache_dir=tmp_path, remeasure=True)
     assert len(calls) == 2
-    CostCurve.for_target(dec.target, dec.backend, max_rows=20, cache_dir=tmp_path)  # the cache is too short
+    # the cache is too short
+    CostCurve.for_target(dec.target, dec.backend, max_rows=20, cache_dir=tmp_path)
     assert len(calls) == 3
     assert all(p["ms"] > 0 for p in first.as_list())

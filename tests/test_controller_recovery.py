@@ -24,13 +24,23 @@ from dartcore.cost import CostCurve, cost_cache_dir, curve_key
 from dartcore.tree import Tree
 
 # A curve measured while the machine was busy: SmolLM2 fp32, 2 threads, on a loaded 2-vCPU VM.
-BUSY = [(1, 66.7), (2, 104.0), (3, 114.2), (4, 128.2), (5, 144.4), (6, 156.1), (8, 205.9), (9, 240.7)]
+BUSY = [
+    (1, 66.7),
+    (2, 104.0),
+    (3, 114.2),
+    (4, 128.2),
+    (5, 144.4),
+    (6, 156.1),
+    (8, 205.9),
+    (9, 240.7),
+]
 
 
 def busy_points(max_rows: int = 64) -> list[dict]:
     slope = (BUSY[-1][1] - BUSY[-2][1]) / (BUSY[-1][0] - BUSY[-2][0])
-    return [{"rows": r, "ms": m} for r, m in BUSY] + [{"rows": max_rows,
-                                                        "ms": BUSY[-1][1] + slope * (max_rows - BUSY[-1][0])}]
+    return [{"rows": r, "ms": m} for r, m in BUSY] + [
+        {"rows": max_rows, "ms": BUSY[-1][1] + slope * (max_rows - BUSY[-1][0])}
+    ]
 
 
 def chain(n: int, step: float = -0.2) -> Tree:
@@ -50,7 +60,7 @@ class FakeMachine:
         return self.v0 + self.v1 * (rows - 1)
 
     def expected(self, n: int) -> float:
-        return 1.0 + sum(self.q ** j for j in range(1, n + 1))
+        return 1.0 + sum(self.q**j for j in range(1, n + 1))
 
     def rate(self, n: int) -> float:
         """Expected committed tokens per ms of a fixed budget ``n``, drafting every round (the
@@ -81,8 +91,12 @@ def run(ctrl: BudgetController, m: FakeMachine, rounds: int, seed: int, cap: int
             a += 1
         ctrl.observe_verified(chain(k), list(range(a + 1)))
         pending += a + 1
-        ctrl.timed(rows=k + 1, verify_ms=m.verify(k + 1), draft_ms=m.d0 + m.d1 * positions if n else None,
-                   per_token_ms=m.per_token)
+        ctrl.timed(
+            rows=k + 1,
+            verify_ms=m.verify(k + 1),
+            draft_ms=m.d0 + m.d1 * positions if n else None,
+            per_token_ms=m.per_token,
+        )
         log.append((n, k, a))
     return np.array(log)
 
@@ -90,8 +104,14 @@ def run(ctrl: BudgetController, m: FakeMachine, rounds: int, seed: int, cap: int
 def achieved(m: FakeMachine, kept: np.ndarray) -> float:
     """Expected tokens per ms of the budgets the controller verified, under the true costs."""
     e = np.array([m.expected(int(k)) for k in kept])
-    t = np.array([m.verify(1 + int(k)) + (m.d0 + m.d1 * m.expected(int(k)) if k else 0.0) + m.per_token * x
-                  for k, x in zip(kept, e)])
+    t = np.array(
+        [
+            m.verify(1 + int(k))
+            + (m.d0 + m.d1 * m.expected(int(k)) if k else 0.0)
+            + m.per_token * x
+            for k, x in zip(kept, e)
+        ]
+    )
     return float(e.sum() / t.sum())
 
 
@@ -109,13 +129,15 @@ def test_a_busy_curve_is_overridden_within_a_few_rounds(seed):
     first = int(np.flatnonzero(kept)[0])
     assert first <= PROBE_MIN + 2  # the first probe, and it wins
     assert ctrl.probe_wins >= 1 and ctrl.probe_interval == PROBE_MIN
-    assert np.mean(kept[first + 10:] > 0) > 0.95
+    assert np.mean(kept[first + 10 :] > 0) > 0.95
     assert achieved(m, kept[50:]) > 0.93 * m.rate(best)
 
 
 def test_without_probes_the_busy_curve_would_decide_for_good():
     """The reference for the test above: the same run with probing switched off stays at 0."""
-    ctrl = BudgetController(CostCurve(busy_points()), max_nodes=6, clock=lambda: 0.0, probe_interval=10 ** 9)
+    ctrl = BudgetController(
+        CostCurve(busy_points()), max_nodes=6, clock=lambda: 0.0, probe_interval=10**9
+    )
     log = run(ctrl, FakeMachine(v0=30.0, v1=1.5, q=0.8), 200, 0)
     assert not log[:, 1].any()
 
@@ -125,7 +147,9 @@ def test_drafting_that_truly_loses_goes_to_zero_and_probes_back_off(curve):
     # each verified node costs 15 ms on a 20 ms round: even the best budget loses
     m = FakeMachine(v0=20.0, v1=15.0, q=0.8)
     assert max(range(7), key=m.rate) == 0
-    points = busy_points() if curve == "busy" else [{"rows": 1, "ms": 10.0}, {"rows": 64, "ms": 11.0}]
+    points = (
+        busy_points() if curve == "busy" else [{"rows": 1, "ms": 10.0}, {"rows": 64, "ms": 11.0}]
+    )
     ctrl = BudgetController(CostCurve(points), max_nodes=6, clock=lambda: 0.0)
     log = run(ctrl, m, 700, 0)
     drawn, kept = log[:, 0], log[:, 1]
@@ -215,12 +239,17 @@ def test_a_planted_busy_curve_is_measured_again_at_load(tmp_path, monkeypatch):
     curve = CostCurve.for_target(dec.target, dec.backend, max_rows=16)
     assert curve(1) < 66.7 / 1.5
     data = json.loads(path.read_text())
-    assert data["points"] != busy_points(16) and data["conditions"]["replaced"]["one_row_ms"] == 66.7
+    assert (
+        data["points"] != busy_points(16) and data["conditions"]["replaced"]["one_row_ms"] == 66.7
+    )
     assert {"loadavg_1m", "cpus", "time"} <= set(data["conditions"]) and data["key"]["cpu"]
     # a cached curve faster than now is kept (now is the busy moment); scaled by the controller
     fast = [{"rows": 1, "ms": 1e-4}, {"rows": 16, "ms": 2e-4}]
     _plant(dec.target, tmp_path, fast)
-    assert CostCurve.for_target(dec.target, dec.backend, max_rows=16).points == [(1, 1e-4), (16, 2e-4)]
+    assert CostCurve.for_target(dec.target, dec.backend, max_rows=16).points == [
+        (1, 1e-4),
+        (16, 2e-4),
+    ]
     # a stale one is measured again
     _plant(dec.target, tmp_path, fast, stale={"rows": 1})
     assert CostCurve.for_target(dec.target, dec.backend, max_rows=16)(1) > 1e-3
@@ -264,8 +293,16 @@ def test_the_engine_recovers_from_a_planted_busy_curve(tmp_path, monkeypatch):
     ctrl.clock = lambda: 0.0
     m = FakeMachine(v0=30.0, v1=1.5, q=0.8)
     real = ctrl.timed
-    monkeypatch.setattr(ctrl, "timed", lambda *, rows, verify_ms, draft_ms, per_token_ms: real(
-        rows=rows, verify_ms=m.verify(rows), draft_ms=None if draft_ms is None else 4.0, per_token_ms=0.2))
+    monkeypatch.setattr(
+        ctrl,
+        "timed",
+        lambda *, rows, verify_ms, draft_ms, per_token_ms: real(
+            rows=rows,
+            verify_ms=m.verify(rows),
+            draft_ms=None if draft_ms is None else 4.0,
+            per_token_ms=0.2,
+        ),
+    )
     rid = engine.add_request(prompts[0], SamplingParams(max_new_tokens=60))
     steps = []
     out = None

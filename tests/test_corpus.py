@@ -18,11 +18,17 @@ from dartcore.errors import CorpusError
 def _docs(n, seed=0):
     rng = random.Random(seed)
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
-    return [f"doc {i}: " + " ".join(rng.choice(words) for _ in range(rng.randint(5, 60))) for i in range(n)]
+    return [
+        f"doc {i}: " + " ".join(rng.choice(words) for _ in range(rng.randint(5, 60)))
+        for i in range(n)
+    ]
 
 
 def _jsonl(texts, **extra):
-    return "".join(json.dumps({"id": str(i), "text": t, "source": "test", **extra}) + "\n" for i, t in enumerate(texts))
+    return "".join(
+        json.dumps({"id": str(i), "text": t, "source": "test", **extra}) + "\n"
+        for i, t in enumerate(texts)
+    )
 
 
 def test_dolma_sample(test_data):
@@ -47,7 +53,9 @@ def test_dolma_dir_from_env_and_all_compressions(tmp_path, monkeypatch):
     d.mkdir(parents=True)
     with gzip.open(d / "a.json.gz", "wt") as f:
         f.write(_jsonl(docs[:30]))
-    (d / "b.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(_jsonl(docs[30:60]).encode()))
+    (d / "b.jsonl.zst").write_bytes(
+        zstandard.ZstdCompressor().compress(_jsonl(docs[30:60]).encode())
+    )
     (d / "c.jsonl").write_text(_jsonl(docs[60:]))
     (d / "ignored.txt").write_text("not a shard")
     monkeypatch.setenv("DOLMA_DIR", str(tmp_path / "dolma"))
@@ -81,7 +89,10 @@ def test_jsonl_nested_field_and_files_glob(tmp_path):
 
 def test_json_array_file(tmp_path):
     (tmp_path / "a.json").write_text(json.dumps([{"output": "x = 1"}, {"output": "y = 2"}]))
-    assert list(open_corpus("jsonl", files=[tmp_path / "a.json"], text_field="output")) == ["x = 1", "y = 2"]
+    assert list(open_corpus("jsonl", files=[tmp_path / "a.json"], text_field="output")) == [
+        "x = 1",
+        "y = 2",
+    ]
 
 
 def test_malformed_lines_counted_and_reported(tmp_path):
@@ -90,7 +101,8 @@ def test_malformed_lines_counted_and_reported(tmp_path):
         _jsonl(good[:2])
         + "{broken json\n"
         + "[1, 2, 3]\n"
-        + json.dumps({"id": "x", "body": "no text field"}) + "\n"
+        + json.dumps({"id": "x", "body": "no text field"})
+        + "\n"
         + "\n"
         + _jsonl(good[2:])
     )
@@ -148,14 +160,18 @@ def test_corrupt_stream_mid_file(tmp_path, codec):
         assert 0 < len(kept) < len(docs) and kept == docs[: len(kept)]
     # Under strict the first problem stops the build: the broken stream, or the
     # garbage lines a garbled deflate block decodes to before gzip's CRC check.
-    first = f"{name}: corrupt .*byte offset" if codec != "gzip-garbled" else rf"{name}(: corrupt|:\d+: malformed)"
+    first = (
+        f"{name}: corrupt .*byte offset"
+        if codec != "gzip-garbled"
+        else rf"{name}(: corrupt|:\d+: malformed)"
+    )
     with pytest.raises(CorpusError, match=first):
         list(open_corpus("jsonl", corpus_dir=tmp_path, strict=True))
 
 
 def test_text_files_one_document_each(tmp_path):
     (tmp_path / "a.txt").write_text("first file\nline two\n")
-    (tmp_path / "b.txt.gz").write_bytes(gzip.compress("second file".encode()))
+    (tmp_path / "b.txt.gz").write_bytes(gzip.compress(b"second file"))
     corpus = open_corpus("text", corpus_dir=tmp_path)
     assert list(corpus) == ["first file\nline two\n", "second file"]
 
@@ -191,7 +207,10 @@ def test_npy_tokens_split_at_eos(tmp_path, dtype):
     np.save(tmp_path / "a.npy", flat[:cut])
     flat[cut:].tofile(tmp_path / "b.npy")
     corpus = open_corpus(
-        "npy", corpus_dir=tmp_path, eos_id=eos, vocab_size=1000,
+        "npy",
+        corpus_dir=tmp_path,
+        eos_id=eos,
+        vocab_size=1000,
         token_dtype=np.dtype(dtype).name,
     )
     got = list(corpus)
@@ -211,7 +230,9 @@ def test_npy_window_boundaries(tmp_path, monkeypatch):
     import dartcore.corpus as corpus_mod
 
     monkeypatch.setattr(corpus_mod, "_NPY_WINDOW", 16)
-    docs = [np.arange(10 + i, 10 + i + n, dtype=np.uint32) for i, n in enumerate([3, 40, 0, 17, 1, 33])]
+    docs = [
+        np.arange(10 + i, 10 + i + n, dtype=np.uint32) for i, n in enumerate([3, 40, 0, 17, 1, 33])
+    ]
     flat = np.concatenate([np.append(d, np.uint32(1)) for d in docs])[:-1]  # no trailing EOS
     np.save(tmp_path / "w.npy", flat)
     got = list(open_corpus("npy", corpus_dir=tmp_path, eos_id=1, vocab_size=100))
@@ -223,7 +244,9 @@ def test_streaming_reads_in_bounded_pieces(tmp_path, monkeypatch):
     import dartcore.corpus as corpus_mod
 
     docs = _docs(10000, seed=3)
-    (tmp_path / "s.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(_jsonl(docs).encode()))
+    (tmp_path / "s.jsonl.zst").write_bytes(
+        zstandard.ZstdCompressor().compress(_jsonl(docs).encode())
+    )
     with gzip.open(tmp_path / "t.json.gz", "wt") as f:
         f.write(_jsonl(docs))
     sizes = []
@@ -262,8 +285,22 @@ def test_npy_headers_checked_before_the_build_starts(tmp_path, capsys):
     for i in range(3):
         np.save(d / f"{i}.npy", np.arange(50, dtype=np.uint32))
     np.save(d / "3.npy", np.zeros((2, 5), np.uint32))
-    assert main(["--corpus", "npy", "--corpus-dir", str(d), "--tokenizer", "qwen3", "--output",
-                 str(tmp_path / "x.idx"), "--quiet"]) == 2
+    assert (
+        main(
+            [
+                "--corpus",
+                "npy",
+                "--corpus-dir",
+                str(d),
+                "--tokenizer",
+                "qwen3",
+                "--output",
+                str(tmp_path / "x.idx"),
+                "--quiet",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "CorpusError" in err and "3.npy" in err and "1-D" in err
     assert not (tmp_path / "x.idx.work").exists()

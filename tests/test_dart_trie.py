@@ -43,8 +43,20 @@ def expected(test_data):
 @pytest.fixture(scope="module")
 def converted(official, tmp_path_factory):
     out = tmp_path_factory.mktemp("trie") / "from-trie.idx"
-    assert run("--from-dart-trie", official / "dolma-sample-qwen3.trie", "--tokenizer", "qwen3",
-               "--output", out, "--memory", "2G", "--quiet") == 0
+    assert (
+        run(
+            "--from-dart-trie",
+            official / "dolma-sample-qwen3.trie",
+            "--tokenizer",
+            "qwen3",
+            "--output",
+            out,
+            "--memory",
+            "2G",
+            "--quiet",
+        )
+        == 0
+    )
     return out
 
 
@@ -52,12 +64,15 @@ def _check_counts(path: Path, expected: dict) -> None:
     idx = NgramIndex(str(path))
     s = idx.stats()
     assert (s["unigram_nodes"], s["bigram_nodes"], s["trigram_nodes"]) == (
-        expected["n_unigram"], expected["n_bigram"], expected["n_trigram"])
+        expected["n_unigram"],
+        expected["n_bigram"],
+        expected["n_trigram"],
+    )
     assert s["documents"] == expected["documents"] and s["tokens"] == expected["tokens"]
     total1, total2 = Counter(), Counter()
-    for a, b, n in expected["bigram"]:
+    for a, _b, n in expected["bigram"]:
         total1[a] += n
-    for a, b, c, n in expected["trigram"]:
+    for a, b, _c, n in expected["trigram"]:
         total2[(a, b)] += n
     for a, n in expected["unigram"].items():
         assert idx.count([], int(a)) == (n, expected["tokens"])
@@ -79,8 +94,22 @@ def test_sample_trie_has_the_reference_counts(converted, expected, official):
 def test_sample_trie_equals_the_corpus_index(converted, expected, test_data, tmp_path):
     """The corpus build of the same documents has the same counts; every query agrees."""
     corpus_idx = tmp_path / "corpus.idx"
-    assert run("--corpus", "dolma", "--corpus-dir", test_data / "dolma-sample", "--tokenizer", "qwen3",
-               "--output", corpus_idx, "--memory", "4G", "--quiet") == 0
+    assert (
+        run(
+            "--corpus",
+            "dolma",
+            "--corpus-dir",
+            test_data / "dolma-sample",
+            "--tokenizer",
+            "qwen3",
+            "--output",
+            corpus_idx,
+            "--memory",
+            "4G",
+            "--quiet",
+        )
+        == 0
+    )
     _check_counts(corpus_idx, expected)
     a, b = NgramIndex(str(converted)), NgramIndex(str(corpus_idx))
     sa, sb = a.stats(), b.stats()
@@ -99,8 +128,12 @@ def test_memory_limit_far_below_the_data(official, expected, tmp_path):
     from dartcore import _native
     from dartcore.tokenizers import load_tokenizer
 
-    _native.convert_dart_trie(str(official / "dolma-sample-qwen3.trie"), str(out),
-                              vocab_size=load_tokenizer("qwen3").vocab_size, memory_limit=1 << 20)
+    _native.convert_dart_trie(
+        str(official / "dolma-sample-qwen3.trie"),
+        str(out),
+        vocab_size=load_tokenizer("qwen3").vocab_size,
+        memory_limit=1 << 20,
+    )
     _check_counts(out, expected)
 
 
@@ -108,8 +141,12 @@ def test_progress_is_reported(official, tmp_path):
     seen = []
     from dartcore import _native
 
-    _native.convert_dart_trie(str(official / "dolma-sample-qwen3.trie"), str(tmp_path / "p.idx"), vocab_size=151669,
-                              progress=lambda stage, done, total: seen.append((stage, done, total)))
+    _native.convert_dart_trie(
+        str(official / "dolma-sample-qwen3.trie"),
+        str(tmp_path / "p.idx"),
+        vocab_size=151669,
+        progress=lambda stage, done, total: seen.append((stage, done, total)),
+    )
     size = (official / "dolma-sample-qwen3.trie").stat().st_size
     assert ("read", size, size) in seen and seen[-1] == ("write", 1, 1)
 
@@ -142,7 +179,8 @@ def _convert(tmp_path, data: bytes):
         return convert_dart_trie(src, out, memory=1 << 30)
     finally:
         assert not out.exists()  # nothing written on failure
-        assert not [p for p in tmp_path.iterdir() if p.name.startswith("dart-trie-convert-")]  # temp dir removed
+        # temp dir removed
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith("dart-trie-convert-")]
 
 
 @pytest.mark.parametrize("cut", [5, 16, 1000, -7, -1])
@@ -164,7 +202,9 @@ def test_negative_count_names_the_node(tmp_path, trie_bytes):
     offs = _node_offsets(trie_bytes)
     data = bytearray(trie_bytes)
     struct.pack_into("<i", data, offs[3] + 12, -5)
-    with pytest.raises(IndexFormatError, match=r"node 3 \(token \d+, depth \d\) has count -5.*wrapped"):
+    with pytest.raises(
+        IndexFormatError, match=r"node 3 \(token \d+, depth \d\) has count -5.*wrapped"
+    ):
         _convert(tmp_path, bytes(data))
 
 
@@ -175,7 +215,9 @@ def test_wrapped_count_below_children_names_the_node(tmp_path, trie_bytes):
     (nch,) = struct.unpack_from("<Q", data, offs[1] + 16)
     assert nch > 0
     struct.pack_into("<i", data, offs[1] + 12, 1)
-    with pytest.raises(IndexFormatError, match=r"node 1 \(token \d+, depth 1\) has count 1 but its children sum"):
+    with pytest.raises(
+        IndexFormatError, match=r"node 1 \(token \d+, depth 1\) has count 1 but its children sum"
+    ):
         _convert(tmp_path, bytes(data))
 
 
@@ -186,4 +228,9 @@ def test_refuses_to_write_over_the_input(tmp_path, trie_bytes):
         convert_dart_trie(src, src)
     assert src.read_bytes() == trie_bytes
     assert run("--from-dart-trie", src, "--output", src, "--quiet") == 2
-    assert run("--from-dart-trie", tmp_path / "missing.trie", "--output", tmp_path / "o.idx", "--quiet") == 2
+    assert (
+        run(
+            "--from-dart-trie", tmp_path / "missing.trie", "--output", tmp_path / "o.idx", "--quiet"
+        )
+        == 2
+    )

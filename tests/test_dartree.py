@@ -40,7 +40,9 @@ def _sequential_logq(head, emb, base, hidden, t: int, parent: int, k: int) -> di
     """ln q̃_t(· | H_t, parent) for ONE node, computed on its own."""
     vals, ids = torch.topk(base[t].float(), min(k, base.shape[1]))
     with torch.no_grad():
-        logq = head(hidden[t].unsqueeze(0), emb(torch.tensor([parent])), emb(ids), vals.unsqueeze(0))[0]
+        logq = head(
+            hidden[t].unsqueeze(0), emb(torch.tensor([parent])), emb(ids), vals.unsqueeze(0)
+        )[0]
     return {int(i): float(q) for i, q in zip(ids, logq)}
 
 
@@ -94,7 +96,9 @@ def _heap_tree(head, emb, base, hidden, root, *, k, beta, b, eos=None):
     return out
 
 
-@pytest.mark.parametrize("seed,k,b,d", [(0, 5, 9, 4), (1, 6, 14, 4), (2, 4, 20, 5), (3, 8, 6, 3), (4, 3, 30, 5)])
+@pytest.mark.parametrize(
+    "seed,k,b,d", [(0, 5, 9, 4), (1, 6, 14, 4), (2, 4, 20, 5), (3, 8, 6, 3), (4, 3, 30, 5)]
+)
 @pytest.mark.parametrize("beta", [0.0, -0.2, -1.5])
 def test_deferred_top_b_equals_sequential_heap(seed, k, b, d, beta):
     """Lemma 1: with β ≤ 0 the deferred global top-B over the supertree is the heap's pop set
@@ -163,7 +167,9 @@ class _DictNgram:
     def prob(self, context, v, unigram_backoff=True):
         ctx = list(context)[-2:]
         if len(ctx) == 2 and self.c3[(ctx[0], ctx[1], v)]:
-            return self.c3[(ctx[0], ctx[1], v)] / sum(c for (a, b, _), c in self.c3.items() if (a, b) == tuple(ctx))
+            return self.c3[(ctx[0], ctx[1], v)] / sum(
+                c for (a, b, _), c in self.c3.items() if (a, b) == tuple(ctx)
+            )
         if ctx and self.c2[(ctx[-1], v)]:
             return self.c2[(ctx[-1], v)] / sum(c for (a, _), c in self.c2.items() if a == ctx[-1])
         return self.c1[v] / self.n if unigram_backoff else 0.0
@@ -176,14 +182,16 @@ def test_hybrid_adds_eq10_ngram_term():
     index = _DictNgram(text)
     term = NgramTerm(index, weight=0.5, decay=0.7, eps=1e-10)
     k, beta, root, last = 6, -0.2, 4, 9
-    st = build_supertree(base, hidden, root, head, emb, k=k, width=5, beta=beta, ngram=term, context=[11, last])
+    st = build_supertree(
+        base, hidden, root, head, emb, k=k, width=5, beta=beta, ngram=term, context=[11, last]
+    )
     for i in range(1, len(st)):
         path = _path(st, i)
         seq = [last, root] + path
         parent, score = root, 0.0
         for t, tok in enumerate(path):
             score += _sequential_logq(head, emb, base, hidden, t, parent, k)[tok] + beta
-            g = index.prob(seq[t:t + 2], tok)
+            g = index.prob(seq[t : t + 2], tok)
             score += 0.5 * np.log(g + 1e-10) / (t + 1) ** 0.7
             parent = tok
         assert st.scores[i] == pytest.approx(score, abs=1e-5)
@@ -252,5 +260,5 @@ def test_ngram_term_reads_the_real_index(tmp_path):
     got = term(2, contexts, cands)
     for i, ctx in enumerate(contexts):
         for j, v in enumerate(cands):
-            want = 0.5 * np.log(index.prob(list(ctx), int(v)) + 1e-10) / 3 ** 0.7
+            want = 0.5 * np.log(index.prob(list(ctx), int(v)) + 1e-10) / 3**0.7
             assert got[i, j] == pytest.approx(want, rel=1e-12)

@@ -51,8 +51,10 @@ class _CountIndex:
 
 def _hf_greedy(model, prompt, n):
     ids = torch.tensor([prompt])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, pad_token_id=0
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 @pytest.fixture(scope="module")
@@ -73,17 +75,24 @@ def setup():
     return model, drafter, head.eval(), prompts, refs
 
 
-@pytest.mark.parametrize("tree,params", [
-    ("dartree", {"max_nodes": 24}),
-    ("dartree", {"head": "untrained", "max_nodes": 8, "width": 3, "k": 16}),
-    ("hybrid", {"max_nodes": 24}),
-    ("ddtree", {"max_nodes": 24}),
-])
+@pytest.mark.parametrize(
+    "tree,params",
+    [
+        ("dartree", {"max_nodes": 24}),
+        ("dartree", {"head": "untrained", "max_nodes": 8, "width": 3, "k": 16}),
+        ("hybrid", {"max_nodes": 24}),
+        ("ddtree", {"max_nodes": 24}),
+    ],
+)
 def test_greedy_output_is_the_targets(setup, tree, params):
     model, drafter, head, prompts, refs = setup
     if tree in ("dartree", "hybrid") and "head" not in params:
         params = {**params, "head": head}
-    index = _CountIndex([int(t) for p, r in zip(prompts, refs) for t in p + r]) if tree == "hybrid" else None
+    index = (
+        _CountIndex([int(t) for p, r in zip(prompts, refs) for t in p + r])
+        if tree == "hybrid"
+        else None
+    )
     dec = DartDecoder(model, _Tok(), drafter, index, tree=tree, **params)
     dec.eos_token_ids = ()
     accepted = 0

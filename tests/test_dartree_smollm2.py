@@ -33,13 +33,23 @@ def test_greedy_equals_hf_on_smollm2(smollm2, drafter, tree):
     from dartcore import DartDecoder
 
     model, tok = smollm2
-    msgs = [{"role": "user", "content": "Natalia sold clips to 48 of her friends in April, and then she sold "
-                                        "half as many clips in May. How many clips did she sell altogether?"}]
+    msgs = [
+        {
+            "role": "user",
+            "content": "Natalia sold clips to 48 of her friends in April, and then she sold "
+            "half as many clips in May. How many clips did she sell altogether?",
+        }
+    ]
     ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
     ids = list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids)
     x = torch.tensor([ids])
-    ref = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=40, do_sample=False,
-                         pad_token_id=tok.eos_token_id)[0, len(ids):].tolist()
+    ref = model.generate(
+        x,
+        attention_mask=torch.ones_like(x),
+        max_new_tokens=40,
+        do_sample=False,
+        pad_token_id=tok.eos_token_id,
+    )[0, len(ids) :].tolist()
     dec = DartDecoder(model, tok, drafter, tree=tree)
     res = dec.generate(ids, max_new_tokens=40)
     assert res.tokens == ref

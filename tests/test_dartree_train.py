@@ -24,7 +24,7 @@ def setup():
     for n in (20, 27, 9):
         ids = rng.integers(3, 64, n)
         respond = np.zeros(n, dtype=bool)
-        respond[n // 3:] = True
+        respond[n // 3 :] = True
         docs.append((ids, respond))
     return target, drafter, docs
 
@@ -43,7 +43,9 @@ def test_collected_examples_match_fresh_drafter_calls(setup):
     row = 0
     for p in anchors:
         state = drafter.new_state(n)
-        logits, hidden = drafter.draft(state, taps[: p + 1], torch.as_tensor(ids[1 : p + 2]), return_hidden=True)
+        logits, hidden = drafter.draft(
+            state, taps[: p + 1], torch.as_tensor(ids[1 : p + 2]), return_hidden=True
+        )
         for j in range(min(drafter.d, n - 1 - p)):
             vals, cand = torch.topk(logits[j], k)
             assert ex.depth[row] == j
@@ -51,7 +53,9 @@ def test_collected_examples_match_fresh_drafter_calls(setup):
             assert torch.equal(ex.cand[row], cand)
             torch.testing.assert_close(ex.base[row], vals, atol=1e-4, rtol=1e-4)
             torch.testing.assert_close(ex.hidden[row].float(), hidden[j], atol=2e-2, rtol=1e-2)
-            torch.testing.assert_close(ex.teacher[row], probs[p + 1 + j][cand], atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(
+                ex.teacher[row], probs[p + 1 + j][cand], atol=1e-5, rtol=1e-4
+            )
             am = int(probs[p + 1 + j].argmax())
             want = int((cand == am).nonzero()[0]) if (cand == am).any() else -1
             assert ex.argmax_pos[row] == want
@@ -66,7 +70,9 @@ def test_training_lowers_the_candidate_loss(setup):
     torch.manual_seed(0)
     head = CorrectionHead(drafter.config.hidden_size, 32, rank=32)
     before = evaluate_head(head, embed, ex, drafter.d)
-    cfg = HeadTrainConfig(rank=32, lr=3e-3, batch_size=64, max_steps=150, warmup_steps=5, eval_every=1000)
+    cfg = HeadTrainConfig(
+        rank=32, lr=3e-3, batch_size=64, max_steps=150, warmup_steps=5, eval_every=1000
+    )
     train_head(head, embed, ex, cfg, d=drafter.d)
     after = evaluate_head(head, embed, ex, drafter.d)
     # An untrained head is the renormalised marginal: both metrics start equal.

@@ -14,14 +14,15 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+
 from conftest import tiny_model
+from dartcore import ContextLengthError, DartDecoder
+from dartcore.tree import Tree
+from dartcore.trees import register_tree_builder
 
 # Tiny models: one intra-op thread is ~10x faster than two on the shared 2-core
 # box (thread wake-up dominates a 4-layer, 32-wide forward).
 torch.set_num_threads(1)
-from dartcore import ContextLengthError, DartDecoder
-from dartcore.tree import Tree
-from dartcore.trees import register_tree_builder
 
 
 class CharTokenizer:
@@ -35,11 +36,21 @@ class CharTokenizer:
         return {"input_ids": [1] + [ord(c) - ord("a") for c in text]}
 
     def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(ord("a") + int(i)) for i in ids if not (skip_special_tokens and int(i) in self.specials))
+        return "".join(
+            chr(ord("a") + int(i))
+            for i in ids
+            if not (skip_special_tokens and int(i) in self.specials)
+        )
 
 
-def random_tree(rng: np.random.Generator, root: int, vocab: int, nodes: int, depth: int,
-                path: list[int] | None = None) -> Tree:
+def random_tree(
+    rng: np.random.Generator,
+    root: int,
+    vocab: int,
+    nodes: int,
+    depth: int,
+    path: list[int] | None = None,
+) -> Tree:
     """A random tree in depth order; if ``path`` is given it is inserted as a
     chain from the root (then the random nodes hang anywhere)."""
     tokens, parents, depths = [root], [-1], [0]
@@ -58,7 +69,9 @@ def random_tree(rng: np.random.Generator, root: int, vocab: int, nodes: int, dep
     t = np.asarray(tokens)[order]
     par = np.asarray(parents)[order]
     par = np.where(par >= 0, new_index[np.maximum(par, 0)], -1)
-    return Tree(t.astype(np.int64), par.astype(np.int64), np.asarray(depths)[order].astype(np.int64))
+    return Tree(
+        t.astype(np.int64), par.astype(np.int64), np.asarray(depths)[order].astype(np.int64)
+    )
 
 
 @dataclass
@@ -84,9 +97,12 @@ class OracleBuilder:
         ctx = [int(t) for t in inputs.context]
         if self.random_only:
             return random_tree(self.rng, ctx[-1], self.vocab, self.nodes, self.depth)
-        assert ctx == self.reference[:len(ctx)], "decoder committed a token the reference did not produce"
-        truth = self.reference[len(ctx):len(ctx) + self.depth]
-        mode = self.rng.integers(0, 3)  # 0: random only, 1: whole truth path, 2: truth prefix + wrong token
+        assert ctx == self.reference[: len(ctx)], (
+            "decoder committed a token the reference did not produce"
+        )
+        truth = self.reference[len(ctx) : len(ctx) + self.depth]
+        # 0: random only, 1: whole truth path, 2: truth prefix + wrong token
+        mode = self.rng.integers(0, 3)
         path = None
         if mode == 1:
             path = truth
@@ -102,13 +118,23 @@ register_tree_builder("test-oracle", lambda **kw: OracleBuilder(**kw), replace=T
 
 def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
     ids = torch.tensor([prompt], device=model.device)
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                         do_sample=False, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
 
 
-CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
-                                                                       reason="no CUDA device")])
+CUDA = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+    ],
+)
 
 
 @pytest.mark.parametrize("device", ["cpu", CUDA])
@@ -123,13 +149,15 @@ def test_greedy_matches_hf_generate_with_random_trees(family, device):
     for trial in range(4):
         prompt = [1] + rng.integers(3, 64, size=int(rng.integers(1, 30))).tolist()
         ref = hf_greedy(model, prompt, 40)
-        dec = DartDecoder(model, tok, tree="test-oracle", reference=prompt + ref, vocab=64, seed=trial)
+        dec = DartDecoder(
+            model, tok, tree="test-oracle", reference=prompt + ref, vocab=64, seed=trial
+        )
         dec.eos_token_ids = ()
         res = dec.generate(prompt, max_new_tokens=40)
         assert res.tokens == ref
         assert res.stats.new_tokens == 40
         hist = res.stats.accept_hist
-        hist_total[:len(hist)] += hist
+        hist_total[: len(hist)] += hist
         assert sum(hist) == res.stats.rounds
         # every round commits accepted + 1; the prefill commits the first token
         assert sum((a + 1) * c for a, c in enumerate(hist)) >= 39
@@ -150,8 +178,14 @@ def test_greedy_respects_eos_like_hf():
     ref = hf_greedy(model, prompt, 20)
     assert ref[-1] == eos and len(ref) <= 9
     for seed in range(3):
-        dec = DartDecoder(model, CharTokenizer(), tree="test-oracle", reference=prompt + ref + [0] * 10,
-                          vocab=64, seed=seed)
+        dec = DartDecoder(
+            model,
+            CharTokenizer(),
+            tree="test-oracle",
+            reference=prompt + ref + [0] * 10,
+            vocab=64,
+            seed=seed,
+        )
         assert eos in dec.eos_token_ids
         res = dec.generate(prompt, max_new_tokens=20)
         assert res.tokens == ref
@@ -179,8 +213,16 @@ def test_context_limit_never_writes_past_cache():
     model.generation_config.eos_token_id = None
     prompt = [1] + list(range(3, 30))  # 28 tokens
     ref = hf_greedy(model, prompt, 12)  # exactly fills the context
-    dec = DartDecoder(model, CharTokenizer(), tree="test-oracle", reference=prompt + ref + [0] * 20,
-                      vocab=64, seed=0, nodes=30, depth=8)
+    dec = DartDecoder(
+        model,
+        CharTokenizer(),
+        tree="test-oracle",
+        reference=prompt + ref + [0] * 20,
+        vocab=64,
+        seed=0,
+        nodes=30,
+        depth=8,
+    )
     dec.eos_token_ids = ()
     res = dec.generate(prompt, max_new_tokens=100)
     assert res.tokens == ref
@@ -199,18 +241,22 @@ def test_max_new_tokens_and_stop_strings(tiny_target):
     prompt = [1, 7, 8, 9]
     ref = hf_greedy(tiny_target, prompt, 30)
     for n in (1, 2, 3, 7):
-        dec = DartDecoder(tiny_target, tok, tree="test-oracle", reference=prompt + ref, vocab=64, seed=n)
+        dec = DartDecoder(
+            tiny_target, tok, tree="test-oracle", reference=prompt + ref, vocab=64, seed=n
+        )
         dec.eos_token_ids = ()
         res = dec.generate(prompt, max_new_tokens=n)
         assert res.tokens == ref[:n] and res.stats.finish_reason == "length"
     # stop at the first token whose text completes the stop string (included)
     text = tok.decode(ref)
     stop = text[10:12]
-    first = next(i for i in range(len(ref)) if stop in tok.decode(ref[:i + 1]))
-    dec = DartDecoder(tiny_target, tok, tree="test-oracle", reference=prompt + ref, vocab=64, seed=0)
+    first = next(i for i in range(len(ref)) if stop in tok.decode(ref[: i + 1]))
+    dec = DartDecoder(
+        tiny_target, tok, tree="test-oracle", reference=prompt + ref, vocab=64, seed=0
+    )
     dec.eos_token_ids = ()
     res = dec.generate(prompt, max_new_tokens=30, stop=[stop, "\x00never"])
-    assert res.tokens == ref[:first + 1]
+    assert res.tokens == ref[: first + 1]
     assert res.text.endswith(stop) and res.stats.finish_reason == "stop"
 
 
@@ -219,7 +265,9 @@ def test_streaming_chunks_add_up(tiny_target):
     tok = CharTokenizer()
     prompt = [1, 11, 12]
     ref = hf_greedy(tiny_target, prompt, 20)
-    dec = DartDecoder(tiny_target, tok, tree="test-oracle", reference=prompt + ref, vocab=64, seed=5)
+    dec = DartDecoder(
+        tiny_target, tok, tree="test-oracle", reference=prompt + ref, vocab=64, seed=5
+    )
     dec.eos_token_ids = ()
     seen: list[tuple[list[int], str]] = []
     res = dec.generate(prompt, max_new_tokens=20, streamer=lambda t, s: seen.append((t, s)))
@@ -313,7 +361,9 @@ def test_bad_generate_arguments_are_refused_naming_them(tiny_target, kwargs, err
 def test_good_edge_arguments_still_work(tiny_target):
     dec = DartDecoder(tiny_target, CharTokenizer(), tree="ar", eos_token_ids=())
     ref = dec.generate([1, 4, 5], max_new_tokens=3).tokens
-    assert dec.generate(np.array([1, 4, 5], dtype=np.int32), max_new_tokens=np.int64(3)).tokens == ref
+    assert (
+        dec.generate(np.array([1, 4, 5], dtype=np.int32), max_new_tokens=np.int64(3)).tokens == ref
+    )
     assert dec.generate((1, 4, 5), max_new_tokens=3, temperature=0).tokens == ref
     assert len(dec.generate([1, 4, 5], max_new_tokens=3, temperature=1, seed=2**64 - 1).tokens) == 3
 
@@ -344,13 +394,30 @@ def test_lazy_and_batched_lm_head_agree(tiny_target, lazy):
     tiny_target.generation_config.eos_token_id = None
     prompt = [1, 21, 22, 23]
     ref = hf_greedy(tiny_target, prompt, 20)
-    dec = DartDecoder(tiny_target, CharTokenizer(), tree="test-oracle", reference=prompt + ref, vocab=64,
-                      seed=9, eos_token_ids=(), lazy_logits=lazy)
+    dec = DartDecoder(
+        tiny_target,
+        CharTokenizer(),
+        tree="test-oracle",
+        reference=prompt + ref,
+        vocab=64,
+        seed=9,
+        eos_token_ids=(),
+        lazy_logits=lazy,
+    )
     assert dec.lazy_logits is lazy
     assert dec.generate(prompt, max_new_tokens=20).tokens == ref
     ar = DartDecoder(tiny_target, CharTokenizer(), tree="ar", eos_token_ids=())
-    dec = DartDecoder(tiny_target, CharTokenizer(), tree="test-oracle", reference=[], vocab=64, seed=9,
-                      random_only=True, eos_token_ids=(), lazy_logits=lazy)
+    dec = DartDecoder(
+        tiny_target,
+        CharTokenizer(),
+        tree="test-oracle",
+        reference=[],
+        vocab=64,
+        seed=9,
+        random_only=True,
+        eos_token_ids=(),
+        lazy_logits=lazy,
+    )
     sampled = dec.generate(prompt, max_new_tokens=20, temperature=1.0, seed=3).tokens
     assert sampled == ar.generate(prompt, max_new_tokens=20, temperature=1.0, seed=3).tokens
 
@@ -390,10 +457,11 @@ def test_two_torch_threads_use_the_native_team_and_give_the_same_tokens():
         dec = DartDecoder(model, tok, tree="test-oracle", reference=prompt + ref, vocab=64, seed=3)
         dec.eos_token_ids = ()
         assert dec.target.native_linear and dec.target.threads == 2
-        seen = []
+        seen, last = [], None
         for chunk in dec.stream(prompt, max_new_tokens=24):
             seen.append(torch.get_num_threads())  # the consumer runs with the user's threads
+            last = chunk
         assert set(seen) == {2} and torch.get_num_threads() == 2
-        assert chunk.result.tokens == ref
+        assert last.result.tokens == ref
     finally:
         torch.set_num_threads(before)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from conftest import tiny_model
 from dartcore import DartDecoder, DrafterMismatchError, TokenizerMismatchError
 from test_decoder import CharTokenizer, hf_greedy
@@ -47,17 +48,37 @@ def setup(tmp_path_factory):
     docs += [rng.integers(0, 64, size=200) for _ in range(20)]
     path = tmp_path_factory.mktemp("idx") / "tiny.idx"
     tok = FingerprintedCharTokenizer()
-    build_index(docs, path, vocab_size=64, metadata={"tokenizer": {"name": "char", "fingerprint": fingerprint(tok)}})
+    build_index(
+        docs,
+        path,
+        vocab_size=64,
+        metadata={"tokenizer": {"name": "char", "fingerprint": fingerprint(tok)}},
+    )
     index = NgramIndex(path)
     drafter = DartDrafter.from_target(model, d=4)
     return model, tok, drafter, index, prompts, refs
 
 
-@pytest.mark.parametrize("tree", ["dart", "dart-official", "dart-no-ngram", "dart-chain", "ngram-only", "dart+ngram", "dart+ctx", "ar"])
+@pytest.mark.parametrize(
+    "tree",
+    [
+        "dart",
+        "dart-official",
+        "dart-no-ngram",
+        "dart-chain",
+        "ngram-only",
+        "dart+ngram",
+        "dart+ctx",
+        "ar",
+    ],
+)
 def test_every_builder_is_lossless_under_greedy(setup, tree):
     model, tok, drafter, index, prompts, refs = setup
-    dec = DartDecoder(model, tok, drafter, index, tree=tree, max_nodes=8, eos_token_ids=()) if tree not in (
-        "ar", "dart-chain") else DartDecoder(model, tok, drafter, index, tree=tree, eos_token_ids=())
+    dec = (
+        DartDecoder(model, tok, drafter, index, tree=tree, max_nodes=8, eos_token_ids=())
+        if tree not in ("ar", "dart-chain")
+        else DartDecoder(model, tok, drafter, index, tree=tree, eos_token_ids=())
+    )
     taus = []
     for prompt, ref in zip(prompts, refs):
         res = dec.generate(prompt, max_new_tokens=24)
@@ -102,10 +123,17 @@ def test_index_of_another_tokenizer_is_refused(setup, tmp_path):
 
     model, tok, drafter, *_ = setup
     path = tmp_path / "other.idx"
-    build_index([np.arange(10)], path, vocab_size=64,
-                metadata={"tokenizer": {"name": "qwen3", "fingerprint": "0123456789abcdef"}})
+    build_index(
+        [np.arange(10)],
+        path,
+        vocab_size=64,
+        metadata={"tokenizer": {"name": "qwen3", "fingerprint": "0123456789abcdef"}},
+    )
     # names both tokenizers, not only their fingerprints
-    with pytest.raises(TokenizerMismatchError, match=r"tokenizer 'qwen3'.*FingerprintedCharTokenizer.*rebuild the index"):
+    with pytest.raises(
+        TokenizerMismatchError,
+        match=r"tokenizer 'qwen3'.*FingerprintedCharTokenizer.*rebuild the index",
+    ):
         DartDecoder(model, tok, drafter, NgramIndex(path), tree="dart")
 
 
@@ -119,7 +147,9 @@ def test_index_without_tokenizer_metadata_warns_and_checks_its_vocabulary(setup,
         DartDecoder(model, tok, drafter, NgramIndex(bare), tree="dart")
     wide = tmp_path / "wide.idx"  # more token ids than the target's 64
     build_index([np.arange(100)], wide, vocab_size=100)
-    with pytest.raises(TokenizerMismatchError, match="vocabulary of 100 tokens but the target only 64"):
+    with pytest.raises(
+        TokenizerMismatchError, match="vocabulary of 100 tokens but the target only 64"
+    ):
         DartDecoder(model, tok, drafter, NgramIndex(wide), tree="dart")
 
 
@@ -132,7 +162,9 @@ def test_native_cpu_backend_drafts_through_native_draft_and_stays_lossless(setup
     model, tok, drafter, index, prompts, refs = setup
     dec = DartDecoder(model, tok, drafter, index, tree="dart", max_nodes=6, eos_token_ids=())
     dec.backend = NativeCpuBackend(dec.target, lazy_logits=True)
-    native = NativeDraft(drafter, threads=1, product=lambda w, b: (lambda x: torch.nn.functional.linear(x, w, b)))
+    native = NativeDraft(
+        drafter, threads=1, product=lambda w, b: lambda x: torch.nn.functional.linear(x, w, b)
+    )
     blocks = []
     inner = native.block
     native.block = lambda *a: blocks.append(inner(*a)) or blocks[-1]
@@ -168,7 +200,12 @@ def test_merge_trees_is_a_budgeted_union_in_depth_order():
 
     a = tree([7, 1, 2, 3], [-1, 0, 0, 1])  # paths 7-1, 7-2, 7-1-3
     b = tree([7, 1, 5, 3, 6, 9], [-1, 0, 0, 1, 1, 4])  # 7-1, 7-5, 7-1-3, 7-1-6, 7-1-6-9
-    for budget, want_new in ((3, []), (4, [(7, 5)]), (5, [(7, 5), (7, 1, 6)]), (9, [(7, 5), (7, 1, 6), (7, 1, 6, 9)])):
+    for budget, want_new in (
+        (3, []),
+        (4, [(7, 5)]),
+        (5, [(7, 5), (7, 1, 6)]),
+        (9, [(7, 5), (7, 1, 6), (7, 1, 6, 9)]),
+    ):
         m = merge_trees(a, b, budget)
         flatten(m)  # valid: parents first, depth order
         paths = _paths(m)
@@ -184,10 +221,10 @@ def test_merge_trees_is_a_budgeted_union_in_depth_order():
 def _brute_continuation(ctx, max_len, min_match=2, max_match=4):
     """Plain-loop reference of context_continuation."""
     for n in range(min(max_match, len(ctx) - 1), min_match - 1, -1):
-        suffix = ctx[len(ctx) - n:]
+        suffix = ctx[len(ctx) - n :]
         for i in range(len(ctx) - n - 1, -1, -1):  # latest earlier start first
-            if ctx[i:i + n] == suffix:
-                return ctx[i + n:i + n + max_len]
+            if ctx[i : i + n] == suffix:
+                return ctx[i + n : i + n + max_len]
     return []
 
 
@@ -201,7 +238,9 @@ def test_context_continuation_matches_a_plain_search():
         got = context_continuation(np.array(ctx), max_len=max_len).tolist()
         assert got == _brute_continuation(ctx, max_len), ctx
     # the longest recurring suffix wins over a later shorter one
-    assert context_continuation(np.array([1, 2, 3, 9, 5, 2, 3, 7, 1, 2, 3]), max_len=2).tolist() == [9, 5]
+    assert context_continuation(
+        np.array([1, 2, 3, 9, 5, 2, 3, 7, 1, 2, 3]), max_len=2
+    ).tolist() == [9, 5]
     assert context_continuation(np.array([4, 5, 6]), max_len=3).tolist() == []
 
 
@@ -211,11 +250,16 @@ def test_context_union_keeps_the_budget_and_the_continuation(setup):
 
     model, tok, drafter, index, prompts, _ = setup
     builder = make_tree_builder("dart+ctx", max_nodes=5, context_nodes=3)
-    ctx = np.array([1, 9, 8, 7, 6, 5, 4, 9, 8], dtype=np.int64)  # suffix (9, 8) recurs: 7, 6, 5, ...
+    # suffix (9, 8) recurs: 7, 6, 5, ...
+    ctx = np.array([1, 9, 8, 7, 6, 5, 4, 9, 8], dtype=np.int64)
     logits = torch.randn(4, drafter.config.draft_vocab_size)
     budget = node_budget(builder, drafter=drafter)
     assert budget == 5
-    tree = flatten(builder(TreeInputs(context=ctx, logits=logits, drafter=drafter, index=index, max_nodes=budget)))
+    tree = flatten(
+        builder(
+            TreeInputs(context=ctx, logits=logits, drafter=drafter, index=index, max_nodes=budget)
+        )
+    )
     assert tree.tokens[0] == 8 and len(tree) - 1 <= 5
     assert {(7,), (7, 6), (7, 6, 5)} <= {p[1:] for p in _paths(tree)}
     with pytest.raises(ValueError, match="context_nodes"):
@@ -242,18 +286,30 @@ def test_the_builder_receives_the_rounds_final_budget(setup):
             seen.append((inputs.max_nodes, len(tree) - 1, inputs.max_depth, int(tree.depths.max())))
             return tree
 
-    register_tree_builder("test-spy", lambda **kw: Spy(make_tree_builder("dart", **kw)), replace=True)
+    register_tree_builder(
+        "test-spy", lambda **kw: Spy(make_tree_builder("dart", **kw)), replace=True
+    )
     for kw, want in (({}, CPU_MAX_NODES), ({"max_nodes": 7}, 7)):
         seen.clear()
         dec = DartDecoder(model, tok, drafter, index, tree="test-spy", eos_token_ids=(), **kw)
         assert dec.max_nodes == want
         dec.generate(prompts[0], max_new_tokens=12)
         assert seen and all(budget == want for budget, *_ in seen[:-1])
-        assert all(nodes <= budget and depth <= max_depth for budget, nodes, max_depth, depth in seen)
+        assert all(
+            nodes <= budget and depth <= max_depth for budget, nodes, max_depth, depth in seen
+        )
     # At the end of the context the room left caps the budget: one place, one value.
     seen.clear()
     prompt = list(prompts[0])
-    dec = DartDecoder(model, tok, drafter, index, tree="test-spy", eos_token_ids=(), max_nodes=7,
-                      max_context=len(prompt) + 6)
+    dec = DartDecoder(
+        model,
+        tok,
+        drafter,
+        index,
+        tree="test-spy",
+        eos_token_ids=(),
+        max_nodes=7,
+        max_context=len(prompt) + 6,
+    )
     dec.generate(prompt, max_new_tokens=50)
     assert min(b for b, *_ in seen) < 7 and all(n <= b for b, n, *_ in seen)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+
 from conftest import tiny_model
 from dartcore import DartDecoder
 from dartcore.trees import register_tree_builder
@@ -85,8 +86,11 @@ def chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
     assert np.all(obs[exp == 0] == 0) if np.any(exp == 0) else True
     stat = float(((obs - exp) ** 2 / exp).sum())
     df = len(obs) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
-                                         torch.tensor(stat / 2, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(
+            torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)
+        )
+    )
 
 
 def sample_counts(decoder, seeds, **kw):

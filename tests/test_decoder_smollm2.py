@@ -45,12 +45,20 @@ def decoders(smollm2, test_data, tmp_path_factory):
             for line in fh:
                 text = json.loads(line).get("text", "")
                 if text:
-                    docs.append(np.asarray(tok(text)["input_ids"] + [tok.eos_token_id], dtype=np.int64))
+                    docs.append(
+                        np.asarray(tok(text)["input_ids"] + [tok.eos_token_id], dtype=np.int64)
+                    )
     idx_path = tmp_path_factory.mktemp("smollm2-index") / "dolma-sample.idx"
-    build_index(docs, idx_path, vocab_size=len(tok),
-                metadata={"tokenizer": {"name": "smollm2", "fingerprint": fingerprint(tok)}})
+    build_index(
+        docs,
+        idx_path,
+        vocab_size=len(tok),
+        metadata={"tokenizer": {"name": "smollm2", "fingerprint": fingerprint(tok)}},
+    )
     index = NgramIndex(idx_path)
-    return {tree: DartDecoder(model, tok, drafter, index, tree=tree) for tree in ("dart", "ngram-only")}
+    return {
+        tree: DartDecoder(model, tok, drafter, index, tree=tree) for tree in ("dart", "ngram-only")
+    }
 
 
 def _prompts(test_data, tok):
@@ -73,8 +81,9 @@ def test_greedy_identical_to_hf_generate_on_eval_prompts(smollm2, test_data, dec
     for i, ids in enumerate(prompts):
         x = torch.tensor([ids])
         with torch.no_grad():
-            ref = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=MAX_NEW,
-                                 do_sample=False)[0, len(ids):].tolist()
+            ref = model.generate(
+                x, attention_mask=torch.ones_like(x), max_new_tokens=MAX_NEW, do_sample=False
+            )[0, len(ids) :].tolist()
         tree = "dart" if i % 3 else "ngram-only"
         res = decoders[tree].generate(ids, max_new_tokens=MAX_NEW)
         taus.append(res.stats.tau)

@@ -108,9 +108,13 @@ def _torch_product(w, b):
     return lambda x: torch.nn.functional.linear(x, w, b)
 
 
-NATIVE_PRODUCTS = pytest.param("native", marks=pytest.mark.skipif(
-    not __import__("dartcore.kernels.linear", fromlist=["x"]).native_linear_available(),
-    reason="the native kernels need AVX-512F or AVX2 + FMA + F16C"))
+NATIVE_PRODUCTS = pytest.param(
+    "native",
+    marks=pytest.mark.skipif(
+        not __import__("dartcore.kernels.linear", fromlist=["x"]).native_linear_available(),
+        reason="the native kernels need AVX-512F or AVX2 + FMA + F16C",
+    ),
+)
 
 
 @pytest.mark.parametrize("products", [NATIVE_PRODUCTS, "torch"])
@@ -162,13 +166,21 @@ def test_native_draft_equals_the_torch_draft(family, products):
             m.mask_emb.mul_(0.5), m.layer.up_proj.weight.mul_(2.0), m.emb_norm.weight.add_(0.25)
     s_ref, s_nat = ref.new_state(40), dr.new_state(40)
     ref.draft(s_ref, taps[:20], nxt[:20]), nat.draft(s_nat, taps[:20], nxt[:20])
-    torch.testing.assert_close(nat.draft(s_nat, taps[20:23], nxt[20:23]), ref.draft(s_ref, taps[20:23], nxt[20:23]),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        nat.draft(s_nat, taps[20:23], nxt[20:23]),
+        ref.draft(s_ref, taps[20:23], nxt[20:23]),
+        atol=1e-5,
+        rtol=1e-5,
+    )
     # near the end of the state the torch path takes over (the MASK rows' scratch keys would not fit)
     s = dr.new_state(N + 1)
-    nat.draft(s, taps[:N - 1], nxt[:N - 1])
-    torch.testing.assert_close(nat.draft(s, taps[N - 1:], nxt[N - 1:], rows=4),
-                               ref.draft(ref.new_state(N + 1), taps, nxt, rows=4), atol=1e-5, rtol=1e-5)
+    nat.draft(s, taps[: N - 1], nxt[: N - 1])
+    torch.testing.assert_close(
+        nat.draft(s, taps[N - 1 :], nxt[N - 1 :], rows=4),
+        ref.draft(ref.new_state(N + 1), taps, nxt, rows=4),
+        atol=1e-5,
+        rtol=1e-5,
+    )
 
 
 def test_state_truncate_and_overflow():
@@ -228,13 +240,19 @@ def test_save_load_round_trip(tmp_path, vocab):
     back = DartDrafter.from_pretrained(tmp_path, target, tokenizer=tok)
     ids = torch.randint(3, 64, (10,))
     taps = _taps(target, ids[:9], dr.taps)
-    torch.testing.assert_close(back.draft(back.new_state(16), taps, ids[1:]), dr.draft(dr.new_state(16), taps, ids[1:]))
+    torch.testing.assert_close(
+        back.draft(back.new_state(16), taps, ids[1:]), dr.draft(dr.new_state(16), taps, ids[1:])
+    )
     assert torch.equal(back.draft_to_target, dr.draft_to_target)
     # half precision storage
     dr.save_pretrained(tmp_path / "half", dtype=torch.float16)
     half = DartDrafter.from_pretrained(tmp_path / "half", target)
-    torch.testing.assert_close(half.draft(half.new_state(16), taps, ids[1:]), dr.draft(dr.new_state(16), taps, ids[1:]),
-                               atol=5e-2, rtol=5e-2)
+    torch.testing.assert_close(
+        half.draft(half.new_state(16), taps, ids[1:]),
+        dr.draft(dr.new_state(16), taps, ids[1:]),
+        atol=5e-2,
+        rtol=5e-2,
+    )
 
 
 def test_mismatched_target_is_refused(tmp_path):
@@ -264,8 +282,14 @@ def test_unsupported_target_family():
     from transformers import GPT2Config
 
     with pytest.raises(DartError, match="families"):
-        DrafterConfig.from_target_config(GPT2Config(n_layer=6), d=8, taps=None, draft_vocab_size=None,
-                                         target_name=None, fingerprint=None)
+        DrafterConfig.from_target_config(
+            GPT2Config(n_layer=6),
+            d=8,
+            taps=None,
+            draft_vocab_size=None,
+            target_name=None,
+            fingerprint=None,
+        )
 
 
 @pytest.mark.slow
@@ -274,8 +298,12 @@ def test_shipped_smollm2_drafter_loads(smollm2):
     dr = DartDrafter.from_pretrained("smollm2", model, tokenizer=tok)
     L = model.config.num_hidden_layers
     assert dr.taps == (2, L // 2, L - 3) and dr.d == 8
-    ids = tok.apply_chat_template([{"role": "user", "content": "What is 12 + 30?"}], add_generation_prompt=True,
-                                  tokenize=True, return_tensors="pt")
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 12 + 30?"}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_tensors="pt",
+    )
     ids = ids["input_ids"] if hasattr(ids, "keys") else ids
     with torch.no_grad():
         out = model(ids, output_hidden_states=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+
 from conftest import tiny_model
 from dartcore import ContextLengthError, DartDecoder, DartError
 from dartcore.engine import Engine, RequestOutput, SamplingParams, UnknownRequestError
@@ -52,9 +53,9 @@ class BatchOracle:
 
     def __call__(self, inputs):
         ctx = [int(t) for t in inputs.context]
-        refs = [r for r in self.references if r[:len(ctx)] == ctx]
+        refs = [r for r in self.references if r[: len(ctx)] == ctx]
         assert refs, "the engine committed a token no reference has"
-        truth = refs[0][len(ctx):len(ctx) + min(self.depth, inputs.max_depth)]
+        truth = refs[0][len(ctx) : len(ctx) + min(self.depth, inputs.max_depth)]
         mode = self.rng.integers(0, 3)
         path = None
         if mode == 1:
@@ -62,7 +63,9 @@ class BatchOracle:
         elif mode == 2 and len(truth) > 1:
             cut = int(self.rng.integers(1, len(truth)))
             path = truth[:cut] + [(truth[cut] + 1) % self.vocab]
-        return random_tree(self.rng, ctx[-1], self.vocab, max(self.nodes, 1 + len(path or [])), self.depth, path)
+        return random_tree(
+            self.rng, ctx[-1], self.vocab, max(self.nodes, 1 + len(path or [])), self.depth, path
+        )
 
 
 register_tree_builder("test-batch-oracle", lambda **kw: BatchOracle(**kw), replace=True)
@@ -76,8 +79,13 @@ def prompts_and_refs(model, n: int, new: int, seed: int = 0, lengths=None):
 
 
 def oracle_decoder(model, prompts, refs, **kw):
-    dec = DartDecoder(model, CharTokenizer(), tree="test-batch-oracle",
-                      references=[p + r for p, r in zip(prompts, refs)], **kw)
+    dec = DartDecoder(
+        model,
+        CharTokenizer(),
+        tree="test-batch-oracle",
+        references=[p + r for p, r in zip(prompts, refs)],
+        **kw,
+    )
     dec.eos_token_ids = ()
     return dec
 
@@ -103,7 +111,7 @@ def test_batch_greedy_equals_batch1_and_hf(family):
         assert res.tokens == ref
         assert dec.generate(p, max_new_tokens=30).tokens == ref
         assert res.stats.new_tokens == 30 and res.stats.finish_reason == "length"
-        hist[:len(res.stats.accept_hist)] += res.stats.accept_hist
+        hist[: len(res.stats.accept_hist)] += res.stats.accept_hist
     assert hist[0] > 0 and hist[2:].sum() > 0, "both rejections and multi-token acceptances happen"
 
 
@@ -113,14 +121,20 @@ def test_continuous_batching_leave_join_and_queue():
     prompts, refs = prompts_and_refs(model, 5, 40, seed=3)
     engine = Engine(oracle_decoder(model, prompts, refs), max_batch=3, max_seq_len=160, budget=6)
     lengths = [4, 40, 25, 40, 12]
-    ids = [engine.add_request(p, SamplingParams(max_new_tokens=n)) for p, n in zip(prompts[:3], lengths[:3])]
+    ids = [
+        engine.add_request(p, SamplingParams(max_new_tokens=n))
+        for p, n in zip(prompts[:3], lengths[:3])
+    ]
     assert engine.num_waiting() == 3 and engine.num_running() == 0
     seen: dict[str, list[RequestOutput]] = {}
     finished_while_running = False
     steps = 0
     while engine.has_unfinished():
         if steps == 3:  # requests join mid-way; one waits for a slot (max_batch 3)
-            ids += [engine.add_request(p, SamplingParams(max_new_tokens=n)) for p, n in zip(prompts[3:], lengths[3:])]
+            ids += [
+                engine.add_request(p, SamplingParams(max_new_tokens=n))
+                for p, n in zip(prompts[3:], lengths[3:])
+            ]
             assert engine.num_waiting() == 2
         for out in engine.step():
             seen.setdefault(out.request_id, []).append(out)
@@ -161,13 +175,16 @@ def test_abort_leaves_the_others_alone():
     model.generation_config.eos_token_id = None
     prompts, refs = prompts_and_refs(model, 3, 30, seed=5)
     engine = Engine(oracle_decoder(model, prompts, refs), max_batch=2, budget=4)
-    ids = [engine.add_request(p, SamplingParams(max_new_tokens=30), request_id=f"r{i}") for i, p in enumerate(prompts)]
+    for i, p in enumerate(prompts):
+        engine.add_request(p, SamplingParams(max_new_tokens=30), request_id=f"r{i}")
     seen: dict[str, list[RequestOutput]] = {}
     for _ in range(3):
         for out in engine.step():
             seen.setdefault(out.request_id, []).append(out)
     out = engine.abort("r0")  # running
-    assert out.finished and out.finish_reason == "abort" and out.tokens == refs[0][:len(out.tokens)]
+    assert (
+        out.finished and out.finish_reason == "abort" and out.tokens == refs[0][: len(out.tokens)]
+    )
     assert engine.abort("r2").finish_reason == "abort"  # still queued
     with pytest.raises(UnknownRequestError, match="no request 'r0'"):
         engine.abort("r0")
@@ -190,8 +207,12 @@ def test_eos_and_stop_strings_end_one_sequence():
     eos = free[8]
     model.generation_config.eos_token_id = eos
     refs = [hf_greedy(model, prompt, 20), hf_greedy(model, other, 20)]
-    dec = DartDecoder(model, CharTokenizer(), tree="test-batch-oracle",
-                      references=[prompt + free + [0] * 10, other + free_other + [0] * 10])
+    dec = DartDecoder(
+        model,
+        CharTokenizer(),
+        tree="test-batch-oracle",
+        references=[prompt + free + [0] * 10, other + free_other + [0] * 10],
+    )
     assert eos in dec.eos_token_ids
     batch = dec.generate_batch([prompt, other], max_new_tokens=20)
     assert batch[0].tokens == refs[0] and batch[0].stats.finish_reason == "eos"
@@ -199,15 +220,16 @@ def test_eos_and_stop_strings_end_one_sequence():
     # a stop string: the tokens through the one completing it (as generate), text cut before it
     text = CharTokenizer().decode(free_other)
     stop = text[5:7]
-    single = DartDecoder(model, CharTokenizer(), tree="ar", eos_token_ids=()).generate(other, max_new_tokens=20,
-                                                                                       stop=stop)
+    single = DartDecoder(model, CharTokenizer(), tree="ar", eos_token_ids=()).generate(
+        other, max_new_tokens=20, stop=stop
+    )
     assert single.stats.finish_reason == "stop"
     dec.eos_token_ids = ()
     engine = Engine(dec, max_batch=2, budget=3)
     rid = engine.add_request(other, SamplingParams(max_new_tokens=20, stop=[stop]))
     final = [o for o in run(engine)[rid] if o.finished][0]
     assert final.tokens == single.tokens and final.finish_reason == "stop"
-    assert final.text == single.text[:single.text.find(stop)]
+    assert final.text == single.text[: single.text.find(stop)]
 
 
 def test_real_drafter_and_index_batched_greedy(tmp_path):
@@ -224,11 +246,17 @@ def test_real_drafter_and_index_batched_greedy(tmp_path):
     docs = [np.array(p + r, dtype=np.int64) for p, r in list(zip(prompts, refs))[:2]]
     docs += [rng.integers(0, 64, size=200) for _ in range(20)]
     tok = FingerprintedCharTokenizer()
-    build_index(docs, tmp_path / "tiny.idx", vocab_size=64,
-                metadata={"tokenizer": {"name": "char", "fingerprint": fingerprint(tok)}})
+    build_index(
+        docs,
+        tmp_path / "tiny.idx",
+        vocab_size=64,
+        metadata={"tokenizer": {"name": "char", "fingerprint": fingerprint(tok)}},
+    )
     drafter = DartDrafter.from_target(model, d=4)
     for tree in ("dart", "dart-chain"):
-        dec = DartDecoder(model, tok, drafter, NgramIndex(tmp_path / "tiny.idx"), tree=tree, eos_token_ids=())
+        dec = DartDecoder(
+            model, tok, drafter, NgramIndex(tmp_path / "tiny.idx"), tree=tree, eos_token_ids=()
+        )
         for budget in (None, "adaptive", 0):
             batch = dec.generate_batch(prompts, max_new_tokens=24, budget=budget)
             assert [r.tokens for r in batch] == refs, (tree, budget)
@@ -248,7 +276,9 @@ def test_stats_per_request_and_per_step():
     for outs in seen.values():
         st = outs[-1].stats
         assert sum(st["accept_hist"]) == st["rounds"] == len(st["budgets"])
-        assert st["tau"] == pytest.approx(sum((a + 1) * c for a, c in enumerate(st["accept_hist"])) / st["rounds"])
+        assert st["tau"] == pytest.approx(
+            sum((a + 1) * c for a, c in enumerate(st["accept_hist"])) / st["rounds"]
+        )
         assert all(0 <= b <= 5 for b in st["budgets"])
         assert 1 + sum((a + 1) * c for a, c in enumerate(st["accept_hist"])) == 20
     steps = list(engine.stats.steps)
@@ -280,29 +310,39 @@ def small_engine():
     return dec, Engine(dec, max_batch=2, max_seq_len=64, budget=0)
 
 
-@pytest.mark.parametrize("prompts,error,match", [
-    ([], ValueError, "prompts is empty"),
-    ("abc", TypeError, "list of prompts"),
-    (["abc", [1, 2, 3]], TypeError, "mixes strings and token ids"),
-    ([[1, 2], [{"role": "user", "content": "x"}]], TypeError, "mixes chat messages and token ids"),
-    ([[1, 2], [1, "x"]], TypeError, r"prompts\[1\]"),
-    ([[1, 2], []], ValueError, r"prompts\[1\]: empty prompt"),
-])
+@pytest.mark.parametrize(
+    "prompts,error,match",
+    [
+        ([], ValueError, "prompts is empty"),
+        ("abc", TypeError, "list of prompts"),
+        (["abc", [1, 2, 3]], TypeError, "mixes strings and token ids"),
+        (
+            [[1, 2], [{"role": "user", "content": "x"}]],
+            TypeError,
+            "mixes chat messages and token ids",
+        ),
+        ([[1, 2], [1, "x"]], TypeError, r"prompts\[1\]"),
+        ([[1, 2], []], ValueError, r"prompts\[1\]: empty prompt"),
+    ],
+)
 def test_generate_batch_bad_prompts(small_engine, prompts, error, match):
     dec, _ = small_engine
     with pytest.raises(error, match=match):
         dec.generate_batch(prompts, max_new_tokens=3)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(max_new_tokens=-1), "max_new_tokens"),
-    (dict(max_new_tokens=2.5), "max_new_tokens"),
-    (dict(temperature=-1.0), "temperature"),
-    (dict(top_p=0.0), "top_p"),
-    (dict(top_k=-2), "top_k"),
-    (dict(stop=[""]), "stop"),
-    (dict(seed="x"), "seed"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(max_new_tokens=-1), "max_new_tokens"),
+        (dict(max_new_tokens=2.5), "max_new_tokens"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_k=-2), "top_k"),
+        (dict(stop=[""]), "stop"),
+        (dict(seed="x"), "seed"),
+    ],
+)
 def test_sampling_params_are_checked(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         SamplingParams(**kwargs)
@@ -310,16 +350,20 @@ def test_sampling_params_are_checked(kwargs, match):
 
 def test_engine_arguments_and_requests_are_checked(small_engine):
     dec, engine = small_engine
-    for kw, match in ((dict(max_batch=0), "max_batch"), (dict(max_batch=True), "max_batch"),
-                      (dict(max_seq_len=1), "max_seq_len"), (dict(budget="fast"), "budget"),
-                      (dict(budget=-1), "budget")):
+    for kw, match in (
+        (dict(max_batch=0), "max_batch"),
+        (dict(max_batch=True), "max_batch"),
+        (dict(max_seq_len=1), "max_seq_len"),
+        (dict(budget="fast"), "budget"),
+        (dict(budget=-1), "budget"),
+    ):
         with pytest.raises(ValueError, match=match):
             Engine(dec, **kw)
     with pytest.raises(TypeError, match="SamplingParams"):
         engine.add_request([1, 2], {"max_new_tokens": 3})
     with pytest.raises(ValueError, match="empty prompt"):
         engine.add_request([])
-    rid = engine.add_request([1, 2, 3], request_id="same")
+    engine.add_request([1, 2, 3], request_id="same")
     with pytest.raises(ValueError, match="already in the engine"):
         engine.add_request([1, 2, 3], request_id="same")
     with pytest.raises(UnknownRequestError):
@@ -334,7 +378,12 @@ def test_zero_new_tokens_finishes_at_admission(small_engine):
     _, engine = small_engine
     rid = engine.add_request([1, 2, 3], SamplingParams(max_new_tokens=0))
     (out,) = engine.step()
-    assert out.request_id == rid and out.finished and out.tokens == [] and out.finish_reason == "length"
+    assert (
+        out.request_id == rid
+        and out.finished
+        and out.tokens == []
+        and out.finish_reason == "length"
+    )
     assert not engine.has_unfinished() and engine.pool.free == 2
 
 
@@ -362,7 +411,8 @@ def test_engine_generate_is_the_batch_api_and_needs_an_idle_engine():
     dec = oracle_decoder(model, prompts, refs)
     engine = Engine(dec, max_batch=2, max_seq_len=80, budget=5)  # 3 prompts, 2 slots: one waits
     results = engine.generate(prompts, max_new_tokens=12)
-    assert [r.tokens for r in results] == refs  # the target's own greedy continuations (HF generate)
+    # the target's own greedy continuations (HF generate)
+    assert [r.tokens for r in results] == refs
     assert all(r.stats.new_tokens == 12 and r.stats.finish_reason == "length" for r in results)
     assert not engine.has_unfinished()
     engine.add_request(prompts[0], SamplingParams(max_new_tokens=4))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from conftest import tiny_model
 from dartcore.acceptance import ancestor_mask
 from dartcore.kernels.linear import native_linear_available
@@ -22,7 +23,10 @@ torch.set_num_threads(1)
 
 def _blocks(rng, n_seq):
     prefixes = [rng.integers(3, 64, size=int(k)).tolist() for k in rng.integers(1, 40, size=n_seq)]
-    trees = [random_tree(rng, int(rng.integers(3, 64)), 64, int(rng.integers(1, 7)), 3) for _ in range(n_seq)]
+    trees = [
+        random_tree(rng, int(rng.integers(3, 64)), 64, int(rng.integers(1, 7)), 3)
+        for _ in range(n_seq)
+    ]
     return prefixes, trees
 
 
@@ -31,7 +35,9 @@ def _blocks(rng, n_seq):
 def test_forward_batch_equals_one_forward_per_sequence(family, ops):
     pytest.importorskip("dartcore._native")
     if ops == "native-ops" and not native_linear_available():
-        pytest.skip("the native layer stack needs the native products (AVX-512F or AVX2 + FMA + F16C)")
+        pytest.skip(
+            "the native layer stack needs the native products (AVX-512F or AVX2 + FMA + F16C)"
+        )
     # native-ops: the whole layer stack in one native call; torch: column-major torch products
     target = TargetModel(tiny_model(family), native_linear=ops == "native-ops")
     assert isinstance(target._ops, NativeLayerOps) == (ops == "native-ops")
@@ -48,20 +54,23 @@ def test_forward_batch_equals_one_forward_per_sequence(family, ops):
     masks = [torch.from_numpy(ancestor_mask(t.parents)) for t in trees]
     masks[1] = None  # a causal block among tree blocks
     tokens = torch.from_numpy(np.concatenate([t.tokens for t in trees]))
-    positions = torch.from_numpy(np.concatenate([t.depths + len(p) for t, p in zip(trees, prefixes)]))
-    positions[sizes[0]:sizes[0] + sizes[1]] = torch.arange(sizes[1]) + len(prefixes[1])
+    positions = torch.from_numpy(
+        np.concatenate([t.depths + len(p) for t, p in zip(trees, prefixes)])
+    )
+    positions[sizes[0] : sizes[0] + sizes[1]] = torch.arange(sizes[1]) + len(prefixes[1])
     taps = (1, target.num_layers)
     out = target.forward_batch(caches, sizes, tokens, positions, masks, taps=taps)
     a = 0
     target._ops = None  # the reference: the torch path, one sequence at a time
     for i, (t, p, r) in enumerate(zip(trees, prefixes, refs)):
-        pos = positions[a:a + sizes[i]]
+        pos = positions[a : a + sizes[i]]
         ref = target.forward(r, torch.from_numpy(t.tokens), pos, masks[i], taps=taps)
-        assert torch.allclose(out.logits[a:a + sizes[i]], ref.logits, atol=1e-4, rtol=1e-4)
-        assert torch.allclose(out.taps[a:a + sizes[i]], ref.taps, atol=1e-4, rtol=1e-4)
+        assert torch.allclose(out.logits[a : a + sizes[i]], ref.logits, atol=1e-4, rtol=1e-4)
+        assert torch.allclose(out.taps[a : a + sizes[i]], ref.taps, atol=1e-4, rtol=1e-4)
         n = len(p) + sizes[i]
-        assert torch.allclose(caches[i].k[:, :, :n], r.k[:, :, :n], atol=1e-4, rtol=1e-4), \
-            float((caches[i].k[:, :, :n] - r.k[:, :, :n]).abs().max())
+        assert torch.allclose(caches[i].k[:, :, :n], r.k[:, :, :n], atol=1e-4, rtol=1e-4), float(
+            (caches[i].k[:, :, :n] - r.k[:, :, :n]).abs().max()
+        )
         a += sizes[i]
 
 
@@ -94,11 +103,21 @@ def test_draft_batch_equals_one_draft_per_sequence(family, path):
     pre_next = [torch.from_numpy(rng.integers(0, 64, size=s)) for s in starts]
     if path == "native-ops":
         pytest.importorskip("dartcore._native")
-        batched = NativeDraft(dr, threads=1, product=lambda w, b: (lambda x: torch.nn.functional.linear(x, w, b)))
+        batched = NativeDraft(
+            dr, threads=1, product=lambda w, b: lambda x: torch.nn.functional.linear(x, w, b)
+        )
     else:
         batched = dr
-    pool = KVPool(slots=3, capacity=64, layers=1, kv_heads=1, head_dim=1, dtype=torch.float32, device="cpu",
-                  drafter_shape=(dr.config.num_key_value_heads, dr.config.head_dim, torch.float32))
+    pool = KVPool(
+        slots=3,
+        capacity=64,
+        layers=1,
+        kv_heads=1,
+        head_dim=1,
+        dtype=torch.float32,
+        device="cpu",
+        drafter_shape=(dr.config.num_key_value_heads, dr.config.head_dim, torch.float32),
+    )
     states = [pool.acquire()[2] for _ in range(3)]
     refs = [dr.new_state(64) for _ in range(3)]
     for s, r, t, x in zip(states, refs, pre_taps, pre_next):
@@ -113,11 +132,13 @@ def test_draft_batch_equals_one_draft_per_sequence(family, path):
         assert torch.allclose(hidden, ref_hidden, atol=1e-4, rtol=1e-4)
     for s, r in zip(states, refs):
         assert s.length == r.length
-        assert torch.allclose(s.k[:, :s.length], r.k[:, :r.length], atol=1e-5)
+        assert torch.allclose(s.k[:, : s.length], r.k[:, : r.length], atol=1e-5)
 
 
 def test_pool_slots_are_fixed_views():
-    pool = KVPool(slots=2, capacity=8, layers=2, kv_heads=1, head_dim=4, dtype=torch.float32, device="cpu")
+    pool = KVPool(
+        slots=2, capacity=8, layers=2, kv_heads=1, head_dim=4, dtype=torch.float32, device="cpu"
+    )
     assert pool.nbytes == 2 * 2 * 2 * 1 * 8 * 4 * 4
     s0, c0, d0 = pool.acquire()
     s1, c1, _ = pool.acquire()
@@ -131,4 +152,6 @@ def test_pool_slots_are_fixed_views():
         pool.release(0)
     assert pool.acquire()[0] == 0
     with pytest.raises(ValueError):
-        KVPool(slots=0, capacity=8, layers=1, kv_heads=1, head_dim=1, dtype=torch.float32, device="cpu")
+        KVPool(
+            slots=0, capacity=8, layers=1, kv_heads=1, head_dim=1, dtype=torch.float32, device="cpu"
+        )

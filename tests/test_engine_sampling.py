@@ -27,8 +27,15 @@ def test_batched_sampling_matches_target(temperature, top_k, top_p, n):
     exact = exact_joint(model, temperature, top_k, top_p)
     dec = DartDecoder(model, CharTokenizer(), tree="test-random-small", eos_token_ids=())
     engine = Engine(dec, max_batch=16, max_seq_len=32, budget=14)
-    ids = {engine.add_request(PROMPT, SamplingParams(max_new_tokens=3, temperature=temperature, top_k=top_k,
-                                                    top_p=top_p, seed=s)): s for s in range(n)}
+    ids = {
+        engine.add_request(
+            PROMPT,
+            SamplingParams(
+                max_new_tokens=3, temperature=temperature, top_k=top_k, top_p=top_p, seed=s
+            ),
+        ): s
+        for s in range(n)
+    }
     tokens: dict[int, list[int]] = {}
     rounds = committed = 0
     max_running = 0
@@ -48,5 +55,8 @@ def test_batched_sampling_matches_target(temperature, top_k, top_p, n):
     assert chi_square_p(counts, exact) > ALPHA
     assert np.all(counts[exact == 0] == 0)
     if top_k == 0:
-        single = [dec.generate(PROMPT, max_new_tokens=3, seed=s, temperature=temperature).tokens for s in range(n)]
+        single = [
+            dec.generate(PROMPT, max_new_tokens=3, seed=s, temperature=temperature).tokens
+            for s in range(n)
+        ]
         assert sum(single[s] == tokens[s] for s in range(n)) >= 0.99 * n

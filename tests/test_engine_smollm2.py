@@ -15,8 +15,14 @@ pytestmark = pytest.mark.slow
 torch.set_num_threads(1)  # the shared 2-core box: see test_decoder_smollm2.py
 
 MAX_NEW = 32
-RESPONSES = Path(__file__).resolve().parents[1] / "python" / "dartcore" / "assets" / "corpus" / \
-    "smollm2_responses.jsonl.gz"
+RESPONSES = (
+    Path(__file__).resolve().parents[1]
+    / "python"
+    / "dartcore"
+    / "assets"
+    / "corpus"
+    / "smollm2_responses.jsonl.gz"
+)
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +40,18 @@ def decoder(smollm2, tmp_path_factory):
         drafter = DartDrafter.from_pretrained("smollm2", model, tokenizer=tok)
     except FileNotFoundError:
         drafter = DartDrafter.from_target(model, d=8)
-    docs = [np.asarray(tok(d.messages[-1]["content"])["input_ids"] + [tok.eos_token_id], dtype=np.int64)
-            for d in read_documents(RESPONSES)[:600] if d.messages and d.messages[-1]["role"] == "assistant"]
+    docs = [
+        np.asarray(tok(d.messages[-1]["content"])["input_ids"] + [tok.eos_token_id], dtype=np.int64)
+        for d in read_documents(RESPONSES)[:600]
+        if d.messages and d.messages[-1]["role"] == "assistant"
+    ]
     path = tmp_path_factory.mktemp("smollm2-batch-index") / "responses.idx"
-    build_index(docs, path, vocab_size=len(tok), metadata={"tokenizer": {"name": "smollm2",
-                                                                          "fingerprint": fingerprint(tok)}})
+    build_index(
+        docs,
+        path,
+        vocab_size=len(tok),
+        metadata={"tokenizer": {"name": "smollm2", "fingerprint": fingerprint(tok)}},
+    )
     return DartDecoder(model, tok, drafter, NgramIndex(path), tree="dart")
 
 

@@ -61,11 +61,24 @@ def test_packed_verify_through_triton_in_interpreter():
     pytest.importorskip("triton")
     # Native CPU kernels off: a CUDA forward never has them, and with them on the CPU the
     # verify forwards of <= 16 rows would run the native attention instead of the kernel.
-    env = dict(os.environ, TRITON_INTERPRET="1", DARTCORE_LINEAR_ISA="none", PYTHONPATH=str(REPO / "python") + os.pathsep
-               + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT.format(tests=str(REPO / "tests"))], env=env,
-                          capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0 and "interpret" in proc.stderr.lower() and "not supported" in proc.stderr.lower():
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="1",
+        DARTCORE_LINEAR_ISA="none",
+        PYTHONPATH=str(REPO / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT.format(tests=str(REPO / "tests"))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if (
+        proc.returncode != 0
+        and "interpret" in proc.stderr.lower()
+        and "not supported" in proc.stderr.lower()
+    ):
         pytest.skip(f"Triton interpreter cannot run this kernel here: {proc.stderr[-500:]}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().startswith("OK")
@@ -88,8 +101,14 @@ def test_packed_verify_on_cuda():
     rng = np.random.default_rng(1)
     prompts = [[1] + rng.integers(3, 64, size=k).tolist() for k in (1, 50, 17, 90)]
     refs = [hf_greedy(model, p, 30) for p in prompts]
-    dec = DartDecoder(model, CharTokenizer(), tree="test-batch-oracle",
-                      references=[p + r for p, r in zip(prompts, refs)])
+    dec = DartDecoder(
+        model,
+        CharTokenizer(),
+        tree="test-batch-oracle",
+        references=[p + r for p, r in zip(prompts, refs)],
+    )
     dec.eos_token_ids = ()
     for budget in (0, 8, "adaptive"):
-        assert [r.tokens for r in dec.generate_batch(prompts, max_new_tokens=30, budget=budget)] == refs
+        assert [
+            r.tokens for r in dec.generate_batch(prompts, max_new_tokens=30, budget=budget)
+        ] == refs

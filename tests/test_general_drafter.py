@@ -8,8 +8,12 @@ import json
 
 import pytest
 
+import test_bench_demo
 from dartcore.errors import CorpusError
-from test_bench_demo import _load_tool, _tiny_index, tiny_dirs  # noqa: F401  (tiny_dirs: a fixture)
+from test_bench_demo import _load_tool, _tiny_index
+
+# test_bench_demo's module-scoped fixture: the tiny target and drafter directories.
+tiny_dirs = test_bench_demo.tiny_dirs
 
 
 @pytest.fixture(scope="module")
@@ -19,11 +23,13 @@ def gp():
 
 def test_clean_request_keeps_requests_and_drops_residue(gp):
     assert gp.clean_request(' "How do I bake bread at home without yeast?"\nType: advice') == (
-        "How do I bake bread at home without yeast?")
+        "How do I bake bread at home without yeast?"
+    )
     assert gp.clean_request(" Why?") is None  # too short
     assert gp.clean_request(" Topic: cooking Request: how") is None  # template residue
     assert gp.clean_request(" " + "word " * 120) is None  # too long
-    assert gp.clean_request(" Что такое инфляция и почему растут цены?") is None  # not the target's language
+    # not the target's language
+    assert gp.clean_request(" Что такое инфляция и почему растут цены?") is None
     assert gp.clean_request("\nWhat is a hash map") is None  # an empty first line
 
 
@@ -32,16 +38,41 @@ def _cand(text, source="self-instruct", task="advice"):
 
 
 def test_select_deduplicates_guards_eval_and_holds_out(gp):
-    banned = gp._shingles("Natalia sold clips to 48 of her friends in April, and then she sold half as many", 8)
-    cands = [_cand(t, "seed") for t in ("Seed request number one about cooking pasta.",
-                                         "Seed request two about planting tulips in autumn.")]
-    cands += [_cand(f"What is the best way to learn topic {i} quickly and remember it for years?") for i in range(3)]
-    cands += [_cand(f"Give me {i} ideas for a birthday party for a ten year old who loves {w}.")
-              for i, w in enumerate(["space", "dinosaurs", "trains", "robots", "horses", "music", "art", "ships"])]
-    cands.append(_cand("what is the best way to learn topic 0 quickly, and remember it for years?"))  # normalised dup
-    cands.append(_cand("So: Natalia sold clips to 48 of her friends in April, and then she sold half as many?"))
-    cands += [_cand(f"Summarise this text.\n\nPassage {i} about something else entirely.", "document", "summarise")
-              for i in range(40)]
+    banned = gp._shingles(
+        "Natalia sold clips to 48 of her friends in April, and then she sold half as many", 8
+    )
+    cands = [
+        _cand(t, "seed")
+        for t in (
+            "Seed request number one about cooking pasta.",
+            "Seed request two about planting tulips in autumn.",
+        )
+    ]
+    cands += [
+        _cand(f"What is the best way to learn topic {i} quickly and remember it for years?")
+        for i in range(3)
+    ]
+    cands += [
+        _cand(f"Give me {i} ideas for a birthday party for a ten year old who loves {w}.")
+        for i, w in enumerate(
+            ["space", "dinosaurs", "trains", "robots", "horses", "music", "art", "ships"]
+        )
+    ]
+    # normalised dup
+    cands.append(_cand("what is the best way to learn topic 0 quickly, and remember it for years?"))
+    cands.append(
+        _cand(
+            "So: Natalia sold clips to 48 of her friends in April, and then she sold half as many?"
+        )
+    )
+    cands += [
+        _cand(
+            f"Summarise this text.\n\nPassage {i} about something else entirely.",
+            "document",
+            "summarise",
+        )
+        for i in range(40)
+    ]
     kept, train, held, dropped = gp.select(cands, banned, 0.1, seed=0)
     assert dropped["duplicate"] == 1 and dropped["overlaps an evaluation prompt"] == 1
     # the numbered near-copies collapse (word 4-gram Jaccard >= 0.5) ...
@@ -50,7 +81,9 @@ def test_select_deduplicates_guards_eval_and_holds_out(gp):
     assert sum("learn topic" in t for t in texts) == 1
     # ... but document prompts, whose instruction repeats by design, are all kept
     assert sum(c["source"] == "document" for c in kept) == 40
-    assert len(train) + len(held) == len(kept) and not {id(c) for c in train} & {id(c) for c in held}
+    assert len(train) + len(held) == len(kept) and not {id(c) for c in train} & {
+        id(c) for c in held
+    }
     assert 0 < len(held) <= round(0.1 * len(kept))
     assert all(c["source"] != "seed" for c in held)
     # the same inputs and seed give the same split
@@ -71,11 +104,16 @@ def test_self_instruct_appends_and_resumes(gp, tiny_dirs, tmp_path):
     import argparse
 
     target, _ = tiny_dirs
-    args = argparse.Namespace(target=str(target), self_instruct=5, batch_size=3, seed=0, max_minutes=0.0)
+    args = argparse.Namespace(
+        target=str(target), self_instruct=5, batch_size=3, seed=0, max_minutes=0.0
+    )
     gp.self_instruct(args, tmp_path)
     rows = [json.loads(line) for line in open(tmp_path / "requests.jsonl")]
     assert [r["seed"] for r in rows] == [0, 1, 2, 3, 4]
-    assert all(r["task"] in gp.TASKS and r["topic"] in gp.TOPICS and isinstance(r["raw"], str) for r in rows)
+    assert all(
+        r["task"] in gp.TASKS and r["topic"] in gp.TOPICS and isinstance(r["raw"], str)
+        for r in rows
+    )
     args.self_instruct = 7
     gp.self_instruct(args, tmp_path)  # continues with the next request seeds, keeps the first five
     again = [json.loads(line) for line in open(tmp_path / "requests.jsonl")]
@@ -87,15 +125,27 @@ def test_general_and_jsonl_datasets(tmp_path):
 
     assert GENERAL_PROMPTS.is_file()
     general = load_prompts("general", 1000)
-    assert len(general) >= 20 and all(m[-1]["role"] == "user" and m[-1]["content"].strip() for m in general)
+    assert len(general) >= 20 and all(
+        m[-1]["role"] == "user" and m[-1]["content"].strip() for m in general
+    )
     assert load_prompts("general", 3) == general[:3]
     f = tmp_path / "mine.jsonl"
-    f.write_text(json.dumps({"messages": [{"role": "system", "content": "Be brief."},
-                                          {"role": "user", "content": "Hi?"},
-                                          {"role": "assistant", "content": "Hello."},
-                                          {"role": "user", "content": "Name a colour."},
-                                          {"role": "assistant", "content": "dropped"}]}) + "\n"
-                 + json.dumps({"prompt": "Say yes."}) + "\n")
+    f.write_text(
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "Hi?"},
+                    {"role": "assistant", "content": "Hello."},
+                    {"role": "user", "content": "Name a colour."},
+                    {"role": "assistant", "content": "dropped"},
+                ]
+            }
+        )
+        + "\n"
+        + json.dumps({"prompt": "Say yes."})
+        + "\n"
+    )
     got = load_prompts(str(f), 5)
     assert got[0][-1] == {"role": "user", "content": "Name a colour."} and len(got[0]) == 4
     assert got[1] == [{"role": "user", "content": "Say yes."}]
@@ -122,17 +172,41 @@ def test_bench_drafters_side_by_side(tiny_dirs, tmp_path, capsys):
     import torch
 
     torch.manual_seed(1)
-    DartDrafter.from_target(model, d=4, target_name="tiny-llama", tokenizer=tok).save_pretrained(other)
+    DartDrafter.from_target(model, d=4, target_name="tiny-llama", tokenizer=tok).save_pretrained(
+        other
+    )
     out = tmp_path / "bd.json"
-    code = tool.main(["--target", str(target), "--variant", f"a={drafter_dir}@{index}", "--variant",
-                      f"b={other}@{index}", "--datasets", "builtin", "--n", "2", "--max-new-tokens", "10",
-                      "--json", "--out", str(out)])
+    code = tool.main(
+        [
+            "--target",
+            str(target),
+            "--variant",
+            f"a={drafter_dir}@{index}",
+            "--variant",
+            f"b={other}@{index}",
+            "--datasets",
+            "builtin",
+            "--n",
+            "2",
+            "--max-new-tokens",
+            "10",
+            "--json",
+            "--out",
+            str(out),
+        ]
+    )
     printed = capsys.readouterr().out
     assert code == 0 and "greedy outputs identical to AR: True" in printed
     report = json.loads(out.read_text())
     rows = report["rows"]
     decode = [(r["variant"], r["method"]) for r in rows if r["method"] != "hit-rates"]
-    assert decode == [("-", "ar"), ("a", "dart"), ("a", "dart+ctx"), ("b", "dart"), ("b", "dart+ctx")]
+    assert decode == [
+        ("-", "ar"),
+        ("a", "dart"),
+        ("a", "dart+ctx"),
+        ("b", "dart"),
+        ("b", "dart+ctx"),
+    ]
     hits = {r["variant"]: r for r in rows if r["method"] == "hit-rates"}
     assert set(hits) == {"a", "b"}
     for r in hits.values():

@@ -41,6 +41,7 @@ def idx(corpus):
 
 # ---- panics ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("in_pool", [False, True])
 def test_panic_is_internal_error_naming_the_call(in_pool):
     with pytest.raises(InternalError, match=r"_testing\.panic.*boom 42") as e:
@@ -123,7 +124,9 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("method,args,kwargs,exc,name", BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD)])
+@pytest.mark.parametrize(
+    "method,args,kwargs,exc,name", BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD)]
+)
 def test_bad_argument_names_it(idx, method, args, kwargs, exc, name):
     with pytest.raises(exc, match=name):
         getattr(idx, method)(*args, **kwargs)
@@ -190,17 +193,27 @@ def test_accepted_id_types_answer_alike(idx, corpus):
     """Python ints, numpy integer scalars and integer arrays of any width are the same ids."""
     _, ref, _ = corpus
     want = idx.children([3, 4], 5)
-    for ctx in ([np.int64(3), np.uint8(4)], (3, 4), np.array([3, 4], dtype=np.uint16), range(3, 5),
-                np.array([3, 4], dtype=object)):
+    for ctx in (
+        [np.int64(3), np.uint8(4)],
+        (3, 4),
+        np.array([3, 4], dtype=np.uint16),
+        range(3, 5),
+        np.array([3, 4], dtype=object),
+    ):
         got = idx.children(ctx, np.int32(5))
-        assert [a.tolist() for a in got[:2]] == [a.tolist() for a in want[:2]] and got[2:] == want[2:]
+        assert [a.tolist() for a in got[:2]] == [a.tolist() for a in want[:2]] and got[2:] == want[
+            2:
+        ]
     assert idx.prob(np.array([3, 4]), np.int16(5)) == pytest.approx(ref.prob((3, 4), 5), abs=1e-15)
     cands = np.arange(VOCAB, dtype=np.int64)
-    np.testing.assert_allclose(idx.cond_probs([3], cands), [ref.prob((3,), int(v)) for v in cands], atol=1e-15)
+    np.testing.assert_allclose(
+        idx.cond_probs([3], cands), [ref.prob((3,), int(v)) for v in cands], atol=1e-15
+    )
     assert idx.children([], 0)[0].size == 0
 
 
 # ---- paths ----------------------------------------------------------------------------------
+
 
 def test_directory_is_index_path_error(tmp_path):
     with pytest.raises(IndexPathError, match="is a directory") as e:
@@ -243,6 +256,7 @@ def test_symlink_to_index_opens(corpus, tmp_path):
 
 # ---- verify levels --------------------------------------------------------------------------
 
+
 def _sections(path: Path) -> list[tuple[str, int, int]]:
     """(name, offset, length) of every section, from the section table (FORMAT.md)."""
     data = path.read_bytes()
@@ -250,8 +264,8 @@ def _sections(path: Path) -> list[tuple[str, int, int]]:
     out = []
     for i, name in enumerate(names):
         o = 256 + 32 * i
-        off = int.from_bytes(data[o + 8:o + 16], "little")
-        ln = int.from_bytes(data[o + 16:o + 24], "little")
+        off = int.from_bytes(data[o + 8 : o + 16], "little")
+        ln = int.from_bytes(data[o + 16 : o + 24], "little")
         out.append((name, off, ln))
     return out
 
@@ -307,7 +321,7 @@ def test_verify_levels_accept_intact_indexes(tmp_path):
 
 # ---- fuzz (in a child process: an abort fails the test instead of killing the suite) -------
 
-FUZZ_INDEX = r'''
+FUZZ_INDEX = r"""
 import math, sys
 import numpy as np
 from hypothesis import given, settings, strategies as st, HealthCheck
@@ -385,9 +399,9 @@ def test_cond_probs(ctx, cands):
 for t in (test_children, test_children_batch, test_prob_and_count, test_cond_probs):
     t()
 print("fuzzed")
-'''
+"""
 
-FUZZ_TREE = r'''
+FUZZ_TREE = r"""
 import sys
 import numpy as np
 from hypothesis import given, settings, strategies as st, HealthCheck
@@ -430,15 +444,18 @@ def test_beam_search(ctx, r, kw, with_index):
 
 test_beam_search()
 print("fuzzed")
-'''
+"""
 
 
 def _fuzz(script: str, corpus, max_examples: int) -> None:
     path, _, docs = corpus
     head = f"TESTS = {str(Path(__file__).parent)!r}\nPATH = {str(path)!r}\nDOCS = {docs!r}\nMAX = {max_examples}\n"
-    r = subprocess.run([sys.executable, "-c", head + script], capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", head + script], capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0 and r.stdout.strip().endswith("fuzzed"), (
-        f"exit {r.returncode} (negative: killed by that signal)\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}")
+        f"exit {r.returncode} (negative: killed by that signal)\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
+    )
 
 
 def test_fuzz_index_query_api(corpus):

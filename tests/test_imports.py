@@ -47,7 +47,8 @@ def _private(name: str) -> bool:
 def _type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(name: str, tree: ast.Module):
@@ -70,7 +71,7 @@ def _imports(name: str, tree: ast.Module):
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")
-                anchor = anchor[:len(anchor) - (node.level - 1)]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join(anchor + ([base] if base else []))
             for alias in node.names:
                 yield base, alias.name, node, alias.asname
@@ -111,12 +112,18 @@ def _graph():
                     private.append(f"{where}: imports {module}'s private name {imported}")
         # module._private through a module imported by name
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                    and node.value.id in module_aliases and _private(node.attr)):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in module_aliases
+                and _private(node.attr)
+            ):
                 target = module_aliases[node.value.id]
                 if target not in ALLOWED_PRIVATE_MODULES and target != name:
-                    private.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: reads {target}'s private "
-                                   f"name {node.attr}")
+                    private.append(
+                        f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: reads {target}'s private "
+                        f"name {node.attr}"
+                    )
     for name in edges:
         edges[name].discard(name)
     return edges, private
@@ -179,7 +186,8 @@ def test_no_import_cycles():
     edges, _ = _graph()
     cycles = [c for c in _cycles(edges) if c not in KNOWN_CYCLES]
     assert not cycles, "modules that import each other (directly or round a circle): " + "; ".join(
-        " <-> ".join(c) for c in cycles)
+        " <-> ".join(c) for c in cycles
+    )
 
 
 def test_no_private_names_across_modules():
@@ -199,21 +207,30 @@ def test_the_engine_never_imports_the_decoder():
 
 
 def test_old_module_names_still_import_with_a_warning():
-    code = ("import warnings\n"
-            "with warnings.catch_warnings(record=True) as seen:\n"
-            "    warnings.simplefilter('always')\n"
-            "    import dartcore.builders, dartcore.verify, dartcore.build.map\n"
-            "for w in seen:\n"
-            "    print(w.category.__name__, w.message)\n"
-            "import dartcore.acceptance, dartcore.ngram_build.map, dartcore.trees\n"
-            "from dartcore.builders import BeamBuilder, make_tree_builder\n"
-            "assert make_tree_builder is dartcore.trees.make_tree_builder and BeamBuilder is dartcore.trees.BeamBuilder\n"
-            "assert dartcore.verify.accept is dartcore.acceptance.accept\n"
-            "assert dartcore.build.map.MapOptions is dartcore.ngram_build.map.MapOptions\n")
+    code = (
+        "import warnings\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import dartcore.builders, dartcore.verify, dartcore.build.map\n"
+        "for w in seen:\n"
+        "    print(w.category.__name__, w.message)\n"
+        "import dartcore.acceptance, dartcore.ngram_build.map, dartcore.trees\n"
+        "from dartcore.builders import BeamBuilder, make_tree_builder\n"
+        "assert make_tree_builder is dartcore.trees.make_tree_builder and BeamBuilder is dartcore.trees.BeamBuilder\n"
+        "assert dartcore.verify.accept is dartcore.acceptance.accept\n"
+        "assert dartcore.build.map.MapOptions is dartcore.ngram_build.map.MapOptions\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [
         f"DeprecationWarning {old} is now {new}: import it from there (the old name goes in the next release)"
-        for old, new in (("dartcore.builders", "dartcore.trees"), ("dartcore.verify", "dartcore.acceptance"),
-                         ("dartcore.build", "dartcore.ngram_build"), ("dartcore.build.map", "dartcore.ngram_build.map"))]
+        for old, new in (
+            ("dartcore.builders", "dartcore.trees"),
+            ("dartcore.verify", "dartcore.acceptance"),
+            ("dartcore.build", "dartcore.ngram_build"),
+            ("dartcore.build.map", "dartcore.ngram_build.map"),
+        )
+    ]

@@ -46,14 +46,17 @@ class Ref:
             v.sort(key=lambda tc: (-tc[1], tc[0]))
 
     def total(self, ctx: tuple) -> int:
-        return {0: self.tokens, 1: self.t1.get(ctx, 0) if not ctx else self.t1.get(ctx[0], 0),
-                2: self.t2.get(ctx, 0)}[len(ctx)]
+        return {
+            0: self.tokens,
+            1: self.t1.get(ctx, 0) if not ctx else self.t1.get(ctx[0], 0),
+            2: self.t2.get(ctx, 0),
+        }[len(ctx)]
 
     def children(self, ctx, k):
         ctx = tuple(ctx)
         for n, order in ((2, 3), (1, 2)):
-            if len(ctx) >= n and self.kids.get(ctx[len(ctx) - n:]):
-                c = ctx[len(ctx) - n:]
+            if len(ctx) >= n and self.kids.get(ctx[len(ctx) - n :]):
+                c = ctx[len(ctx) - n :]
                 return self.kids[c][:k], self.total(c), order
         return self.kids[()][:k], self.tokens, 1 if self.tokens else 0
 
@@ -61,7 +64,7 @@ class Ref:
         ctx = tuple(ctx)
         for n, table in ((2, self.c3), (1, self.c2)):
             if len(ctx) >= n:
-                c = ctx[len(ctx) - n:]
+                c = ctx[len(ctx) - n :]
                 cnt = table.get(c + (v,), 0)
                 if cnt:
                     return cnt / self.total(c)
@@ -74,7 +77,10 @@ def random_docs(rng, n_docs, vocab, max_len):
     # skewed token distribution so that contexts repeat and have many children
     p = 1.0 / np.arange(1, vocab + 1) ** 1.1
     p /= p.sum()
-    return [list(map(int, rng.choice(vocab, size=int(rng.integers(0, max_len)), p=p))) for _ in range(n_docs)]
+    return [
+        list(map(int, rng.choice(vocab, size=int(rng.integers(0, max_len)), p=p)))
+        for _ in range(n_docs)
+    ]
 
 
 @pytest.mark.parametrize("seed,vocab,spill", [(0, 12, False), (1, 40, True), (2, 70, False)])
@@ -84,8 +90,13 @@ def test_every_context_matches_plain_counter(tmp_path, seed, vocab, spill):
     ref = Ref(docs)
     out = tmp_path / "x.idx"
     opts = {"memory_limit": 1 << 20} if spill else {}
-    summary = build_index([np.array(d, dtype=np.int64) for d in docs], out, vocab_size=vocab,
-                          metadata={"tokenizer": {"name": "test", "fingerprint": "abc"}}, **opts)
+    summary = build_index(
+        [np.array(d, dtype=np.int64) for d in docs],
+        out,
+        vocab_size=vocab,
+        metadata={"tokenizer": {"name": "test", "fingerprint": "abc"}},
+        **opts,
+    )
     assert summary["tokens"] == ref.tokens and summary["documents"] == len(docs)
     idx = NgramIndex(out)
     idx.verify()
@@ -93,8 +104,12 @@ def test_every_context_matches_plain_counter(tmp_path, seed, vocab, spill):
     assert idx.metadata["tokenizer"]["fingerprint"] == "abc"
     st = idx.stats()
     assert st["trigram_nodes"] == len(ref.c3) and st["bigram_nodes"] == len(ref.c2)
-    assert st["unigram_nodes"] == len(ref.c1) and st["nodes"] == len(ref.c1) + len(ref.c2) + len(ref.c3)
-    contexts = [()] + [(a,) for a in range(vocab)] + [(a, b) for a in range(vocab) for b in range(vocab)]
+    assert st["unigram_nodes"] == len(ref.c1) and st["nodes"] == len(ref.c1) + len(ref.c2) + len(
+        ref.c3
+    )
+    contexts = (
+        [()] + [(a,) for a in range(vocab)] + [(a, b) for a in range(vocab) for b in range(vocab)]
+    )
     cands = np.arange(vocab, dtype=np.uint32)
     for ctx in contexts:
         for k in (1, 5, 25, 40):
@@ -304,8 +319,12 @@ for a in range(0, 5000, 7):
 sys.stdout.write("ready\\n"); sys.stdout.flush()
 sys.stdin.readline()
 """
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     try:
         for p in procs:
             assert p.stdout.readline().strip() == "ready"
@@ -313,11 +332,15 @@ sys.stdin.readline()
             smaps = Path(f"/proc/{p.pid}/smaps").read_text()
             block = _mapping_block(smaps, str(out))
             assert block is not None, "index not mapped"
-            f = {k: int(v.split()[0]) for k, v in (l.split(":", 1) for l in block[1:] if ":" in l)
-                 if v.strip().endswith("kB")}
+            f = {
+                k: int(v.split()[0])
+                for k, v in (line.split(":", 1) for line in block[1:] if ":" in line)
+                if v.strip().endswith("kB")
+            }
             assert f["Shared_Clean"] > 0, block
             assert f["Private_Dirty"] == 0, block
-            assert f["Shared_Clean"] * 1024 >= 0.5 * size, block  # prefaulted: mostly resident, shared
+            # prefaulted: mostly resident, shared
+            assert f["Shared_Clean"] * 1024 >= 0.5 * size, block
             assert f["Pss"] < f["Rss"], block  # two processes split the pages
     finally:
         for p in procs:
@@ -346,12 +369,12 @@ from dartcore.index import build_index, NgramIndex, set_num_threads
 set_num_threads(2)
 rng = np.random.default_rng(0)
 docs = [rng.integers(0, 300, 40000).astype(np.uint32) for _ in range(8)]
-build_index(docs, {str(tmp_path / 'a.idx')!r}, vocab_size=300)
+build_index(docs, {str(tmp_path / "a.idx")!r}, vocab_size=300)
 assert _native._testing.pool_ping() > 0
 pid = os.fork()
 if pid == 0:
-    build_index(docs, {str(tmp_path / 'b.idx')!r}, vocab_size=300)
-    idx = NgramIndex({str(tmp_path / 'b.idx')!r})
+    build_index(docs, {str(tmp_path / "b.idx")!r}, vocab_size=300)
+    idx = NgramIndex({str(tmp_path / "b.idx")!r})
     idx.children_batch(np.array([[1, 2]] * 100), 5)
     os._exit(0 if _native._testing.pool_ping() > 0 else 1)
 _, status = os.waitpid(pid, 0)
@@ -379,8 +402,13 @@ def test_thread_count_and_numa(tmp_path):
 
 
 def test_metadata_and_stats(tmp_path):
-    meta = {"tokenizer": {"name": "qwen3", "fingerprint": "f00"}, "corpus": "unit", "documents": 1,
-            "tokens": 4, "build": {"min_count": 1}}
+    meta = {
+        "tokenizer": {"name": "qwen3", "fingerprint": "f00"},
+        "corpus": "unit",
+        "documents": 1,
+        "tokens": 4,
+        "build": {"min_count": 1},
+    }
     s = IndexBuilder(10)
     s.add(np.array([1, 2, 3, 4], dtype=np.uint32))
     summary = s.finish(tmp_path / "m.idx", meta)

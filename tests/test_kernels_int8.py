@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from dartcore.errors import DartError
 from dartcore.kernels.linear import BlockWeight, dequantize_blocks, int8_kernel
 
-gguf = pytest.importorskip("gguf")
-from gguf.constants import GGMLQuantizationType as Q
-from gguf.quants import quantize
+Q = pytest.importorskip("gguf.constants").GGMLQuantizationType
+quantize = pytest.importorskip("gguf.quants").quantize
 
 torch.set_num_threads(1)
 
@@ -47,8 +47,10 @@ def _reference(x: np.ndarray, file: np.ndarray, k: int, fmt: str) -> np.ndarray:
     if fmt == "q8_0":
         qw = blocks[:, :, 2:].view(np.int8).astype(np.int64)
     else:
-        qs = blocks[:, :, 4 if fmt == "q4_1" else 2:]
-        qw = np.concatenate([qs & 0x0F, qs >> 4], axis=2).astype(np.int64) - (8 if fmt == "q4_0" else 0)
+        qs = blocks[:, :, 4 if fmt == "q4_1" else 2 :]
+        qw = np.concatenate([qs & 0x0F, qs >> 4], axis=2).astype(np.int64) - (
+            8 if fmt == "q4_0" else 0
+        )
     p = np.einsum("mbi,nbi->mnb", q, qw).astype(np.float64)  # exact integers
     y = (dw[None] * d[:, None, :].astype(np.float64) * p).sum(axis=2)
     if fmt == "q4_1":
@@ -70,7 +72,7 @@ def test_int8_products_follow_the_integer_numerics_and_each_row_is_its_own(fmt):
     x[3] = 0.0
     x[4] = 0.25
     want = _reference(x.numpy(), file, k, fmt) + bias.numpy().astype(np.float64)
-    alone = torch.cat([w(x[i:i + 1]) for i in range(40)])
+    alone = torch.cat([w(x[i : i + 1]) for i in range(40)])
     np.testing.assert_allclose(alone.numpy(), want, rtol=1e-5, atol=1e-5)
     for rows in (2, 5, 16, 40):  # 40: 16-row calls, the integer path throughout
         assert torch.equal(w(x[:rows]), alone[:rows]), rows
@@ -80,7 +82,7 @@ def test_int8_products_follow_the_integer_numerics_and_each_row_is_its_own(fmt):
     ids = np.array([36, 0, 9, 9, 17])
     assert torch.equal(w.dequantize_rows(ids), exact.dequantize_rows(ids))
     assert np.array_equal(w.file_rows(), file) and np.array_equal(exact.file_rows(), file)
-    err = (alone - torch.cat([exact(x[i:i + 16]) for i in range(0, 40, 16)])).abs().max()
+    err = (alone - torch.cat([exact(x[i : i + 16]) for i in range(0, 40, 16)])).abs().max()
     assert err <= 0.02 * alone.abs().max()
 
 
@@ -110,16 +112,18 @@ def test_a_block_model_on_the_int8_path_computes_each_row_as_a_plain_step(fmt):
     # the whole continuation as one causal block after the prompt: the same logits, row by row
     ids = torch.tensor(prompt + greedy)
     cache = target.new_cache(len(ids))
-    out = target.forward(cache, ids[:len(prompt)], torch.arange(len(prompt)), logits_rows=slice(-1, None))
+    out = target.forward(
+        cache, ids[: len(prompt)], torch.arange(len(prompt)), logits_rows=slice(-1, None)
+    )
     cache.commit(len(prompt))
-    block = target.forward(cache, ids[len(prompt):], torch.arange(len(prompt), len(ids)))
+    block = target.forward(cache, ids[len(prompt) :], torch.arange(len(prompt), len(ids)))
     assert [int(out.logits[-1].argmax())] + block.logits[:-1].argmax(-1).tolist() == greedy
     steps = []
     cache = target.new_cache(len(ids))
-    target.forward(cache, ids[:len(prompt)], torch.arange(len(prompt)), logits_rows=slice(0, 0))
+    target.forward(cache, ids[: len(prompt)], torch.arange(len(prompt)), logits_rows=slice(0, 0))
     cache.commit(len(prompt))
     for i in range(len(prompt), len(ids)):
-        steps.append(target.forward(cache, ids[i:i + 1], torch.tensor([i])).logits[0])
+        steps.append(target.forward(cache, ids[i : i + 1], torch.tensor([i])).logits[0])
         cache.commit(1)
     assert torch.equal(torch.stack(steps), block.logits)
 
@@ -147,7 +151,7 @@ def test_smollm2_lm_head_rows_are_the_same_alone_or_among_16(int8_smollm2):
     hidden = torch.randn(16, target.hidden_size)
     together = target.logits(hidden)
     for i in (0, 7, 15):
-        assert torch.equal(target.logits(hidden[i:i + 1])[0], together[i])
+        assert torch.equal(target.logits(hidden[i : i + 1])[0], together[i])
 
 
 @pytest.mark.slow
@@ -173,10 +177,16 @@ def test_smollm2_dart_equals_the_int8_paths_own_ar(int8_smollm2, test_data, tmp_
             for line in fh:
                 text = json.loads(line).get("text", "")
                 if text:
-                    docs.append(np.asarray(tok(text)["input_ids"] + [tok.eos_token_id], dtype=np.int64))
+                    docs.append(
+                        np.asarray(tok(text)["input_ids"] + [tok.eos_token_id], dtype=np.int64)
+                    )
     idx_path = tmp_path / "dolma-sample.idx"
-    build_index(docs, idx_path, vocab_size=len(tok),
-                metadata={"tokenizer": {"name": "smollm2", "fingerprint": fingerprint(tok)}})
+    build_index(
+        docs,
+        idx_path,
+        vocab_size=len(tok),
+        metadata={"tokenizer": {"name": "smollm2", "fingerprint": fingerprint(tok)}},
+    )
     index = NgramIndex(idx_path)
     decoders = {tree: DartDecoder(model, tok, drafter, index, tree=tree) for tree in ("ar", "dart")}
     assert all(d.target.numerics == "int8" for d in decoders.values())

@@ -12,8 +12,15 @@ import torch
 import torch.nn.functional as F
 
 from dartcore.errors import WeightFormatError
-from dartcore.kernels.linear import (BLOCK_FORMATS, MAX_ROWS, BlockWeight, NativeWeight, dequantize_blocks,
-                                     native_linear_available, pack_blocks)
+from dartcore.kernels.linear import (
+    BLOCK_FORMATS,
+    MAX_ROWS,
+    BlockWeight,
+    NativeWeight,
+    dequantize_blocks,
+    native_linear_available,
+    pack_blocks,
+)
 
 gguf = pytest.importorskip("gguf")
 from gguf.constants import GGMLQuantizationType as Q  # noqa: E402
@@ -21,7 +28,9 @@ from gguf.quants import dequantize, quantize  # noqa: E402
 
 torch.set_num_threads(1)
 
-native = pytest.mark.skipif(not native_linear_available(), reason="the native kernel needs AVX-512F or AVX2 + FMA + F16C")
+native = pytest.mark.skipif(
+    not native_linear_available(), reason="the native kernel needs AVX-512F or AVX2 + FMA + F16C"
+)
 
 TYPES = {"q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q8_0": Q.Q8_0}
 
@@ -34,10 +43,14 @@ def _blocks(fmt: str, n: int, k: int, seed: int) -> np.ndarray:
     data = np.ascontiguousarray(quantize(w, TYPES[fmt]).reshape(n, -1))
     raw = rng.integers(0, 256, data.shape[1], dtype=np.uint8)
     per = BLOCK_FORMATS[fmt]
-    scales = rng.choice(np.array([0x0001, 0x83ff, 0x3c00, 0xb800, 0x1234, 0x0400, 0x7bff], dtype=np.uint16),
-                        (k // 32, 2))
+    scales = rng.choice(
+        np.array([0x0001, 0x83FF, 0x3C00, 0xB800, 0x1234, 0x0400, 0x7BFF], dtype=np.uint16),
+        (k // 32, 2),
+    )
     for b in range(k // 32):
-        raw[b * per:b * per + 4 if fmt == "q4_1" else b * per + 2] = scales[b].view(np.uint8)[:4 if fmt == "q4_1" else 2]
+        raw[b * per : b * per + 4 if fmt == "q4_1" else b * per + 2] = scales[b].view(np.uint8)[
+            : 4 if fmt == "q4_1" else 2
+        ]
     data[-1] = raw
     return data
 
@@ -65,7 +78,13 @@ def test_block_products_are_the_float32_kernels_products_on_the_dequantised_weig
             plain = NativeWeight(wide, bias, threads=1)
             for rows in range(1, MAX_ROWS + 1):
                 got, want = block(x[:rows]), plain(x[:rows])
-                assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (fmt, n, k, rows, threads)
+                assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (
+                    fmt,
+                    n,
+                    k,
+                    rows,
+                    threads,
+                )
             # and within float32 rounding of the framework's product
             assert torch.allclose(block(x[:5]), F.linear(x[:5], wide, bias), rtol=1e-4, atol=1e-4)
 
@@ -75,13 +94,18 @@ def test_packed_rows_are_the_same_bytes_and_values(fmt):
     n, k = 5, 576
     data = _blocks(fmt, n, k, seed=9)
     packed = pack_blocks(data, k, fmt)
-    assert packed.shape == data.shape and packed.dtype == np.uint8 and not np.array_equal(packed, data)
+    assert (
+        packed.shape == data.shape and packed.dtype == np.uint8 and not np.array_equal(packed, data)
+    )
     assert all(np.array_equal(np.sort(a), np.sort(b)) for a, b in zip(packed, data))  # a reordering
     per, sb = BLOCK_FORMATS[fmt], 4 if fmt == "q4_1" else 2
     blocks = data.reshape(n, k // 32, per)
-    assert np.array_equal(packed[:, :k // 32 * sb], blocks[:, :, :sb].reshape(n, -1))  # scales first
+    # scales first
+    assert np.array_equal(packed[:, : k // 32 * sb], blocks[:, :, :sb].reshape(n, -1))
     wide = dequantize_blocks(data, k, fmt)
-    assert torch.equal(dequantize_blocks(packed, k, fmt, packed=True).view(torch.int32), wide.view(torch.int32))
+    assert torch.equal(
+        dequantize_blocks(packed, k, fmt, packed=True).view(torch.int32), wide.view(torch.int32)
+    )
     block = BlockWeight(data, k, fmt)
     assert np.array_equal(block.data, packed) and block.nbytes == data.nbytes
     assert torch.equal(block.dequantize().view(torch.int32), wide.view(torch.int32))
@@ -209,7 +233,11 @@ def _gguf_file(path, tensors, kv=b"", n_kv=0, alignment=32):
     head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), n_kv) + kv
     data, infos = b"", b""
     for name, ggml_type, dims, raw in tensors:
-        infos += string(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims)
+        infos += (
+            string(name)
+            + struct.pack("<I", len(dims))
+            + b"".join(struct.pack("<Q", d) for d in dims)
+        )
         infos += struct.pack("<IQ", ggml_type, len(data))
         data += raw + bytes(-len(raw) % alignment)
     head += infos
@@ -232,7 +260,8 @@ def test_truncated_foreign_and_hostile_gguf_files_are_clear_errors(tmp_path):
     odd = _gguf_file(tmp_path / "odd.gguf", [(b"t", 250, [64, 2], q8)])  # no such GGML type
     with pytest.raises(WeightFormatError, match="GGML type 250"):
         check_gguf(odd)
-    partial = _gguf_file(tmp_path / "partial.gguf", [(b"t", int(Q.Q8_0), [48, 2], q8)])  # 48: not whole blocks
+    # 48: not whole blocks
+    partial = _gguf_file(tmp_path / "partial.gguf", [(b"t", int(Q.Q8_0), [48, 2], q8)])
     with pytest.raises(WeightFormatError, match="not whole blocks"):
         check_gguf(partial)
     # a metadata array claiming 2**61 eight-byte items: refused before anything reads them
@@ -246,7 +275,9 @@ def test_truncated_foreign_and_hostile_gguf_files_are_clear_errors(tmp_path):
         check_gguf(many)
 
 
-def test_a_truncated_gguf_target_is_refused_before_conversion_and_leaves_no_cache(tmp_path, monkeypatch):
+def test_a_truncated_gguf_target_is_refused_before_conversion_and_leaves_no_cache(
+    tmp_path, monkeypatch
+):
     from dartcore.models.hub import resolve_target
 
     path = _smollm2_gguf()
@@ -271,7 +302,8 @@ def test_gguf_files_of_one_name_never_share_a_conversion(tmp_path, monkeypatch):
         p.parent.mkdir()
         p.write_bytes(b"GGUF" + bytes(60))
     assert converted_dir(a) != converted_dir(b)
-    assert converted_dir(a) == converted_dir(tmp_path / "a" / ".." / "a" / "model.gguf")  # one file, one name
+    # one file, one name
+    assert converted_dir(a) == converted_dir(tmp_path / "a" / ".." / "a" / "model.gguf")
     before = converted_dir(a)
     a.write_bytes(b"GGUF" + bytes(61))  # the file replaced
     os.utime(a, ns=(1, 1))

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from dartcore.acceptance import ancestor_mask
 from dartcore.kernels.tree_attention import (
     force_backend,
@@ -39,7 +40,9 @@ def brute_force(q, k, v, prefix_len, block_mask, scale):
     for h in range(heads):
         kv = h // group
         for i in range(n):
-            keys = [j for j in range(prefix_len)] + [prefix_len + j for j in range(n) if block_mask[i, j]]
+            keys = [j for j in range(prefix_len)] + [
+                prefix_len + j for j in range(n) if block_mask[i, j]
+            ]
             s = [float(q[h, i].double() @ k[kv, j].double()) * scale for j in keys]
             m = max(s)
             w = [math.exp(x - m) for x in s]
@@ -49,7 +52,9 @@ def brute_force(q, k, v, prefix_len, block_mask, scale):
     return out
 
 
-@pytest.mark.parametrize("heads,kv_heads,prefix,n", [(2, 2, 0, 1), (4, 2, 5, 7), (6, 3, 11, 13), (4, 1, 0, 9)])
+@pytest.mark.parametrize(
+    "heads,kv_heads,prefix,n", [(2, 2, 0, 1), (4, 2, 5, 7), (6, 3, 11, 13), (4, 1, 0, 9)]
+)
 def test_reference_equals_brute_force(heads, kv_heads, prefix, n):
     rng = np.random.default_rng(heads * 100 + n)
     g = torch.Generator().manual_seed(n)
@@ -58,8 +63,8 @@ def test_reference_equals_brute_force(heads, kv_heads, prefix, n):
     k = torch.randn(kv_heads, prefix + n, d, generator=g)
     v = torch.randn(kv_heads, prefix + n, d, generator=g)
     mask = torch.from_numpy(ancestor_mask(random_parents(rng, n)))
-    got = tree_attention_reference(q, k, v, prefix, mask, scale=d ** -0.5)
-    want = brute_force(q, k, v, prefix, mask, d ** -0.5)
+    got = tree_attention_reference(q, k, v, prefix, mask, scale=d**-0.5)
+    want = brute_force(q, k, v, prefix, mask, d**-0.5)
     assert torch.allclose(got.double(), want, atol=1e-5)
 
 
@@ -160,11 +165,23 @@ print("MAXDIFF", worst)
 
 def test_triton_kernel_matches_reference_in_interpreter():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO / "python") + os.pathsep
-               + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-c", _INTERPRETER_SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=600)
-    if proc.returncode != 0 and "interpret" in proc.stderr.lower() and "not supported" in proc.stderr.lower():
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="1",
+        PYTHONPATH=str(REPO / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", _INTERPRETER_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if (
+        proc.returncode != 0
+        and "interpret" in proc.stderr.lower()
+        and "not supported" in proc.stderr.lower()
+    ):
         pytest.skip(f"Triton interpreter cannot run this kernel here: {proc.stderr[-500:]}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     worst = float(proc.stdout.split("MAXDIFF")[1])
@@ -177,13 +194,17 @@ def test_triton_kernel_matches_reference_on_cuda():
         pytest.skip("no CUDA device")
     rng = np.random.default_rng(1)
     for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):  # fp32: IEEE dots, not TF32
-        for heads, kv_heads, prefix, n, d in [(9, 3, 300, 60, 64), (16, 8, 1000, 128, 128), (4, 2, 0, 1, 64)]:
+        for heads, kv_heads, prefix, n, d in [
+            (9, 3, 300, 60, 64),
+            (16, 8, 1000, 128, 128),
+            (4, 2, 0, 1, 64),
+        ]:
             q = torch.randn(heads, n, d, device="cuda", dtype=dtype)
             k = torch.randn(kv_heads, prefix + n, d, device="cuda", dtype=dtype)
             v = torch.randn(kv_heads, prefix + n, d, device="cuda", dtype=dtype)
             parents = np.array([-1] + [int(rng.integers(0, i)) for i in range(1, n)])
             mask = torch.from_numpy(ancestor_mask(parents)).cuda()
             with force_backend("triton"):
-                a = tree_attention(q, k, v, prefix, mask, scale=d ** -0.5)
-            b = tree_attention_reference(q, k, v, prefix, mask, scale=d ** -0.5)
+                a = tree_attention(q, k, v, prefix, mask, scale=d**-0.5)
+            b = tree_attention_reference(q, k, v, prefix, mask, scale=d**-0.5)
             assert (a.float() - b.float()).abs().max() < tol

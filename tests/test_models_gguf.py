@@ -11,11 +11,12 @@ import copy
 import numpy as np
 import pytest
 import torch
+from torch import nn
+
 from conftest import tiny_model
 from dartcore.kernels.linear import BlockWeight, native_linear_available
 from dartcore.models.gguf import BlockEmbedding, BlockLinear, block_bytes
 from dartcore.models.transformer import TargetModel
-from torch import nn
 
 gguf = pytest.importorskip("gguf")
 from gguf.constants import GGMLQuantizationType as Q  # noqa: E402
@@ -23,7 +24,9 @@ from gguf.quants import quantize  # noqa: E402
 
 torch.set_num_threads(1)
 
-native = pytest.mark.skipif(not native_linear_available(), reason="the native kernel needs AVX-512F or AVX2 + FMA + F16C")
+native = pytest.mark.skipif(
+    not native_linear_available(), reason="the native kernel needs AVX-512F or AVX2 + FMA + F16C"
+)
 
 TYPES = {"q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q8_0": Q.Q8_0}
 
@@ -66,7 +69,8 @@ def test_block_target_logits_are_the_float32_targets_bit_for_bit(fmt):
             t.forward(c, ids[:4], torch.arange(4))
             c.commit(4)
         mask = torch.tril(torch.ones(n, n, dtype=torch.bool))
-        mask[n - 1, : n - 1] = False  # a tree-like mask: the last row sees only the prefix and itself
+        # a tree-like mask: the last row sees only the prefix and itself
+        mask[n - 1, : n - 1] = False
         ob = tb.forward(cb, ids[4:], torch.arange(4, 4 + n), mask, taps=(1, 3))
         of = tf.forward(cf, ids[4:], torch.arange(4, 4 + n), mask, taps=(1, 3))
         assert torch.equal(ob.logits.view(torch.int32), of.logits.view(torch.int32)), (fmt, n)
@@ -81,8 +85,14 @@ def test_block_target_greedy_decoding_equals_the_float32_targets_and_hugging_fac
     assert got == TargetModel(floats).greedy_generate(prompt, 24)
     x = torch.tensor([prompt])
     with torch.no_grad():
-        ref = floats.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=24, do_sample=False,
-                              eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+        ref = floats.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=24,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[0, len(prompt) :].tolist()
     assert got == ref
 
 
@@ -111,7 +121,9 @@ def test_the_hugging_face_forward_of_a_block_model_is_the_float32_models():
     assert torch.allclose(a, b, rtol=1e-4, atol=1e-4)
     # the embedding table is stored once, shared by the LM head
     assert blocks.lm_head.block is blocks.model.embed_tokens.block
-    per_layer = sum(m.block.nbytes for m in blocks.model.layers[0].modules() if isinstance(m, BlockLinear))
+    per_layer = sum(
+        m.block.nbytes for m in blocks.model.layers[0].modules() if isinstance(m, BlockLinear)
+    )
     assert block_bytes(blocks) == 3 * per_layer + blocks.lm_head.block.nbytes
 
 
@@ -131,8 +143,9 @@ def quantized_smollm2():
 
 @pytest.mark.slow
 @native
-def test_smollm2_with_its_blocks_decodes_exactly_as_the_float32_conversion(smollm2, quantized_smollm2, test_data,
-                                                                          tmp_path):
+def test_smollm2_with_its_blocks_decodes_exactly_as_the_float32_conversion(
+    smollm2, quantized_smollm2, test_data, tmp_path
+):
     import gzip
     import json
 
@@ -155,12 +168,20 @@ def test_smollm2_with_its_blocks_decodes_exactly_as_the_float32_conversion(smoll
             for line in fh:
                 text = json.loads(line).get("text", "")
                 if text:
-                    docs.append(np.asarray(tok(text)["input_ids"] + [tok.eos_token_id], dtype=np.int64))
+                    docs.append(
+                        np.asarray(tok(text)["input_ids"] + [tok.eos_token_id], dtype=np.int64)
+                    )
     idx_path = tmp_path / "dolma-sample.idx"
-    build_index(docs, idx_path, vocab_size=len(tok),
-                metadata={"tokenizer": {"name": "smollm2", "fingerprint": fingerprint(tok)}})
+    build_index(
+        docs,
+        idx_path,
+        vocab_size=len(tok),
+        metadata={"tokenizer": {"name": "smollm2", "fingerprint": fingerprint(tok)}},
+    )
     index = NgramIndex(idx_path)
-    decoders = {tree: DartDecoder(qmodel, qtok, drafter, index, tree=tree) for tree in ("ar", "dart")}
+    decoders = {
+        tree: DartDecoder(qmodel, qtok, drafter, index, tree=tree) for tree in ("ar", "dart")
+    }
     assert decoders["ar"].target.blocks and decoders["dart"].target.blocks
     from dartcore.trees import CPU_BLOCKS_MAX_NODES
 
@@ -172,8 +193,9 @@ def test_smollm2_with_its_blocks_decodes_exactly_as_the_float32_conversion(smoll
             ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
             x = torch.tensor([ids])
             with torch.no_grad():
-                ref = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=MAX_NEW,
-                                     do_sample=False)[0, len(ids):].tolist()
+                ref = model.generate(
+                    x, attention_mask=torch.ones_like(x), max_new_tokens=MAX_NEW, do_sample=False
+                )[0, len(ids) :].tolist()
             for tree, dec in decoders.items():
                 got = dec.generate(ids, max_new_tokens=MAX_NEW).tokens
                 if list(got) != ref:

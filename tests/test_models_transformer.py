@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from conftest import tiny_model
 from dartcore import ContextLengthError
 from dartcore.acceptance import ancestor_mask
@@ -60,8 +61,14 @@ def test_greedy_loop_equals_hf_generate(family):
     target = TargetModel(model)
     for prompt in ([1, 4], [1] + list(range(10, 40))):
         ids = torch.tensor([prompt])
-        ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=25, do_sample=False,
-                             eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+        ref = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=25,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[0, len(prompt) :].tolist()
         assert target.greedy_generate(prompt, 25) == ref
 
 
@@ -82,8 +89,12 @@ def test_tree_forward_equals_each_path_run_alone(family):
     cache.commit(len(prefix) - 1)
     tokens[0] = prefix[-1]  # the root is the last committed token, not yet in the cache
     L = cache.length
-    out = target.forward(cache, torch.tensor(tokens), torch.tensor(depths) + L,
-                         torch.from_numpy(ancestor_mask(np.array(parents))))
+    out = target.forward(
+        cache,
+        torch.tensor(tokens),
+        torch.tensor(depths) + L,
+        torch.from_numpy(ancestor_mask(np.array(parents))),
+    )
     for node in range(len(parents)):
         path = []
         j = node
@@ -109,8 +120,12 @@ def test_kv_compaction_equals_recomputing_the_prefix():
     target.forward(cache, torch.tensor(prefix[:-1]), torch.arange(len(prefix) - 1))
     cache.commit(len(prefix) - 1)
     L = cache.length
-    target.forward(cache, torch.tensor(tokens), torch.from_numpy(depths + L),
-                   torch.from_numpy(ancestor_mask(parents)))
+    target.forward(
+        cache,
+        torch.tensor(tokens),
+        torch.from_numpy(depths + L),
+        torch.from_numpy(ancestor_mask(parents)),
+    )
     path = [0]  # accept root -> ... -> node 8 (8 <- 6 <- 3 <- 1 <- 0)
     node = 8
     chain = []
@@ -184,8 +199,9 @@ def test_bf16_logits_close_to_fp32():
 
 
 def test_unsupported_family_is_refused():
-    from dartcore import DartError
     from transformers import GPT2Config, GPT2LMHeadModel
+
+    from dartcore import DartError
 
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32))
     with pytest.raises(DartError, match="unsupported target family"):
@@ -221,7 +237,12 @@ def test_fused_cpu_weights_keep_values_memory_and_outputs(family, native):
     model = tiny_model("llama" if family == "llama-bias" else family, layers=3)
     if family == "llama-bias":  # Qwen2-style q/k/v/o biases
         for layer in model.model.layers:
-            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj):
+            for proj in (
+                layer.self_attn.q_proj,
+                layer.self_attn.k_proj,
+                layer.self_attn.v_proj,
+                layer.self_attn.o_proj,
+            ):
                 proj.bias = torch.nn.Parameter(torch.randn(proj.out_features))
     twin = copy.deepcopy(model)
     fused = TargetModel(model, native_linear=native)  # CPU: fused by default
@@ -230,7 +251,10 @@ def test_fused_cpu_weights_keep_values_memory_and_outputs(family, native):
     for (name, a), b in zip(model.state_dict().items(), twin.state_dict().values()):
         assert torch.equal(a, b), name
     attn = model.model.layers[0].self_attn
-    assert attn.q_proj.weight.untyped_storage().data_ptr() == attn.v_proj.weight.untyped_storage().data_ptr()
+    assert (
+        attn.q_proj.weight.untyped_storage().data_ptr()
+        == attn.v_proj.weight.untyped_storage().data_ptr()
+    )
     if native:
         assert attn.q_proj.weight.is_contiguous() and attn.o_proj.weight.is_contiguous()
     else:
@@ -242,7 +266,9 @@ def test_fused_cpu_weights_keep_values_memory_and_outputs(family, native):
         cache = target.new_cache(32)
         target.forward(cache, ids[:13], torch.arange(13))
         cache.commit(13)
-        outs.append(target.forward(cache, ids[13:], torch.tensor([13, 14, 14, 15, 15, 15]), mask).logits)
+        outs.append(
+            target.forward(cache, ids[13:], torch.tensor([13, 14, 14, 15, 15, 15]), mask).logits
+        )
     scale = outs[1].abs().max()
     assert torch.allclose(outs[0], outs[1], atol=1e-5 * scale, rtol=0)
     ref, got = _hf_forward(twin, ids.tolist()).logits, _hf_forward(model, ids.tolist()).logits
@@ -279,14 +305,25 @@ def test_native_layer_stack_refuses_bad_arguments_and_writes_nothing():
     cs = np.ones((3, D), np.float32)
     out = np.zeros_like(h)
     bad = [
-        ((h, cs, cs, [(k, v, 6, 0, 3, None)], [], None, out), "exceed"),  # 3 rows after 6 of 8 slots
+        # 3 rows after 6 of 8 slots
+        ((h, cs, cs, [(k, v, 6, 0, 3, None)], [], None, out), "exceed"),
         ((h, cs, cs, [(k, v, 0, 0, 2, None)], [], None, out), "cover"),
         ((h, cs, cs, [(k, v, 0, 0, 3, np.ones((2, 2), bool))], [], None, out), "mask"),
         ((h, cs, cs, [(k, v, 0, 0, 3, None)], [2], np.zeros((1, 3, H), np.float32), out), "taps"),
         ((h, cs[:, :4], cs, [(k, v, 0, 0, 3, None)], [], None, out), "cos"),
         ((h, cs, cs, [(k.astype(np.float64), v, 0, 0, 3, None)], [], None, out), "k_cache"),
-        ((np.zeros((17, H), np.float32), np.ones((17, D), np.float32), np.ones((17, D), np.float32),
-          [(k, v, 0, 0, 17, None)], [], None, np.zeros((17, H), np.float32)), "rows"),
+        (
+            (
+                np.zeros((17, H), np.float32),
+                np.ones((17, D), np.float32),
+                np.ones((17, D), np.float32),
+                [(k, v, 0, 0, 17, None)],
+                [],
+                None,
+                np.zeros((17, H), np.float32),
+            ),
+            "rows",
+        ),
     ]
     for args, match in bad:
         with pytest.raises(ValueError, match=match):
@@ -297,11 +334,23 @@ def test_native_layer_stack_refuses_bad_arguments_and_writes_nothing():
 
     norm = np.ones(H, np.float32)
     w = np.zeros((4, H), np.float32)
-    layer = (norm, norm, None, None, (w, "f32", None), (w, "f32", None), (w, "f32", None), (w, "f32", None))
-    for layers, match in [([layer], "qkv is"), ([(norm[:3], *layer[1:])], "norm weights"),
-                          ([(*layer[:4], (w, "q5_k", None), *layer[5:])], "unknown weight format"),
-                          ([(*layer[:4], (w.astype(np.float64), "f32", None), *layer[5:])], "float32"),
-                          ([(norm, norm, norm, None, *layer[4:])], "both q_norm and k_norm")]:
+    layer = (
+        norm,
+        norm,
+        None,
+        None,
+        (w, "f32", None),
+        (w, "f32", None),
+        (w, "f32", None),
+        (w, "f32", None),
+    )
+    for layers, match in [
+        ([layer], "qkv is"),
+        ([(norm[:3], *layer[1:])], "norm weights"),
+        ([(*layer[:4], (w, "q5_k", None), *layer[5:])], "unknown weight format"),
+        ([(*layer[:4], (w.astype(np.float64), "f32", None), *layer[5:])], "float32"),
+        ([(norm, norm, norm, None, *layer[4:])], "both q_norm and k_norm"),
+    ]:
         with pytest.raises(ValueError, match=match):
             _native.LayerStack(layers, norm, 2, 1, H // 2, 8, 1e-6, 0.1)
 

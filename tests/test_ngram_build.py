@@ -51,11 +51,15 @@ def assert_index_matches(path: Path, docs: list[np.ndarray]) -> None:
     stats = idx.stats()
     assert stats["tokens"] == sum(c1.values())
     assert stats["documents"] == len(docs)
-    assert (stats["unigram_nodes"], stats["bigram_nodes"], stats["trigram_nodes"]) == (len(c1), len(c2), len(c3))
+    assert (stats["unigram_nodes"], stats["bigram_nodes"], stats["trigram_nodes"]) == (
+        len(c1),
+        len(c2),
+        len(c3),
+    )
     total1, total2 = Counter(), Counter()
-    for (a, b), n in c2.items():
+    for (a, _b), n in c2.items():
         total1[a] += n
-    for (a, b, c), n in c3.items():
+    for (a, b, _c), n in c3.items():
         total2[(a, b)] += n
     tokens = sum(c1.values())
     for a, n in c1.items():
@@ -105,13 +109,31 @@ def run(*args: str) -> int:
 
 def test_dolma_sample_counts_equal_reference(test_data, qwen3, tmp_path, capsys):
     out = tmp_path / "qwen3-dolma.idx"
-    assert run("--corpus", "dolma", "--corpus-dir", test_data / "dolma-sample", "--tokenizer", "qwen3",
-               "--output", out, "--memory", "4G", "--quiet") == 0
+    assert (
+        run(
+            "--corpus",
+            "dolma",
+            "--corpus-dir",
+            test_data / "dolma-sample",
+            "--tokenizer",
+            "qwen3",
+            "--output",
+            out,
+            "--memory",
+            "4G",
+            "--quiet",
+        )
+        == 0
+    )
     docs = dolma_docs(test_data, qwen3)
     assert_index_matches(out, docs)
     meta = NgramIndex(str(out)).metadata
-    assert meta["tokenizer"] == {"name": "qwen3", "fingerprint": qwen3.fingerprint, "vocab_size": 151669,
-                                 "eos_id": 151643}
+    assert meta["tokenizer"] == {
+        "name": "qwen3",
+        "fingerprint": qwen3.fingerprint,
+        "vocab_size": 151669,
+        "eos_id": 151643,
+    }
     assert meta["documents"] == 30 and meta["tokens"] == sum(len(d) for d in docs)
     assert meta["corpus"]["kind"] == "dolma" and len(meta["corpus"]["files"]) == 3
     assert not (tmp_path / "qwen3-dolma.idx.work").exists()  # work dir removed after success
@@ -119,11 +141,16 @@ def test_dolma_sample_counts_equal_reference(test_data, qwen3, tmp_path, capsys)
 
 def test_summary_and_progress(test_data, tmp_path, capsys):
     out = tmp_path / "s.idx"
-    assert run("--corpus-dir", test_data / "dolma-sample", "--output", out, "--memory", "4G", "--json") == 0
+    assert (
+        run("--corpus-dir", test_data / "dolma-sample", "--output", out, "--memory", "4G", "--json")
+        == 0
+    )
     captured = capsys.readouterr()
     summary = json.loads(captured.out.strip().splitlines()[-1])
     assert summary["documents"] == 30 and summary["file_bytes"] == out.stat().st_size
-    assert summary["nodes"]["total"] == sum(summary["nodes"][k] for k in ("unigram", "bigram", "trigram"))
+    assert summary["nodes"]["total"] == sum(
+        summary["nodes"][k] for k in ("unigram", "bigram", "trigram")
+    )
     assert summary["peak_rss_bytes"] > 0 and summary["wall_s"] > 0
     assert "docs/s" in captured.err and "Mtok/s" in captured.err and "MiB read" in captured.err
     assert run("--corpus-dir", test_data / "dolma-sample", "--output", out, "--memory", "4G") == 0
@@ -135,11 +162,25 @@ def test_summary_and_progress(test_data, tmp_path, capsys):
 def test_max_docs_and_max_tokens(test_data, qwen3, tmp_path):
     docs = dolma_docs(test_data, qwen3)
     out = tmp_path / "m.idx"
-    assert run("--corpus-dir", test_data / "dolma-sample", "--output", out, "--max-docs", 7, "--quiet") == 0
+    assert (
+        run("--corpus-dir", test_data / "dolma-sample", "--output", out, "--max-docs", 7, "--quiet")
+        == 0
+    )
     assert_index_matches(out, docs[:7])
     # --max-tokens: whole documents, up to and including the one that reaches the limit.
     limit = sum(len(d) for d in docs[:12]) - 5
-    assert run("--corpus-dir", test_data / "dolma-sample", "--output", out, "--max-tokens", limit, "--quiet") == 0
+    assert (
+        run(
+            "--corpus-dir",
+            test_data / "dolma-sample",
+            "--output",
+            out,
+            "--max-tokens",
+            limit,
+            "--quiet",
+        )
+        == 0
+    )
     assert_index_matches(out, docs[:12])
 
 
@@ -148,7 +189,22 @@ def test_max_docs_and_max_tokens(test_data, qwen3, tmp_path):
 
 def _many_shards(tmp_path: Path, n_shards=6, docs_per=40, seed=0) -> Path:
     rng = np.random.default_rng(seed)
-    words = ["the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "away", "quickly", "über", "猫"]
+    words = [
+        "the",
+        "cat",
+        "sat",
+        "on",
+        "a",
+        "mat",
+        "and",
+        "then",
+        "it",
+        "ran",
+        "away",
+        "quickly",
+        "über",
+        "猫",
+    ]
     root = tmp_path / "corpus"
     (root / "documents").mkdir(parents=True)
     for s in range(n_shards):
@@ -165,7 +221,9 @@ def test_resume_after_interruption_is_byte_identical(tmp_path):
     assert run("--corpus-dir", corpus, "--output", clean, "--quiet") == 0
     resumed = tmp_path / "resumed.idx"
     # Simulated Ctrl-C after 2 shards: exit 130, manifest keeps 2 shards, no temp files.
-    assert run("--corpus-dir", corpus, "--output", resumed, "--quiet", "--stop-after-shards", 2) == 130
+    assert (
+        run("--corpus-dir", corpus, "--output", resumed, "--quiet", "--stop-after-shards", 2) == 130
+    )
     work = tmp_path / "resumed.idx.work"
     manifest = json.loads((work / "manifest.json").read_text())
     assert sorted(manifest["shards"]) == ["0", "1"]
@@ -183,9 +241,21 @@ def test_sigint_in_subprocess_then_resume(tmp_path):
     assert run("--corpus-dir", corpus, "--output", clean, "--quiet") == 0
     out = tmp_path / "killed.idx"
     work = tmp_path / "killed.idx.work"
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [sys.executable, "-m", "dartcore.cli.ngram_build", "--corpus-dir", str(corpus), "--output", str(out),
-           "--quiet", "--batch-bytes", "4K"]
+    env = dict(
+        os.environ, PYTHONPATH=str(REPO / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "dartcore.cli.ngram_build",
+        "--corpus-dir",
+        str(corpus),
+        "--output",
+        str(out),
+        "--quiet",
+        "--batch-bytes",
+        "4K",
+    ]
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
@@ -218,12 +288,36 @@ def test_map_parts_then_reduce_equals_one_command_build(tmp_path):
     two = tmp_path / "two.idx"
     # One part alone is incomplete: reduce refuses it.
     assert run("reduce", "--work-dir", tmp_path / "w0", "--output", two, "--quiet") == 2
-    assert run("reduce", "--work-dir", tmp_path / "w0", "--work-dir", tmp_path / "w1", "--output", two,
-               "--quiet") == 0
+    assert (
+        run(
+            "reduce",
+            "--work-dir",
+            tmp_path / "w0",
+            "--work-dir",
+            tmp_path / "w1",
+            "--output",
+            two,
+            "--quiet",
+        )
+        == 0
+    )
     assert two.read_bytes() == one.read_bytes()
     three = tmp_path / "three.idx"
-    assert run("reduce", "--work-dir", tmp_path / "w0", "--work-dir", tmp_path / "w1", "--output", three,
-               "--quiet", "--reduce-partitions", 3) == 0
+    assert (
+        run(
+            "reduce",
+            "--work-dir",
+            tmp_path / "w0",
+            "--work-dir",
+            tmp_path / "w1",
+            "--output",
+            three,
+            "--quiet",
+            "--reduce-partitions",
+            3,
+        )
+        == 0
+    )
     assert three.read_bytes() == one.read_bytes()
 
 
@@ -232,7 +326,14 @@ def test_help_documents_map_and_reduce(capsys):
         main(["--help"])
     assert e.value.code == 0
     text = capsys.readouterr().out
-    for word in ("ngram-build map", "ngram-build reduce", "--resume", "--memory", "--max-tokens", "--strict"):
+    for word in (
+        "ngram-build map",
+        "ngram-build reduce",
+        "--resume",
+        "--memory",
+        "--max-tokens",
+        "--strict",
+    ):
         assert word in text
 
 
@@ -245,9 +346,14 @@ def test_npy_corpus(test_data, qwen3, tmp_path):
     d = tmp_path / "npy"
     d.mkdir()
     np.save(d / "a.npy", flat[: len(np.concatenate(docs[:10]))])
-    flat[len(np.concatenate(docs[:10])):].tofile(d / "b.npy")  # raw memmap, no header
+    flat[len(np.concatenate(docs[:10])) :].tofile(d / "b.npy")  # raw memmap, no header
     out = tmp_path / "npy.idx"
-    assert run("--corpus", "npy", "--corpus-dir", d, "--tokenizer", "qwen3", "--output", out, "--quiet") == 0
+    assert (
+        run(
+            "--corpus", "npy", "--corpus-dir", d, "--tokenizer", "qwen3", "--output", out, "--quiet"
+        )
+        == 0
+    )
     assert_index_matches(out, docs)
 
 
@@ -283,19 +389,43 @@ def test_memory_limit_far_below_distinct_trigrams(tmp_path):
         np.save(d / f"s{s}.npy", toks)
     limit = 160 << 20
     out = tmp_path / "mem.idx"
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(
+        os.environ, PYTHONPATH=str(REPO / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")
+    )
     proc = subprocess.run(
-        [sys.executable, "-m", "dartcore.cli.ngram_build", "--corpus", "npy", "--corpus-dir", str(d),
-         "--tokenizer", str(tokdir), "--output", str(out), "--memory", str(limit), "--quiet", "--json",
-         "--keep-work", "--threads", "2"],
-        env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "dartcore.cli.ngram_build",
+            "--corpus",
+            "npy",
+            "--corpus-dir",
+            str(d),
+            "--tokenizer",
+            str(tokdir),
+            "--output",
+            str(out),
+            "--memory",
+            str(limit),
+            "--quiet",
+            "--json",
+            "--keep-work",
+            "--threads",
+            "2",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["nodes"]["trigram"] > 11_000_000  # distinct trigrams far above what fits
     runs = list((tmp_path / "mem.idx.work").rglob("*.dartrun"))
     assert len(runs) > 2  # the builder really spilled
-    assert summary["peak_rss_bytes"] <= 1.10 * limit, {k: summary[k] for k in ("peak_rss_bytes", "builder_memory_bytes", "map_s", "reduce_s")}
+    assert summary["peak_rss_bytes"] <= 1.10 * limit, {
+        k: summary[k] for k in ("peak_rss_bytes", "builder_memory_bytes", "map_s", "reduce_s")
+    }
     stats = NgramIndex(str(out)).stats()
     assert stats["tokens"] == n
 
@@ -304,9 +434,29 @@ def test_memory_limit_far_below_distinct_trigrams(tmp_path):
 
 
 def test_unknown_corpus_and_tokenizer(test_data, tmp_path, capsys):
-    assert run("--corpus", "parquet", "--corpus-dir", test_data / "dolma-sample", "--output", tmp_path / "x") == 2
+    assert (
+        run(
+            "--corpus",
+            "parquet",
+            "--corpus-dir",
+            test_data / "dolma-sample",
+            "--output",
+            tmp_path / "x",
+        )
+        == 2
+    )
     assert "dolma, jsonl, text, npy" in capsys.readouterr().err
-    assert run("--corpus-dir", test_data / "dolma-sample", "--tokenizer", "gpt-17", "--output", tmp_path / "x") == 2
+    assert (
+        run(
+            "--corpus-dir",
+            test_data / "dolma-sample",
+            "--tokenizer",
+            "gpt-17",
+            "--output",
+            tmp_path / "x",
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "TokenizerError" in err and "qwen3" in err and "smollm2" in err
 
@@ -323,7 +473,15 @@ def test_empty_directory(tmp_path, capsys, monkeypatch):
 
 def test_output_not_writable_fails_before_work(test_data, tmp_path, capsys):
     t0 = time.monotonic()
-    assert run("--corpus-dir", test_data / "dolma-sample", "--output", tmp_path / "no" / "such" / "x.idx") == 2
+    assert (
+        run(
+            "--corpus-dir",
+            test_data / "dolma-sample",
+            "--output",
+            tmp_path / "no" / "such" / "x.idx",
+        )
+        == 2
+    )
     assert "does not exist" in capsys.readouterr().err
     assert run("--corpus-dir", test_data / "dolma-sample", "--output", tmp_path) == 2
     assert "is a directory" in capsys.readouterr().err
@@ -372,8 +530,10 @@ def test_huge_document_and_non_utf8_text(tmp_path, qwen3):
     out = tmp_path / "t.idx"
     assert run("--corpus", "text", "--corpus-dir", d, "--output", out, "--quiet") == 0
     eos = np.uint32(qwen3.eos_id)
-    docs = [np.append(qwen3.encode(huge), eos),
-            np.append(qwen3.encode("na\ufffdve caf\ufffd\n"), eos)]
+    docs = [
+        np.append(qwen3.encode(huge), eos),
+        np.append(qwen3.encode("na\ufffdve caf\ufffd\n"), eos),
+    ]
     assert_index_matches(out, docs)
 
 
@@ -390,7 +550,12 @@ def test_work_dir_cleanup_keeps_user_files(tmp_path):
 
 def test_min_count_reaches_the_index(test_data, qwen3, tmp_path):
     out = tmp_path / "mc.idx"
-    assert run("--corpus-dir", test_data / "dolma-sample", "--output", out, "--min-count", 2, "--quiet") == 0
+    assert (
+        run(
+            "--corpus-dir", test_data / "dolma-sample", "--output", out, "--min-count", 2, "--quiet"
+        )
+        == 0
+    )
     c1, c2, c3 = reference_counts(dolma_docs(test_data, qwen3))
     idx = NgramIndex(str(out))
     s = idx.stats()
@@ -410,8 +575,20 @@ def test_smollm2_index_records_the_hf_fingerprint(test_data, qwen3, tmp_path):
     from dartcore.tokenizers import fingerprint
 
     out = tmp_path / "smol.idx"
-    assert run("--corpus-dir", test_data / "dolma-sample", "--tokenizer", "smollm2", "--output", out,
-               "--max-docs", 5, "--quiet") == 0
+    assert (
+        run(
+            "--corpus-dir",
+            test_data / "dolma-sample",
+            "--tokenizer",
+            "smollm2",
+            "--output",
+            out,
+            "--max-docs",
+            5,
+            "--quiet",
+        )
+        == 0
+    )
     hf = load_hf_tokenizer("smollm2")
     meta = NgramIndex(str(out)).metadata["tokenizer"]
     assert meta["fingerprint"] == fingerprint(hf) != qwen3.fingerprint
@@ -420,5 +597,8 @@ def test_smollm2_index_records_the_hf_fingerprint(test_data, qwen3, tmp_path):
     for path in sorted((test_data / "dolma-sample" / "documents").iterdir()):
         with gzip.open(path, "rt", encoding="utf-8") as f:
             docs += [json.loads(line)["text"] for line in f if line.strip()]
-    ref = [np.array(hf.encode(t, add_special_tokens=False) + [hf.eos_token_id], dtype=np.uint32) for t in docs[:5]]
+    ref = [
+        np.array(hf.encode(t, add_special_tokens=False) + [hf.eos_token_id], dtype=np.uint32)
+        for t in docs[:5]
+    ]
     assert_index_matches(out, ref)

@@ -60,10 +60,16 @@ def test_logits_equal_official(tiny, path_kind):
     # in two steps through the drafter's KV state (the second, 5 rows, a native block): the same drafts
     state = drafter.new_state(64)
     step.draft(state, taps[:6], ids[:6])
-    torch.testing.assert_close(step.draft(state, taps[6:], ids[6:]), ref["logits"][0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        step.draft(state, taps[6:], ids[6:]), ref["logits"][0], atol=1e-5, rtol=0
+    )
     # fewer rows: the first rows of the full draft
-    torch.testing.assert_close(step.draft(drafter.new_state(64), taps, ids, rows=3), ref["logits"][0, :3],
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        step.draft(drafter.new_state(64), taps, ids, rows=3),
+        ref["logits"][0, :3],
+        atol=1e-5,
+        rtol=0,
+    )
 
 
 def test_draft_to_target_map(tiny):
@@ -74,7 +80,9 @@ def test_draft_to_target_map(tiny):
     assert torch.equal(drafter.to_target_ids(draft), ref["draft_ids_to_target"][draft])
 
 
-@pytest.mark.parametrize("what,kw", [("hidden size", {"hidden": 32}), ("vocabulary size", {"vocab_size": 1000})])
+@pytest.mark.parametrize(
+    "what,kw", [("hidden size", {"hidden": 32}), ("vocabulary size", {"vocab_size": 1000})]
+)
 def test_other_target_is_a_mismatch(tiny, what, kw):
     path, _ = tiny
     target = tiny_model("qwen3", **{"vocab_size": 512, "hidden": 64, "layers": 6, **kw})
@@ -96,8 +104,10 @@ def test_decodes_losslessly_with_the_target(tiny):
     out = dec.generate(prompt, max_new_tokens=24)
     ids = torch.tensor([prompt])
     with torch.no_grad():
-        greedy = target.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
-    assert list(out.tokens) == greedy[0, len(prompt):len(prompt) + len(out.tokens)].tolist()
+        greedy = target.generate(
+            ids, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+    assert list(out.tokens) == greedy[0, len(prompt) : len(prompt) + len(out.tokens)].tolist()
     assert len(out.tokens) > 0
 
 

@@ -44,7 +44,9 @@ def corpus():
 @pytest.fixture(scope="module")
 def index(corpus, tmp_path_factory):
     out = tmp_path_factory.mktemp("official") / "dolma.idx"
-    build_index([np.array(d, dtype=np.int64) for d in corpus], out, vocab_size=VOCAB, memory_limit="64M")
+    build_index(
+        [np.array(d, dtype=np.int64) for d in corpus], out, vocab_size=VOCAB, memory_limit="64M"
+    )
     return NgramIndex(str(out))
 
 
@@ -65,7 +67,7 @@ class OfficialScore:
             for i in range(len(d)):
                 for n in (1, 2, 3):
                     if i + n <= len(d):
-                        self.freq[tuple(d[i:i + n])] += 1
+                        self.freq[tuple(d[i : i + n])] += 1
 
     def g(self, a, b, v) -> float:
         if self.freq[(a, b, v)]:
@@ -77,13 +79,13 @@ class OfficialScore:
     def path(self, context, case, path) -> float:
         hist = list(context[-2:])
         s = 0.0
-        for l, v in enumerate(path):
-            row = case["topk_tokens"][l]
-            p = case["topk_probs"][l][row.index(v)]
-            term = 0.9 ** l * math.log(p + 1e-10)
-            if l > 0:
+        for level, v in enumerate(path):
+            row = case["topk_tokens"][level]
+            p = case["topk_probs"][level][row.index(v)]
+            term = 0.9**level * math.log(p + 1e-10)
+            if level > 0:
                 term += 0.5 * math.log(self.g(hist[-2], hist[-1], v) + 1e-10)
-            s += (l + 1) ** -0.7 * term
+            s += (level + 1) ** -0.7 * term
             hist.append(v)
         return s
 
@@ -106,14 +108,26 @@ def _nodes(t) -> set[tuple[int, ...]]:
 def _search(index, case):
     toks = np.array(case["topk_tokens"], dtype=np.int64)
     lps = np.log(np.array(case["topk_probs"], dtype=np.float64)).astype(np.float32)
-    return T.beam_search(index, np.array(case["context"], dtype=np.int64), toks, lps, T.SearchParams.official(),
-                         eos_token_ids=(EOS,))
+    return T.beam_search(
+        index,
+        np.array(case["context"], dtype=np.int64),
+        toks,
+        lps,
+        T.SearchParams.official(),
+        eos_token_ids=(EOS,),
+    )
 
 
 def test_official_preset_is_the_official_searchers_constants():
     p = T.SearchParams.official()
     assert (p.beam_width, p.max_nodes, p.level_decay, p.ngram_weight, p.depth_exponent, p.eps) == (
-        20, 60, 0.9, 0.5, 0.7, 1e-10)
+        20,
+        60,
+        0.9,
+        0.5,
+        0.7,
+        1e-10,
+    )
     assert (p.candidates, p.ngram_first_level, p.unigram_backoff) == ("all", False, False)
     assert T.SearchParams.official(max_nodes=8).max_nodes == 8
 
@@ -134,7 +148,9 @@ def test_official_search_builds_the_official_trees(index, cases, corpus):
         # A tie at the cut: the same scores, and every node in one tree only scores at the cut.
         score = {n: ref.path(case["context"], case, n) for n in got | want}
         cut = min(score[n] for n in want)
-        assert sorted(score[n] for n in got) == pytest.approx(sorted(score[n] for n in want), rel=1e-9, abs=1e-9), i
+        assert sorted(score[n] for n in got) == pytest.approx(
+            sorted(score[n] for n in want), rel=1e-9, abs=1e-9
+        ), i
         for n in got ^ want:
             assert score[n] == pytest.approx(cut, rel=1e-9, abs=1e-9), (i, n)
         tied.append(i)
@@ -155,9 +171,9 @@ def _drafter_logits(case):
     ids = sorted({t for row in case["topk_tokens"] for t in row})
     col = {t: j for j, t in enumerate(ids)}
     logits = torch.full((8, len(ids)), -1e30, dtype=torch.float32)
-    for l, (row, probs) in enumerate(zip(case["topk_tokens"], case["topk_probs"])):
+    for level, (row, probs) in enumerate(zip(case["topk_tokens"], case["topk_probs"])):
         for t, p in zip(row, probs):
-            logits[l, col[t]] = math.log(p)
+            logits[level, col[t]] = math.log(p)
     return logits, _Drafter(ids)
 
 
@@ -171,8 +187,16 @@ def test_dart_official_builder_builds_the_official_tree(index, cases):
     for i in (1, 2, 3, 5, 10, 50, 101):
         case = inputs[i]
         logits, drafter = _drafter_logits(case)
-        t = builder(TreeInputs(context=np.array(case["context"], dtype=np.int64), logits=logits, drafter=drafter,
-                               index=index, max_nodes=node_budget(builder), eos_token_ids=(EOS,)))
+        t = builder(
+            TreeInputs(
+                context=np.array(case["context"], dtype=np.int64),
+                logits=logits,
+                drafter=drafter,
+                index=index,
+                max_nodes=node_budget(builder),
+                eos_token_ids=(EOS,),
+            )
+        )
         assert _nodes(t) == _official_nodes(official[i]), i
 
 
@@ -187,8 +211,18 @@ def test_default_beam_search_is_the_dart_tree(index, cases):
         context = np.array(case["context"], dtype=np.int64)
         toks, lps = T.topk_logprobs(logits, 25, id_map=drafter.draft_to_target)
         for budget in (4, 59):
-            direct = T.beam_search(index, context, toks, lps, eos_token_ids=(EOS,), max_nodes=budget)
-            built = dart(TreeInputs(context=context, logits=logits, drafter=drafter, index=index, max_nodes=budget,
-                                    eos_token_ids=(EOS,)))
+            direct = T.beam_search(
+                index, context, toks, lps, eos_token_ids=(EOS,), max_nodes=budget
+            )
+            built = dart(
+                TreeInputs(
+                    context=context,
+                    logits=logits,
+                    drafter=drafter,
+                    index=index,
+                    max_nodes=budget,
+                    eos_token_ids=(EOS,),
+                )
+            )
             np.testing.assert_array_equal(built.tokens, direct.tokens)
             np.testing.assert_array_equal(built.parents, direct.parents)

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from dartcore.benchmark.datasets import find_data_dir, load_prompts
 from dartcore.errors import CorpusError
 from dartcore.paths import cache_root, data_dir_from_env
@@ -39,8 +40,13 @@ def test_new_names(monkeypatch, tmp_path, test_data):
     assert load_prompts("gsm8k", 1) == [[{"role": "user", "content": question}]]
 
 
-@pytest.mark.parametrize("old, new, read", [("DARTCORE_CACHE_DIR", "DARTCORE_CACHE", cache_root),
-                                            ("DARTCORE_SHARED_DATA", "DARTCORE_DATA", data_dir_from_env)])
+@pytest.mark.parametrize(
+    "old, new, read",
+    [
+        ("DARTCORE_CACHE_DIR", "DARTCORE_CACHE", cache_root),
+        ("DARTCORE_SHARED_DATA", "DARTCORE_DATA", data_dir_from_env),
+    ],
+)
 def test_old_names_still_work_with_a_warning(monkeypatch, tmp_path, old, new, read):
     monkeypatch.setenv(old, str(tmp_path / "old"))
     with pytest.warns(DeprecationWarning, match=new):

@@ -33,23 +33,39 @@ def brute_warp(logits: np.ndarray, temperature: float, top_k: int, top_p: float)
     return p
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8),
-                                                     (1.0, 10, 0.5), (2.0, 1, 1.0), (1.0, 0, 0.01)])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p",
+    [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8), (1.0, 10, 0.5), (2.0, 1, 1.0), (1.0, 0, 0.01)],
+)
 def test_warpers_match_brute_force(temperature, top_k, top_p):
     rng = np.random.default_rng(0)
     for _ in range(20):
         logits = rng.normal(size=30) * 3
-        got = warp_probs(torch.tensor(logits, dtype=torch.float32), SamplingParams(temperature, top_p, top_k))
+        got = warp_probs(
+            torch.tensor(logits, dtype=torch.float32), SamplingParams(temperature, top_p, top_k)
+        )
         want = brute_warp(logits, temperature, top_k, top_p)
         assert np.allclose(got.numpy(), want, atol=1e-5)
 
 
 def test_bad_params():
-    for kw in ({"temperature": -1.0}, {"temperature": float("nan")}, {"temperature": float("inf")},
-               {"top_p": 0.0}, {"top_p": 1.5}, {"top_k": -1}):
+    for kw in (
+        {"temperature": -1.0},
+        {"temperature": float("nan")},
+        {"temperature": float("inf")},
+        {"top_p": 0.0},
+        {"top_p": 1.5},
+        {"top_k": -1},
+    ):
         with pytest.raises(ValueError, match=next(iter(kw))):
             SamplingParams(**kw)
-    for kw in ({"temperature": True}, {"temperature": "0.5"}, {"top_p": None}, {"top_k": 1.5}, {"top_k": True}):
+    for kw in (
+        {"temperature": True},
+        {"temperature": "0.5"},
+        {"top_p": None},
+        {"top_k": 1.5},
+        {"top_k": True},
+    ):
         with pytest.raises(TypeError, match=next(iter(kw))):
             SamplingParams(**kw)
 

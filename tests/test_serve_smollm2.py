@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 import dartcore
-
 from serve_process import ServerProcess, metric
 
 pytestmark = pytest.mark.slow
@@ -44,21 +43,44 @@ def index_path(smollm2, tmp_path_factory):
     docs = []
     with gzip.open(corpus, "rt", encoding="utf-8") as fh:
         for line in itertools.islice(fh, 1000):
-            text = "".join(m["content"] for m in json.loads(line)["messages"] if m["role"] == "assistant")
+            text = "".join(
+                m["content"] for m in json.loads(line)["messages"] if m["role"] == "assistant"
+            )
             if text:
                 docs.append(np.asarray(tok(text)["input_ids"] + [tok.eos_token_id], dtype=np.int64))
     out = tmp_path_factory.mktemp("serve-index") / "responses.idx"
-    build_index(docs, out, vocab_size=len(tok), metadata={"tokenizer": {"name": "smollm2",
-                                                                        "fingerprint": fingerprint(tok)}})
+    build_index(
+        docs,
+        out,
+        vocab_size=len(tok),
+        metadata={"tokenizer": {"name": "smollm2", "fingerprint": fingerprint(tok)}},
+    )
     return out
 
 
 @pytest.fixture(scope="module")
 def server(index_path, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve-log") / "server.log"
-    srv = ServerProcess(["--target", "smollm2", "--drafter", "smollm2", "--index", str(index_path),
-                         "--workers", str(WORKERS), "--max-batch", "4", "--max-seq-len", "1024", "--threads", "1"],
-                        log_path=log, start_timeout=600)
+    srv = ServerProcess(
+        [
+            "--target",
+            "smollm2",
+            "--drafter",
+            "smollm2",
+            "--index",
+            str(index_path),
+            "--workers",
+            str(WORKERS),
+            "--max-batch",
+            "4",
+            "--max-seq-len",
+            "1024",
+            "--threads",
+            "1",
+        ],
+        log_path=log,
+        start_timeout=600,
+    )
     yield srv
     srv.stop()
 
@@ -94,7 +116,8 @@ def _index_mapping(pid: int, path) -> dict[str, int]:
     with open(f"/proc/{pid}/smaps") as fh:
         for line in fh:
             fields = line.split()
-            if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):  # a mapping's header: range perms offset dev inode path
+            # a mapping's header: range perms offset dev inode path
+            if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
                 inside = len(fields) >= 6 and " ".join(fields[5:]) == target
             elif inside and fields and fields[0].rstrip(":") in out:
                 out[fields[0].rstrip(":")] += int(fields[1])
@@ -118,24 +141,37 @@ PROMPTS = ["Write a Python function that reverses a list.", "What is 17 * 23? An
 def test_chat_greedy_equals_dart_decoder_generate(client, reference):
     messages = [{"role": "user", "content": PROMPTS[0]}]
     want = reference.generate(messages, max_new_tokens=MAX_NEW).text
-    resp = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=MAX_NEW, temperature=0,
-                                          extra_body={"dart": {"stats": True}})
+    resp = client.chat.completions.create(
+        model="smollm2",
+        messages=messages,
+        max_tokens=MAX_NEW,
+        temperature=0,
+        extra_body={"dart": {"stats": True}},
+    )
     assert resp.choices[0].message.content == want
     assert resp.usage.completion_tokens <= MAX_NEW
     stats = resp.model_extra["dart"]["stats"]
     assert stats  # the engine's per-request statistics came through
-    chunks = list(client.chat.completions.create(model="smollm2", messages=messages, max_tokens=MAX_NEW,
-                                                 temperature=0, stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            model="smollm2", messages=messages, max_tokens=MAX_NEW, temperature=0, stream=True
+        )
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
 
 
 def test_completion_greedy_equals_dart_decoder_generate(client, reference, server):
     prompt = PROMPTS[1]
     want = reference.generate(prompt, max_new_tokens=MAX_NEW).text
-    resp = client.completions.create(model="smollm2", prompt=prompt, max_tokens=MAX_NEW, temperature=0)
+    resp = client.completions.create(
+        model="smollm2", prompt=prompt, max_tokens=MAX_NEW, temperature=0
+    )
     assert resp.choices[0].text == want
-    chunks = list(client.completions.create(model="smollm2", prompt=prompt, max_tokens=MAX_NEW, temperature=0,
-                                            stream=True))
+    chunks = list(
+        client.completions.create(
+            model="smollm2", prompt=prompt, max_tokens=MAX_NEW, temperature=0, stream=True
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks) == want
     text = server.metrics()
     assert sum(metric(text, "dart_verify_rounds_total", worker=w) for w in range(WORKERS)) > 0
@@ -148,8 +184,12 @@ def test_kill_9_of_a_worker_during_a_request(server, client):
     def long_request():
         try:
             # A chat request: as a bare completion prompt this one ends at once with EOS.
-            client.chat.completions.create(model="smollm2", max_tokens=400, temperature=0, messages=[
-                {"role": "user", "content": "Tell me a long story about a dragon."}])
+            client.chat.completions.create(
+                model="smollm2",
+                max_tokens=400,
+                temperature=0,
+                messages=[{"role": "user", "content": "Tell me a long story about a dragon."}],
+            )
             results["victim"] = "finished"
         except openai.APIStatusError as exc:
             results["victim"] = exc
@@ -169,7 +209,8 @@ def test_kill_9_of_a_worker_during_a_request(server, client):
     h = server.wait_healthy(lambda h: all(w["ready"] for w in h["workers"]), timeout=300)
     new = h["workers"][victim["worker"]]
     assert new["pid"] != victim["pid"] and new["restarts"] == 1
-    assert [w["pid"] for w in h["workers"] if w["worker"] != victim["worker"]] == \
-        [p for i, p in enumerate(pids) if i != victim["worker"]]
+    assert [w["pid"] for w in h["workers"] if w["worker"] != victim["worker"]] == [
+        p for i, p in enumerate(pids) if i != victim["worker"]
+    ]
     resp = client.completions.create(model="smollm2", prompt="Hello", max_tokens=4, temperature=0)
     assert resp.choices[0].text

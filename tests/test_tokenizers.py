@@ -120,7 +120,9 @@ def test_fingerprint_definition(qwen3):
     # Independent recomputation of the documented definition.
     import hashlib
 
-    payload = json.dumps([qwen3.vocab_size, qwen3.encode(FINGERPRINT_PROBE).tolist()], separators=(",", ":"))
+    payload = json.dumps(
+        [qwen3.vocab_size, qwen3.encode(FINGERPRINT_PROBE).tolist()], separators=(",", ":")
+    )
     assert qwen3.fingerprint == hashlib.sha256(payload.encode()).hexdigest()[:16]
     assert fingerprint(qwen3) == qwen3.fingerprint
     assert 1500 <= len(FINGERPRINT_PROBE.encode()) <= 4096
@@ -178,8 +180,11 @@ def test_qwen3_as_hf_tokenizer_json_agrees(qwen3, tmp_path):
 
     from dartcore.tokenizers import QWEN2_PATTERN, QWEN3_SPECIAL_TOKENS, _qwen_ranks_path
 
-    conv = TikTokenConverter(vocab_file=str(_qwen_ranks_path()), pattern=QWEN2_PATTERN,
-                             extra_special_tokens=list(QWEN3_SPECIAL_TOKENS))
+    conv = TikTokenConverter(
+        vocab_file=str(_qwen_ranks_path()),
+        pattern=QWEN2_PATTERN,
+        extra_special_tokens=list(QWEN3_SPECIAL_TOKENS),
+    )
     tok = conv.converted()
     tok.normalizer = tokenizers.normalizers.NFC()
     d = tmp_path / "qwen3-hf"

@@ -122,7 +122,9 @@ elif name == "llama-quantize":
 
 
 def _load_tool():
-    spec = importlib.util.spec_from_file_location("bench_cpu_peers", REPO / "tools" / "bench_cpu_peers.py")
+    spec = importlib.util.spec_from_file_location(
+        "bench_cpu_peers", REPO / "tools" / "bench_cpu_peers.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules["bench_cpu_peers"] = module
     spec.loader.exec_module(module)
@@ -142,10 +144,13 @@ def fake_bin(tmp_path, monkeypatch):
     (bin_dir / "fake_llama.py").write_text(FAKE)
     for name in ("llama-server", "llama-bench", "llama-quantize"):
         exe = bin_dir / name
-        exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{bin_dir / "fake_llama.py"}" {name} "$@"\n')
+        exe.write_text(
+            f'#!/bin/sh\nexec "{sys.executable}" "{bin_dir / "fake_llama.py"}" {name} "$@"\n'
+        )
         exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
-    (tmp_path / "BUILD_INFO.json").write_text(json.dumps({"llama_cpp_python_sdist": "0.3.36",
-                                                          "cmake_flags": ["-DGGML_AVX2=ON"]}))
+    (tmp_path / "BUILD_INFO.json").write_text(
+        json.dumps({"llama_cpp_python_sdist": "0.3.36", "cmake_flags": ["-DGGML_AVX2=ON"]})
+    )
     monkeypatch.setenv("FAKE_LLAMA_LOG", str(tmp_path / "calls.jsonl"))
     return bin_dir
 
@@ -171,8 +176,13 @@ def test_spec_types_are_the_no_draft_ones(tool):
         --spec-type none,draft-simple,draft-eagle3,draft-mtp,draft-dflash,draft-dspark,ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod,ngram-cache
                                         comma-separated list of types of speculative decoding to use (default: none)
         """)
-    assert tool.spec_types_from_help(help_text) == ["ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod",
-                                                    "ngram-cache"]
+    assert tool.spec_types_from_help(help_text) == [
+        "ngram-simple",
+        "ngram-map-k",
+        "ngram-map-k4v",
+        "ngram-mod",
+        "ngram-cache",
+    ]
     assert tool.spec_types_from_help("--lookup-ngram-min N\n--draft-max N\n") == []
 
 
@@ -203,23 +213,38 @@ def test_llama_server_rows(tool, fake_bin, tmp_path):
         threads = 2
         max_new_tokens = 6
 
-    plain = tool.run_llama_server(fake_bin, model, "Q4_0", None, prompts, Args, tmp_path / "plain.log")
+    plain = tool.run_llama_server(
+        fake_bin, model, "Q4_0", None, prompts, Args, tmp_path / "plain.log"
+    )
     expect = [_expected_answer(p, 6) for p in prompts]
     assert plain["outputs"] == expect
     n = sum(map(len, expect))
-    assert plain["new_tokens"] == n and plain["method"] == "plain" and plain["engine"] == "llama-server"
+    assert (
+        plain["new_tokens"] == n
+        and plain["method"] == "plain"
+        and plain["engine"] == "llama-server"
+    )
     assert plain["tok_per_s"] == pytest.approx(n / plain["seconds"])
     assert plain["decode_tok_per_s"] == pytest.approx(100.0)  # the fake's 10 ms a token
     assert plain["acceptance"] is None
 
-    spec = tool.run_llama_server(fake_bin, model, "Q4_0", "ngram-mod", prompts, Args, tmp_path / "mod.log")
+    spec = tool.run_llama_server(
+        fake_bin, model, "Q4_0", "ngram-mod", prompts, Args, tmp_path / "mod.log"
+    )
     assert spec["method"] == "ngram-mod"
     assert spec["decode_tok_per_s"] == pytest.approx(250.0)
     assert spec["draft_n"] == 10 * len(prompts) and spec["acceptance"] == pytest.approx(0.5)
     server_calls = [c for c in _calls(fake_bin) if c[0] == "llama-server"]
-    assert "--spec-type" not in server_calls[0] and server_calls[1][server_calls[1].index("--spec-type") + 1] == "ngram-mod"
+    assert (
+        "--spec-type" not in server_calls[0]
+        and server_calls[1][server_calls[1].index("--spec-type") + 1] == "ngram-mod"
+    )
     for c in server_calls:
-        assert c[c.index("--host") + 1] == "127.0.0.1" and c[c.index("-t") + 1] == "2" and c[c.index("-np") + 1] == "1"
+        assert (
+            c[c.index("--host") + 1] == "127.0.0.1"
+            and c[c.index("-t") + 1] == "2"
+            and c[c.index("-np") + 1] == "1"
+        )
 
     line = tool.server_system_info(fake_bin, model, 2, tmp_path / "sys.log")
     assert line.startswith("system_info: n_threads = 2") and "AVX512 = 1" in line
@@ -234,7 +259,9 @@ def test_llama_server_that_dies_is_an_error(tool, fake_bin, tmp_path):
         max_new_tokens = 4
 
     with pytest.raises(RuntimeError, match="exited"):
-        tool.run_llama_server(fake_bin, tmp_path / "missing.gguf", "Q4_0", None, [[1, 2]], Args, tmp_path / "x.log")
+        tool.run_llama_server(
+            fake_bin, tmp_path / "missing.gguf", "Q4_0", None, [[1, 2]], Args, tmp_path / "x.log"
+        )
 
 
 def test_llama_bench_rows(tool, fake_bin, tmp_path):
@@ -243,18 +270,28 @@ def test_llama_bench_rows(tool, fake_bin, tmp_path):
     rows = tool.run_llama_bench(fake_bin, model, "Q4_1", threads=2, reps=3)
     by = {r["method"]: r for r in rows}
     assert sorted(by) == ["pp1", "pp2", "pp4", "pp8", "tg128"]
-    assert by["tg128"]["tok_per_s"] == 150.0 and by["tg128"]["forward_ms"] == pytest.approx(1000 / 150)
+    assert by["tg128"]["tok_per_s"] == 150.0 and by["tg128"]["forward_ms"] == pytest.approx(
+        1000 / 150
+    )
     for k in (1, 2, 4, 8):
         ts = 100.0 * k / (1 + 0.25 * k)
         assert by[f"pp{k}"]["tok_per_s"] == pytest.approx(ts)
-        assert by[f"pp{k}"]["forward_ms"] == pytest.approx(10.0 * (1 + 0.25 * k))  # k rows in one forward
+        # k rows in one forward
+        assert by[f"pp{k}"]["forward_ms"] == pytest.approx(10.0 * (1 + 0.25 * k))
     call = next(c for c in _calls(fake_bin) if c[0] == "llama-bench")
     assert call[call.index("-p") + 1] == "1,2,4,8" and call[call.index("-n") + 1] == "128"
     assert call[call.index("-r") + 1] == "3" and call[call.index("-o") + 1] == "json"
 
 
 def _row(engine, weights, method, tok_s, outputs=None, **kw):
-    return {"engine": engine, "weights": weights, "method": method, "tok_per_s": tok_s, "outputs": outputs, **kw}
+    return {
+        "engine": engine,
+        "weights": weights,
+        "method": method,
+        "tok_per_s": tok_s,
+        "outputs": outputs,
+        **kw,
+    }
 
 
 def test_ratios_and_agreement_within_a_run(tool):
@@ -287,14 +324,19 @@ def test_ratios_and_agreement_within_a_run(tool):
     assert by["dartcore/Q4_0/dart"]["same_as_own_plain"] == 1.0
     assert by["dartcore/Q4_0/dart"]["same_as_server_plain"] == 1.0
     assert by["llama-cpp-python (Python loop)/Q4_0/plain"]["same_as_server_plain"] == 1.0
-    assert by["llama-cpp-python (Python loop)/Q4_0/plain"]["vs_best_server"] == pytest.approx(60 / 120)
+    assert by["llama-cpp-python (Python loop)/Q4_0/plain"]["vs_best_server"] == pytest.approx(
+        60 / 120
+    )
 
 
 def test_summary_medians_and_ranges_over_runs(tool):
     runs = []
     for server, dart, tg in ((100.0, 150.0, 160.0), (120.0, 150.0, 140.0), (110.0, 120.0, 150.0)):
-        rows = [_row("llama-bench", "Q4_0", "tg128", tg), _row("llama-server", "Q4_0", "plain", server, [[1]]),
-                _row("dartcore", "Q4_0", "dart", dart, [[1]])]
+        rows = [
+            _row("llama-bench", "Q4_0", "tg128", tg),
+            _row("llama-server", "Q4_0", "plain", server, [[1]]),
+            _row("dartcore", "Q4_0", "dart", dart, [[1]]),
+        ]
         runs.append({"rows": rows, **tool.annotate_run(rows, eos=set())})
     s = tool.summarize(runs)
     k = "dartcore/Q4_0/dart"
@@ -306,9 +348,16 @@ def test_summary_medians_and_ranges_over_runs(tool):
     assert s["median_ratio_to_tg128_same_weights"][k] == pytest.approx(150 / 160)
     assert s["range_ratio_to_tg128_same_weights"][k] == pytest.approx([120 / 150, 150 / 140])
     assert s["best_server_per_run"] == ["llama-server/Q4_0/plain"] * 3
-    report = {"gguf": "m.Q4_1.gguf", "prompts": 1, "max_new_tokens": 4, "repeats": runs, "skipped": [],
-              "machine": {"cpu": "Fake", "cpus": 2, "threads": 2, "isa_flags": ["avx2"]},
-              "rows": runs[-1]["rows"], **s}
+    report = {
+        "gguf": "m.Q4_1.gguf",
+        "prompts": 1,
+        "max_new_tokens": 4,
+        "repeats": runs,
+        "skipped": [],
+        "machine": {"cpu": "Fake", "cpus": 2, "threads": 2, "isa_flags": ["avx2"]},
+        "rows": runs[-1]["rows"],
+        **s,
+    }
     text = tool.markdown(report)
     assert "| dartcore | Q4_0 | dart | 150.0 | 120.0-150.0 |" in text
     assert "1.25x (1.09-1.50)" in text

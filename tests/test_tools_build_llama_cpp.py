@@ -16,8 +16,13 @@ pytestmark = pytest.mark.skipif(not Path("/proc/cpuinfo").is_file(), reason="rea
 
 
 def _run(cache: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "DARTCORE_CACHE": str(cache), **env})
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "DARTCORE_CACHE": str(cache), **env},
+    )
 
 
 def _pin() -> str:
@@ -58,4 +63,5 @@ def test_finished_build_is_reused(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == str(bin_dir)
     assert "already built" in done.stderr
-    assert sorted(p.name for p in (tmp_path / "llama.cpp").iterdir()) == [bin_dir.parent.name]  # nothing fetched
+    # nothing fetched
+    assert sorted(p.name for p in (tmp_path / "llama.cpp").iterdir()) == [bin_dir.parent.name]

@@ -16,7 +16,12 @@ from dartcore.errors import DartError
 from dartcore.training.data import pack_documents
 from dartcore.training.forward import train_forward
 from dartcore.training.loss import gamma_kl_loss, teacher_logprobs
-from dartcore.training.mask import brute_force_mask, build_layout, dense_mask, prefix_shared_attention
+from dartcore.training.mask import (
+    brute_force_mask,
+    build_layout,
+    dense_mask,
+    prefix_shared_attention,
+)
 from dartcore.training.trainer import (
     EvalSet,
     TrainConfig,
@@ -29,7 +34,6 @@ from dartcore.training.trainer import (
     sample_anchors,
     teacher_forward,
 )
-
 
 # -- mask -------------------------------------------------------------------------------
 
@@ -126,12 +130,16 @@ def test_flex_block_mask_equals_dense_mask_on_cpu():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # eager flex_attention warns that it is unfused
         got = flex_attention(q, k, v, block_mask=_flex_block_mask(layout, H))
-    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense_mask(layout)[:, None])
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=dense_mask(layout)[:, None]
+    )
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 def test_flex_backend_refused_on_cpu():
-    layout = build_layout(torch.tensor([[1]]), torch.zeros(1, 3, dtype=torch.long), torch.arange(3)[None], 2)
+    layout = build_layout(
+        torch.tensor([[1]]), torch.zeros(1, 3, dtype=torch.long), torch.arange(3)[None], 2
+    )
     with pytest.raises(RuntimeError, match="CUDA"):
         prefix_shared_attention(None, torch.zeros(1, 1, 2, 4), None, None, layout, backend="flex")
 
@@ -141,13 +149,18 @@ def test_flex_backend_refused_on_cpu():
 
 def _pipeline(target, dr, ids, doc, anchors):
     """Teacher taps on the packed clean sequence -> training forward (group logits)."""
-    N = ids.shape[0]
     pos = torch.cat([torch.arange(int((doc == k).sum())) for k in doc.unique()])
     seq = make_batch([_packed(ids.numpy(), pos.numpy(), doc.numpy())])
     taps, _ = teacher_forward(target, seq, dr.taps)
     with torch.no_grad():
-        return train_forward(dr, taps, next_tokens_of(seq), anchors[None], doc_ids=seq.doc_ids,
-                                 position_ids=seq.position_ids)[0]
+        return train_forward(
+            dr,
+            taps,
+            next_tokens_of(seq),
+            anchors[None],
+            doc_ids=seq.doc_ids,
+            position_ids=seq.position_ids,
+        )[0]
 
 
 def _packed(ids, pos, doc):
@@ -191,14 +204,18 @@ def test_teacher_isolates_packed_documents():
     ids = torch.cat((a, b))
     doc = torch.cat((torch.zeros(9), torch.ones(7))).long()
     pos = torch.cat((torch.arange(9), torch.arange(7)))
-    taps, logits = teacher_forward(target, make_batch([_packed(ids.numpy(), pos.numpy(), doc.numpy())]), (2, 3, 4))
+    taps, logits = teacher_forward(
+        target, make_batch([_packed(ids.numpy(), pos.numpy(), doc.numpy())]), (2, 3, 4)
+    )
     with torch.no_grad():
         ob = target(b[None], output_hidden_states=True)
     torch.testing.assert_close(logits[0, 9:], ob.logits[0], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(taps[0, 9:, :32], ob.hidden_states[2][0], atol=1e-4, rtol=1e-4)
     # restricted head: the same columns of the full logits
     cols = torch.tensor([0, 5, 63])
-    _, sub = teacher_forward(target, make_batch([_packed(ids.numpy(), pos.numpy(), doc.numpy())]), (2, 3, 4), cols)
+    _, sub = teacher_forward(
+        target, make_batch([_packed(ids.numpy(), pos.numpy(), doc.numpy())]), (2, 3, 4), cols
+    )
     torch.testing.assert_close(sub, logits[..., cols], atol=1e-5, rtol=1e-5)
 
 
@@ -221,8 +238,14 @@ def test_loss_gradient_is_gamma_k_times_p_minus_q():
                 want = gamma**k * (p[b, a, k] - q[b, a, k]) if valid[b, a, k] else torch.zeros(V)
                 torch.testing.assert_close(logits.grad[b, a, k], want, atol=1e-6, rtol=1e-5)
     # and the value is sum_k gamma^k KL(q || p) by the definition
-    ref = sum(gamma**k * sum(float(q[b, a, k, v] * (logq[b, a, k, v] - p[b, a, k, v].log())) for v in range(V))
-              for b in range(2) for a in range(3) for k in range(d) if valid[b, a, k])
+    ref = sum(
+        gamma**k
+        * sum(float(q[b, a, k, v] * (logq[b, a, k, v] - p[b, a, k, v].log())) for v in range(V))
+        for b in range(2)
+        for a in range(3)
+        for k in range(d)
+        if valid[b, a, k]
+    )
     assert abs(loss.item() - ref) < 1e-4
 
 
@@ -244,10 +267,12 @@ def test_loss_mean_reduction_and_teacher_renormalisation():
 
 
 def test_pack_documents():
-    docs = [(np.arange(10, 16), np.array([0, 0, 1, 1, 1, 1], bool)),
-            (np.arange(20, 24), np.array([0, 1, 1, 1], bool)),
-            (np.arange(30, 39), np.array([0] * 3 + [1] * 6, bool)),
-            (np.arange(40, 43), np.zeros(3, bool))]  # no response: dropped
+    docs = [
+        (np.arange(10, 16), np.array([0, 0, 1, 1, 1, 1], bool)),
+        (np.arange(20, 24), np.array([0, 1, 1, 1], bool)),
+        (np.arange(30, 39), np.array([0] * 3 + [1] * 6, bool)),
+        (np.arange(40, 43), np.zeros(3, bool)),
+    ]  # no response: dropped
     seqs = pack_documents(docs, 12, pad_id=0)
     assert len(seqs) == 2
     s = seqs[0]
@@ -255,7 +280,20 @@ def test_pack_documents():
     assert s.position_ids.tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 0, 1]
     assert s.doc_ids.tolist() == [0] * 6 + [1] * 4 + [2, 2]
     # t is an anchor iff x_{t+1} is a response token of the same document
-    assert s.anchor_ok.tolist() == [False, True, True, True, True, False, True, True, True, False, False, False]
+    assert s.anchor_ok.tolist() == [
+        False,
+        True,
+        True,
+        True,
+        True,
+        False,
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
     assert s.doc_end.tolist() == [5] * 6 + [9] * 4 + [11, 11]
     assert seqs[1].input_ids[:9].tolist() == list(range(30, 39))
 
@@ -331,7 +369,7 @@ def test_evaluate_matches_plain_drafting():
             for t in range(len(idx) - 1):
                 if not s.anchor_ok[idx[t]]:
                     continue
-                logits = dr.draft(dr.new_state(64), taps[: t + 1], ids[1: t + 2])
+                logits = dr.draft(dr.new_state(64), taps[: t + 1], ids[1 : t + 2])
                 top = dr.to_target_ids(logits.topk(10, -1).indices)
                 for k in range(d):
                     if t + 1 + k < len(idx):
@@ -356,8 +394,17 @@ def _random(target):
 def _trainer(target, out, steps, seqs):
     torch.manual_seed(0)
     dr = DartDrafter.from_target(target, d=3, draft_vocab=list(range(64)))
-    cfg = TrainConfig(ctx_len=24, batch_size=2, anchors_per_seq=6, d=3, lr=3e-3, warmup_steps=3, max_steps=steps,
-                      eval_every=0, checkpoint_every_minutes=1e9)
+    cfg = TrainConfig(
+        ctx_len=24,
+        batch_size=2,
+        anchors_per_seq=6,
+        d=3,
+        lr=3e-3,
+        warmup_steps=3,
+        max_steps=steps,
+        eval_every=0,
+        checkpoint_every_minutes=1e9,
+    )
     return Trainer(dr, target, seqs, cfg, out, progress=False)
 
 
@@ -394,7 +441,15 @@ def test_with_draft_vocab_keeps_rows_and_starts_new_ids_from_the_target(tmp_path
     dr = _random(target)  # draft vocabulary: the even ids
     head = target.get_output_embeddings().weight
     new = dr.with_draft_vocab([0, 1, 2, 3, 4, 9, 62], target)
-    assert new.config.draft_vocab_size == 7 and new.draft_to_target.tolist() == [0, 1, 2, 3, 4, 9, 62]
+    assert new.config.draft_vocab_size == 7 and new.draft_to_target.tolist() == [
+        0,
+        1,
+        2,
+        3,
+        4,
+        9,
+        62,
+    ]
     old_row = {t: i for i, t in enumerate(dr.draft_to_target.tolist())}
     for j, t in enumerate(new.draft_to_target.tolist()):
         expect = dr.lm_head.weight[old_row[t]] if t in old_row else head[t]
@@ -413,7 +468,10 @@ def test_with_draft_vocab_keeps_rows_and_starts_new_ids_from_the_target(tmp_path
     again = DartDrafter.from_pretrained(tmp_path / "d", target)
     assert again.draft_to_target.tolist() == new.draft_to_target.tolist()
     full = dr.with_draft_vocab(range(target.config.vocab_size), target)
-    assert full.config.draft_vocab_size == target.config.vocab_size and "draft_to_target" not in full.state_dict()
+    assert (
+        full.config.draft_vocab_size == target.config.vocab_size
+        and "draft_to_target" not in full.state_dict()
+    )
     for bad, msg in (([], "target ids"), ([1, 1], "duplicate"), ([0, 10_000], "target ids")):
         with pytest.raises(DartError, match=msg):
             dr.with_draft_vocab(bad, target)

@@ -23,7 +23,9 @@ def corpus_index(tmp_path_factory):
     rng = np.random.default_rng(7)
     # Skewed token distribution so that trigram/bigram/unigram backoff all occur.
     probs = np.array([0.25, 0.15, 0.12, 0.1, 0.08, 0.08, 0.06, 0.05, 0.04, 0.03, 0.02, 0.02])
-    docs = [rng.choice(V, size=int(rng.integers(5, 60)), p=probs).astype(np.uint32) for _ in range(12)]
+    docs = [
+        rng.choice(V, size=int(rng.integers(5, 60)), p=probs).astype(np.uint32) for _ in range(12)
+    ]
     path = tmp_path_factory.mktemp("idx") / "tiny.idx"
     build_index(docs, path, vocab_size=V)
     return docs, NgramIndex(path)
@@ -39,14 +41,14 @@ class Counts:
             d = [int(t) for t in d]
             for n in (1, 2, 3):
                 for i in range(len(d) - n + 1):
-                    self.ngram[tuple(d[i:i + n])] += 1
-                    self.ctx[tuple(d[i:i + n - 1])] += 1
+                    self.ngram[tuple(d[i : i + n])] += 1
+                    self.ctx[tuple(d[i : i + n - 1])] += 1
 
     def g(self, context, v, unigram_backoff=True):
         context = tuple(context[-2:])
         lo = 0 if unigram_backoff else 1
         for n in range(len(context), lo - 1, -1):
-            c = context[len(context) - n:]
+            c = context[len(context) - n :]
             hit = self.ngram.get(c + (v,), 0)
             if hit:
                 return hit / self.ctx[c]
@@ -56,8 +58,12 @@ class Counts:
         context = tuple(context[-2:])
         lo = 0 if unigram_backoff else 1
         for n in range(len(context), lo - 1, -1):
-            c = context[len(context) - n:]
-            kids = [(key[-1], cnt) for key, cnt in self.ngram.items() if len(key) == n + 1 and key[:-1] == c]
+            c = context[len(context) - n :]
+            kids = [
+                (key[-1], cnt)
+                for key, cnt in self.ngram.items()
+                if len(key) == n + 1 and key[:-1] == c
+            ]
             if kids:
                 kids.sort(key=lambda x: (-x[1], x[0]))
                 return [(v, cnt / self.ctx[c]) for v, cnt in kids[:k]]
@@ -68,7 +74,11 @@ def select(cands, theta):
     """Best available candidate (parent chosen) by linear scan: score desc, shallower, earlier."""
     chosen, taken = [], set()
     while len(chosen) < theta:
-        avail = [i for i, c in enumerate(cands) if i not in taken and (c["parent"] is None or c["parent"] in taken)]
+        avail = [
+            i
+            for i, c in enumerate(cands)
+            if i not in taken and (c["parent"] is None or c["parent"] in taken)
+        ]
         if not avail:
             break
         best = min(avail, key=lambda i: (-cands[i]["score"], cands[i]["level"], i))
@@ -88,8 +98,22 @@ def keep(cands, level_nodes, w, eos):
     return beam
 
 
-def brute_eq10(counts, context, toks, lps, *, beam_width=20, max_nodes=59, level_decay=0.9, ngram_weight=0.5,
-               depth_exponent=0.7, eps=1e-10, ngram_first_level=True, unigram_backoff=True, eos_token_ids=()):
+def brute_eq10(
+    counts,
+    context,
+    toks,
+    lps,
+    *,
+    beam_width=20,
+    max_nodes=59,
+    level_decay=0.9,
+    ngram_weight=0.5,
+    depth_exponent=0.7,
+    eps=1e-10,
+    ngram_first_level=True,
+    unigram_backoff=True,
+    eos_token_ids=(),
+):
     d, k = toks.shape
     cands, beam = [], [None]
     for lvl in range(d):
@@ -102,7 +126,7 @@ def brute_eq10(counts, context, toks, lps, *, beam_width=20, max_nodes=59, level
                 if lp == -math.inf:
                     continue
                 v = int(toks[lvl, j])
-                delta = level_decay ** lvl * math.log(math.exp(lp) + eps) / div
+                delta = level_decay**lvl * math.log(math.exp(lp) + eps) / div
                 if ngram_weight != 0 and (lvl > 0 or ngram_first_level):
                     g = counts.g(list(context) + list(ppath), v, unigram_backoff)
                     delta += ngram_weight / div * math.log(g + eps)
@@ -112,7 +136,10 @@ def brute_eq10(counts, context, toks, lps, *, beam_width=20, max_nodes=59, level
 
 
 def tree_dict(tree):
-    return {tuple(int(x) for x in tree.tokens[tree.path(i)[1:]]): float(tree.scores[i]) for i in range(1, tree.size)}
+    return {
+        tuple(int(x) for x in tree.tokens[tree.path(i)[1:]]): float(tree.scores[i])
+        for i in range(1, tree.size)
+    }
 
 
 def check_structure(tree, max_nodes):
@@ -142,9 +169,14 @@ def test_beam_search_equals_brute_force(corpus_index, seed):
     d, k = int(rng.integers(1, 5)), int(rng.integers(1, 6))
     toks, lps = random_rows(rng, d, k)
     context = [int(t) for t in rng.integers(0, V, size=int(rng.integers(1, 4)))]
-    kw = dict(beam_width=int(rng.integers(1, 5)), max_nodes=int(rng.integers(1, 25)),
-              ngram_weight=float(rng.choice([0.0, 0.5, 1.0])), ngram_first_level=bool(seed % 2),
-              unigram_backoff=bool(seed % 3), eos_token_ids=(int(rng.integers(0, V)),) if seed % 4 == 0 else ())
+    kw = dict(
+        beam_width=int(rng.integers(1, 5)),
+        max_nodes=int(rng.integers(1, 25)),
+        ngram_weight=float(rng.choice([0.0, 0.5, 1.0])),
+        ngram_first_level=bool(seed % 2),
+        unigram_backoff=bool(seed % 3),
+        eos_token_ids=(int(rng.integers(0, V)),) if seed % 4 == 0 else (),
+    )
     # brute_eq10 is the "beam" candidate set; "all" has its own brute force (test_candidates.py)
     tree = T.beam_search(index, context, toks, lps, candidates="beam", **kw)
     check_structure(tree, kw["max_nodes"])
@@ -174,10 +206,12 @@ def test_probability_one_chain_keeps_ancestors(theta):
 def test_drafter_only_tree_and_chain():
     rng = np.random.default_rng(3)
     toks, lps = random_rows(rng, 4, 5, neg_inf=0.0)
-    chain = T.beam_search(None, [9], toks, lps, beam_width=1, max_nodes=4, ngram_weight=0.0, candidates="beam")
+    chain = T.beam_search(
+        None, [9], toks, lps, beam_width=1, max_nodes=4, ngram_weight=0.0, candidates="beam"
+    )
     # beam_width = 1 with the "beam" candidates keeps one node per level: the chain of each row's best token.
     assert chain.parents.tolist() == [-1, 0, 1, 2, 3]
-    best = [int(toks[l, np.argmax(lps[l])]) for l in range(4)]
+    best = [int(toks[r, np.argmax(lps[r])]) for r in range(4)]
     assert chain.tokens[1:].tolist() == best
     with pytest.raises(TreeError, match="needs an n-gram index"):
         T.beam_search(None, [9], toks, lps)
@@ -205,10 +239,17 @@ def test_ngram_tree_equals_brute_force(corpus_index, seed):
     docs, index = corpus_index
     counts = Counts(docs)
     rng = np.random.default_rng(100 + seed)
-    depth, k, w, theta = int(rng.integers(1, 5)), int(rng.integers(1, 5)), int(rng.integers(1, 4)), int(rng.integers(1, 20))
+    depth, k, w, theta = (
+        int(rng.integers(1, 5)),
+        int(rng.integers(1, 5)),
+        int(rng.integers(1, 4)),
+        int(rng.integers(1, 20)),
+    )
     context = rng.integers(0, V, size=int(rng.integers(1, 4))).tolist()
     ub = bool(seed % 2)
-    tree = T.ngram_tree(index, context, depth=depth, k=k, beam_width=w, max_nodes=theta, unigram_backoff=ub)
+    tree = T.ngram_tree(
+        index, context, depth=depth, k=k, beam_width=w, max_nodes=theta, unigram_backoff=ub
+    )
     check_structure(tree, theta)
     cands, beam = [], [None]
     for lvl in range(depth):
@@ -217,7 +258,14 @@ def test_ngram_tree_equals_brute_force(corpus_index, seed):
         for e in beam:
             ppath, ps = ((), 0.0) if e is None else (cands[e]["path"], cands[e]["score"])
             for v, g in counts.children(list(context) + list(ppath), k, ub):
-                new.append({"path": ppath + (v,), "score": ps + scale * math.log(g + 1e-10), "level": lvl, "parent": e})
+                new.append(
+                    {
+                        "path": ppath + (v,),
+                        "score": ps + scale * math.log(g + 1e-10),
+                        "level": lvl,
+                        "parent": e,
+                    }
+                )
         beam = keep(cands, new, w, ())
     want = select(cands, theta)
     got = tree_dict(tree)
@@ -232,7 +280,11 @@ def heap_order(parents, scores, b):
         depth.append(1 if p < 0 else depth[p] + 1)
     taken, out = set(), []
     while len(out) < b:
-        avail = [i for i in range(len(parents)) if i not in taken and (parents[i] < 0 or parents[i] in taken)]
+        avail = [
+            i
+            for i in range(len(parents))
+            if i not in taken and (parents[i] < 0 or parents[i] in taken)
+        ]
         if not avail:
             break
         j = min(avail, key=lambda i: (-scores[i], depth[i], i))
@@ -274,8 +326,14 @@ def test_best_first_equals_exhaustive(seed):
         for j in range(k):
             if lps[lvl, j] == -np.inf:
                 continue
-            cands.append({"path": path + (int(toks[lvl, j]),), "score": score + float(lps[lvl, j]), "level": lvl,
-                          "parent": parent})
+            cands.append(
+                {
+                    "path": path + (int(toks[lvl, j]),),
+                    "score": score + float(lps[lvl, j]),
+                    "level": lvl,
+                    "parent": parent,
+                }
+            )
             expand(lvl + 1, cands[-1]["path"], cands[-1]["score"], len(cands) - 1)
 
     expand(0, (), 0.0, None)
@@ -398,11 +456,18 @@ def test_search_params_defaults_are_the_papers_and_round_trip_to_rust(corpus_ind
     from dartcore import _native
 
     p = T.SearchParams()
-    paper = {k: v.default for k, v in inspect.signature(brute_eq10).parameters.items()
-             if v.default is not inspect.Parameter.empty}
+    paper = {
+        k: v.default
+        for k, v in inspect.signature(brute_eq10).parameters.items()
+        if v.default is not inspect.Parameter.empty
+    }
     # candidates: the paper's "all" (the `dart` tree's); brute_eq10 is the "beam" set, "all" has its own
     # brute force (test_candidates.py)
-    assert {f: getattr(p, f) for f in T.SearchParams.fields()} == {**paper, "eos_token_ids": (), "candidates": "all"}
+    assert {f: getattr(p, f) for f in T.SearchParams.fields()} == {
+        **paper,
+        "eos_token_ids": (),
+        "candidates": "all",
+    }
     assert set(_native.search_defaults()) | {"eos_token_ids"} == T.SearchParams.fields()
     assert set(p.native()) == T.SearchParams.fields()
     docs, index = corpus_index
@@ -410,29 +475,56 @@ def test_search_params_defaults_are_the_papers_and_round_trip_to_rust(corpus_ind
     rng = np.random.default_rng(5)
     toks, lps = random_rows(rng, 4, 5, neg_inf=0.0)
     context = [3, 1]
-    odd = T.SearchParams(beam_width=3, max_nodes=9, level_decay=0.6, ngram_weight=1.3, depth_exponent=1.1, eps=1e-4,
-                         ngram_first_level=False, unigram_backoff=False, eos_token_ids=(int(toks[0, 0]),),
-                         candidates="beam")
+    odd = T.SearchParams(
+        beam_width=3,
+        max_nodes=9,
+        level_decay=0.6,
+        ngram_weight=1.3,
+        depth_exponent=1.1,
+        eps=1e-4,
+        ngram_first_level=False,
+        unigram_backoff=False,
+        eos_token_ids=(int(toks[0, 0]),),
+        candidates="beam",
+    )
     assert all(getattr(odd, f) != getattr(p, f) for f in T.SearchParams.fields() - {"candidates"})
     got = tree_dict(T.beam_search(index, context, toks, lps, odd))
-    want = brute_eq10(counts, context, toks, lps, **{f: getattr(odd, f) for f in T.SearchParams.fields() - {"candidates"}})
+    want = brute_eq10(
+        counts,
+        context,
+        toks,
+        lps,
+        **{f: getattr(odd, f) for f in T.SearchParams.fields() - {"candidates"}},
+    )
     assert set(got) == set(want)
     for path, s in want.items():
         assert got[path] == pytest.approx(s, rel=1e-9, abs=1e-12)
     # keyword overrides on top of a params object
-    assert tree_dict(T.beam_search(index, context, toks, lps, odd, max_nodes=2)).keys() == \
-        brute_eq10(counts, context, toks, lps, **{**{f: getattr(odd, f) for f in T.SearchParams.fields() - {"candidates"}},
-                                                   "max_nodes": 2}).keys()
+    assert (
+        tree_dict(T.beam_search(index, context, toks, lps, odd, max_nodes=2)).keys()
+        == brute_eq10(
+            counts,
+            context,
+            toks,
+            lps,
+            **{
+                **{f: getattr(odd, f) for f in T.SearchParams.fields() - {"candidates"}},
+                "max_nodes": 2,
+            },
+        ).keys()
+    )
 
 
 BAD_SEARCH_ARGS = [
-    ({"beam_width": 10**5}, TreeError, r"beam_width = 100000 .*\[1, 4096\]"),  # ~2 s of search unchecked
+    # ~2 s of search unchecked
+    ({"beam_width": 10**5}, TreeError, r"beam_width = 100000 .*\[1, 4096\]"),
     ({"beam_width": 10**7}, TreeError, r"beam_width"),
     ({"beam_width": 0}, TreeError, r"beam_width"),
     ({"beam_width": -3}, TreeError, r"beam_width"),
     ({"beam_width": 2.5}, TypeError, r"beam_width"),
     ({"beam_width": True}, TypeError, r"beam_width"),
-    ({"max_nodes": 2**64}, TreeError, r"max_nodes .*\[1, 2147483646\]"),  # was "failed to extract field"
+    # was "failed to extract field"
+    ({"max_nodes": 2**64}, TreeError, r"max_nodes .*\[1, 2147483646\]"),
     ({"max_nodes": -1}, TreeError, r"max_nodes"),
     ({"max_nodes": "59"}, TypeError, r"max_nodes"),
     ({"eps": -1e-3}, TreeError, r"eps"),
@@ -459,14 +551,17 @@ def test_bad_search_arguments_name_the_argument_and_its_range(corpus_index, kwar
         T.SearchParams(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    ({"depth": -1}, TreeError, r"depth"),
-    ({"depth": 2**20}, TreeError, r"depth .*\[0, 65535\]"),
-    ({"depth": 2.0}, TypeError, r"depth"),
-    ({"k": 2**62}, TreeError, r"k = .*\[0, 4294967295\]"),
-    ({"k": -1}, TreeError, r"k"),
-    ({"max_nodes": 2**64}, TreeError, r"max_nodes"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"depth": -1}, TreeError, r"depth"),
+        ({"depth": 2**20}, TreeError, r"depth .*\[0, 65535\]"),
+        ({"depth": 2.0}, TypeError, r"depth"),
+        ({"k": 2**62}, TreeError, r"k = .*\[0, 4294967295\]"),
+        ({"k": -1}, TreeError, r"k"),
+        ({"max_nodes": 2**64}, TreeError, r"max_nodes"),
+    ],
+)
 def test_bad_ngram_tree_arguments_name_the_argument(corpus_index, kwargs, error, match):
     _, index = corpus_index
     with pytest.raises(error, match=match):
@@ -487,6 +582,10 @@ def test_widest_beam_equals_a_beam_as_wide_as_the_budget():
     rng = np.random.default_rng(3)
     toks, lps = random_rows(rng, 6, 8, vocab=50, neg_inf=0.0)
     for theta in (4, 20):
-        a = T.beam_search(None, [1, 2], toks, lps, beam_width=theta, max_nodes=theta, ngram_weight=0.0)
-        b = T.beam_search(None, [1, 2], toks, lps, beam_width=T.MAX_BEAM_WIDTH, max_nodes=theta, ngram_weight=0.0)
+        a = T.beam_search(
+            None, [1, 2], toks, lps, beam_width=theta, max_nodes=theta, ngram_weight=0.0
+        )
+        b = T.beam_search(
+            None, [1, 2], toks, lps, beam_width=T.MAX_BEAM_WIDTH, max_nodes=theta, ngram_weight=0.0
+        )
         assert tree_dict(a) == tree_dict(b)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from dartcore import TreeError
 from dartcore.acceptance import accept, ancestor_mask, flatten, prune
 from dartcore.sampling import Sampler, SamplingParams
@@ -22,7 +23,9 @@ def random_tree(rng, n, vocab=6):
         parents.append(p)
         depths.append(depths[p] + 1)
     tokens = rng.integers(0, vocab, size=n)
-    return Tree(tokens.astype(np.int64), np.array(parents, dtype=np.int64), np.array(depths, dtype=np.int64))
+    return Tree(
+        tokens.astype(np.int64), np.array(parents, dtype=np.int64), np.array(depths, dtype=np.int64)
+    )
 
 
 def test_ancestor_mask_brute_force():
@@ -43,7 +46,11 @@ def test_flatten_validates():
     from types import SimpleNamespace
 
     with pytest.raises(TreeError, match="parent"):  # any object with the three arrays is checked
-        flatten(SimpleNamespace(tokens=np.array([1, 2, 3]), parents=np.array([-1, 2, 0]), depths=np.array([0, 1, 1])))
+        flatten(
+            SimpleNamespace(
+                tokens=np.array([1, 2, 3]), parents=np.array([-1, 2, 0]), depths=np.array([0, 1, 1])
+            )
+        )
     ok = flatten(SimpleNamespace(tokens=[5, 6], parents=[-1, 0], depths=[0, 1]))
     assert isinstance(ok, Tree) and ok.scores.tolist() == [0.0, 0.0]
     assert flatten(ok) is ok
@@ -54,7 +61,13 @@ def test_flatten_validates():
     with pytest.raises(TreeError):
         flatten(Tree(np.array([1, 2, 3]), np.array([-1, 2, 0]), np.array([0, 1, 1])))
     with pytest.raises(TreeError):
-        flatten(Tree(np.array([], dtype=np.int64), np.array([], dtype=np.int64), np.array([], dtype=np.int64)))
+        flatten(
+            Tree(
+                np.array([], dtype=np.int64),
+                np.array([], dtype=np.int64),
+                np.array([], dtype=np.int64),
+            )
+        )
 
 
 def test_prune_keeps_ancestors_and_budgets():

@@ -8,8 +8,14 @@ from dartcore.errors import TreeError
 from dartcore.tree import Tree
 
 
-def random_tree(n: int, *, vocab_size: int = 1000, max_depth: int | None = None, root_token: int | None = None,
-                rng: np.random.Generator | int | None = None) -> Tree:
+def random_tree(
+    n: int,
+    *,
+    vocab_size: int = 1000,
+    max_depth: int | None = None,
+    root_token: int | None = None,
+    rng: np.random.Generator | int | None = None,
+) -> Tree:
     """A random valid tree of ``n`` nodes (root included), for tests: depth order, distinct
     sibling tokens, scores that decrease along every path, depth ≤ ``max_depth``."""
     if n < 1:
@@ -40,7 +46,9 @@ def random_tree(n: int, *, vocab_size: int = 1000, max_depth: int | None = None,
         kids.setdefault(int(new_par[i]), []).append(i)
     for p, ch in kids.items():
         if len(ch) > vocab_size:
-            raise TreeError(f"node {p} has {len(ch)} children but the vocabulary has {vocab_size} tokens")
+            raise TreeError(
+                f"node {p} has {len(ch)} children but the vocabulary has {vocab_size} tokens"
+            )
         tokens[ch] = g.choice(vocab_size, size=len(ch), replace=False)
     for i in range(1, n):
         scores[i] = scores[new_par[i]] + float(np.log(g.uniform(0.05, 1.0)))

@@ -60,8 +60,12 @@ def build_default_index(tok, data_dir) -> Path:
                 ids = tok(doc.messages[-1]["content"])["input_ids"] + [tok.eos_token_id]
                 docs.append(np.asarray(ids, dtype=np.int64))
     out.parent.mkdir(parents=True, exist_ok=True)
-    build_index(docs, out, vocab_size=len(tok), metadata={"tokenizer": {"name": "smollm2",
-                                                                        "fingerprint": fingerprint(tok)}})
+    build_index(
+        docs,
+        out,
+        vocab_size=len(tok),
+        metadata={"tokenizer": {"name": "smollm2", "fingerprint": fingerprint(tok)}},
+    )
     return out
 
 
@@ -72,7 +76,8 @@ def load_prompts(tok, n: int, data_dir) -> list[list[int]]:
     chats = []
     for name in ("humaneval", "gsm8k", "code_alpaca"):
         chats.append(load(name, per, data_dir))
-    mixed = [c for group in zip(*chats) for c in group][:n]  # interleaved: lengths mix in every batch
+    # interleaved: lengths mix in every batch
+    mixed = [c for group in zip(*chats) for c in group][:n]
     out = []
     for messages in mixed:
         ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
@@ -80,7 +85,9 @@ def load_prompts(tok, n: int, data_dir) -> list[list[int]]:
     return out
 
 
-def run_one(engine_cls, params_cls, dec, prompts, concurrency: int, budget, max_new: int, max_seq_len: int):
+def run_one(
+    engine_cls, params_cls, dec, prompts, concurrency: int, budget, max_new: int, max_seq_len: int
+):
     engine = engine_cls(dec, max_batch=concurrency, max_seq_len=max_seq_len, budget=budget)
     params = params_cls(max_new_tokens=max_new)
     pending = list(enumerate(prompts))
@@ -94,7 +101,11 @@ def run_one(engine_cls, params_cls, dec, prompts, concurrency: int, budget, max_
         for out in engine.step():
             if out.finished:
                 i, t0 = joined[out.request_id]
-                results[i] = {"tokens": out.tokens, "latency_s": time.perf_counter() - t0, "stats": out.stats}
+                results[i] = {
+                    "tokens": out.tokens,
+                    "latency_s": time.perf_counter() - t0,
+                    "stats": out.stats,
+                }
     wall = time.perf_counter() - start
     return engine, results, wall
 
@@ -106,14 +117,21 @@ def percentile(xs, q):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--n", type=int, default=16, help="prompts (default 16)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--concurrency", default="1,2,4,8,16")
     p.add_argument("--methods", default=",".join(METHODS))
-    p.add_argument("--budget", type=int, default=4, help="dart-fixed's nodes per sequence (default 4)")
-    p.add_argument("--data-dir", default=None,
-                   help="the data directory (eval/ and train/; default $DARTCORE_DATA)")
+    p.add_argument(
+        "--budget", type=int, default=4, help="dart-fixed's nodes per sequence (default 4)"
+    )
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="the data directory (eval/ and train/; default $DARTCORE_DATA)",
+    )
     p.add_argument("--index", help="n-gram index (default: built once from the shipped responses)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default torch's)")
     p.add_argument("--remeasure", action="store_true", help="measure the verify-cost curve again")
@@ -141,47 +159,78 @@ def main(argv: list[str] | None = None) -> int:
     dec = DartDecoder(model, tok, drafter, index, tree="dart", max_nodes=max(args.budget, 1))
     prompts = load_prompts(tok, args.n, args.data_dir)
     max_seq_len = max(len(x) for x in prompts) + args.max_new_tokens + dec.max_nodes + 2
-    print(f"{len(prompts)} prompts ({min(map(len, prompts))}-{max(map(len, prompts))} tokens), "
-          f"{args.max_new_tokens} new tokens, backend {dec.backend.name}, {torch.get_num_threads()} torch threads",
-          file=sys.stderr)
+    print(
+        f"{len(prompts)} prompts ({min(map(len, prompts))}-{max(map(len, prompts))} tokens), "
+        f"{args.max_new_tokens} new tokens, backend {dec.backend.name}, {torch.get_num_threads()} torch threads",
+        file=sys.stderr,
+    )
 
-    if "dart-adaptive" in methods:  # the cost curve for the largest concurrency, measured (or read) once
+    # the cost curve for the largest concurrency, measured (or read) once
+    if "dart-adaptive" in methods:
         from dartcore.controller import CostCurve
 
         nodes = max(dec.max_nodes, drafter.d)
-        CostCurve.for_target(dec.target, dec.backend, max_rows=max(concurrencies) * (nodes + 1),
-                             remeasure=args.remeasure)
+        CostCurve.for_target(
+            dec.target,
+            dec.backend,
+            max_rows=max(concurrencies) * (nodes + 1),
+            remeasure=args.remeasure,
+        )
     rows, outputs = [], {}
     for c in concurrencies:
         for method in methods:
             budget = args.budget if METHODS[method] is None else METHODS[method]
-            engine, res, wall = run_one(Engine, SamplingParams, dec, prompts, c, budget, args.max_new_tokens,
-                                        max_seq_len)
+            engine, res, wall = run_one(
+                Engine, SamplingParams, dec, prompts, c, budget, args.max_new_tokens, max_seq_len
+            )
             outputs[(method, c)] = [res[i]["tokens"] for i in range(len(prompts))]
             new = sum(len(r["tokens"]) for r in res.values())
             rounds = sum(r["stats"]["rounds"] for r in res.values())
-            committed = sum((a + 1) * k for r in res.values() for a, k in enumerate(r["stats"]["accept_hist"]))
+            committed = sum(
+                (a + 1) * k for r in res.values() for a, k in enumerate(r["stats"]["accept_hist"])
+            )
             budgets = [b for r in res.values() for b in r["stats"]["budgets"]]
             lat = [r["latency_s"] for r in res.values()]
             st = engine.stats
-            row = {"method": method, "concurrency": c, "tok_per_s": new / wall, "latency_p50_s": percentile(lat, 50),
-                   "latency_p99_s": percentile(lat, 99), "tau": committed / max(rounds, 1),
-                   "mean_budget": sum(budgets) / max(len(budgets), 1), "wall_s": wall, "new_tokens": new,
-                   "steps": st.num_steps, "mean_rows_per_step": st.rows_verified / max(st.num_steps, 1),
-                   "stage_s": {k: round(v, 3) for k, v in st.seconds.items()},
-                   "controller_ms_per_step": 1e3 * st.controller_s / max(st.num_steps, 1)}
+            row = {
+                "method": method,
+                "concurrency": c,
+                "tok_per_s": new / wall,
+                "latency_p50_s": percentile(lat, 50),
+                "latency_p99_s": percentile(lat, 99),
+                "tau": committed / max(rounds, 1),
+                "mean_budget": sum(budgets) / max(len(budgets), 1),
+                "wall_s": wall,
+                "new_tokens": new,
+                "steps": st.num_steps,
+                "mean_rows_per_step": st.rows_verified / max(st.num_steps, 1),
+                "stage_s": {k: round(v, 3) for k, v in st.seconds.items()},
+                "controller_ms_per_step": 1e3 * st.controller_s / max(st.num_steps, 1),
+            }
             rows.append(row)
-            print(f"  {method:14s} c={c:2d}  {row['tok_per_s']:6.1f} tok/s  tau {row['tau']:.2f}  "
-                  f"budget {row['mean_budget']:.2f}  p50 {row['latency_p50_s']:.1f}s  p99 {row['latency_p99_s']:.1f}s"
-                  f"  ({wall:.0f}s)", file=sys.stderr)
+            print(
+                f"  {method:14s} c={c:2d}  {row['tok_per_s']:6.1f} tok/s  tau {row['tau']:.2f}  "
+                f"budget {row['mean_budget']:.2f}  p50 {row['latency_p50_s']:.1f}s  p99 {row['latency_p99_s']:.1f}s"
+                f"  ({wall:.0f}s)",
+                file=sys.stderr,
+            )
     ar_rate = {r["concurrency"]: r["tok_per_s"] for r in rows if r["method"] == "ar"}
     for r in rows:
-        r["speedup_vs_ar"] = r["tok_per_s"] / ar_rate[r["concurrency"]] if r["concurrency"] in ar_rate else None
+        r["speedup_vs_ar"] = (
+            r["tok_per_s"] / ar_rate[r["concurrency"]] if r["concurrency"] in ar_rate else None
+        )
     reference = outputs.get(("ar", concurrencies[0])) or next(iter(outputs.values()))
     identical = all(v == reference for v in outputs.values())
-    result = {"results": rows, "greedy_identical": identical, "prompts": len(prompts),
-              "max_new_tokens": args.max_new_tokens, "budget": args.budget, "backend": dec.backend.name,
-              "torch_threads": torch.get_num_threads(), "load_average": os.getloadavg()[0]}
+    result = {
+        "results": rows,
+        "greedy_identical": identical,
+        "prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "budget": args.budget,
+        "backend": dec.backend.name,
+        "torch_threads": torch.get_num_threads(),
+        "load_average": os.getloadavg()[0],
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "bench_batch.json.tmp"
@@ -196,12 +245,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _table(rows) -> str:
-    lines = ["| method | concurrency | tok/s | speedup vs AR | p50 s | p99 s | tau | mean budget |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| method | concurrency | tok/s | speedup vs AR | p50 s | p99 s | tau | mean budget |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         sp = f"{r['speedup_vs_ar']:.2f}x" if r.get("speedup_vs_ar") is not None else "-"
-        lines.append(f"| {r['method']} | {r['concurrency']} | {r['tok_per_s']:.1f} | {sp} | {r['latency_p50_s']:.2f} "
-                     f"| {r['latency_p99_s']:.2f} | {r['tau']:.2f} | {r['mean_budget']:.2f} |")
+        lines.append(
+            f"| {r['method']} | {r['concurrency']} | {r['tok_per_s']:.1f} | {sp} | {r['latency_p50_s']:.2f} "
+            f"| {r['latency_p99_s']:.2f} | {r['tau']:.2f} | {r['mean_budget']:.2f} |"
+        )
     return "\n".join(lines)
 
 

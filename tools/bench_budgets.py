@@ -25,7 +25,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="smollm2")
     p.add_argument("--drafter", default="smollm2")
-    p.add_argument("--quantized", action="store_true", help="the target's GGUF blocks (smollm2: its Q4_1 file)")
+    p.add_argument(
+        "--quantized", action="store_true", help="the target's GGUF blocks (smollm2: its Q4_1 file)"
+    )
     p.add_argument("--index", required=True)
     p.add_argument("--budgets", default="4,6,8")
     p.add_argument("--trees", default="dart,dart+ctx,dart+ngram")
@@ -49,7 +51,9 @@ def main(argv=None) -> int:
     decoders = {"ar": DartDecoder(model, tok, tree="ar")}
     for b in [int(x) for x in args.budgets.split(",")]:
         for tree in args.trees.split(","):
-            decoders[f"{tree}@{b}"] = DartDecoder(model, tok, drafter, index, tree=tree, max_nodes=b)
+            decoders[f"{tree}@{b}"] = DartDecoder(
+                model, tok, drafter, index, tree=tree, max_nodes=b
+            )
     prompts = [m for ds in args.datasets.split(",") for m in load_prompts(ds.strip(), args.n)]
     for dec in decoders.values():  # warm-up
         dec.generate(prompts[0], max_new_tokens=8)
@@ -70,16 +74,32 @@ def main(argv=None) -> int:
     rows = []
     for name in decoders:
         speedups = [a / b for a, b in zip(secs["ar"], secs[name])]
-        rows.append({"method": name, "tau": statistics.mean(taus[name]),
-                     "speedup_median": statistics.median(speedups), "speedup_mean": statistics.mean(speedups)})
+        rows.append(
+            {
+                "method": name,
+                "tau": statistics.mean(taus[name]),
+                "speedup_median": statistics.median(speedups),
+                "speedup_mean": statistics.mean(speedups),
+            }
+        )
     if args.json:
-        print(json.dumps({"prompts": len(prompts), "threads": args.threads, "greedy_identical": identical,
-                          "rows": rows}))
+        print(
+            json.dumps(
+                {
+                    "prompts": len(prompts),
+                    "threads": args.threads,
+                    "greedy_identical": identical,
+                    "rows": rows,
+                }
+            )
+        )
         return 0 if identical else 1
     print(f"{len(prompts)} prompts x {args.max_new_tokens} tokens, {args.threads} threads, T = 0")
     print("| method@budget | τ | speedup median | speedup mean |\n|---|---|---|---|")
     for r in rows:
-        print(f"| {r['method']} | {r['tau']:.2f} | {r['speedup_median']:.2f}× | {r['speedup_mean']:.2f}× |")
+        print(
+            f"| {r['method']} | {r['tau']:.2f} | {r['speedup_median']:.2f}× | {r['speedup_mean']:.2f}× |"
+        )
     print(f"greedy identical to AR: {identical}")
     return 0 if identical else 1
 

@@ -44,8 +44,17 @@ def ensure_corpus(path: Path) -> Path:
     if (path / "documents").is_dir() and any((path / "documents").glob("*.json.gz")):
         return path
     print(f"making a local corpus in {path} (tools/make_local_corpus.py) ...", file=sys.stderr)
-    subprocess.run([sys.executable, str(REPO / "tools" / "make_local_corpus.py"), "--output", str(path), "--quiet"],
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tools" / "make_local_corpus.py"),
+            "--output",
+            str(path),
+            "--quiet",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return path
 
 
@@ -101,12 +110,40 @@ def bench_stages(corpus: Path, tokenizer: str, threads: int, sample_bytes: int) 
     }
 
 
-def bench_e2e(corpus: Path, tokenizer: str, threads: int, memory: str, max_tokens: int | None, out_dir: Path,
-              engine: str = "local", address: str | None = None, partitions: int = 0, name: str = "bench") -> dict:
+def bench_e2e(
+    corpus: Path,
+    tokenizer: str,
+    threads: int,
+    memory: str,
+    max_tokens: int | None,
+    out_dir: Path,
+    engine: str = "local",
+    address: str | None = None,
+    partitions: int = 0,
+    name: str = "bench",
+) -> dict:
     output = out_dir / f"{name}.idx"
-    cmd = [sys.executable, "-m", "dartcore.cli.ngram_build", "--corpus", "dolma", "--corpus-dir", str(corpus),
-           "--tokenizer", tokenizer, "--output", str(output), "--memory", memory, "--json", "--quiet",
-           "--engine", engine, "--reduce-partitions", str(partitions)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dartcore.cli.ngram_build",
+        "--corpus",
+        "dolma",
+        "--corpus-dir",
+        str(corpus),
+        "--tokenizer",
+        tokenizer,
+        "--output",
+        str(output),
+        "--memory",
+        memory,
+        "--json",
+        "--quiet",
+        "--engine",
+        engine,
+        "--reduce-partitions",
+        str(partitions),
+    ]
     # The Ray engine runs one task per CPU, each with one thread (its --threads is per task).
     cmd += ["--threads", str(threads if engine == "local" else 1)]
     if address:
@@ -115,7 +152,12 @@ def bench_e2e(corpus: Path, tokenizer: str, threads: int, memory: str, max_token
         cmd += ["--max-tokens", str(max_tokens)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "python"), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            filter(None, [str(REPO / "python"), os.environ.get("PYTHONPATH")])
+        ),
+    )
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -167,20 +209,45 @@ def wall_model(ray: dict, machines=(1, 2, 4, 8, 16, 64), cores_per_machine: int 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--corpus-dir", type=Path, default=DEFAULT_CORPUS,
-                    help=f"Dolma-format corpus (default: {DEFAULT_CORPUS}, made by make_local_corpus if missing)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--corpus-dir",
+        type=Path,
+        default=DEFAULT_CORPUS,
+        help=f"Dolma-format corpus (default: {DEFAULT_CORPUS}, made by make_local_corpus if missing)",
+    )
     ap.add_argument("--tokenizer", default="qwen3")
     ap.add_argument("--memory", default="2G", help="--memory of the build (default 2G)")
-    ap.add_argument("--threads", type=int, default=0,
-                    help="threads of every stage (default 0: the pool's, i.e. DART_NUM_THREADS or all CPUs)")
-    ap.add_argument("--max-tokens", type=int, default=None, help="stop the e2e build after this many tokens")
-    ap.add_argument("--sample-mb", type=float, default=32, help="text for the tokenize/count stage benchmarks")
-    ap.add_argument("--engine", choices=["local", "ray", "both"], default="local",
-                    help="ray / both: also build with --engine ray on the same corpus (bytes compared)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="threads of every stage (default 0: the pool's, i.e. DART_NUM_THREADS or all CPUs)",
+    )
+    ap.add_argument(
+        "--max-tokens", type=int, default=None, help="stop the e2e build after this many tokens"
+    )
+    ap.add_argument(
+        "--sample-mb", type=float, default=32, help="text for the tokenize/count stage benchmarks"
+    )
+    ap.add_argument(
+        "--engine",
+        choices=["local", "ray", "both"],
+        default="local",
+        help="ray / both: also build with --engine ray on the same corpus (bytes compared)",
+    )
     ap.add_argument("--address", help="--address of the Ray engine (default: a local Ray)")
-    ap.add_argument("--reduce-partitions", type=int, default=0, help="--reduce-partitions of the builds (0: default)")
-    ap.add_argument("--repeat", type=int, default=1, help="builds per engine, alternating (medians reported)")
+    ap.add_argument(
+        "--reduce-partitions",
+        type=int,
+        default=0,
+        help="--reduce-partitions of the builds (0: default)",
+    )
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="builds per engine, alternating (medians reported)"
+    )
     ap.add_argument("--json", action="store_true", help="print the JSON record")
     ap.add_argument("--out", type=Path, help="also write the JSON record here")
     args = ap.parse_args(argv)
@@ -193,15 +260,30 @@ def main(argv: list[str] | None = None) -> int:
     stages = bench_stages(corpus, args.tokenizer, args.threads, int(args.sample_mb * 1e6))
     runs: dict[str, list[dict]] = {"local": [], "ray": []}
     engines = ["local"] + (["ray"] if args.engine in ("ray", "both") else [])
-    with tempfile.TemporaryDirectory(prefix="bench-build-", dir=os.environ.get("BENCH_BUILD_TMP")) as tmp:
+    with tempfile.TemporaryDirectory(
+        prefix="bench-build-", dir=os.environ.get("BENCH_BUILD_TMP")
+    ) as tmp:
         for rep in range(max(1, args.repeat)):
-            for eng in engines if rep % 2 == 0 else engines[::-1]:  # alternate the order: shared machine
-                r = bench_e2e(corpus, args.tokenizer, args.threads, args.memory, args.max_tokens, Path(tmp),
-                              engine=eng, address=args.address if eng == "ray" else None,
-                              partitions=args.reduce_partitions, name=f"{eng}-{rep}")
+            # alternate the order: shared machine
+            for eng in engines if rep % 2 == 0 else engines[::-1]:
+                r = bench_e2e(
+                    corpus,
+                    args.tokenizer,
+                    args.threads,
+                    args.memory,
+                    args.max_tokens,
+                    Path(tmp),
+                    engine=eng,
+                    address=args.address if eng == "ray" else None,
+                    partitions=args.reduce_partitions,
+                    name=f"{eng}-{rep}",
+                )
                 Path(tmp, f"{eng}-{rep}.idx").unlink()
                 runs[eng].append(r)
-                print(f"{eng} build {rep + 1}: {r['process_wall_s']:.1f} s (build {r['wall_s']:.1f} s)", file=sys.stderr)
+                print(
+                    f"{eng} build {rep + 1}: {r['process_wall_s']:.1f} s (build {r['wall_s']:.1f} s)",
+                    file=sys.stderr,
+                )
     e2e = runs["local"][0]
 
     cores = args.threads
@@ -215,13 +297,19 @@ def main(argv: list[str] | None = None) -> int:
         "e2e_wall_s": e2e["process_wall_s"],
         "e2e_mtok_per_s_per_core": tokens / e2e["process_wall_s"] / cores / 1e6,
         "e2e_mtok_per_cpu_s": tokens / e2e["process_cpu_s"] / 1e6,
-        "tokenize_mtok_per_s_per_core": stages["sample_tokens"] / stages["tokenize_s"] / cores / 1e6,
-        "tokenize_mtok_per_cpu_s": stages["sample_tokens"] / max(stages["tokenize_cpu_s"], 1e-9) / 1e6,
+        "tokenize_mtok_per_s_per_core": stages["sample_tokens"]
+        / stages["tokenize_s"]
+        / cores
+        / 1e6,
+        "tokenize_mtok_per_cpu_s": stages["sample_tokens"]
+        / max(stages["tokenize_cpu_s"], 1e-9)
+        / 1e6,
         "count_mtok_per_s_per_core": stages["sample_tokens"] / stages["count_s"] / cores / 1e6,
         "count_mtok_per_cpu_s": stages["sample_tokens"] / max(stages["count_cpu_s"], 1e-9) / 1e6,
         "peak_rss_gb": e2e["process_peak_rss_bytes"] / 2**30,
         "memory_limit_gb": parse_size(args.memory) / 2**30,
-        "rss_within_limit_plus_10pct": e2e["process_peak_rss_bytes"] <= 1.1 * parse_size(args.memory),
+        "rss_within_limit_plus_10pct": e2e["process_peak_rss_bytes"]
+        <= 1.1 * parse_size(args.memory),
         "nodes": e2e["nodes"]["total"],
         "nodes_by_level": {k: e2e["nodes"][k] for k in ("unigram", "bigram", "trigram")},
         "file_bytes": e2e["file_bytes"],
@@ -233,29 +321,66 @@ def main(argv: list[str] | None = None) -> int:
     }
     rows = [
         ("tokens", f"{tokens:,}"),
-        ("e2e M tok/s per core", f"{rec['e2e_mtok_per_s_per_core']:.2f} (per CPU-second: {rec['e2e_mtok_per_cpu_s']:.2f})"),
-        ("tokenize M tok/s per core", f"{rec['tokenize_mtok_per_s_per_core']:.2f} (per CPU-second: {rec['tokenize_mtok_per_cpu_s']:.2f})"),
-        ("count M tok/s per core", f"{rec['count_mtok_per_s_per_core']:.2f} (per CPU-second: {rec['count_mtok_per_cpu_s']:.2f})"),
+        (
+            "e2e M tok/s per core",
+            f"{rec['e2e_mtok_per_s_per_core']:.2f} (per CPU-second: {rec['e2e_mtok_per_cpu_s']:.2f})",
+        ),
+        (
+            "tokenize M tok/s per core",
+            f"{rec['tokenize_mtok_per_s_per_core']:.2f} (per CPU-second: {rec['tokenize_mtok_per_cpu_s']:.2f})",
+        ),
+        (
+            "count M tok/s per core",
+            f"{rec['count_mtok_per_s_per_core']:.2f} (per CPU-second: {rec['count_mtok_per_cpu_s']:.2f})",
+        ),
         ("peak RSS GB / limit GB", f"{rec['peak_rss_gb']:.2f} / {rec['memory_limit_gb']:.2f}"),
-        ("nodes", f"{rec['nodes']:,} ({', '.join(f'{k} {v:,}' for k, v in rec['nodes_by_level'].items())})"),
+        (
+            "nodes",
+            f"{rec['nodes']:,} ({', '.join(f'{k} {v:,}' for k, v in rec['nodes_by_level'].items())})",
+        ),
         ("bytes per node", f"{rec['bytes_per_node']:.2f}"),
-        ("wall (map / reduce)", f"{rec['e2e_wall_s']:.1f} s ({rec['map_s']:.1f} / {rec['reduce_s']:.1f})"),
+        (
+            "wall (map / reduce)",
+            f"{rec['e2e_wall_s']:.1f} s ({rec['map_s']:.1f} / {rec['reduce_s']:.1f})",
+        ),
         ("cores / load avg", f"{cores} / {rec['load_average_1m']:.1f}"),
     ]
     if runs["ray"]:
         import statistics
 
-        med = {e: {k: statistics.median(r[k] for r in runs[e]) for k in ("process_wall_s", "wall_s", "map_s", "reduce_s")}
-               for e in engines}
+        med = {
+            e: {
+                k: statistics.median(r[k] for r in runs[e])
+                for k in ("process_wall_s", "wall_s", "map_s", "reduce_s")
+            }
+            for e in engines
+        }
         ray = runs["ray"][len(runs["ray"]) // 2]
         rec["engines"] = {
-            e: {"median": med[e], "runs": [{k: r[k] for k in ("process_wall_s", "wall_s", "map_s", "reduce_s",
-                                                                "peak_rss_bytes", "sha256")} for r in runs[e]]}
+            e: {
+                "median": med[e],
+                "runs": [
+                    {
+                        k: r[k]
+                        for k in (
+                            "process_wall_s",
+                            "wall_s",
+                            "map_s",
+                            "reduce_s",
+                            "peak_rss_bytes",
+                            "sha256",
+                        )
+                    }
+                    for r in runs[e]
+                ],
+            }
             for e in engines
         }
         rec["bytes_identical"] = len({r["sha256"] for e in engines for r in runs[e]}) == 1
         rec["ray_over_local_wall"] = med["ray"]["wall_s"] / med["local"]["wall_s"]
-        rec["ray_over_local_process_wall"] = med["ray"]["process_wall_s"] / med["local"]["process_wall_s"]
+        rec["ray_over_local_process_wall"] = (
+            med["ray"]["process_wall_s"] / med["local"]["process_wall_s"]
+        )
         rec["ray_map_tasks"] = ray["map_tasks"]
         rec["ray_reduce_partitions"] = ray["reduce_partitions"]
         rec["ray_final_merge_s"] = ray.get("final_merge_s")
@@ -264,17 +389,33 @@ def main(argv: list[str] | None = None) -> int:
         rec["wall_model"] = wall_model(ray, cores_per_machine=args.threads)
         for e in engines:
             m = med[e]
-            rows.append((f"{e}: wall, process (build: map / reduce)",
-                         f"{m['process_wall_s']:.1f} s ({m['wall_s']:.1f} s: {m['map_s']:.1f} / {m['reduce_s']:.1f}); "
-                         f"{tokens / m['wall_s'] / cores / 1e6:.2f} M tok/s per core"))
-        rows.append(("ray / local wall (build; process)",
-                     f"{rec['ray_over_local_wall']:.3f}; {rec['ray_over_local_process_wall']:.3f}"))
-        rows.append(("ray peak RSS per worker / driver GB",
-                     f"{rec['ray_peak_rss_worker_gb']:.2f} / {rec['ray_peak_rss_driver_gb']:.2f}"))
+            rows.append(
+                (
+                    f"{e}: wall, process (build: map / reduce)",
+                    f"{m['process_wall_s']:.1f} s ({m['wall_s']:.1f} s: {m['map_s']:.1f} / {m['reduce_s']:.1f}); "
+                    f"{tokens / m['wall_s'] / cores / 1e6:.2f} M tok/s per core",
+                )
+            )
+        rows.append(
+            (
+                "ray / local wall (build; process)",
+                f"{rec['ray_over_local_wall']:.3f}; {rec['ray_over_local_process_wall']:.3f}",
+            )
+        )
+        rows.append(
+            (
+                "ray peak RSS per worker / driver GB",
+                f"{rec['ray_peak_rss_worker_gb']:.2f} / {rec['ray_peak_rss_driver_gb']:.2f}",
+            )
+        )
         rows.append(("bytes identical (sha256)", str(rec["bytes_identical"])))
         for w in rec["wall_model"]:
-            rows.append((f"model: {w['machines']} machines x {args.threads} cores",
-                         f"{w['wall_s']:.1f} s (map {w['map_s']:.1f}, reduce {w['reduce_s']:.1f})"))
+            rows.append(
+                (
+                    f"model: {w['machines']} machines x {args.threads} cores",
+                    f"{w['wall_s']:.1f} s (map {w['map_s']:.1f}, reduce {w['reduce_s']:.1f})",
+                )
+            )
     width = max(len(k) for k, _ in rows)
     print("| metric | value |\n|---|---|", file=sys.stderr if args.json else sys.stdout)
     for k, v in rows:

@@ -59,7 +59,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 METHODS = ("ar", "dart", "dart+ctx", "dart-adaptive")
 # the decoder each method runs on, and its generate_batch budget (None: generate, fixed budget)
-TREES = {"ar": ("ar", None), "dart": ("dart", None), "dart+ctx": ("dart+ctx", None), "dart-adaptive": ("dart", "adaptive")}
+TREES = {
+    "ar": ("ar", None),
+    "dart": ("dart", None),
+    "dart+ctx": ("dart+ctx", None),
+    "dart-adaptive": ("dart", "adaptive"),
+}
 SERVER = "llama-server"
 BENCH = "llama-bench"
 BINDING = "llama-cpp-python (Python loop)"
@@ -68,6 +73,7 @@ BENCH_BATCHES = (1, 2, 4, 8)
 
 
 # --- machine ------------------------------------------------------------------------------------
+
 
 def _rss_mb() -> float:
     text = Path("/proc/self/status").read_text()
@@ -79,18 +85,26 @@ def machine_info(threads: int) -> dict:
     name, flags = platform.processor() or platform.machine(), []
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and name == (platform.processor() or platform.machine()):
+            if line.startswith("model name") and name == (
+                platform.processor() or platform.machine()
+            ):
                 name = line.split(":", 1)[1].strip()
             elif line.startswith("flags") and not flags:
                 flags = line.split(":", 1)[1].split()
     wanted = re.compile(r"^(avx.*|fma|f16c|bmi2|amx.*|sse4_2)$")
-    return {"cpu": name, "cpus": os.cpu_count(), "threads": threads,
-            "isa_flags": sorted(f for f in flags if wanted.match(f)), "platform": platform.platform()}
+    return {
+        "cpu": name,
+        "cpus": os.cpu_count(),
+        "threads": threads,
+        "isa_flags": sorted(f for f in flags if wanted.match(f)),
+        "platform": platform.platform(),
+    }
 
 
 def read_bandwidth(threads: int, mb: int = 512, repeats: int = 7) -> float:
     """GB/s of the native f32 kernel streaming an ``mb`` MB weight for one row (median)."""
     import numpy as np
+
     from dartcore import _native
 
     k = 4096
@@ -108,10 +122,14 @@ def read_bandwidth(threads: int, mb: int = 512, repeats: int = 7) -> float:
 
 def _child_env() -> dict:
     """The environment of this script's child processes: this checkout's package first."""
-    return {**os.environ, "PYTHONPATH": str(REPO / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(REPO / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
 
 
 # --- llama.cpp binaries ---------------------------------------------------------------------------
+
 
 def find_llama_cpp(explicit: str | None) -> Path | None:
     """The directory holding llama-server / llama-bench / llama-quantize: ``--llama-cpp``, else
@@ -119,10 +137,16 @@ def find_llama_cpp(explicit: str | None) -> Path | None:
     if explicit:
         path = Path(explicit)
         if not (path / SERVER).is_file():
-            raise SystemExit(f"bench_cpu_peers: no {SERVER} in {path} (bash tools/build_llama_cpp.sh builds it)")
+            raise SystemExit(
+                f"bench_cpu_peers: no {SERVER} in {path} (bash tools/build_llama_cpp.sh builds it)"
+            )
         return path
-    done = subprocess.run(["bash", str(REPO / "tools" / "build_llama_cpp.sh"), "--print-dir"],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        ["bash", str(REPO / "tools" / "build_llama_cpp.sh"), "--print-dir"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         return None
     path = Path(done.stdout.strip().splitlines()[-1])
@@ -136,7 +160,13 @@ def llama_build_info(bin_dir: Path) -> dict:
     stamp = bin_dir.parent / "BUILD_INFO.json"
     if stamp.is_file():
         info |= json.loads(stamp.read_text())
-    done = subprocess.run([str(bin_dir / SERVER), "--version"], capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [str(bin_dir / SERVER), "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     info["version"] = " ".join((done.stdout + done.stderr).split())
     return info
 
@@ -152,7 +182,9 @@ def spec_types_from_help(help_text: str) -> list[str]:
     return [n for n in names if n != "none" and not n.startswith("draft")]
 
 
-def make_gguf_files(bin_dir: Path, shipped: Path, out_dir: Path, quants: list[str], threads: int) -> dict[str, Path]:
+def make_gguf_files(
+    bin_dir: Path, shipped: Path, out_dir: Path, quants: list[str], threads: int
+) -> dict[str, Path]:
     """``{"F32": export, "Q4_0": ..., ...}``: the shipped file exported to F32 by llama-quantize,
     then each quant type made from that export (never requantized from the shipped Q4_1, which
     would round twice). Each file is written under a temporary name and renamed; an existing one
@@ -169,7 +201,9 @@ def make_gguf_files(bin_dir: Path, shipped: Path, out_dir: Path, quants: list[st
             done = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if done.returncode != 0 or not tmp.is_file():
                 tmp.unlink(missing_ok=True)
-                raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr[-800:]}")
+                raise RuntimeError(
+                    f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr[-800:]}"
+                )
             os.replace(tmp, dst)
         return dst
 
@@ -184,20 +218,46 @@ def same_tensors(a: Path, b: Path) -> bool:
     from gguf import GGUFReader
 
     def table(path: Path) -> dict:
-        return {t.name: (int(t.tensor_type), t.data.tobytes()) for t in GGUFReader(str(path)).tensors}
+        return {
+            t.name: (int(t.tensor_type), t.data.tobytes()) for t in GGUFReader(str(path)).tensors
+        }
 
     return table(a) == table(b)
 
 
 @contextlib.contextmanager
-def llama_server(bin_dir: Path, model: Path, threads: int, spec_type: str | None, log: Path,
-                 extra: list[str] | None = None, timeout: float = 180.0):
+def llama_server(
+    bin_dir: Path,
+    model: Path,
+    threads: int,
+    spec_type: str | None,
+    log: Path,
+    extra: list[str] | None = None,
+    timeout: float = 180.0,
+):
     """A llama-server on 127.0.0.1 (a free port), ready to answer; stopped on exit. Yields its base URL."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [str(bin_dir / SERVER), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-           "-t", str(threads), "-tb", str(threads), "-c", "4096", "-np", "1", "--no-webui", *(extra or [])]
+    cmd = [
+        str(bin_dir / SERVER),
+        "-m",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-t",
+        str(threads),
+        "-tb",
+        str(threads),
+        "-c",
+        "4096",
+        "-np",
+        "1",
+        "--no-webui",
+        *(extra or []),
+    ]
     if spec_type:
         cmd += ["--spec-type", spec_type]
     with open(log, "w") as logf:
@@ -207,14 +267,18 @@ def llama_server(bin_dir: Path, model: Path, threads: int, spec_type: str | None
             deadline = time.monotonic() + timeout
             while True:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"llama-server exited ({proc.returncode}) before it was ready: "
-                                       f"{' '.join(cmd)}\n{log.read_text()[-1500:]}")
+                    raise RuntimeError(
+                        f"llama-server exited ({proc.returncode}) before it was ready: "
+                        f"{' '.join(cmd)}\n{log.read_text()[-1500:]}"
+                    )
                 with contextlib.suppress(OSError, urllib.error.URLError):
                     with urllib.request.urlopen(url + "/health", timeout=5) as r:
                         if r.status == 200:
                             break
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"llama-server not ready after {timeout:.0f} s: {' '.join(cmd)}")
+                    raise RuntimeError(
+                        f"llama-server not ready after {timeout:.0f} s: {' '.join(cmd)}"
+                    )
                 time.sleep(0.1)
             yield url
         finally:
@@ -228,19 +292,34 @@ def llama_server(bin_dir: Path, model: Path, threads: int, spec_type: str | None
 
 def complete(url: str, ids: list[int], n_predict: int) -> tuple[dict, float]:
     """One greedy ``/completion`` of a token-id prompt; (the response, its wall seconds)."""
-    body = {"prompt": ids, "n_predict": n_predict, "temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0,
-            "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "cache_prompt": False,
-            "return_tokens": True, "stream": False}
-    req = urllib.request.Request(url + "/completion", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    body = {
+        "prompt": ids,
+        "n_predict": n_predict,
+        "temperature": 0.0,
+        "top_k": 1,
+        "top_p": 1.0,
+        "min_p": 0.0,
+        "repeat_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "cache_prompt": False,
+        "return_tokens": True,
+        "stream": False,
+    }
+    req = urllib.request.Request(
+        url + "/completion",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     t = time.perf_counter()
     with urllib.request.urlopen(req, timeout=600) as r:
         res = json.loads(r.read())
     return res, time.perf_counter() - t
 
 
-def run_llama_server(bin_dir: Path, file: Path, weights: str, spec_type: str | None, prompts_ids, args,
-                     log: Path) -> dict:
+def run_llama_server(
+    bin_dir: Path, file: Path, weights: str, spec_type: str | None, prompts_ids, args, log: Path
+) -> dict:
     """One llama-server row: a fresh server, a warm-up request, then every prompt in turn."""
     method = spec_type or "plain"
     with llama_server(bin_dir, file, args.threads, spec_type, log) as url:
@@ -257,11 +336,25 @@ def run_llama_server(bin_dir: Path, file: Path, weights: str, spec_type: str | N
             draft_n += int(timings.get("draft_n", 0))
             draft_ok += int(timings.get("draft_n_accepted", 0))
             outs.append(got)
-    row = {"engine": SERVER, "weights": weights, "method": method, "new_tokens": toks, "seconds": secs,
-           "tok_per_s": toks / secs, "decode_tok_per_s": toks / (pred_ms / 1000) if pred_ms else None,
-           "draft_n": draft_n, "draft_accepted": draft_ok,
-           "acceptance": draft_ok / draft_n if draft_n else None, "file": str(file), "outputs": outs}
-    print(f"{SERVER} {weights:7s} {method:14s} {row['tok_per_s']:7.1f} tok/s end to end", file=sys.stderr, flush=True)
+    row = {
+        "engine": SERVER,
+        "weights": weights,
+        "method": method,
+        "new_tokens": toks,
+        "seconds": secs,
+        "tok_per_s": toks / secs,
+        "decode_tok_per_s": toks / (pred_ms / 1000) if pred_ms else None,
+        "draft_n": draft_n,
+        "draft_accepted": draft_ok,
+        "acceptance": draft_ok / draft_n if draft_n else None,
+        "file": str(file),
+        "outputs": outs,
+    }
+    print(
+        f"{SERVER} {weights:7s} {method:14s} {row['tok_per_s']:7.1f} tok/s end to end",
+        file=sys.stderr,
+        flush=True,
+    )
     return row
 
 
@@ -272,15 +365,28 @@ def server_system_info(bin_dir: Path, file: Path, threads: int, log: Path) -> st
         pass
     for line in log.read_text(errors="replace").splitlines():
         if "system_info:" in line:
-            return line[line.index("system_info:"):].strip()
+            return line[line.index("system_info:") :].strip()
     return ""
 
 
 def run_llama_bench(bin_dir: Path, file: Path, weights: str, threads: int, reps: int) -> list[dict]:
     """llama-bench on one file: tg128 (decode, one row a forward) and pp1..pp8 (k rows in one
     forward). Rows carry llama-bench's mean tok/s and, for pp, the ms one forward of k rows takes."""
-    cmd = [str(bin_dir / BENCH), "-m", str(file), "-t", str(threads), "-r", str(reps), "-o", "json",
-           "-p", ",".join(str(k) for k in BENCH_BATCHES), "-n", "128"]
+    cmd = [
+        str(bin_dir / BENCH),
+        "-m",
+        str(file),
+        "-t",
+        str(threads),
+        "-r",
+        str(reps),
+        "-o",
+        "json",
+        "-p",
+        ",".join(str(k) for k in BENCH_BATCHES),
+        "-n",
+        "128",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr[-800:]}")
@@ -290,7 +396,7 @@ def run_llama_bench(bin_dir: Path, file: Path, weights: str, threads: int, reps:
 def parse_llama_bench(text: str, weights: str, file: str) -> list[dict]:
     """Rows from llama-bench's ``-o json`` output (a list of tests)."""
     rows = []
-    for t in json.loads(text[text.index("["):]):
+    for t in json.loads(text[text.index("[") :]):
         n_prompt, n_gen = int(t.get("n_prompt", 0)), int(t.get("n_gen", 0))
         if n_gen and not n_prompt:
             method, n = f"tg{n_gen}", n_gen
@@ -299,22 +405,37 @@ def parse_llama_bench(text: str, weights: str, file: str) -> list[dict]:
         else:
             continue
         ts = float(t["avg_ts"])
-        rows.append({"engine": BENCH, "weights": weights, "method": method, "tok_per_s": ts,
-                     "stddev_tok_per_s": float(t.get("stddev_ts", 0.0)), "forward_ms": 1000.0 * n / ts if n_prompt else
-                     1000.0 / ts, "file": file, "build_commit": t.get("build_commit"),
-                     "build_number": t.get("build_number"), "cpu_info": t.get("cpu_info"),
-                     "backends": t.get("backends"), "model_type": t.get("model_type")})
+        rows.append(
+            {
+                "engine": BENCH,
+                "weights": weights,
+                "method": method,
+                "tok_per_s": ts,
+                "stddev_tok_per_s": float(t.get("stddev_ts", 0.0)),
+                "forward_ms": 1000.0 * n / ts if n_prompt else 1000.0 / ts,
+                "file": file,
+                "build_commit": t.get("build_commit"),
+                "build_number": t.get("build_number"),
+                "cpu_info": t.get("cpu_info"),
+                "backends": t.get("backends"),
+                "model_type": t.get("model_type"),
+            }
+        )
     return rows
 
 
 # --- dartcore -------------------------------------------------------------------------------------
 
+
 def weight_bytes(target) -> int:
     """Bytes of the target weights one forward streams (projections + LM head)."""
+
     def nbytes(p) -> int:
         return int(getattr(p, "nbytes", None) or getattr(getattr(p, "_w", None), "nbytes", 0))
 
-    return sum(nbytes(p) for f in target._fused for p in (f.qkv, f.o, f.gu, f.down)) + nbytes(target._head)
+    return sum(nbytes(p) for f in target._fused for p in (f.qkv, f.o, f.gu, f.down)) + nbytes(
+        target._head
+    )
 
 
 def drafter_bytes(drafter) -> int:
@@ -331,22 +452,32 @@ def numerics_kwargs(numerics: str | None) -> dict:
     from dartcore import DartDecoder
 
     if "numerics" not in inspect.signature(DartDecoder.from_pretrained).parameters:
-        raise SystemExit("bench_cpu_peers: --numerics given, but this dartcore's DartDecoder.from_pretrained "
-                         "has no numerics= keyword; drop --numerics")
+        raise SystemExit(
+            "bench_cpu_peers: --numerics given, but this dartcore's DartDecoder.from_pretrained "
+            "has no numerics= keyword; drop --numerics"
+        )
     return {"numerics": numerics}
 
 
-def load_decoders(target: str, quantized: bool | None, drafter: str, index: str, numerics: str | None) -> dict:
+def load_decoders(
+    target: str, quantized: bool | None, drafter: str, index: str, numerics: str | None
+) -> dict:
     """One decoder per method, every one through ``DartDecoder.from_pretrained`` (the path a user
     gets); the index is memory-mapped, so loading it four times costs little."""
     from dartcore import DartDecoder
 
     kw = numerics_kwargs(numerics)
-    return {m: DartDecoder.from_pretrained(target, drafter, index, tree=TREES[m][0], quantized=quantized, **kw)
-            for m in METHODS}
+    return {
+        m: DartDecoder.from_pretrained(
+            target, drafter, index, tree=TREES[m][0], quantized=quantized, **kw
+        )
+        for m in METHODS
+    }
 
 
-def run_dartcore(args, target: str, weights: str, quantized: bool | None, prompts_ids) -> list[dict]:
+def run_dartcore(
+    args, target: str, weights: str, quantized: bool | None, prompts_ids
+) -> list[dict]:
     """dartcore's rows on one target (a GGUF file, or the shipped file's float32 conversion)."""
     decs = load_decoders(target, quantized, args.drafter, args.index, args.numerics)
     ar = decs["ar"]
@@ -375,12 +506,26 @@ def run_dartcore(args, target: str, weights: str, quantized: bool | None, prompt
         bytes_per_token = per_round * (rounds + len(prompts_ids)) / max(toks, 1)
         # the numerics the target runs (the loader's default where --numerics is not given)
         numerics = getattr(decs[m].target, "numerics", None) or args.numerics
-        rows.append({"engine": "dartcore", "weights": weights, "method": m, "numerics": numerics,
-                     "blocks": bool(getattr(ar.target, "blocks", False)), "new_tokens": toks, "seconds": secs,
-                     "tok_per_s": toks / secs, "tau": (toks - len(prompts_ids)) / rounds if rounds else None,
-                     "weight_bytes_per_forward": per_round, "bytes_per_token": bytes_per_token,
-                     "file": target, "outputs": outs})
-        print(f"dartcore {weights:20s} {m:13s} {toks / secs:7.1f} tok/s", file=sys.stderr, flush=True)
+        rows.append(
+            {
+                "engine": "dartcore",
+                "weights": weights,
+                "method": m,
+                "numerics": numerics,
+                "blocks": bool(getattr(ar.target, "blocks", False)),
+                "new_tokens": toks,
+                "seconds": secs,
+                "tok_per_s": toks / secs,
+                "tau": (toks - len(prompts_ids)) / rounds if rounds else None,
+                "weight_bytes_per_forward": per_round,
+                "bytes_per_token": bytes_per_token,
+                "file": target,
+                "outputs": outs,
+            }
+        )
+        print(
+            f"dartcore {weights:20s} {m:13s} {toks / secs:7.1f} tok/s", file=sys.stderr, flush=True
+        )
     return rows
 
 
@@ -390,33 +535,59 @@ def rss_child(target: str, quantized: bool | None, threads: int, numerics: str |
 
     torch.set_num_threads(threads)
     import transformers  # noqa: F401 -- counted in the baseline
+
     from dartcore import DartDecoder
     from dartcore.models.hub import load_hf_tokenizer
 
     load_hf_tokenizer(target)  # the tokenizer's modules and tables (~210 MB): in the baseline
     base = _rss_mb()
-    dec = DartDecoder.from_pretrained(target, tree="ar", quantized=quantized, **numerics_kwargs(numerics))
+    dec = DartDecoder.from_pretrained(
+        target, tree="ar", quantized=quantized, **numerics_kwargs(numerics)
+    )
     loaded = _rss_mb()
     dec.generate("Hello", max_new_tokens=8)
-    print(json.dumps({"base_mb": base, "loaded_mb": loaded, "after_generate_mb": _rss_mb(),
-                      "decoder_mb": _rss_mb() - base, "blocks": dec.target.blocks,
-                      "weights_mb": weight_bytes(dec.target) / 2**20}))
+    print(
+        json.dumps(
+            {
+                "base_mb": base,
+                "loaded_mb": loaded,
+                "after_generate_mb": _rss_mb(),
+                "decoder_mb": _rss_mb() - base,
+                "blocks": dec.target.blocks,
+                "weights_mb": weight_bytes(dec.target) / 2**20,
+            }
+        )
+    )
 
 
 def measure_rss(args) -> dict:
     out = {}
     for name, quantized in (("gguf (default)", None), (FP32, False)):
-        cmd = [sys.executable, __file__, "--rss-child", "smollm2", "--rss-quantized", str(quantized),
-               "--threads", str(args.threads)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--rss-child",
+            "smollm2",
+            "--rss-quantized",
+            str(quantized),
+            "--threads",
+            str(args.threads),
+        ]
         if args.numerics:
             cmd += ["--numerics", args.numerics]
-        done = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(), timeout=900, check=False)
-        out[name] = (json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0
-                     else {"error": done.stderr[-500:]})
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, env=_child_env(), timeout=900, check=False
+        )
+        out[name] = (
+            json.loads(done.stdout.strip().splitlines()[-1])
+            if done.returncode == 0
+            else {"error": done.stderr[-500:]}
+        )
     return out
 
 
 # --- llama-cpp-python (optional, never a baseline) ------------------------------------------------
+
 
 def run_python_binding(args, prompts_ids, files: dict[str, Path]) -> dict:
     """llama-cpp-python's Python ``generate`` loop (one token per call through the binding),
@@ -426,51 +597,103 @@ def run_python_binding(args, prompts_ids, files: dict[str, Path]) -> dict:
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
     except ImportError as e:
-        return {"skipped": f"llama-cpp-python is not installed here ({e}); pip install 'dartcore[peers]'"}
-    info = {"version": llama_cpp.__version__,
-            "system_info": llama_cpp.llama_print_system_info().decode(errors="replace")}
+        return {
+            "skipped": f"llama-cpp-python is not installed here ({e}); pip install 'dartcore[peers]'"
+        }
+    info = {
+        "version": llama_cpp.__version__,
+        "system_info": llama_cpp.llama_print_system_info().decode(errors="replace"),
+    }
     rows = []
     for weights in ("Q4_1", "F32"):
         if weights not in files:
             continue
         for method in ("plain", "prompt-lookup"):
-            draft = LlamaPromptLookupDecoding(num_pred_tokens=args.lookup_tokens) if method != "plain" else None
-            llm = Llama(model_path=str(files[weights]), n_threads=args.threads, n_threads_batch=args.threads,
-                        n_ctx=2048, verbose=False, draft_model=draft)
+            draft = (
+                LlamaPromptLookupDecoding(num_pred_tokens=args.lookup_tokens)
+                if method != "plain"
+                else None
+            )
+            llm = Llama(
+                model_path=str(files[weights]),
+                n_threads=args.threads,
+                n_threads_batch=args.threads,
+                n_ctx=2048,
+                verbose=False,
+                draft_model=draft,
+            )
             eos = llm.token_eos()
             llm.reset()
-            for _ in zip(range(8), llm.generate(prompts_ids[0], top_k=1, temp=0.0, repeat_penalty=1.0)):
+            for _ in zip(
+                range(8), llm.generate(prompts_ids[0], top_k=1, temp=0.0, repeat_penalty=1.0)
+            ):
                 pass  # warm-up
             toks, secs, outs = 0, 0.0, []
             for ids in prompts_ids:
                 llm.reset()
                 got = []
                 t = time.perf_counter()
-                for tok in llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0):
+                for tok in llm.generate(
+                    ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0
+                ):
                     got.append(int(tok))
                     if tok == eos or len(got) >= args.max_new_tokens:
                         break
                 secs += time.perf_counter() - t
                 toks += len(got)
                 outs.append(got)
-            rows.append({"engine": BINDING, "weights": weights, "method": method, "new_tokens": toks,
-                         "seconds": secs, "tok_per_s": toks / secs, "file": str(files[weights]), "outputs": outs})
-            print(f"{BINDING} {weights:7s} {method:13s} {toks / secs:7.1f} tok/s", file=sys.stderr, flush=True)
+            rows.append(
+                {
+                    "engine": BINDING,
+                    "weights": weights,
+                    "method": method,
+                    "new_tokens": toks,
+                    "seconds": secs,
+                    "tok_per_s": toks / secs,
+                    "file": str(files[weights]),
+                    "outputs": outs,
+                }
+            )
+            print(
+                f"{BINDING} {weights:7s} {method:13s} {toks / secs:7.1f} tok/s",
+                file=sys.stderr,
+                flush=True,
+            )
             del llm
     return {**info, "rows": rows}
 
 
 # --- one run, in child processes ------------------------------------------------------------------
 
+
 def run_child(kind: str, args, extra: list[str], out_dir: Path, name: str) -> dict:
     """One engine's rows in a fresh process (``--engine-child``): engines that share a process
     slow each other down (llama.cpp decoded at 16 tok/s after dartcore's decoders in the same
     process, 57-71 alone), so each runs on its own."""
     res = out_dir / f"child-{name}.json"
-    cmd = [sys.executable, __file__, "--engine-child", kind, "--child-out", str(res), "--out", str(out_dir),
-           "--threads", str(args.threads), "--prompts", str(args.prompts), "--max-new-tokens",
-           str(args.max_new_tokens), "--lookup-tokens", str(args.lookup_tokens), "--drafter", args.drafter,
-           "--index", args.index, *extra]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--engine-child",
+        kind,
+        "--child-out",
+        str(res),
+        "--out",
+        str(out_dir),
+        "--threads",
+        str(args.threads),
+        "--prompts",
+        str(args.prompts),
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--lookup-tokens",
+        str(args.lookup_tokens),
+        "--drafter",
+        args.drafter,
+        "--index",
+        args.index,
+        *extra,
+    ]
     if args.numerics:
         cmd += ["--numerics", args.numerics]
     res.unlink(missing_ok=True)
@@ -506,9 +729,16 @@ def annotate_run(rows: list[dict], eos: set[int]) -> dict:
     llama-server row's key."""
     servers = [r for r in rows if r["engine"] == SERVER]
     best = max(servers, key=lambda r: r["tok_per_s"]) if servers else None
-    tg128 = {r["weights"]: r["tok_per_s"] for r in rows if r["engine"] == BENCH and r["method"] == "tg128"}
-    plain = {(r["engine"], r["weights"]): r["outputs"] for r in rows
-             if r.get("outputs") is not None and r["method"] in ("plain", "ar")}
+    tg128 = {
+        r["weights"]: r["tok_per_s"]
+        for r in rows
+        if r["engine"] == BENCH and r["method"] == "tg128"
+    }
+    plain = {
+        (r["engine"], r["weights"]): r["outputs"]
+        for r in rows
+        if r.get("outputs") is not None and r["method"] in ("plain", "ar")
+    }
     for r in rows:
         if r["engine"] == BENCH:
             if r["method"] == "tg128" and best:
@@ -518,7 +748,9 @@ def annotate_run(rows: list[dict], eos: set[int]) -> dict:
         # dartcore's float32 conversion is the F32 file's numbers
         w = "F32" if r["weights"] == FP32 else r["weights"]
         r["vs_tg128_same_weights"] = r["tok_per_s"] / tg128[w] if w in tg128 else None
-        r["same_as_own_plain"] = _same_share(r["outputs"], plain.get((r["engine"], r["weights"])), eos)
+        r["same_as_own_plain"] = _same_share(
+            r["outputs"], plain.get((r["engine"], r["weights"])), eos
+        )
         r["same_as_server_plain"] = _same_share(r["outputs"], plain.get((SERVER, w)), eos)
     return {"best_server": _key(best) if best else None}
 
@@ -529,19 +761,33 @@ def summarize(runs: list[dict]) -> dict:
     keys = list(dict.fromkeys(_key(r) for run in runs for r in run["rows"]))
 
     def collect(field: str) -> dict[str, list[float]]:
-        got = {k: [r[field] for run in runs for r in run["rows"] if _key(r) == k and r.get(field) is not None]
-               for k in keys}
+        got = {
+            k: [
+                r[field]
+                for run in runs
+                for r in run["rows"]
+                if _key(r) == k and r.get(field) is not None
+            ]
+            for k in keys
+        }
         return {k: v for k, v in got.items() if v}
 
     out = {}
-    for field, name in (("tok_per_s", "tok_per_s"), ("vs_best_server", "ratio_to_best_server"),
-                        ("vs_tg128_same_weights", "ratio_to_tg128_same_weights")):
+    for field, name in (
+        ("tok_per_s", "tok_per_s"),
+        ("vs_best_server", "ratio_to_best_server"),
+        ("vs_tg128_same_weights", "ratio_to_tg128_same_weights"),
+    ):
         vals = collect(field)
         out[f"median_{name}"] = {k: statistics.median(v) for k, v in vals.items()}
         out[f"range_{name}"] = {k: [min(v), max(v)] for k, v in vals.items()}
     best = [run["best_server"] for run in runs if run.get("best_server")]
     out["best_server_per_run"] = best
     return out
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0%}"
 
 
 def _fmt_ratio(med: dict, rng: dict, k: str) -> str:
@@ -555,58 +801,111 @@ def markdown(report: dict) -> str:
     m = report["machine"]
     n = len(report["repeats"])
     bi = report.get("llama_cpp", {})
-    lines = [f"dartcore vs native llama.cpp, SmolLM2-135M-Instruct (shipped `{report['gguf']}`; other files made by "
-             f"llama-quantize from its F32 export), {report['prompts']} chat prompts x {report['max_new_tokens']} new "
-             f"tokens, greedy, same token ids, {m['threads']} thread{'s' if m['threads'] != 1 else ''}; {m['cpu']}, {m['cpus']} vCPUs "
-             f"({' '.join(m['isa_flags'])}). tok/s: end to end (prefill included; llama-bench: its own test), "
-             f"median of {n} run{'s' if n > 1 else ''} (range); ratios within each run. "
-             f"Outputs, τ and acceptance: the last run.", ""]
+    lines = [
+        f"dartcore vs native llama.cpp, SmolLM2-135M-Instruct (shipped `{report['gguf']}`; other files made by "
+        f"llama-quantize from its F32 export), {report['prompts']} chat prompts x {report['max_new_tokens']} new "
+        f"tokens, greedy, same token ids, {m['threads']} thread{'s' if m['threads'] != 1 else ''}; {m['cpu']}, {m['cpus']} vCPUs "
+        f"({' '.join(m['isa_flags'])}). tok/s: end to end (prefill included; llama-bench: its own test), "
+        f"median of {n} run{'s' if n > 1 else ''} (range); ratios within each run. "
+        f"Outputs, τ and acceptance: the last run.",
+        "",
+    ]
     if bi.get("version"):
-        lines += [f"llama.cpp: {bi['version']}; sdist llama-cpp-python {bi.get('llama_cpp_python_sdist', '?')}; "
-                  f"{bi.get('system_info', '')}", ""]
+        lines += [
+            f"llama.cpp: {bi['version']}; sdist llama-cpp-python {bi.get('llama_cpp_python_sdist', '?')}; "
+            f"{bi.get('system_info', '')}",
+            "",
+        ]
     if report.get("q4_1_made_equals_shipped") and report.get("files"):
-        lines += ["Q4_1 made from the F32 export holds the shipped file's tensors byte for byte; dartcore's Q4_1 rows "
-                  "ran on the shipped file (its default path).", ""]
+        lines += [
+            "Q4_1 made from the F32 export holds the shipped file's tensors byte for byte; dartcore's Q4_1 rows "
+            "ran on the shipped file (its default path).",
+            "",
+        ]
     if report.get("best_server_per_run"):
-        lines += [f"Best llama-server configuration per run: {', '.join(report['best_server_per_run'])}.", ""]
-    lines += ["| engine | weights | method | tok/s | range | server decode tok/s | vs best llama-server | "
-              "vs llama-bench tg128 (same weights) | τ / draft acceptance | = own plain | = llama-server plain |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"Best llama-server configuration per run: {', '.join(report['best_server_per_run'])}.",
+            "",
+        ]
+    lines += [
+        "| engine | weights | method | tok/s | range | server decode tok/s | vs best llama-server | "
+        "vs llama-bench tg128 (same weights) | τ / draft acceptance | = own plain | = llama-server plain |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     med, rng = report["median_tok_per_s"], report["range_tok_per_s"]
     for r in report["rows"]:
         k = _key(r)
         if r["engine"] == BENCH and r["method"] != "tg128":
             continue
-        acc = (f"{r['tau']:.2f}" if r.get("tau") else
-               f"{r['acceptance']:.0%} of {r['draft_n']}" if r.get("acceptance") is not None else
-               "none drafted" if r["engine"] == SERVER and r["method"] != "plain" else "-")
-        pct = lambda v: "-" if v is None else f"{v:.0%}"
+        acc = (
+            f"{r['tau']:.2f}"
+            if r.get("tau")
+            else f"{r['acceptance']:.0%} of {r['draft_n']}"
+            if r.get("acceptance") is not None
+            else "none drafted"
+            if r["engine"] == SERVER and r["method"] != "plain"
+            else "-"
+        )
         engine = f"{r['engine']} ({r['numerics']})" if r.get("numerics") else r["engine"]
-        lines.append("| {} | {} | {} | {:.1f} | {:.1f}-{:.1f} | {} | {} | {} | {} | {} | {} |".format(
-            engine, r["weights"], r["method"], med[k], *rng[k],
-            f"{r['decode_tok_per_s']:.1f}" if r.get("decode_tok_per_s") else "-",
-            _fmt_ratio(report["median_ratio_to_best_server"], report["range_ratio_to_best_server"], k),
-            _fmt_ratio(report["median_ratio_to_tg128_same_weights"], report["range_ratio_to_tg128_same_weights"], k),
-            acc, pct(r.get("same_as_own_plain")), pct(r.get("same_as_server_plain"))))
+        lines.append(
+            "| {} | {} | {} | {:.1f} | {:.1f}-{:.1f} | {} | {} | {} | {} | {} | {} |".format(
+                engine,
+                r["weights"],
+                r["method"],
+                med[k],
+                *rng[k],
+                f"{r['decode_tok_per_s']:.1f}" if r.get("decode_tok_per_s") else "-",
+                _fmt_ratio(
+                    report["median_ratio_to_best_server"], report["range_ratio_to_best_server"], k
+                ),
+                _fmt_ratio(
+                    report["median_ratio_to_tg128_same_weights"],
+                    report["range_ratio_to_tg128_same_weights"],
+                    k,
+                ),
+                acc,
+                _pct(r.get("same_as_own_plain")),
+                _pct(r.get("same_as_server_plain")),
+            )
+        )
     pp = [r for r in report["rows"] if r["engine"] == BENCH and r["method"].startswith("pp")]
     if pp:
-        lines += ["", "llama-bench, one forward of k rows (ms, last run): what a k-row verify costs llama.cpp", "",
-                  "| weights | " + " | ".join(f"k={k}" for k in BENCH_BATCHES) + " |",
-                  "|---|" + "---|" * len(BENCH_BATCHES)]
+        lines += [
+            "",
+            "llama-bench, one forward of k rows (ms, last run): what a k-row verify costs llama.cpp",
+            "",
+            "| weights | " + " | ".join(f"k={k}" for k in BENCH_BATCHES) + " |",
+            "|---|" + "---|" * len(BENCH_BATCHES),
+        ]
         for w in dict.fromkeys(r["weights"] for r in pp):
             ms = {r["method"]: r["forward_ms"] for r in pp if r["weights"] == w}
-            lines.append(f"| {w} | " + " | ".join(f"{ms[f'pp{k}']:.2f}" if f"pp{k}" in ms else "-"
-                                                   for k in BENCH_BATCHES) + " |")
+            lines.append(
+                f"| {w} | "
+                + " | ".join(
+                    f"{ms[f'pp{k}']:.2f}" if f"pp{k}" in ms else "-" for k in BENCH_BATCHES
+                )
+                + " |"
+            )
     for why in report.get("skipped", []):
         lines += ["", f"skipped: {why}"]
     rss = [run["rss"] for run in report["repeats"] if run.get("rss")]
     if rss:
-        lines += ["", "Resident memory of a loaded dartcore decoder (fresh process, RSS after loading and a short "
-                  "generate, minus after the imports and the tokenizer), over the runs:"]
+        lines += [
+            "",
+            "Resident memory of a loaded dartcore decoder (fresh process, RSS after loading and a short "
+            "generate, minus after the imports and the tokenizer), over the runs:",
+        ]
         for k, v in rss[-1].items():
             got = [run[k]["decoder_mb"] for run in rss if "decoder_mb" in run.get(k, {})]
-            lines.append(f"- {k}: " + (f"{min(got):.0f}-{max(got):.0f} MB (weights streamed per forward: "
-                                       f"{v['weights_mb']:.0f} MB)" if got else v.get("error", "?")))
+            lines.append(
+                f"- {k}: "
+                + (
+                    f"{min(got):.0f}-{max(got):.0f} MB (weights streamed per forward: "
+                    f"{v['weights_mb']:.0f} MB)"
+                    if got
+                    else v.get("error", "?")
+                )
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -622,31 +921,61 @@ def chat_ids(tok, n: int) -> list[list[int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--index", help="the SmolLM2 trigram index (dart, dart+ctx)")
     p.add_argument("--drafter", default="smollm2")
-    p.add_argument("--prompts", type=int, default=5, help="built-in chat prompts (dartcore.benchmark.datasets)")
+    p.add_argument(
+        "--prompts", type=int, default=5, help="built-in chat prompts (dartcore.benchmark.datasets)"
+    )
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--quants", default="Q4_0,Q4_1,Q4_K_M", help="llama-quantize types made from the F32 export")
-    p.add_argument("--llama-cpp", help="directory of llama-server, llama-bench, llama-quantize "
-                                       "(default: where tools/build_llama_cpp.sh installs them)")
+    p.add_argument(
+        "--quants", default="Q4_0,Q4_1,Q4_K_M", help="llama-quantize types made from the F32 export"
+    )
+    p.add_argument(
+        "--llama-cpp",
+        help="directory of llama-server, llama-bench, llama-quantize "
+        "(default: where tools/build_llama_cpp.sh installs them)",
+    )
     p.add_argument("--no-llama-cpp", action="store_true", help="dartcore's rows only")
-    p.add_argument("--spec-types", help="llama-server speculative types to run (comma list; default: every "
-                                        "no-draft-model type this llama-server lists)")
+    p.add_argument(
+        "--spec-types",
+        help="llama-server speculative types to run (comma list; default: every "
+        "no-draft-model type this llama-server lists)",
+    )
     p.add_argument("--bench-reps", type=int, default=5, help="llama-bench -r")
-    p.add_argument("--numerics", help="passed to DartDecoder.from_pretrained(numerics=...) (only where it has it)")
-    p.add_argument("--no-dartcore-files", action="store_true",
-                   help="dartcore only on the shipped file (default) and its fp32 conversion, not on the made files")
+    p.add_argument(
+        "--numerics",
+        help="passed to DartDecoder.from_pretrained(numerics=...) (only where it has it)",
+    )
+    p.add_argument(
+        "--no-dartcore-files",
+        action="store_true",
+        help="dartcore only on the shipped file (default) and its fp32 conversion, not on the made files",
+    )
     p.add_argument("--no-fp32", action="store_true", help="skip dartcore's float32-conversion rows")
-    p.add_argument("--python-binding", action="store_true",
-                   help="also llama-cpp-python's Python loop (extra 'peers'), labelled as such")
-    p.add_argument("--lookup-tokens", type=int, default=10, help="llama-cpp-python prompt lookup: tokens per step")
+    p.add_argument(
+        "--python-binding",
+        action="store_true",
+        help="also llama-cpp-python's Python loop (extra 'peers'), labelled as such",
+    )
+    p.add_argument(
+        "--lookup-tokens",
+        type=int,
+        default=10,
+        help="llama-cpp-python prompt lookup: tokens per step",
+    )
     p.add_argument("--no-rss", action="store_true")
     p.add_argument("--no-bandwidth", action="store_true")
     p.add_argument("--out", default=str(REPO / "artifacts" / "bench_cpu_peers"))
-    p.add_argument("--repeats", type=int, default=1, help="runs of the whole set; tok/s and ratios: medians")
-    p.add_argument("--json", action="store_true", help="print the JSON report (without the outputs)")
+    p.add_argument(
+        "--repeats", type=int, default=1, help="runs of the whole set; tok/s and ratios: medians"
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print the JSON report (without the outputs)"
+    )
     p.add_argument("--rss-child", help=argparse.SUPPRESS)
     p.add_argument("--rss-quantized", default="None", help=argparse.SUPPRESS)
     p.add_argument("--engine-child", choices=["dartcore", "binding"], help=argparse.SUPPRESS)
@@ -661,7 +990,9 @@ def main(argv: list[str] | None = None) -> int:
         rss_child(args.rss_child, tri[args.rss_quantized], args.threads, args.numerics)
         return 0
     if not args.index:
-        p.error("--index is needed (dart and dart+ctx read a SmolLM2 trigram index; tools/demo.sh builds one)")
+        p.error(
+            "--index is needed (dart and dart+ctx read a SmolLM2 trigram index; tools/demo.sh builds one)"
+        )
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
     numerics_kwargs(args.numerics)  # fail before any work where the keyword is missing
@@ -690,13 +1021,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     eos = {int(tok.eos_token_id)} if tok.eos_token_id is not None else set()
-    report: dict = {"gguf": shipped.name, "prompts": len(ids), "max_new_tokens": args.max_new_tokens,
-                    "machine": machine_info(args.threads), "drafter": args.drafter, "index": args.index,
-                    "numerics": args.numerics,
-                    "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "command": " ".join(["python", "tools/bench_cpu_peers.py",
-                                         *(argv if argv is not None else sys.argv[1:])]),
-                    "skipped": [], "repeats": []}
+    report: dict = {
+        "gguf": shipped.name,
+        "prompts": len(ids),
+        "max_new_tokens": args.max_new_tokens,
+        "machine": machine_info(args.threads),
+        "drafter": args.drafter,
+        "index": args.index,
+        "numerics": args.numerics,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": " ".join(
+            ["python", "tools/bench_cpu_peers.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
+        "skipped": [],
+        "repeats": [],
+    }
     with contextlib.suppress(ImportError):
         from dartcore.kernels.linear import native_linear_isa
 
@@ -705,32 +1044,46 @@ def main(argv: list[str] | None = None) -> int:
     files: dict[str, Path] = {"Q4_1": shipped}
     spec_types: list[str] = []
     if bin_dir is None:
-        report["skipped"].append("native llama.cpp: --no-llama-cpp" if args.no_llama_cpp else
-                                 "native llama.cpp: not built here (bash tools/build_llama_cpp.sh, or --llama-cpp DIR)")
+        report["skipped"].append(
+            "native llama.cpp: --no-llama-cpp"
+            if args.no_llama_cpp
+            else "native llama.cpp: not built here (bash tools/build_llama_cpp.sh, or --llama-cpp DIR)"
+        )
     else:
         info = llama_build_info(bin_dir)
         quants = [q for q in args.quants.split(",") if q]
         files = make_gguf_files(bin_dir, shipped, out_dir / "gguf", quants, args.threads)
         report["files"] = {k: {"path": str(v), "bytes": v.stat().st_size} for k, v in files.items()}
-        report["f32_export"] = "llama-quantize --allow-requantize SHIPPED F32 (dequantised blocks, exact)"
-        help_text = subprocess.run([str(bin_dir / SERVER), "--help"], capture_output=True, text=True, check=False).stdout
+        report["f32_export"] = (
+            "llama-quantize --allow-requantize SHIPPED F32 (dequantised blocks, exact)"
+        )
+        help_text = subprocess.run(
+            [str(bin_dir / SERVER), "--help"], capture_output=True, text=True, check=False
+        ).stdout
         listed = spec_types_from_help(help_text)
         spec_types = [s for s in args.spec_types.split(",") if s] if args.spec_types else listed
         info["spec_types_listed"] = listed
-        info["system_info"] = server_system_info(bin_dir, files["F32"], args.threads, out_dir / "server-sysinfo.log")
+        info["system_info"] = server_system_info(
+            bin_dir, files["F32"], args.threads, out_dir / "server-sysinfo.log"
+        )
         report["llama_cpp"] = info
     # dartcore targets: the default path on the shipped file, every made file it can read, and the
     # fp32 conversion. Q4_1 made from the F32 export holds the shipped file's tensors byte for byte
     # (the quantizer finds each block's own minimum and scale again), checked here: then the shipped
     # file stands for it and dartcore does not run the same weights twice.
-    q41_same = files.get("Q4_1") == shipped or ("Q4_1" in files and same_tensors(files["Q4_1"], shipped))
+    q41_same = files.get("Q4_1") == shipped or (
+        "Q4_1" in files and same_tensors(files["Q4_1"], shipped)
+    )
     report["q4_1_made_equals_shipped"] = q41_same
     # (target, weights label, quantized, required): a made file dartcore cannot load is reported
     # as skipped; the default path and the float32 conversion must run
     targets = [("smollm2", "Q4_1" if q41_same else "Q4_1 (shipped)", None, True)]
     if not args.no_dartcore_files:
-        targets += [(str(f), w, None, False) for w, f in files.items()
-                    if w != "F32" and f != shipped and not (w == "Q4_1" and q41_same)]
+        targets += [
+            (str(f), w, None, False)
+            for w, f in files.items()
+            if w != "F32" and f != shipped and not (w == "Q4_1" and q41_same)
+        ]
     if not args.no_fp32:
         targets.append(("smollm2", FP32, False, True))
 
@@ -762,8 +1115,13 @@ def main(argv: list[str] | None = None) -> int:
                 if why not in report["skipped"]:
                     report["skipped"].append(why)
         if args.python_binding:
-            peer = run_child("binding", args, ["--files-json", json.dumps({k: str(v) for k, v in files.items()})],
-                             out_dir, "binding")
+            peer = run_child(
+                "binding",
+                args,
+                ["--files-json", json.dumps({k: str(v) for k, v in files.items()})],
+                out_dir,
+                "binding",
+            )
             run["rows"] += peer.pop("rows", [])
             report["python_binding"] = peer
         run |= annotate_run(run["rows"], eos)
@@ -779,8 +1137,17 @@ def main(argv: list[str] | None = None) -> int:
     write_replace(out_dir / "bench_cpu_peers.md", text)
     print(text)
     if args.json:
-        print(json.dumps({k: v for k, v in report.items() if k != "rows"} | {
-            "rows_last_run": [{k: v for k, v in r.items() if k != "outputs"} for r in report["rows"]]}, indent=1))
+        print(
+            json.dumps(
+                {k: v for k, v in report.items() if k != "rows"}
+                | {
+                    "rows_last_run": [
+                        {k: v for k, v in r.items() if k != "outputs"} for r in report["rows"]
+                    ]
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

@@ -19,7 +19,11 @@ from __future__ import annotations
 import sys
 
 METHODS = ("ar", "dart", "dart-no-ngram", "dart-chain", "ngram-only")
-DEFAULTS = {"--methods": ",".join(METHODS), "--max-new-tokens": "96", "--out": "artifacts/bench_decode"}
+DEFAULTS = {
+    "--methods": ",".join(METHODS),
+    "--max-new-tokens": "96",
+    "--out": "artifacts/bench_decode",
+}
 
 
 def main(argv: list[str] | None = None) -> int:

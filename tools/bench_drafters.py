@@ -43,18 +43,29 @@ def hit_rates(model, tok, drafter, prompts, outputs, ctx_len: int = 512) -> dict
     from dartcore.cli.dart_train import _evaluate_with_progress
     from dartcore.training.data import Document, pack_documents, tokenize_document
 
-    docs = [Document(messages=p + [{"role": "assistant", "content": tok.decode(o, skip_special_tokens=True)}])
-            for p, o in zip(prompts, outputs)]
-    seqs = pack_documents([tokenize_document(d, tok) for d in docs], ctx_len, pad_id=tok.pad_token_id or 0)
+    docs = [
+        Document(
+            messages=p + [{"role": "assistant", "content": tok.decode(o, skip_special_tokens=True)}]
+        )
+        for p, o in zip(prompts, outputs)
+    ]
+    seqs = pack_documents(
+        [tokenize_document(d, tok) for d in docs], ctx_len, pad_id=tok.pad_token_id or 0
+    )
     return _evaluate_with_progress(model, drafter, seqs, progress=False)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="smollm2")
-    p.add_argument("--variant", action="append", type=parse_variant, required=True,
-                   help="LABEL=DRAFTER[@INDEX] (repeatable): a drafter directory or built-in name, and the "
-                        "index its methods read")
+    p.add_argument(
+        "--variant",
+        action="append",
+        type=parse_variant,
+        required=True,
+        help="LABEL=DRAFTER[@INDEX] (repeatable): a drafter directory or built-in name, and the "
+        "index its methods read",
+    )
     p.add_argument("--datasets", default="general,humaneval,gsm8k,code_alpaca")
     p.add_argument("--n", type=int, default=10)
     p.add_argument("--skip", type=int, default=0, help="start at this prompt of each dataset")
@@ -63,7 +74,9 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--data-dir", default=None)
     p.add_argument("--json", action="store_true")
-    p.add_argument("--out", default=str(REPO / "artifacts" / "bench_drafters" / "bench_drafters.json"))
+    p.add_argument(
+        "--out", default=str(REPO / "artifacts" / "bench_drafters" / "bench_drafters.json")
+    )
     args = p.parse_args(argv)
     labels = [v[0] for v in args.variant]
     if len(set(labels)) != len(labels):
@@ -84,7 +97,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
-    prompts = {d: load_prompts(d, args.skip + args.n, args.data_dir)[args.skip:] for d in datasets}
+    prompts = {d: load_prompts(d, args.skip + args.n, args.data_dir)[args.skip :] for d in datasets}
     model, tok = load_target(args.target)
     drafters, decoders = {}, {"ar": DartDecoder(model, tok, None, None, tree="ar")}
     for label, dname, iname in args.variant:
@@ -118,45 +131,78 @@ def main(argv=None) -> int:
         ar = _aggregate(per["ar"], None)
         for key in decoders:
             row = _aggregate(per[key], ar["tok_per_s"])
-            row.update(dataset=ds, variant=key.split("/")[0] if "/" in key else "-", method=key.split("/")[-1])
+            row.update(
+                dataset=ds,
+                variant=key.split("/")[0] if "/" in key else "-",
+                method=key.split("/")[-1],
+            )
             if key != "ar":
                 row["greedy_identical"] = all(r["identical"] for r in per[key])
             row["per_prompt_speedup"] = [
                 (len(r["tokens"]) / r["seconds"]) / (len(a["tokens"]) / a["seconds"])
-                for r, a in zip(per[key], per["ar"])]
+                for r, a in zip(per[key], per["ar"])
+            ]
             rows.append(row)
         for label, drafter in drafters.items():
             t0 = time.time()
             res = hit_rates(model, tok, drafter, prompts[ds], outputs)
-            rows.append({"dataset": ds, "variant": label, "method": "hit-rates", **res,
-                         "seconds": time.time() - t0})
-            print(f"{ds} hit rates {label}: {[round(x, 3) for x in res['hit1']]}", file=sys.stderr, flush=True)
+            rows.append(
+                {
+                    "dataset": ds,
+                    "variant": label,
+                    "method": "hit-rates",
+                    **res,
+                    "seconds": time.time() - t0,
+                }
+            )
+            print(
+                f"{ds} hit rates {label}: {[round(x, 3) for x in res['hit1']]}",
+                file=sys.stderr,
+                flush=True,
+            )
 
-    lines = ["| dataset | variant | method | τ | tok/s | speedup vs AR | median per-prompt speedup | identical |",
-             "|---|---|---|---:|---:|---:|---:|---|"]
+    lines = [
+        "| dataset | variant | method | τ | tok/s | speedup vs AR | median per-prompt speedup | identical |",
+        "|---|---|---|---:|---:|---:|---:|---|",
+    ]
     for r in rows:
         if r["method"] == "hit-rates":
             continue
         tau = f"{r['tau']:.2f}" if r.get("tau") else "1.00"
         sp = f"{r['speedup']:.2f}x" if r.get("speedup") else "1.00x"
         med = statistics.median(r["per_prompt_speedup"])
-        lines.append(f"| {r['dataset']} | {r['variant']} | {r['method']} | {tau} | {r['tok_per_s']:.1f} | {sp} | "
-                     f"{med:.2f}x | {'yes' if r.get('greedy_identical', True) else 'NO'} |")
+        lines.append(
+            f"| {r['dataset']} | {r['variant']} | {r['method']} | {tau} | {r['tok_per_s']:.1f} | {sp} | "
+            f"{med:.2f}x | {'yes' if r.get('greedy_identical', True) else 'NO'} |"
+        )
     d = max(len(r["hit1"]) for r in rows if r["method"] == "hit-rates")
-    lines += ["", "| dataset | variant | " + " | ".join(f"hit@1 k={k + 1}" for k in range(d)) + " | top-10 k=1 | n k=1 |",
-              "|---|---|" + "---:|" * (d + 2)]
+    lines += [
+        "",
+        "| dataset | variant | "
+        + " | ".join(f"hit@1 k={k + 1}" for k in range(d))
+        + " | top-10 k=1 | n k=1 |",
+        "|---|---|" + "---:|" * (d + 2),
+    ]
     for r in rows:
         if r["method"] == "hit-rates":
-            lines.append(f"| {r['dataset']} | {r['variant']} | " + " | ".join(f"{x * 100:.1f}" for x in r["hit1"])
-                         + f" | {r['top10'][0] * 100:.1f} | {int(r['count'][0])} |")
+            lines.append(
+                f"| {r['dataset']} | {r['variant']} | "
+                + " | ".join(f"{x * 100:.1f}" for x in r["hit1"])
+                + f" | {r['top10'][0] * 100:.1f} | {int(r['count'][0])} |"
+            )
     print("\n".join(lines))
     print(f"greedy outputs identical to AR: {identical}")
     if args.json:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        report = {"config": {k: v for k, v in vars(args).items() if k != "json"}, "machine": machine_info(),
-                  "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows,
-                  "greedy_identical": identical, "table": "\n".join(lines)}
+        report = {
+            "config": {k: v for k, v in vars(args).items() if k != "json"},
+            "machine": machine_info(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "rows": rows,
+            "greedy_identical": identical,
+            "table": "\n".join(lines),
+        }
         tmp = out.with_suffix(".tmp")
         tmp.write_text(json.dumps(report, indent=1) + "\n")
         tmp.replace(out)

@@ -41,7 +41,9 @@ def zipf_tokens(rng, n: int, a: float, table: np.ndarray, ids: int) -> np.ndarra
     return ((z[1:] % ids) + table[z[:-1] % len(table)]) % ids
 
 
-def gen_shards(work: Path, tokens: int, *, a: float, m: int, seed: int, shard_tokens: int = 4_000_000) -> list[Path]:
+def gen_shards(
+    work: Path, tokens: int, *, a: float, m: int, seed: int, shard_tokens: int = 4_000_000
+) -> list[Path]:
     work.mkdir(parents=True, exist_ok=True)
     tag = f"zipf-a{a}-m{m}-s{seed}-n{tokens}"
     d = work / tag
@@ -83,6 +85,7 @@ def build_child(args) -> None:
 
     shards = [Path(p) for p in args.shards.split(",")]
     b = IndexBuilder(V, memory_limit=args.memory_limit, temp_dir=args.temp_dir)
+
     def cpu() -> float:
         r = resource.getrusage(resource.RUSAGE_SELF)
         return r.ru_utime + r.ru_stime
@@ -95,7 +98,10 @@ def build_child(args) -> None:
         read += time.perf_counter() - r0
         read_cpu += cpu() - rc0
         b.add_many(docs)
-    s = b.finish(args.output, {"corpus": "synthetic zipf", "tokenizer": {"name": "qwen3-ids", "fingerprint": None}})
+    s = b.finish(
+        args.output,
+        {"corpus": "synthetic zipf", "tokenizer": {"name": "qwen3-ids", "fingerprint": None}},
+    )
     s["build_seconds"] = time.perf_counter() - t0 - read
     s["build_cpu_seconds"] = cpu() - c0 - read_cpu
     s["read_seconds"] = read
@@ -107,16 +113,24 @@ def pct(ns: np.ndarray, q: float) -> float:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokens", type=int, default=70_000_000, help="corpus tokens (default 70M → ≥50M nodes)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--tokens", type=int, default=70_000_000, help="corpus tokens (default 70M → ≥50M nodes)"
+    )
     ap.add_argument("--zipf-a", type=float, default=1.3)
-    ap.add_argument("--table", type=int, default=1024, help="M: context table size of the generator")
+    ap.add_argument(
+        "--table", type=int, default=1024, help="M: context table size of the generator"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--memory-limit", default="1G")
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "dart-bench-index")
     ap.add_argument("--threads", type=int, default=None, help="DART_NUM_THREADS for the build")
     ap.add_argument("--queries", type=int, default=200_000)
-    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    ap.add_argument(
+        "--json", action="store_true", help="print one JSON object instead of the table"
+    )
     ap.add_argument("--out", type=Path, help="also write the JSON here")
     ap.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--shards", help=argparse.SUPPRESS)
@@ -144,8 +158,19 @@ def main(argv=None) -> int:
         from dartcore.index import num_threads
 
         threads = num_threads()
-    cmd = [sys.executable, __file__, "--_child", "--shards", ",".join(map(str, shards)), "--output", str(out),
-           "--memory-limit", str(args.memory_limit), "--temp-dir", str(args.work)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--_child",
+        "--shards",
+        ",".join(map(str, shards)),
+        "--output",
+        str(out),
+        "--memory-limit",
+        str(args.memory_limit),
+        "--temp-dir",
+        str(args.work),
+    ]
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if r.returncode != 0:
@@ -155,7 +180,9 @@ def main(argv=None) -> int:
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     peak_gb = max(peak_kb, before) * 1024 / 2**30
     build_s = summary["build_seconds"]
-    log(f"build: {summary['tokens']:,} tokens in {build_s:.1f}s on {threads} threads, peak RSS {peak_gb:.2f} GB")
+    log(
+        f"build: {summary['tokens']:,} tokens in {build_s:.1f}s on {threads} threads, peak RSS {peak_gb:.2f} GB"
+    )
 
     # open: O(1); median of 21 opens (page cache warm)
     opens = []
@@ -174,7 +201,9 @@ def main(argv=None) -> int:
     ns = _native._bench.bench_children(idx._inner, ctx, 25, 1)
     # the Eq. (10) hot path: 25 sorted candidates (frequent tokens, like a drafter's top-k)
     cands = np.unique(toks[rng.integers(0, toks.size, 200)])[:25].astype(np.uint32)
-    ns_cp = _native._bench.bench_cond_probs(idx._inner, ctx[:50_000], np.ascontiguousarray(cands), 1)
+    ns_cp = _native._bench.bench_cond_probs(
+        idx._inner, ctx[:50_000], np.ascontiguousarray(cands), 1
+    )
     # the working set of one search round: 141 contexts, queried over and over (cache-warm)
     hot = np.ascontiguousarray(np.tile(ctx[:141], (200, 1)))
     ns_hot = _native._bench.bench_children(idx._inner, hot, 25, 1)
@@ -182,7 +211,7 @@ def main(argv=None) -> int:
     # batch of 141 contexts, one Python call each
     bt = []
     for i in range(300):
-        c = ctx[(i * 141) % (len(ctx) - 141):][:141]
+        c = ctx[(i * 141) % (len(ctx) - 141) :][:141]
         t = time.perf_counter()
         idx.children_batch(c, 25)
         bt.append(time.perf_counter() - t)
@@ -231,12 +260,28 @@ def main(argv=None) -> int:
             ("children top-25 p99", f"{res['children_p99_us']:.3f} µs", "≤ 3 µs"),
             ("cond_probs 25 cands p50", f"{res['cond_probs25_p50_us']:.3f} µs", "~0.3 µs"),
             ("cond_probs 25 cands p99", f"{res['cond_probs25_p99_us']:.3f} µs", ""),
-            ("children p50, 141-context working set", f"{res['children_hot141_p50_us']:.3f} µs", "cache-resident"),
-            ("cond_probs p50, 141-context set", f"{res['cond_probs25_hot141_p50_us']:.3f} µs", "~0.3 µs"),
+            (
+                "children p50, 141-context working set",
+                f"{res['children_hot141_p50_us']:.3f} µs",
+                "cache-resident",
+            ),
+            (
+                "cond_probs p50, 141-context set",
+                f"{res['cond_probs25_hot141_p50_us']:.3f} µs",
+                "~0.3 µs",
+            ),
             ("children_batch 141 (Python call)", f"{res['batch141_us']:.1f} µs", ""),
-            ("build (per CPU-second)", f"{res['build_mtok_per_s_per_core']:.2f} M tok/s/core", "≥ 10"),
+            (
+                "build (per CPU-second)",
+                f"{res['build_mtok_per_s_per_core']:.2f} M tok/s/core",
+                "≥ 10",
+            ),
             ("build (wall)", f"{res['build_mtok_per_s_wall']:.2f} M tok/s, {threads} thr", ""),
-            ("peak RSS / limit", f"{peak_gb:.2f} / {res['memory_limit_gb']:.2f} GB", "≤ limit + 10 %"),
+            (
+                "peak RSS / limit",
+                f"{peak_gb:.2f} / {res['memory_limit_gb']:.2f} GB",
+                "≤ limit + 10 %",
+            ),
         ]
         print(f"\n{res['corpus']}; {res['tokens']:,} tokens; latencies {cold_note}")
         print(f"| {'figure':<34} | {'measured':<32} | {'target':<16} |")

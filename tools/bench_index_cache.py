@@ -51,8 +51,12 @@ def contexts(idx, n: int, seed: int = 0) -> np.ndarray:
 
 def pct(ns: np.ndarray) -> dict:
     us = np.asarray(ns, dtype=np.float64) / 1e3
-    return {"p50_us": float(np.percentile(us, 50)), "p99_us": float(np.percentile(us, 99)),
-            "mean_us": float(us.mean()), "total_s": float(us.sum() / 1e6)}
+    return {
+        "p50_us": float(np.percentile(us, 50)),
+        "p99_us": float(np.percentile(us, 99)),
+        "mean_us": float(us.mean()),
+        "total_s": float(us.sum() / 1e6),
+    }
 
 
 def mapped(pid: int, path: str) -> dict:
@@ -82,11 +86,15 @@ def child(index: str, ctx_file: str, touch: int) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--index", type=Path, required=True)
     ap.add_argument("--queries", type=int, default=20_000)
     ap.add_argument("--procs", type=int, default=4)
-    ap.add_argument("--touch", type=int, default=20_000, help="contexts each sharing process queries")
+    ap.add_argument(
+        "--touch", type=int, default=20_000, help="contexts each sharing process queries"
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--_child", nargs=3, help=argparse.SUPPRESS)
@@ -131,10 +139,31 @@ def main() -> int:
 
     ctx_file = args.index.with_suffix(".ctx.npy")
     np.save(ctx_file, ctx)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "python"), os.environ.get("PYTHONPATH")])))
-    procs = [subprocess.Popen([sys.executable, __file__, "--index", str(args.index), "--_child", str(args.index),
-                               str(ctx_file), str(args.touch)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True, env=env) for _ in range(args.procs)]
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            filter(None, [str(REPO / "python"), os.environ.get("PYTHONPATH")])
+        ),
+    )
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--index",
+                str(args.index),
+                "--_child",
+                str(args.index),
+                str(ctx_file),
+                str(args.touch),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(args.procs)
+    ]
     rolls = [json.loads(p.stdout.readline()) for p in procs]
     # Pss is measured after every process has mapped and touched the file: re-read all now.
     final = [mapped(p.pid, str(args.index)) for p in procs]
@@ -142,8 +171,14 @@ def main() -> int:
         p.stdin.close()
         p.wait()
     ctx_file.unlink()
-    rec["procs"] = {"n": args.procs, "touch": args.touch, "at_own_end": rolls, "all_alive": final,
-                    "pss_sum_bytes": sum(r["Pss"] for r in final), "rss_sum_bytes": sum(r["Rss"] for r in final)}
+    rec["procs"] = {
+        "n": args.procs,
+        "touch": args.touch,
+        "at_own_end": rolls,
+        "all_alive": final,
+        "pss_sum_bytes": sum(r["Pss"] for r in final),
+        "rss_sum_bytes": sum(r["Rss"] for r in final),
+    }
     rec["load_average_1m"] = os.getloadavg()[0]
     text = json.dumps(rec, indent=2)
     if args.out:

@@ -55,11 +55,18 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=128, help="cached tokens before the timed rows")
     p.add_argument("--docs", type=int, default=8)
     p.add_argument("--tokens", type=int, default=256)
-    p.add_argument("--data", default=str(Path(__file__).resolve().parents[1] / ".." / "shared" / "data"))
+    p.add_argument(
+        "--data", default=str(Path(__file__).resolve().parents[1] / ".." / "shared" / "data")
+    )
     p.add_argument("--json", default=None)
     args = p.parse_args()
 
-    from dartcore.kernels.linear import int8_kernel, linear_threads, native_linear_isa, torch_threads
+    from dartcore.kernels.linear import (
+        int8_kernel,
+        linear_threads,
+        native_linear_isa,
+        torch_threads,
+    )
     from dartcore.models.hub import load_target
     from dartcore.models.transformer import TargetModel
 
@@ -86,10 +93,18 @@ def main() -> None:
             for r in rows:
                 for numerics, t in models.items():
                     t0 = time.perf_counter()
-                    t.forward(caches[numerics], block[:r], torch.arange(args.prompt, args.prompt + r))
+                    t.forward(
+                        caches[numerics], block[:r], torch.arange(args.prompt, args.prompt + r)
+                    )
                     times[numerics][r].append((time.perf_counter() - t0) * 1e3)
-    forward_ms = {n: {r: round(statistics.median(v[1:]), 2) for r, v in per.items()} for n, per in times.items()}
-    extra_row_ms = {n: round((per[max(rows)] - per[min(rows)]) / (max(rows) - min(rows)), 3) for n, per in forward_ms.items()}
+    forward_ms = {
+        n: {r: round(statistics.median(v[1:]), 2) for r, v in per.items()}
+        for n, per in times.items()
+    }
+    extra_row_ms = {
+        n: round((per[max(rows)] - per[min(rows)]) / (max(rows) - min(rows)), 3)
+        for n, per in forward_ms.items()
+    }
 
     docs = _held_out(tok, args.docs, args.tokens, Path(args.data))
     agree = total = 0
@@ -109,23 +124,44 @@ def main() -> None:
         total += len(ids) - 1
     report = {
         "command": "python3 tools/bench_int8.py " + " ".join(sys.argv[1:]),
-        "machine": {"cpu": _cpu_model(), "vcpus": os.cpu_count(), "isa": native_linear_isa(), "int8_kernel": int8_kernel(),
-                    "threads": linear_threads(), "load_average_1m_at_end": round(os.getloadavg()[0], 2)},
+        "machine": {
+            "cpu": _cpu_model(),
+            "vcpus": os.cpu_count(),
+            "isa": native_linear_isa(),
+            "int8_kernel": int8_kernel(),
+            "threads": linear_threads(),
+            "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+        },
         "target": args.target,
         "forward_ms": forward_ms,
         "extra_row_ms": extra_row_ms,
-        "held_out": {"docs": len(docs), "positions": total, "greedy_agreement": round(agree / max(total, 1), 4),
-                     "mean_kl": round(kl_sum / max(total, 1), 5),
-                     "perplexity": {n: round(float(torch.exp(torch.tensor(v / max(total, 1)))), 3) for n, v in nll.items()}},
+        "held_out": {
+            "docs": len(docs),
+            "positions": total,
+            "greedy_agreement": round(agree / max(total, 1), 4),
+            "mean_kl": round(kl_sum / max(total, 1), 5),
+            "perplexity": {
+                n: round(float(torch.exp(torch.tensor(v / max(total, 1)))), 3)
+                for n, v in nll.items()
+            },
+        },
     }
-    print(f"{report['machine']['cpu']}, {report['machine']['vcpus']} vCPUs, {report['machine']['isa']}, "
-          f"int8 kernel {int8_kernel()}, {linear_threads()} threads; median of {args.repeats}, ms per forward")
+    print(
+        f"{report['machine']['cpu']}, {report['machine']['vcpus']} vCPUs, {report['machine']['isa']}, "
+        f"int8 kernel {int8_kernel()}, {linear_threads()} threads; median of {args.repeats}, ms per forward"
+    )
     print("rows     " + "".join(f"{r:>8}" for r in rows) + "   per extra row")
     for n in models:
-        print(f"{n:<9}" + "".join(f"{forward_ms[n][r]:>8.2f}" for r in rows) + f"   {extra_row_ms[n]:.3f}")
+        print(
+            f"{n:<9}"
+            + "".join(f"{forward_ms[n][r]:>8.2f}" for r in rows)
+            + f"   {extra_row_ms[n]:.3f}"
+        )
     h = report["held_out"]
-    print(f"held-out: {h['positions']} positions of {h['docs']} documents: greedy agreement {h['greedy_agreement']:.4f}, "
-          f"mean KL {h['mean_kl']:.5f}, perplexity exact {h['perplexity']['exact']} / int8 {h['perplexity']['int8']}")
+    print(
+        f"held-out: {h['positions']} positions of {h['docs']} documents: greedy agreement {h['greedy_agreement']:.4f}, "
+        f"mean KL {h['mean_kl']:.5f}, perplexity exact {h['perplexity']['exact']} / int8 {h['perplexity']['int8']}"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
 

@@ -67,10 +67,23 @@ def corpus_files(limit_bytes: int) -> list[tuple[str, str]]:
     stdlib = sysconfig.get_paths()["stdlib"]
     site = sysconfig.get_paths()["purelib"]
     groups = [
-        ("python-stdlib", sorted(p for p in glob.glob(f"{stdlib}/**/*.py", recursive=True) if "site-packages" not in p)),
+        (
+            "python-stdlib",
+            sorted(
+                p
+                for p in glob.glob(f"{stdlib}/**/*.py", recursive=True)
+                if "site-packages" not in p
+            ),
+        ),
         ("site-packages", sorted(glob.glob(f"{site}/**/*.py", recursive=True))),
-        ("usr-share-doc", sorted(p for p in glob.glob("/usr/share/doc/**/*", recursive=True)
-                                 if os.path.isfile(p) and not os.path.islink(p))),
+        (
+            "usr-share-doc",
+            sorted(
+                p
+                for p in glob.glob("/usr/share/doc/**/*", recursive=True)
+                if os.path.isfile(p) and not os.path.islink(p)
+            ),
+        ),
     ]
     out, total = [], 0
     for label, paths in groups:
@@ -111,8 +124,9 @@ def tokenize_corpus(work: Path, corpus_mb: int) -> tuple[list[np.ndarray], dict]
         data = np.load(tag / "tokens.npy", mmap_mode="r")
         cuts = np.load(tag / "cuts.npy")
         return [np.asarray(data[a:b]) for a, b in zip(cuts[:-1], cuts[1:])], meta
-    from dartcore.models.hub import load_hf_tokenizer
     from tqdm import tqdm
+
+    from dartcore.models.hub import load_hf_tokenizer
 
     tok = load_hf_tokenizer("smollm2")
     eos = int(tok.eos_token_id)
@@ -142,9 +156,16 @@ def tokenize_corpus(work: Path, corpus_mb: int) -> tuple[list[np.ndarray], dict]
     cuts = np.concatenate([[0], np.cumsum([d.size for d in docs])]).astype(np.int64)
     np.save(tag / "tokens.npy", np.concatenate(docs))
     np.save(tag / "cuts.npy", cuts)
-    meta = {"tokenizer": "smollm2", "vocab_size": len(tok), "eos": eos, "documents": len(docs),
-            "tokens": int(cuts[-1]), "text_bytes": nbytes, "files_per_source": sources,
-            "sources": ["python stdlib *.py", "site-packages *.py", "/usr/share/doc (text, .gz)"]}
+    meta = {
+        "tokenizer": "smollm2",
+        "vocab_size": len(tok),
+        "eos": eos,
+        "documents": len(docs),
+        "tokens": int(cuts[-1]),
+        "text_bytes": nbytes,
+        "files_per_source": sources,
+        "sources": ["python stdlib *.py", "site-packages *.py", "/usr/share/doc (text, .gz)"],
+    }
     meta_path.write_text(json.dumps(meta, indent=1))
     return docs, meta
 
@@ -157,12 +178,12 @@ def make_inputs(index, held: list[np.ndarray], n: int, vocab: int, seed: int):
     for i in range(n):
         doc = long_docs[int(rng.integers(len(long_docs)))]
         t = int(rng.integers(1, doc.size - D - 1))
-        contexts.append(np.asarray(doc[max(0, t - 63):t + 1], dtype=np.int64))
+        contexts.append(np.asarray(doc[max(0, t - 63) : t + 1], dtype=np.int64))
         for lvl in range(D):
             true = int(doc[t + 1 + lvl])
             ctx = [int(doc[t - 1 + lvl]), int(doc[t + lvl])]
             kids = [int(x) for x in index.children(ctx, K)[0]]
-            present = rng.random() < 0.8 * 0.9 ** lvl
+            present = rng.random() < 0.8 * 0.9**lvl
             others: list[int] = []
             for x in kids:  # plausible continuations get the better ranks, as a drafter would
                 if len(others) >= K - present:
@@ -178,7 +199,9 @@ def make_inputs(index, held: list[np.ndarray], n: int, vocab: int, seed: int):
                 others.insert(r, true)
             row_arr = np.asarray(others, dtype=np.int64)  # rank order
             alpha = 3.0 - 1.8 * lvl / (D - 1)
-            logits = np.sort(-alpha * np.log(np.arange(1, K + 1)) + rng.normal(0, 0.3, K))[::-1].astype(np.float32)
+            logits = np.sort(-alpha * np.log(np.arange(1, K + 1)) + rng.normal(0, 0.3, K))[
+                ::-1
+            ].astype(np.float32)
             m = logits.max()
             lp = logits - m - np.log(np.exp(logits - m).sum(dtype=np.float32))
             toks[i, lvl] = row_arr
@@ -189,6 +212,7 @@ def make_inputs(index, held: list[np.ndarray], n: int, vocab: int, seed: int):
 def real_inputs(n: int, seed: int, data_dir: Path, positions: int = 200):
     """Contexts and drafter rows from the real drafter on held-out eval text (module docs)."""
     import torch
+
     from dartcore.drafter import DartDrafter
     from dartcore.models.hub import load_target
     from dartcore.models.transformer import TargetModel
@@ -215,25 +239,38 @@ def real_inputs(n: int, seed: int, data_dir: Path, positions: int = 200):
             if len(ids) < 24:
                 continue
             cache = target.new_cache(len(ids) + 1)
-            out = target.forward(cache, torch.tensor(ids, dtype=torch.long), torch.arange(len(ids)),
-                                 taps=taps, logits_rows=slice(0, 0))
+            out = target.forward(
+                cache,
+                torch.tensor(ids, dtype=torch.long),
+                torch.arange(len(ids)),
+                taps=taps,
+                logits_rows=slice(0, 0),
+            )
             state = drafter.new_state(len(ids) + 1)
             # Warm the drafter state with the first 8 positions, then one row set per position.
             start = 8
-            drafter.draft(state, out.taps[:start], torch.tensor(ids[1:start + 1], dtype=torch.long))
+            drafter.draft(
+                state, out.taps[:start], torch.tensor(ids[1 : start + 1], dtype=torch.long)
+            )
             for t in range(start, len(ids) - 1):
-                logits = drafter.draft(state, out.taps[t:t + 1], torch.tensor([ids[t + 1]], dtype=torch.long))
+                logits = drafter.draft(
+                    state, out.taps[t : t + 1], torch.tensor([ids[t + 1]], dtype=torch.long)
+                )
                 # After position t's row the root is x_{t+1}: the search context ends with it.
                 tk, lp = topk_logprobs(logits, K)
                 tk = drafter.to_target_ids(torch.as_tensor(np.asarray(tk, dtype=np.int64))).numpy()
-                contexts.append(np.asarray(ids[max(0, t - 62):t + 2], dtype=np.int64))
+                contexts.append(np.asarray(ids[max(0, t - 62) : t + 2], dtype=np.int64))
                 toks.append(tk.astype(np.int64))
                 lps.append(np.asarray(lp, dtype=np.float32))
                 if len(contexts) >= positions:
                     break
     reps = [i % len(contexts) for i in range(n)]
-    return ([contexts[i] for i in reps], np.stack([toks[i] for i in reps]), np.stack([lps[i] for i in reps]),
-            len(contexts))
+    return (
+        [contexts[i] for i in reps],
+        np.stack([toks[i] for i in reps]),
+        np.stack([lps[i] for i in reps]),
+        len(contexts),
+    )
 
 
 def interleaved(index, flat, offsets, toks, lps, params, repeats: int):
@@ -247,7 +284,10 @@ def interleaved(index, flat, offsets, toks, lps, params, repeats: int):
     queries: dict[str, float] = {}
     last: dict[str, dict] = {}
     for _ in range(repeats):
-        for name, prm in (("beam", dict(params, candidates="beam")), ("all", dict(params, candidates="all"))):
+        for name, prm in (
+            ("beam", dict(params, candidates="beam")),
+            ("all", dict(params, candidates="all")),
+        ):
             res = _native._bench.bench_beam_search(index._inner, flat, offsets, toks, lps, prm, 0)
             for clock, key in (("cpu", "search_cpu_ns"), ("wall", "search_ns")):
                 us = np.asarray(res[key], dtype=np.float64) / 1e3
@@ -265,7 +305,6 @@ def medians(runs: dict[str, list], stat: str) -> dict[str, float]:
 
 def bench_on(args, idx_path: Path) -> int:
     """The candidate sets alternated on an existing index (``--index``), real rows."""
-    from dartcore import _native
     from dartcore import tree as T
     from dartcore.index import NgramIndex
     from dartcore.models.hub import load_hf_tokenizer
@@ -280,14 +319,20 @@ def bench_on(args, idx_path: Path) -> int:
     runs, p99s, queries, _ = interleaved(index, flat, offsets, toks, lps, params, args.repeats)
     result = {
         "index": {"path": str(idx_path), **{k: v for k, v in index.stats().items() if "node" in k}},
-        "searches": args.searches, "positions": n_pos, "repeats": args.repeats,
-        "d": D, "k": K, "w": 20, "theta": 59,
+        "searches": args.searches,
+        "positions": n_pos,
+        "repeats": args.repeats,
+        "d": D,
+        "k": K,
+        "w": 20,
+        "theta": 59,
         **medians(runs, "p50"),
         **medians(p99s, "p99"),
         "ngram_queries_per_search": queries,
         "interleaved_p50_us": runs,
         "interleaved_p99_us": p99s,
-        "load_avg_1min": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
+        "load_avg_1min": round(os.getloadavg()[0], 2),
+        "cpus": os.cpu_count(),
     }
     text = json.dumps(result, indent=1)
     if args.out:
@@ -297,27 +342,51 @@ def bench_on(args, idx_path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--work", type=Path, default=cache_root() / "bench_tree")
-    ap.add_argument("--data-dir", type=Path, default=data_dir_from_env(),
-                    help="data directory with eval/ for --rows real (default: $DARTCORE_DATA)")
-    ap.add_argument("--corpus-mb", type=int, default=240,
-                    help="text to tokenize (MiB); 240 gives an index of 12.5 M nodes (the target is >= 10 M)")
-    ap.add_argument("--rows", choices=("real", "synthetic"), default="real", help="drafter rows (module docs)")
+    ap.add_argument(
+        "--data-dir",
+        type=Path,
+        default=data_dir_from_env(),
+        help="data directory with eval/ for --rows real (default: $DARTCORE_DATA)",
+    )
+    ap.add_argument(
+        "--corpus-mb",
+        type=int,
+        default=240,
+        help="text to tokenize (MiB); 240 gives an index of 12.5 M nodes (the target is >= 10 M)",
+    )
+    ap.add_argument(
+        "--rows", choices=("real", "synthetic"), default="real", help="drafter rows (module docs)"
+    )
     ap.add_argument("--searches", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeats", type=int, default=5,
-                    help="runs of each candidate set, alternated (beam, all, beam, ...), for the medians")
-    ap.add_argument("--index", type=Path,
-                    help="an existing SmolLM2-tokenizer index instead of building one (real rows only; "
-                         "e.g. artifacts/demo/smollm2.idx): the candidate sets' timings in one run, alternated")
-    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="runs of each candidate set, alternated (beam, all, beam, ...), for the medians",
+    )
+    ap.add_argument(
+        "--index",
+        type=Path,
+        help="an existing SmolLM2-tokenizer index instead of building one (real rows only; "
+        "e.g. artifacts/demo/smollm2.idx): the candidate sets' timings in one run, alternated",
+    )
+    ap.add_argument(
+        "--json", action="store_true", help="print one JSON object instead of the table"
+    )
     ap.add_argument("--out", type=Path, help="also write the JSON here")
     args = ap.parse_args(argv)
-    if (args.rows == "real" or args.index is not None) and (args.data_dir is None
-                                                            or not (args.data_dir / "eval").is_dir()):
-        ap.error("real drafter rows read the evaluation sets: pass --data-dir DIR (with DIR/eval/) or set "
-                 "DARTCORE_DATA, or use --rows synthetic")
+    if (args.rows == "real" or args.index is not None) and (
+        args.data_dir is None or not (args.data_dir / "eval").is_dir()
+    ):
+        ap.error(
+            "real drafter rows read the evaluation sets: pass --data-dir DIR (with DIR/eval/) or set "
+            "DARTCORE_DATA, or use --rows synthetic"
+        )
 
     from dartcore import _native
     from dartcore import tree as T
@@ -335,8 +404,12 @@ def main(argv: list[str] | None = None) -> int:
     idx_path = args.work / f"index-smollm2-{args.corpus_mb}mb-v2.idx"
     if not idx_path.exists():
         t0 = time.perf_counter()
-        build_index((docs[i] for i in train_ids), idx_path, vocab_size=meta["vocab_size"],
-                    metadata={"corpus": meta, "held_out_documents": n_held})
+        build_index(
+            (docs[i] for i in train_ids),
+            idx_path,
+            vocab_size=meta["vocab_size"],
+            metadata={"corpus": meta, "held_out_documents": n_held},
+        )
         print(f"built {idx_path} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     index = NgramIndex(idx_path)
     stats = index.stats()
@@ -345,8 +418,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     if args.rows == "real":
         contexts, toks, lps, n_pos = real_inputs(args.searches, args.seed, args.data_dir)
-        rows_desc = (f"real: shipped SmolLM2 drafter, teacher-forced on {n_pos} held-out positions of "
-                     "the GSM8K test and CodeAlpaca-2k prompts + answers, cycled (see tools/bench_tree.py docstring)")
+        rows_desc = (
+            f"real: shipped SmolLM2 drafter, teacher-forced on {n_pos} held-out positions of "
+            "the GSM8K test and CodeAlpaca-2k prompts + answers, cycled (see tools/bench_tree.py docstring)"
+        )
     else:
         contexts, toks, lps = make_inputs(index, held, args.searches, meta["vocab_size"], args.seed)
         rows_desc = "synthetic, anchored in held-out real text (see tools/bench_tree.py docstring)"
@@ -356,7 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     flat = np.concatenate(tails).astype(np.int64)
     params = T.SearchParams(eos_token_ids=(meta["eos"],)).native()
     r = _native._bench.bench_beam_search(index._inner, flat, offsets, toks, lps, params, 8)
-    r0 = _native._bench.bench_beam_search(index._inner, flat, offsets, toks, lps, dict(params, ngram_weight=0.0), 0)
+    r0 = _native._bench.bench_beam_search(
+        index._inner, flat, offsets, toks, lps, dict(params, ngram_weight=0.0), 0
+    )
     runs, _, _, last = interleaved(index, flat, offsets, toks, lps, params, args.repeats)
     ra = last["all"]
     # Full Python call (wrapper + conversion), 300 calls.
@@ -366,10 +443,17 @@ def main(argv: list[str] | None = None) -> int:
         T.beam_search(index, contexts[i], toks[i], lps[i], eos_token_ids=(meta["eos"],))
         py_us.append((time.perf_counter() - t0) * 1e6)
     sizes = [T.beam_search(index, contexts[i], toks[i], lps[i]).size - 1 for i in range(100)]
-    same_all = sum(np.array_equal(T.beam_search(index, contexts[i], toks[i], lps[i], eos_token_ids=(meta["eos"],),
-                                                candidates="beam").tokens,
-                                  T.beam_search(index, contexts[i], toks[i], lps[i], eos_token_ids=(meta["eos"],),
-                                                candidates="all").tokens) for i in range(100))
+    same_all = sum(
+        np.array_equal(
+            T.beam_search(
+                index, contexts[i], toks[i], lps[i], eos_token_ids=(meta["eos"],), candidates="beam"
+            ).tokens,
+            T.beam_search(
+                index, contexts[i], toks[i], lps[i], eos_token_ids=(meta["eos"],), candidates="all"
+            ).tokens,
+        )
+        for i in range(100)
+    )
 
     us = np.asarray(r["search_ns"], dtype=np.float64) / 1e3
     cpu = np.asarray(r["search_cpu_ns"], dtype=np.float64) / 1e3
@@ -384,7 +468,9 @@ def main(argv: list[str] | None = None) -> int:
         "ngram_queries_per_search": round(r["ngram_queries"] / args.searches, 1),
         "ngram_candidates_per_query": round(r["ngram_candidates"] / max(1, r["ngram_queries"]), 1),
         "ngram_us_per_query": round(r["ngram_total_cpu_ns"] / max(1, r["ngram_queries"]) / 1e3, 3),
-        "batch8_us": round(float(np.median(r["batch_ns"]) / 1e3), 2) if len(r["batch_ns"]) else None,
+        "batch8_us": round(float(np.median(r["batch_ns"]) / 1e3), 2)
+        if len(r["batch_ns"])
+        else None,
         "batch_threads": num_threads(),
         "no_ngram_p50_us": pct(np.asarray(r0["search_ns"]) / 1e3, 50),
         "no_ngram_cpu_p50_us": pct(np.asarray(r0["search_cpu_ns"]) / 1e3, 50),
@@ -401,9 +487,15 @@ def main(argv: list[str] | None = None) -> int:
         "load_avg_1min": round(os.getloadavg()[0], 2),
         "cpus": os.cpu_count(),
         "searches": args.searches,
-        "d": D, "k": K, "w": 20, "theta": 59,
+        "d": D,
+        "k": K,
+        "w": 20,
+        "theta": 59,
         "index": {"path": str(idx_path), "bytes": stats.get("bytes"), **nodes},
-        "corpus": {k: meta[k] for k in ("tokenizer", "documents", "tokens", "text_bytes", "files_per_source")},
+        "corpus": {
+            k: meta[k]
+            for k in ("tokenizer", "documents", "tokens", "text_bytes", "files_per_source")
+        },
         "rows": args.rows,
         "drafter_rows": rows_desc,
         "rows_prep_s": round(rows_s, 1),
@@ -414,15 +506,38 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(text)
     else:
-        rows = [(k, result[k]) for k in ("search_p50_us", "search_p99_us", "search_mean_us", "search_cpu_p50_us",
-                                          "search_cpu_p99_us", "ngram_share", "ngram_queries_per_search",
-                                          "ngram_candidates_per_query", "ngram_us_per_query",
-                                          "batch8_us", "batch_threads", "no_ngram_p50_us", "no_ngram_cpu_p50_us",
-                                          "python_call_p50_us", "tree_nodes_mean", "load_avg_1min", "cpus",
-                                          "all_search_p50_us", "all_search_p99_us", "all_search_cpu_p50_us",
-                                          "all_ngram_queries_per_search", "all_same_tree_share", "repeats",
-                                          "beam_cpu_p50_median_us", "all_cpu_p50_median_us",
-                                          "beam_wall_p50_median_us", "all_wall_p50_median_us")]
+        rows = [
+            (k, result[k])
+            for k in (
+                "search_p50_us",
+                "search_p99_us",
+                "search_mean_us",
+                "search_cpu_p50_us",
+                "search_cpu_p99_us",
+                "ngram_share",
+                "ngram_queries_per_search",
+                "ngram_candidates_per_query",
+                "ngram_us_per_query",
+                "batch8_us",
+                "batch_threads",
+                "no_ngram_p50_us",
+                "no_ngram_cpu_p50_us",
+                "python_call_p50_us",
+                "tree_nodes_mean",
+                "load_avg_1min",
+                "cpus",
+                "all_search_p50_us",
+                "all_search_p99_us",
+                "all_search_cpu_p50_us",
+                "all_ngram_queries_per_search",
+                "all_same_tree_share",
+                "repeats",
+                "beam_cpu_p50_median_us",
+                "all_cpu_p50_median_us",
+                "beam_wall_p50_median_us",
+                "all_wall_p50_median_us",
+            )
+        ]
         print(f"index: {idx_path.name}, {result['index']}")
         print(f"corpus: {result['corpus']}")
         print("| metric | value |\n|---|---|")

@@ -32,8 +32,11 @@ def _register_ablations() -> None:
     from dartcore.dartree.builders import DartreeBuilder
     from dartcore.trees import register_tree_builder
 
-    register_tree_builder("dartree-untrained",
-                          lambda **kw: DartreeBuilder(**{**kw, "head": "untrained"}), replace=True)
+    register_tree_builder(
+        "dartree-untrained",
+        lambda **kw: DartreeBuilder(**{**kw, "head": "untrained"}),
+        replace=True,
+    )
 
 
 def accept_curve(hist: list[int], d: int) -> list[float]:
@@ -56,7 +59,12 @@ def plot(rows: list[dict], path: Path, d: int) -> None:
         for r in rows:
             if (r["dataset"], r["temperature"]) != (ds, temp) or r["method"] == "ar":
                 continue
-            ax.plot(range(1, d + 1), r["accept_curve"], marker="o", label=f"{r['method']} (τ={r['tau']:.2f})")
+            ax.plot(
+                range(1, d + 1),
+                r["accept_curve"],
+                marker="o",
+                label=f"{r['method']} (τ={r['tau']:.2f})",
+            )
         ax.set_title(f"{ds}, T={temp:g}")
         ax.set_xlabel("t (draft position)")
         ax.set_ylabel("Pr(L ≥ t)")
@@ -69,8 +77,22 @@ def plot(rows: list[dict], path: Path, d: int) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("dataset", "T", "method", "τ", "tok/s", "speedup", "draft ms", "search ms", "verify ms",
-            "Pr(L≥1)", "Pr(L≥2)", "Pr(L≥3)", "Pr(L≥4)", "identical to AR")
+    head = (
+        "dataset",
+        "T",
+        "method",
+        "τ",
+        "tok/s",
+        "speedup",
+        "draft ms",
+        "search ms",
+        "verify ms",
+        "Pr(L≥1)",
+        "Pr(L≥2)",
+        "Pr(L≥3)",
+        "Pr(L≥4)",
+        "identical to AR",
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def f(v, spec):
@@ -78,28 +100,50 @@ def table(rows: list[dict]) -> str:
 
     for r in rows:
         c = (r.get("accept_curve") or []) + [None] * 4
-        lines.append("| " + " | ".join([
-            r["dataset"], f"{r['temperature']:g}", r["method"], f(r.get("tau"), ".2f"), f(r["tok_per_s"], ".1f"),
-            f(r.get("speedup"), ".2f"), f(r.get("draft_ms_per_round"), ".1f"), f(r.get("search_ms_per_round"), ".2f"),
-            f(r.get("verify_ms_per_round"), ".1f"), *(f(x, ".2f") for x in c[:4]),
-            {True: "yes", False: "NO", None: "-"}[r.get("greedy_identical")],
-        ]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    r["dataset"],
+                    f"{r['temperature']:g}",
+                    r["method"],
+                    f(r.get("tau"), ".2f"),
+                    f(r["tok_per_s"], ".1f"),
+                    f(r.get("speedup"), ".2f"),
+                    f(r.get("draft_ms_per_round"), ".1f"),
+                    f(r.get("search_ms_per_round"), ".2f"),
+                    f(r.get("verify_ms_per_round"), ".1f"),
+                    *(f(x, ".2f") for x in c[:4]),
+                    {True: "yes", False: "NO", None: "-"}[r.get("greedy_identical")],
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--target", default="smollm2")
     p.add_argument("--drafter", default="smollm2", help="drafter directory or built-in name")
     p.add_argument("--index", help="n-gram index built with the target's tokenizer (dart, hybrid)")
     p.add_argument("--head", help="correction head directory or name (default: the built-in one)")
-    p.add_argument("--methods", default=",".join(METHODS),
-                   help=f"comma-separated tree builders (also: {', '.join(ABLATIONS)})")
+    p.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help=f"comma-separated tree builders (also: {', '.join(ABLATIONS)})",
+    )
     p.add_argument("--datasets", default="gsm8k,humaneval")
     p.add_argument("--temperatures", default="0")
     p.add_argument("--n", type=int, default=4, help="prompts per dataset")
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--max-nodes", type=int, help="node budget of every tree (default: each builder's CPU budget)")
+    p.add_argument(
+        "--max-nodes",
+        type=int,
+        help="node budget of every tree (default: each builder's CPU budget)",
+    )
     p.add_argument("--threads", type=int)
     p.add_argument("--data-dir")
     p.add_argument("--seed", type=int, default=0)
@@ -109,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import torch
+
     from dartcore.benchmark.runner import BenchConfig, run_benchmark
 
     if args.threads:
@@ -124,15 +169,27 @@ def main(argv: list[str] | None = None) -> int:
             tree_params[m]["max_nodes"] = args.max_nodes
         if args.head and m in ("dartree", "hybrid"):
             tree_params[m]["head"] = args.head
-    cfg = BenchConfig(target=args.target, drafter=args.drafter, index=args.index,
-                      datasets=tuple(d.strip() for d in args.datasets.split(",") if d.strip()), n=args.n,
-                      methods=methods, temperatures=tuple(float(t) for t in args.temperatures.split(",")),
-                      max_new_tokens=args.max_new_tokens, seed=args.seed, data_dir=args.data_dir,
-                      tree_params=tree_params)
+    cfg = BenchConfig(
+        target=args.target,
+        drafter=args.drafter,
+        index=args.index,
+        datasets=tuple(d.strip() for d in args.datasets.split(",") if d.strip()),
+        n=args.n,
+        methods=methods,
+        temperatures=tuple(float(t) for t in args.temperatures.split(",")),
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        data_dir=args.data_dir,
+        tree_params=tree_params,
+    )
     from tqdm import tqdm
 
-    bar = tqdm(total=len(cfg.datasets) * len(cfg.temperatures) * cfg.n * len(set(methods) | {"ar"}),
-               desc="bench_trees", unit="run", file=sys.stderr)
+    bar = tqdm(
+        total=len(cfg.datasets) * len(cfg.temperatures) * cfg.n * len(set(methods) | {"ar"}),
+        desc="bench_trees",
+        unit="run",
+        file=sys.stderr,
+    )
 
     def progress(dataset, temperature, i, method, rec):
         bar.set_postfix_str(f"{dataset} T={temperature:g} {method}")

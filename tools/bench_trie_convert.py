@@ -30,7 +30,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 151669  # qwen3
 
-NODE = np.dtype([("tok", "<i4"), ("par", "<u8"), ("freq", "<i4"), ("nch", "<u8")])  # packed: 24 bytes
+# packed: 24 bytes
+NODE = np.dtype([("tok", "<i4"), ("par", "<u8"), ("freq", "<i4"), ("nch", "<u8")])
 CHILD = np.dtype([("tok", "<i4"), ("id", "<u8")])  # packed: 12 bytes
 
 
@@ -51,6 +52,7 @@ def write_trie(path: Path, nodes: int, seed: int = 0) -> dict:
     tok_u = (np.arange(U) * (VOCAB // U)).astype(np.int32)
     tok_b = (np.arange(B) * (VOCAB // B)).astype(np.int32)
     tok_t = (np.arange(T) * (VOCAB // T)).astype(np.int32)
+
     # trigram counts per (bigram, k): generated per k-chunk from a per-k seed, so their sums
     # per bigram are known before the trigram records are written
     def tri_freq(k: int) -> np.ndarray:
@@ -92,14 +94,24 @@ def write_trie(path: Path, nodes: int, seed: int = 0) -> dict:
             recs = np.zeros(NB, NODE)
             recs["tok"], recs["par"], recs["freq"] = tok_t[k], base2 + np.arange(NB), tri_freq(k)
             f.write(recs.tobytes())
-    return {"nodes": total, "unigrams": U, "bigrams": NB, "trigrams": NB * T, "bytes": path.stat().st_size}
+    return {
+        "nodes": total,
+        "unigrams": U,
+        "bigrams": NB,
+        "trigrams": NB * T,
+        "bytes": path.stat().st_size,
+    }
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--nodes", type=_size, default=_size("100M"), help="trie nodes (default 100M)")
     ap.add_argument("--memory", default="2G", help="ngram-build --memory (default 2G)")
-    ap.add_argument("--dir", type=Path, help="where the trie, temp files and index go (default: a temp dir)")
+    ap.add_argument(
+        "--dir", type=Path, help="where the trie, temp files and index go (default: a temp dir)"
+    )
     ap.add_argument("--keep", action="store_true", help="keep the synthetic trie and the index")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", type=Path)
@@ -110,9 +122,24 @@ def main() -> int:
         t0 = time.monotonic()
         shape = write_trie(trie, args.nodes)
         gen_s = time.monotonic() - t0
-        env = dict(os.environ, PYTHONPATH=str(REPO / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        cmd = [sys.executable, "-m", "dartcore.cli.ngram_build", "--from-dart-trie", str(trie), "--tokenizer",
-               "qwen3", "--output", str(index), "--memory", args.memory, "--json"]
+        env = dict(
+            os.environ,
+            PYTHONPATH=str(REPO / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "dartcore.cli.ngram_build",
+            "--from-dart-trie",
+            str(trie),
+            "--tokenizer",
+            "qwen3",
+            "--output",
+            str(index),
+            "--memory",
+            args.memory,
+            "--json",
+        ]
         t1 = time.monotonic()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         wall = time.monotonic() - t1
@@ -121,23 +148,36 @@ def main() -> int:
             return proc.returncode
         s = json.loads(proc.stdout.strip().splitlines()[-1])
         record = {
-            "trie": shape, "generate_s": round(gen_s, 2), "memory_limit": args.memory,
-            "convert_wall_s": round(wall, 2), "convert_s": round(s["wall_s"], 2),
-            "read_s": round(s["read_seconds"], 2), "join_s": round(s["join_seconds"], 2),
+            "trie": shape,
+            "generate_s": round(gen_s, 2),
+            "memory_limit": args.memory,
+            "convert_wall_s": round(wall, 2),
+            "convert_s": round(s["wall_s"], 2),
+            "read_s": round(s["read_seconds"], 2),
+            "join_s": round(s["join_seconds"], 2),
             "write_s": round(s["seconds"] - s["read_seconds"] - s["join_seconds"], 2),
             "nodes_per_s": round(shape["nodes"] / s["wall_s"]),
             "input_mb_per_s": round(shape["bytes"] / s["wall_s"] / 1e6, 1),
-            "peak_rss_bytes": s["peak_rss_bytes"], "index_bytes": s["bytes"],
-            "index_nodes": s["nodes"], "cores": len(os.sched_getaffinity(0)),
+            "peak_rss_bytes": s["peak_rss_bytes"],
+            "index_bytes": s["bytes"],
+            "index_nodes": s["nodes"],
+            "cores": len(os.sched_getaffinity(0)),
         }
-        assert s["trie_nodes"] == shape["nodes"] and s["nodes"] == shape["nodes"] - 1  # every node but the root
+        # every node but the root
+        assert s["trie_nodes"] == shape["nodes"] and s["nodes"] == shape["nodes"] - 1
         print(f"{'trie nodes':<18}{shape['nodes']:>16,}")
         print(f"{'trie file':<18}{shape['bytes'] / 2**30:>13.2f} GiB (written in {gen_s:.1f} s)")
-        print(f"{'convert':<18}{s['wall_s']:>14.1f} s (read {record['read_s']} s, join {record['join_s']} s, "
-              f"write {record['write_s']} s)")
-        print(f"{'rate':<18}{record['nodes_per_s'] / 1e6:>12.2f} M nodes/s ({record['input_mb_per_s']} MB/s of input)")
+        print(
+            f"{'convert':<18}{s['wall_s']:>14.1f} s (read {record['read_s']} s, join {record['join_s']} s, "
+            f"write {record['write_s']} s)"
+        )
+        print(
+            f"{'rate':<18}{record['nodes_per_s'] / 1e6:>12.2f} M nodes/s ({record['input_mb_per_s']} MB/s of input)"
+        )
         print(f"{'peak RSS':<18}{s['peak_rss_bytes'] / 2**20:>12.0f} MiB (--memory {args.memory})")
-        print(f"{'index':<18}{s['bytes'] / 2**20:>12.0f} MiB ({s['bytes'] / s['nodes']:.2f} bytes/node)")
+        print(
+            f"{'index':<18}{s['bytes'] / 2**20:>12.0f} MiB ({s['bytes'] / s['nodes']:.2f} bytes/node)"
+        )
         if args.json:
             print(json.dumps(record))
         if args.out:

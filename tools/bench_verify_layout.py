@@ -43,10 +43,14 @@ def main(argv=None) -> int:
     from dartcore.models.transformer import TargetModel
 
     torch.set_num_threads(args.threads)
-    models = {"row-major (HF layout)": TargetModel(load_target(args.target)[0], fuse_cpu_weights=False),
-              "fused column-major (MKL)": TargetModel(load_target(args.target)[0], native_linear=False)}
+    models = {
+        "row-major (HF layout)": TargetModel(load_target(args.target)[0], fuse_cpu_weights=False),
+        "fused column-major (MKL)": TargetModel(load_target(args.target)[0], native_linear=False),
+    }
     if native_linear_available():
-        models["fused row-major (native)"] = TargetModel(load_target(args.target)[0], native_linear=True)
+        models["fused row-major (native)"] = TargetModel(
+            load_target(args.target)[0], native_linear=True
+        )
     logits_rows = None if args.logits else slice(0, 0)
     gen = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, 1000, (args.prefix,), generator=gen)
@@ -72,14 +76,24 @@ def main(argv=None) -> int:
     names = list(models)
     base = {name: rows[0][name] for name in names}
     if args.json:
-        print(json.dumps({"threads": args.threads, "prefix": args.prefix, "logits": args.logits, "ms": rows}))
+        print(
+            json.dumps(
+                {"threads": args.threads, "prefix": args.prefix, "logits": args.logits, "ms": rows}
+            )
+        )
         return 0
     what = "with every row's logits" if args.logits else "without the LM head"
-    print(f"target forward ms {what} (prefix {args.prefix}, {args.threads} torch threads; x = cost / own 1-row cost)")
+    print(
+        f"target forward ms {what} (prefix {args.prefix}, {args.threads} torch threads; x = cost / own 1-row cost)"
+    )
     print("| rows | " + " | ".join(names) + " |")
     print("|---:|" + "---:|" * len(names))
     for r in rows:
-        print(f"| {r['rows']} | " + " | ".join(f"{r[n]:.1f} ({r[n] / base[n]:.2f}x)" for n in names) + " |")
+        print(
+            f"| {r['rows']} | "
+            + " | ".join(f"{r[n]:.1f} ({r[n] / base[n]:.2f}x)" for n in names)
+            + " |"
+        )
     return 0
 
 

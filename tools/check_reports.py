@@ -41,32 +41,48 @@ END = re.compile(r"<!--\s*/report\s*-->")
 HEADING = re.compile(r"^#{1,6} ")
 # Where every measured figure must sit in a report block: (file, heading), or (file, None)
 # for the whole file.
-STRICT_SECTIONS = [("README.md", "## Results"), ("docs/index-at-scale.md", None),
-                   ("docs/distributed-build.md", "## Measured: Ray against the local engine on one 2-core machine")]
+STRICT_SECTIONS = [
+    ("README.md", "## Results"),
+    ("docs/index-at-scale.md", None),
+    (
+        "docs/distributed-build.md",
+        "## Measured: Ray against the local engine on one 2-core machine",
+    ),
+]
 STRICT_SECTIONS += [("docs/official.md", "## What happens"), ("docs/architecture.md", None)]
-STRICT_SECTIONS += [("docs/benchmarks.md", h) for h in (
-    "## Decoding (`dart-bench`, SmolLM2-135M-Instruct, fp32, CPU)", "## Batched decoding (`tools/bench_batch.py`)",
-    "## `dart-serve` under load (`tools/bench_serve.py`)", "## On a GPU (`tools/device_check.sh`)",
-    "## Trigram index (`tools/bench_index.py`)",
-    "## `ngram-build` end to end (`tools/bench_build.py`, qwen3 tokenizer)",
-    "## Tree search (`tools/bench_tree.py`)", "## Drafter (`tools/reports/drafter_smollm2.md`)",
-    "## DARTree (`tools/reports/dartree.md`)")]
+STRICT_SECTIONS += [
+    ("docs/benchmarks.md", h)
+    for h in (
+        "## Decoding (`dart-bench`, SmolLM2-135M-Instruct, fp32, CPU)",
+        "## Batched decoding (`tools/bench_batch.py`)",
+        "## `dart-serve` under load (`tools/bench_serve.py`)",
+        "## On a GPU (`tools/device_check.sh`)",
+        "## Trigram index (`tools/bench_index.py`)",
+        "## `ngram-build` end to end (`tools/bench_build.py`, qwen3 tokenizer)",
+        "## Tree search (`tools/bench_tree.py`)",
+        "## Drafter (`tools/reports/drafter_smollm2.md`)",
+        "## DARTree (`tools/reports/dartree.md`)",
+    )
+]
 
 # Names with digits that are not figures, removed before numbers are read.
 NAMES = re.compile(
     r"SmolLM2(?:-135M(?:-Instruct)?)?|Qwen\d(?:\.\d)?(?:-\d+(?:\.\d+)?B)?|AVX-?512|AVX2|Zen \d|Q\d_\d|Q\d_K|"
     r"fp32|fp16|bf16|float32|float16|bfloat16|int32|u32|u64|H\d00|Eq\. ?\(\d+\)|hit@\d+|top-\d+|"
     r"arXiv \d+\.\d+|[Ss]tage \d|\bk ?= ?\d+|\bd ?= ?\d+|\bw ?= ?\d+|θ ?= ?\d+|T ?= ?\d+|\d+-vCPU|"
-    r"llama-cpp-python \d[\d.]*|SHA-\d+|\d[\d,]*-id\b|EPYC|Xeon|x86_64|\bv\d+\b|\d{4}-\d\d-\d\d")
+    r"llama-cpp-python \d[\d.]*|SHA-\d+|\d[\d,]*-id\b|EPYC|Xeon|x86_64|\bv\d+\b|\d{4}-\d\d-\d\d"
+)
 # A number: not part of a word or of a longer number; "1.35x" is the number 1.35.
 NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?!(?!x\b)\w|\.\d)")
-FIGURE = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?\s*(?:µs|us\b|ms\b|s\b|min\b|minutes|hours?|tok/s|tokens/s|×|x\b|%|"
-                    r"[KMGT]i?B\b|bytes|M tokens|B tokens)")
+FIGURE = re.compile(
+    r"(?<![\w.])\d[\d,]*(?:\.\d+)?\s*(?:µs|us\b|ms\b|s\b|min\b|minutes|hours?|tok/s|tokens/s|×|x\b|%|"
+    r"[KMGT]i?B\b|bytes|M tokens|B tokens)"
+)
 # Figures without a report that the check tolerates, each named exactly (document, text as
 # written); the list should be empty. README's float32 resident size of SmolLM2 in "Quantized
 # weights" has no report.
 TOLERATED = {("README.md", "~930 MB")}
-SCALES = (1.0, 100.0, 1e-3, 1e-6, 1e-9, 2.0 ** -20, 2.0 ** -30, 1e3, 1e6, 1 / 60, 1 / 3600)
+SCALES = (1.0, 100.0, 1e-3, 1e-6, 1e-9, 2.0**-20, 2.0**-30, 1e3, 1e6, 1 / 60, 1 / 3600)
 
 
 def _strip(text: str) -> str:
@@ -80,7 +96,9 @@ def _strip(text: str) -> str:
 
 def written_numbers(text: str) -> list[str]:
     """The numbers as written (thousands separators removed), in order."""
-    return [(m.group(1) + (m.group(2) or "")).replace(",", "") for m in NUMBER.finditer(_strip(text))]
+    return [
+        (m.group(1) + (m.group(2) or "")).replace(",", "") for m in NUMBER.finditer(_strip(text))
+    ]
 
 
 def report_values(obj) -> list[float]:
@@ -108,7 +126,10 @@ def _rounds_to(value: float, written: str) -> bool:
     try:
         v = Decimal(repr(value))
         target = Decimal(written)
-        return any(v.quantize(quantum, rounding=mode) == target for mode in (ROUND_HALF_UP, ROUND_HALF_EVEN))
+        return any(
+            v.quantize(quantum, rounding=mode) == target
+            for mode in (ROUND_HALF_UP, ROUND_HALF_EVEN)
+        )
     except InvalidOperation:
         return False
 
@@ -151,7 +172,7 @@ def blocks(text: str):
                 yield cur[0], cur[1], "\n".join(cur[2])
             cur = None
         if m:
-            cur = (no, [p.strip() for p in m.group(1).split(",") if p.strip()], [line[m.end():]])
+            cur = (no, [p.strip() for p in m.group(1).split(",") if p.strip()], [line[m.end() :]])
         elif cur is not None:
             cur[2].append(line)
     if cur is not None:
@@ -167,7 +188,9 @@ def outside_blocks(text: str, heading: str | None) -> list[tuple[int, str]]:
             fenced = not fenced
         if HEADING.match(line) and not fenced:
             if heading is not None:
-                inside = line.strip() == heading or (inside and line.count("#") > heading.count("#"))
+                inside = line.strip() == heading or (
+                    inside and line.count("#") > heading.count("#")
+                )
             in_block = False
             continue
         if MARK.search(line):
@@ -206,12 +229,18 @@ def check(repo: Path = REPO) -> list[str]:
                             cache[p] = None
                             continue
                         cache[p] = report_values(report)
-                        lacks = _machine_and_command(report if isinstance(report, dict) else {}, p, provenance)
+                        lacks = _machine_and_command(
+                            report if isinstance(report, dict) else {}, p, provenance
+                        )
                         if lacks:
-                            problems.append(f"{p}: names neither {' nor '.join(lacks)} (add them to the report "
-                                            f"or to tools/reports/provenance.json)")
+                            problems.append(
+                                f"{p}: names neither {' nor '.join(lacks)} (add them to the report "
+                                f"or to tools/reports/provenance.json)"
+                            )
                 if cache[p] is None:
-                    problems.append(f"{rel}:{line}: cites {p}, which is not a JSON report in the repository")
+                    problems.append(
+                        f"{rel}:{line}: cites {p}, which is not a JSON report in the repository"
+                    )
                     continue
                 values += cache[p]
             if not values:
@@ -224,13 +253,17 @@ def check(repo: Path = REPO) -> list[str]:
                 if heading is not None and heading not in text.splitlines():
                     problems.append(f"{rel}: no section {heading!r} (STRICT_SECTIONS names it)")
                 for no, fig in outside_blocks(text, heading):
-                    problems.append(f"{rel}:{no}: the figure {fig!r} in {heading or name!r} cites no report "
-                                    "(put a <!-- report: tools/reports/<name>.json --> before it)")
+                    problems.append(
+                        f"{rel}:{no}: the figure {fig!r} in {heading or name!r} cites no report "
+                        "(put a <!-- report: tools/reports/<name>.json --> before it)"
+                    )
     return problems
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.parse_args(argv)
     problems = check()
     for p in problems:

@@ -38,7 +38,9 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-new-tokens", type=int, default=192)
     p.add_argument("--max-prompt-tokens", type=int, default=320)
-    p.add_argument("--max-minutes", type=float, default=0.0, help="stop after this long (0 = all prompts)")
+    p.add_argument(
+        "--max-minutes", type=float, default=0.0, help="stop after this long (0 = all prompts)"
+    )
     p.add_argument("--threads", type=int, default=0)
     args = p.parse_args(argv)
 
@@ -77,7 +79,10 @@ def main(argv=None) -> int:
             seen.add(json.dumps(json.loads(line)["messages"][:-1]))
     done = len(seen)
     todo = [p for p in prompts if json.dumps(p[0]) not in seen]
-    print(f"{len(prompts)} training prompts, {done} already generated, {len(todo)} to go", file=sys.stderr)
+    print(
+        f"{len(prompts)} training prompts, {done} already generated, {len(todo)} to go",
+        file=sys.stderr,
+    )
 
     t0 = time.time()
     n_tok = 0
@@ -86,18 +91,24 @@ def main(argv=None) -> int:
     chunk = args.batch_size * 8
     with open(gen_path, "a", encoding="utf-8") as f:
         for c in range(0, len(todo), chunk):
-            part = sorted(todo[c: c + chunk], key=lambda x: len(x[1]))
+            part = sorted(todo[c : c + chunk], key=lambda x: len(x[1]))
             for b in range(0, len(part), args.batch_size):
-                batch = part[b: b + args.batch_size]
+                batch = part[b : b + args.batch_size]
                 width = max(len(ids) for _, ids in batch)
                 inp = torch.full((len(batch), width), pad, dtype=torch.long)
                 att = torch.zeros((len(batch), width), dtype=torch.long)
                 for i, (_, ids) in enumerate(batch):
-                    inp[i, width - len(ids):] = torch.tensor(ids)
-                    att[i, width - len(ids):] = 1
+                    inp[i, width - len(ids) :] = torch.tensor(ids)
+                    att[i, width - len(ids) :] = 1
                 with torch.inference_mode():
-                    gen = model.generate(input_ids=inp, attention_mask=att, max_new_tokens=args.max_new_tokens,
-                                         do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=pad)
+                    gen = model.generate(
+                        input_ids=inp,
+                        attention_mask=att,
+                        max_new_tokens=args.max_new_tokens,
+                        do_sample=False,
+                        eos_token_id=tok.eos_token_id,
+                        pad_token_id=pad,
+                    )
                 for i, (msgs, _) in enumerate(batch):
                     new = gen[i, width:].tolist()
                     if tok.eos_token_id in new:
@@ -106,12 +117,18 @@ def main(argv=None) -> int:
                         new.pop()
                     n_tok += len(new)
                     text = tok.decode(new, skip_special_tokens=True)
-                    f.write(json.dumps({"messages": msgs + [{"role": "assistant", "content": text}]}) + "\n")
+                    f.write(
+                        json.dumps({"messages": msgs + [{"role": "assistant", "content": text}]})
+                        + "\n"
+                    )
                 f.flush()
                 done += len(batch)
                 el = time.time() - t0
-                print(f"{done} prompts, {n_tok} new tokens, {n_tok / el:.0f} tok/s, {el / 60:.1f} min", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"{done} prompts, {n_tok} new tokens, {n_tok / el:.0f} tok/s, {el / 60:.1f} min",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 if args.max_minutes and el > args.max_minutes * 60:
                     return 0
     return 0

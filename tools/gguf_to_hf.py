@@ -69,7 +69,8 @@ def convert(gguf_path: Path, config: dict) -> dict[str, np.ndarray]:
     kv_heads = config.get("num_key_value_heads", heads)
     tensors = {}
     for t in reader.tensors:
-        shape = tuple(int(x) for x in reversed(t.shape.tolist()))  # GGUF lists the fastest dim first
+        # GGUF lists the fastest dim first
+        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
         w = dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape)
         name = _hf_name(t.name)
         if name.endswith("q_proj.weight"):
@@ -83,9 +84,13 @@ def convert(gguf_path: Path, config: dict) -> dict[str, np.ndarray]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("gguf", type=Path)
-    p.add_argument("--meta", type=Path, required=True, help="directory with config.json and tokenizer files")
+    p.add_argument(
+        "--meta", type=Path, required=True, help="directory with config.json and tokenizer files"
+    )
     p.add_argument("--out", type=Path, help="output Hugging Face directory")
     p.add_argument("--check", type=Path, help="compare with this model.safetensors bit for bit")
     args = p.parse_args(argv)
@@ -97,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         want = load_file(str(args.check))
         bad = [k for k in want if k not in tensors or not np.array_equal(want[k], tensors[k])]
         extra = sorted(set(tensors) - set(want))
-        print(f"{len(want)} tensors compared, {len(bad)} differ, {len(extra)} extra: {bad[:5]} {extra[:5]}")
+        print(
+            f"{len(want)} tensors compared, {len(bad)} differ, {len(extra)} extra: {bad[:5]} {extra[:5]}"
+        )
         return 1 if bad or extra else 0
     if not args.out:
         p.error("--out or --check is required")

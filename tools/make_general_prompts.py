@@ -44,56 +44,231 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 
 TASKS = [
-    "creative writing", "email or letter", "advice", "explain a concept", "how-to steps", "comparison",
-    "reasoning puzzle", "role-play", "information extraction", "summarise", "brainstorm a list",
-    "rewrite or edit", "recommendation", "planning", "factual question", "coding question",
-    "classification", "opinion", "definition", "short story", "poem", "debate", "interview practice",
+    "creative writing",
+    "email or letter",
+    "advice",
+    "explain a concept",
+    "how-to steps",
+    "comparison",
+    "reasoning puzzle",
+    "role-play",
+    "information extraction",
+    "summarise",
+    "brainstorm a list",
+    "rewrite or edit",
+    "recommendation",
+    "planning",
+    "factual question",
+    "coding question",
+    "classification",
+    "opinion",
+    "definition",
+    "short story",
+    "poem",
+    "debate",
+    "interview practice",
     "math word problem",
 ]
 
 TOPICS = [
-    "cooking", "travel", "personal finance", "fitness", "history", "astronomy", "biology", "music",
-    "movies", "job interviews", "parenting", "pets", "gardening", "climate", "web development",
-    "statistics", "psychology", "philosophy", "economics", "everyday law", "health", "sleep",
-    "productivity", "learning languages", "literature", "sports", "video games", "photography",
-    "cars", "home repair", "fashion", "friendship", "school", "chemistry", "physics", "geography",
-    "painting", "architecture", "marketing", "small business", "social media", "oceans",
-    "computers", "online security", "mythology", "board games", "weather", "nutrition", "hiking",
-    "public speaking", "time management", "volunteering", "birds", "insects", "renewable energy",
-    "space exploration", "ancient Rome", "the Middle Ages", "inventions", "medicine", "dinosaurs",
-    "coffee and tea", "city life", "farming", "art history", "robots", "mobile phones", "shopping",
-    "customer service", "holidays", "weddings", "moving house", "budget travel", "data science",
-    "spreadsheets", "Linux", "databases", "machine learning", "ethics", "mountains", "rivers",
-    "baking", "camping", "cycling", "running", "yoga", "meditation", "writing a resume",
-    "negotiation", "team management", "electric cars", "the human brain", "genetics", "volcanoes",
+    "cooking",
+    "travel",
+    "personal finance",
+    "fitness",
+    "history",
+    "astronomy",
+    "biology",
+    "music",
+    "movies",
+    "job interviews",
+    "parenting",
+    "pets",
+    "gardening",
+    "climate",
+    "web development",
+    "statistics",
+    "psychology",
+    "philosophy",
+    "economics",
+    "everyday law",
+    "health",
+    "sleep",
+    "productivity",
+    "learning languages",
+    "literature",
+    "sports",
+    "video games",
+    "photography",
+    "cars",
+    "home repair",
+    "fashion",
+    "friendship",
+    "school",
+    "chemistry",
+    "physics",
+    "geography",
+    "painting",
+    "architecture",
+    "marketing",
+    "small business",
+    "social media",
+    "oceans",
+    "computers",
+    "online security",
+    "mythology",
+    "board games",
+    "weather",
+    "nutrition",
+    "hiking",
+    "public speaking",
+    "time management",
+    "volunteering",
+    "birds",
+    "insects",
+    "renewable energy",
+    "space exploration",
+    "ancient Rome",
+    "the Middle Ages",
+    "inventions",
+    "medicine",
+    "dinosaurs",
+    "coffee and tea",
+    "city life",
+    "farming",
+    "art history",
+    "robots",
+    "mobile phones",
+    "shopping",
+    "customer service",
+    "holidays",
+    "weddings",
+    "moving house",
+    "budget travel",
+    "data science",
+    "spreadsheets",
+    "Linux",
+    "databases",
+    "machine learning",
+    "ethics",
+    "mountains",
+    "rivers",
+    "baking",
+    "camping",
+    "cycling",
+    "running",
+    "yoga",
+    "meditation",
+    "writing a resume",
+    "negotiation",
+    "team management",
+    "electric cars",
+    "the human brain",
+    "genetics",
+    "volcanoes",
 ]
 
 # Hand-written examples of the requests wanted: (task type, topic, request).
 SEEDS = [
-    ("advice", "gardening", "My tomato plants have yellow leaves at the bottom. What could be causing it and what should I do?"),
-    ("explain a concept", "economics", "Can you explain inflation in simple terms, with an everyday example?"),
-    ("creative writing", "oceans", "Write a short description of a stormy night at sea from the point of view of a lighthouse keeper."),
-    ("email or letter", "job interviews", "Write a polite email thanking an interviewer for their time and asking about the next steps."),
-    ("how-to steps", "home repair", "How do I fix a leaking kitchen tap? Give me the steps in order."),
-    ("comparison", "mobile phones", "What are the main differences between buying a phone outright and getting one on a contract?"),
-    ("reasoning puzzle", "board games", "If I roll two dice, what is the chance that the total is seven? Explain your reasoning."),
-    ("role-play", "travel", "Pretend you are a hotel receptionist and I am a guest who has lost my room key. Start the conversation."),
-    ("information extraction", "customer service", "From this message, list the product, the problem and what the customer wants: 'My blender arrived with a cracked jar and I would like a replacement.'"),
-    ("summarise", "health", "Summarise the benefits of regular walking in three short bullet points."),
-    ("brainstorm a list", "small business", "Give me ten name ideas for a small bakery that sells bread and cakes."),
-    ("rewrite or edit", "writing a resume", "Rewrite this sentence so it sounds more professional: 'I did lots of stuff with computers at my last job.'"),
-    ("recommendation", "literature", "I enjoyed reading The Hobbit. What other books might I like, and why?"),
-    ("planning", "fitness", "Make a simple four-week plan for a beginner who wants to run five kilometres."),
+    (
+        "advice",
+        "gardening",
+        "My tomato plants have yellow leaves at the bottom. What could be causing it and what should I do?",
+    ),
+    (
+        "explain a concept",
+        "economics",
+        "Can you explain inflation in simple terms, with an everyday example?",
+    ),
+    (
+        "creative writing",
+        "oceans",
+        "Write a short description of a stormy night at sea from the point of view of a lighthouse keeper.",
+    ),
+    (
+        "email or letter",
+        "job interviews",
+        "Write a polite email thanking an interviewer for their time and asking about the next steps.",
+    ),
+    (
+        "how-to steps",
+        "home repair",
+        "How do I fix a leaking kitchen tap? Give me the steps in order.",
+    ),
+    (
+        "comparison",
+        "mobile phones",
+        "What are the main differences between buying a phone outright and getting one on a contract?",
+    ),
+    (
+        "reasoning puzzle",
+        "board games",
+        "If I roll two dice, what is the chance that the total is seven? Explain your reasoning.",
+    ),
+    (
+        "role-play",
+        "travel",
+        "Pretend you are a hotel receptionist and I am a guest who has lost my room key. Start the conversation.",
+    ),
+    (
+        "information extraction",
+        "customer service",
+        "From this message, list the product, the problem and what the customer wants: 'My blender arrived with a cracked jar and I would like a replacement.'",
+    ),
+    (
+        "summarise",
+        "health",
+        "Summarise the benefits of regular walking in three short bullet points.",
+    ),
+    (
+        "brainstorm a list",
+        "small business",
+        "Give me ten name ideas for a small bakery that sells bread and cakes.",
+    ),
+    (
+        "rewrite or edit",
+        "writing a resume",
+        "Rewrite this sentence so it sounds more professional: 'I did lots of stuff with computers at my last job.'",
+    ),
+    (
+        "recommendation",
+        "literature",
+        "I enjoyed reading The Hobbit. What other books might I like, and why?",
+    ),
+    (
+        "planning",
+        "fitness",
+        "Make a simple four-week plan for a beginner who wants to run five kilometres.",
+    ),
     ("factual question", "astronomy", "Why does the Moon always show the same face to the Earth?"),
-    ("coding question", "web development", "How can I center a div horizontally and vertically with CSS?"),
-    ("classification", "nutrition", "Sort these foods into fruits, vegetables and grains: rice, apple, carrot, oats, banana, spinach."),
-    ("opinion", "city life", "Is it better to live in a big city or a small town when you are young? Give arguments for both."),
+    (
+        "coding question",
+        "web development",
+        "How can I center a div horizontally and vertically with CSS?",
+    ),
+    (
+        "classification",
+        "nutrition",
+        "Sort these foods into fruits, vegetables and grains: rice, apple, carrot, oats, banana, spinach.",
+    ),
+    (
+        "opinion",
+        "city life",
+        "Is it better to live in a big city or a small town when you are young? Give arguments for both.",
+    ),
     ("definition", "machine learning", "What does overfitting mean in machine learning?"),
     ("short story", "robots", "Write a very short story about a robot that learns to paint."),
     ("poem", "weather", "Write a four-line poem about the first snow of winter."),
     ("debate", "social media", "Give two arguments for and two against banning phones in schools."),
-    ("interview practice", "team management", "Ask me three questions a manager might be asked in an interview, one at a time."),
-    ("math word problem", "shopping", "A shirt costs 25 dollars and is on sale for 20 percent off. How much do I pay?"),
+    (
+        "interview practice",
+        "team management",
+        "Ask me three questions a manager might be asked in an interview, one at a time.",
+    ),
+    (
+        "math word problem",
+        "shopping",
+        "A shirt costs 25 dollars and is on sale for 20 percent off. How much do I pay?",
+    ),
     ("explain a concept", "genetics", "What is DNA and how does it carry information?"),
     ("advice", "sleep", "I keep waking up at 3 am and cannot fall back asleep. Any tips?"),
     ("how-to steps", "spreadsheets", "How do I make a drop-down list in a spreadsheet cell?"),
@@ -102,21 +277,48 @@ SEEDS = [
 
 DOC_TEMPLATES = [
     ("summarise", "Summarise the following text in a few sentences.\n\n{p}"),
-    ("explain a concept", "Explain the following passage in simple terms, as if to a beginner.\n\n{p}"),
+    (
+        "explain a concept",
+        "Explain the following passage in simple terms, as if to a beginner.\n\n{p}",
+    ),
     ("summarise", "What are the key points of this text? Answer with a short list.\n\n{p}"),
-    ("rewrite or edit", "Rewrite the following text so that it is clearer and easier to read.\n\n{p}"),
-    ("factual question", "Read the text below and explain what problem or topic it is about.\n\n{p}"),
-    ("information extraction", "List the names, numbers and technical terms that appear in this text, and say briefly what each one refers to.\n\n{p}"),
-    ("creative writing", "Write a short, catchy title and a one-paragraph introduction for the following text.\n\n{p}"),
-    ("factual question", "{p}\n\nBased on the text above, what would a reader need to know before using this?"),
-    ("rewrite or edit", "Turn the following text into three questions and answers (a small FAQ).\n\n{p}"),
-    ("explain a concept", "{p}\n\nExplain the most important idea in this passage and give an example."),
+    (
+        "rewrite or edit",
+        "Rewrite the following text so that it is clearer and easier to read.\n\n{p}",
+    ),
+    (
+        "factual question",
+        "Read the text below and explain what problem or topic it is about.\n\n{p}",
+    ),
+    (
+        "information extraction",
+        "List the names, numbers and technical terms that appear in this text, and say briefly what each one refers to.\n\n{p}",
+    ),
+    (
+        "creative writing",
+        "Write a short, catchy title and a one-paragraph introduction for the following text.\n\n{p}",
+    ),
+    (
+        "factual question",
+        "{p}\n\nBased on the text above, what would a reader need to know before using this?",
+    ),
+    (
+        "rewrite or edit",
+        "Turn the following text into three questions and answers (a small FAQ).\n\n{p}",
+    ),
+    (
+        "explain a concept",
+        "{p}\n\nExplain the most important idea in this passage and give an example.",
+    ),
 ]
 
 
 def few_shot_page(rng: random.Random, task: str, topic: str) -> str:
-    lines = ["Below are requests that different people sent to a helpful AI assistant. Each one is a",
-             "complete, specific message written by the user.", ""]
+    lines = [
+        "Below are requests that different people sent to a helpful AI assistant. Each one is a",
+        "complete, specific message written by the user.",
+        "",
+    ]
     for t, tp, req in rng.sample(SEEDS, 4):
         lines += [f"Type: {t}", f"Topic: {tp}", f"Request: {req}", ""]
     lines += [f"Type: {task}", f"Topic: {topic}", "Request:"]
@@ -144,7 +346,7 @@ def _norm(text: str) -> str:
 
 def _shingles(text: str, n: int = 4) -> set:
     w = _norm(text).split()
-    return {" ".join(w[i: i + n]) for i in range(max(1, len(w) - n + 1))}
+    return {" ".join(w[i : i + n]) for i in range(max(1, len(w) - n + 1))}
 
 
 def self_instruct(args, out: Path) -> None:
@@ -175,16 +377,27 @@ def self_instruct(args, out: Path) -> None:
             enc = tok([b[3] for b in batch], return_tensors="pt", padding=True)
             torch.manual_seed(args.seed * 1_000_003 + have)
             with torch.inference_mode():
-                gen = model.generate(**enc, max_new_tokens=72, do_sample=True, temperature=0.9, top_p=0.95,
-                                     pad_token_id=pad, stop_strings=["\n"], tokenizer=tok)
+                gen = model.generate(
+                    **enc,
+                    max_new_tokens=72,
+                    do_sample=True,
+                    temperature=0.9,
+                    top_p=0.95,
+                    pad_token_id=pad,
+                    stop_strings=["\n"],
+                    tokenizer=tok,
+                )
             width = enc["input_ids"].shape[1]
             for i, (j, task, topic, _) in enumerate(batch):
                 text = tok.decode(gen[i, width:], skip_special_tokens=True)
                 f.write(json.dumps({"seed": j, "task": task, "topic": topic, "raw": text}) + "\n")
             f.flush()
             have += len(batch)
-            print(f"self-instruct: {have}/{args.self_instruct} requests, {(time.time() - t0) / 60:.1f} min",
-                  file=sys.stderr, flush=True)
+            print(
+                f"self-instruct: {have}/{args.self_instruct} requests, {(time.time() - t0) / 60:.1f} min",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def _passages(text: str, rng: random.Random, lo: int = 300, hi: int = 900) -> list[str]:
@@ -220,7 +433,9 @@ def _doc_texts(data_dir: Path) -> dict[str, list[tuple[str, str]]]:
         try:
             opener = gzip.open if name.endswith(".gz") else open
             with opener(f, "rt", encoding="utf-8") as fh:
-                debian.append((f"usr-share-doc:{f.relative_to('/usr/share/doc')}", fh.read(200_000)))
+                debian.append(
+                    (f"usr-share-doc:{f.relative_to('/usr/share/doc')}", fh.read(200_000))
+                )
         except (OSError, UnicodeDecodeError, EOFError):
             continue
     pydoc = []
@@ -230,7 +445,9 @@ def _doc_texts(data_dir: Path) -> dict[str, list[tuple[str, str]]]:
             tree = ast.parse(f.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue
-        for node in [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef))]:
+        for node in [tree] + [
+            n for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef))
+        ]:
             doc = ast.get_docstring(node)
             if doc and len(doc) >= 300:
                 label = getattr(node, "name", "<module>")
@@ -251,8 +468,18 @@ def document_prompts(args, data_dir: Path) -> list[dict]:
         rng.shuffle(pool)
         for origin, passage in pool[:want]:
             task, tpl = rng.choice(DOC_TEMPLATES)
-            out.append({"prompt": tpl.format(p=passage), "source": "document", "origin": origin, "task": task})
-        print(f"documents: {min(want, len(pool))} prompts from {name} ({len(docs)} documents)", file=sys.stderr)
+            out.append(
+                {
+                    "prompt": tpl.format(p=passage),
+                    "source": "document",
+                    "origin": origin,
+                    "task": task,
+                }
+            )
+        print(
+            f"documents: {min(want, len(pool))} prompts from {name} ({len(docs)} documents)",
+            file=sys.stderr,
+        )
     return out
 
 
@@ -313,38 +540,64 @@ def assemble(args, out: Path, data_dir: Path) -> dict:
             raw += 1
             text = clean_request(rec["raw"])
             if text:
-                cands.append({"prompt": text, "source": "self-instruct", "task": rec["task"], "topic": rec["topic"]})
+                cands.append(
+                    {
+                        "prompt": text,
+                        "source": "self-instruct",
+                        "task": rec["task"],
+                        "topic": rec["topic"],
+                    }
+                )
     n_self = len(cands) - len(SEEDS)
     cands += document_prompts(args, data_dir)
-    kept, train, held, dropped = select(cands, eval_shingles(data_dir), args.heldout_frac, args.seed)
+    kept, train, held, dropped = select(
+        cands, eval_shingles(data_dir), args.heldout_frac, args.seed
+    )
     for name, rows in (("train.jsonl", train), ("heldout.jsonl", held)):
         tmp = out / (name + ".tmp")
         with open(tmp, "w", encoding="utf-8") as f:
             for r in rows:
-                rec = {"messages": [{"role": "user", "content": r["prompt"]}], "source": r["source"],
-                       "task": r["task"]}
+                rec = {
+                    "messages": [{"role": "user", "content": r["prompt"]}],
+                    "source": r["source"],
+                    "task": r["task"],
+                }
                 if "origin" in r:
                     rec["origin"] = r["origin"]
                 f.write(json.dumps(rec) + "\n")
         tmp.replace(out / name)
-    return {"raw_self_instruct": raw, "clean_self_instruct": n_self, "candidates": len(cands), "kept": len(kept),
-            "dropped": dropped, "train": len(train), "heldout": len(held),
-            "by_source": dict(Counter(r["source"] for r in kept)),
-            "by_origin": dict(Counter(r.get("origin", "").split(":")[0] for r in kept if "origin" in r)),
-            "by_task": dict(Counter(r["task"] for r in kept).most_common())}
+    return {
+        "raw_self_instruct": raw,
+        "clean_self_instruct": n_self,
+        "candidates": len(cands),
+        "kept": len(kept),
+        "dropped": dropped,
+        "train": len(train),
+        "heldout": len(held),
+        "by_source": dict(Counter(r["source"] for r in kept)),
+        "by_origin": dict(
+            Counter(r.get("origin", "").split(":")[0] for r in kept if "origin" in r)
+        ),
+        "by_task": dict(Counter(r["task"] for r in kept).most_common()),
+    }
 
 
 def write_readme(out: Path, stats: dict, argv: list[str]) -> None:
     lines = [
-        "# General-conversation prompts", "",
-        "Made by `tools/make_general_prompts.py` on this machine, no download. Command:", "",
-        "    python3 tools/make_general_prompts.py " + " ".join(argv), "",
-        "| file | what |", "|---|---|",
+        "# General-conversation prompts",
+        "",
+        "Made by `tools/make_general_prompts.py` on this machine, no download. Command:",
+        "",
+        "    python3 tools/make_general_prompts.py " + " ".join(argv),
+        "",
+        "| file | what |",
+        "|---|---|",
         "| requests.jsonl | every raw line the target wrote (self-instruct), with its request seed, task type and topic |",
-        f"| train.jsonl | {stats['train']} prompts for training (`{{\"messages\": [user], \"source\", \"task\"[, \"origin\"]}}`) |",
+        f'| train.jsonl | {stats["train"]} prompts for training (`{{"messages": [user], "source", "task"[, "origin"]}}`) |',
         f"| heldout.jsonl | {stats['heldout']} prompts held out ({stats['heldout'] / max(1, stats['kept']):.1%}), never trained on |",
         "",
-        "Provenance:", "",
+        "Provenance:",
+        "",
         f"- `seed`: {stats['by_source'].get('seed', 0)} hand-written requests (`SEEDS` in the script; training only).",
         f"- `self-instruct`: {stats['by_source'].get('self-instruct', 0)} requests written by SmolLM2-135M-Instruct "
         f"(sampled, T = 0.9, top-p 0.95) from a few-shot page of four seed requests and a task type x topic "
@@ -352,14 +605,17 @@ def write_readme(out: Path, stats: dict, argv: list[str]) -> None:
         f"- `document`: {stats['by_source'].get('document', 0)} instructions over passages of local text: "
         + ", ".join(f"{k} {v}" for k, v in stats["by_origin"].items())
         + " (`origin` names the document: a Dolma sample id, a path under /usr/share/doc, or a standard-library"
-          " module and object whose docstring it is).",
+        " module and object whose docstring it is).",
         "",
-        "Dropped: " + (", ".join(f"{k} {v}" for k, v in stats["dropped"].items()) or "none")
+        "Dropped: "
+        + (", ".join(f"{k} {v}" for k, v in stats["dropped"].items()) or "none")
         + ". No prompt shares an 8-word run with any HumanEval, GSM8K-test or CodeAlpaca-2k prompt.",
         "",
-        "Task types: " + ", ".join(f"{k} {v}" for k, v in stats["by_task"].items()) + ".", "",
+        "Task types: " + ", ".join(f"{k} {v}" for k, v in stats["by_task"].items()) + ".",
+        "",
         "Licences: the seed requests and templates are this project's; the passages keep their sources'"
-        " licences (Dolma sample: ODC-BY; Debian documentation: each package's; Python: PSF).", "",
+        " licences (Dolma sample: ODC-BY; Debian documentation: each package's; Python: PSF).",
+        "",
     ]
     (out / "README.md").write_text("\n".join(lines), encoding="utf-8")
 
@@ -368,24 +624,41 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--target", default="smollm2")
-    p.add_argument("--self-instruct", type=int, default=1400, help="requests the target writes (raw lines)")
+    p.add_argument(
+        "--self-instruct", type=int, default=1400, help="requests the target writes (raw lines)"
+    )
     p.add_argument("--documents", type=int, default=500, help="document-grounded prompts")
     p.add_argument("--heldout-frac", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--max-minutes", type=float, default=0.0, help="stop the self-instruct step after this long")
+    p.add_argument(
+        "--max-minutes", type=float, default=0.0, help="stop the self-instruct step after this long"
+    )
     p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--data-dir", default=None, help="data directory with eval/ and dolma-sample/ (default: $DARTCORE_DATA)")
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="data directory with eval/ and dolma-sample/ (default: $DARTCORE_DATA)",
+    )
     args = p.parse_args(argv)
-    if args.self_instruct < 0 or args.documents < 0 or not 0 < args.heldout_frac < 1 or args.batch_size < 1:
-        p.error("--self-instruct/--documents must be >= 0, --batch-size >= 1, 0 < --heldout-frac < 1")
+    if (
+        args.self_instruct < 0
+        or args.documents < 0
+        or not 0 < args.heldout_frac < 1
+        or args.batch_size < 1
+    ):
+        p.error(
+            "--self-instruct/--documents must be >= 0, --batch-size >= 1, 0 < --heldout-frac < 1"
+        )
     import torch
 
     from dartcore.benchmark.datasets import find_data_dir
 
     data_dir = find_data_dir(args.data_dir)
     if data_dir is None:
-        p.error("no data directory with eval/ and dolma-sample/: pass --data-dir or set DARTCORE_DATA")
+        p.error(
+            "no data directory with eval/ and dolma-sample/: pass --data-dir or set DARTCORE_DATA"
+        )
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out)

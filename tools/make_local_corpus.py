@@ -31,12 +31,56 @@ import sysconfig
 from pathlib import Path
 
 TEXT_SUFFIXES = {
-    ".py", ".pyi", ".pyx", ".pxd", ".md", ".rst", ".txt", ".html", ".htm", ".c", ".h", ".cc", ".cpp",
-    ".hpp", ".cu", ".cuh", ".rs", ".js", ".ts", ".css", ".sh", ".pl", ".toml", ".cfg", ".ini", ".yaml",
-    ".yml", ".jinja", ".tex", ".el", ".lisp", ".go", ".java",
+    ".py",
+    ".pyi",
+    ".pyx",
+    ".pxd",
+    ".md",
+    ".rst",
+    ".txt",
+    ".html",
+    ".htm",
+    ".c",
+    ".h",
+    ".cc",
+    ".cpp",
+    ".hpp",
+    ".cu",
+    ".cuh",
+    ".rs",
+    ".js",
+    ".ts",
+    ".css",
+    ".sh",
+    ".pl",
+    ".toml",
+    ".cfg",
+    ".ini",
+    ".yaml",
+    ".yml",
+    ".jinja",
+    ".tex",
+    ".el",
+    ".lisp",
+    ".go",
+    ".java",
 }
-DOC_NAMES = {"readme", "changelog", "changes", "news", "copyright", "authors", "todo", "history", "license",
-             "notice", "thanks", "faq", "install", "usage"}
+DOC_NAMES = {
+    "readme",
+    "changelog",
+    "changes",
+    "news",
+    "copyright",
+    "authors",
+    "todo",
+    "history",
+    "license",
+    "notice",
+    "thanks",
+    "faq",
+    "install",
+    "usage",
+}
 MAX_FILE_BYTES = 8 << 20  # generated tables bigger than this are not prose or code
 ADDED = "2026-01-01T00:00:00.000Z"  # fixed, so reruns write identical shards
 
@@ -100,7 +144,9 @@ def walk(root: Path, source: str, stdlib_skip: set[Path]):
     for dirpath, dirnames, filenames in os.walk(root):
         d = Path(dirpath)
         # The stdlib directory contains site-packages: that is its own source.
-        dirnames[:] = sorted(n for n in dirnames if (d / n).resolve() not in stdlib_skip and n != "__pycache__")
+        dirnames[:] = sorted(
+            n for n in dirnames if (d / n).resolve() not in stdlib_skip and n != "__pycache__"
+        )
         for name in sorted(filenames):
             path = d / name
             if wanted(path, source):
@@ -143,12 +189,23 @@ class _Enough(Exception):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--output", required=True, type=Path, help="corpus directory (documents/ is created)")
-    ap.add_argument("--max-bytes", default="0", help="stop after this much text (e.g. 500M; 0 = everything)")
-    ap.add_argument("--shard-bytes", default="64M", help="uncompressed bytes per shard (default 64M)")
-    ap.add_argument("--sources", default="python-stdlib,site-packages,system-python,usr-share-doc",
-                    help="comma-separated subset of the sources")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--output", required=True, type=Path, help="corpus directory (documents/ is created)"
+    )
+    ap.add_argument(
+        "--max-bytes", default="0", help="stop after this much text (e.g. 500M; 0 = everything)"
+    )
+    ap.add_argument(
+        "--shard-bytes", default="64M", help="uncompressed bytes per shard (default 64M)"
+    )
+    ap.add_argument(
+        "--sources",
+        default="python-stdlib,site-packages,system-python,usr-share-doc",
+        help="comma-separated subset of the sources",
+    )
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
 
@@ -156,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     from dartcore.index import parse_size
 
     try:
-        max_bytes = 0 if args.max_bytes.strip() == "0" else parse_size(args.max_bytes, what="--max-bytes")
+        max_bytes = (
+            0 if args.max_bytes.strip() == "0" else parse_size(args.max_bytes, what="--max-bytes")
+        )
         shard_bytes = parse_size(args.shard_bytes, what="--shard-bytes")
     except ValueError as e:
         ap.error(str(e))
@@ -165,9 +224,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = chosen - {s for s, _ in all_sources}
     if unknown:
         ap.error(f"unknown sources {sorted(unknown)}; valid: {sorted({s for s, _ in all_sources})}")
-    existing = list((args.output / "documents").glob("*.json.gz")) if (args.output / "documents").is_dir() else []
+    existing = (
+        list((args.output / "documents").glob("*.json.gz"))
+        if (args.output / "documents").is_dir()
+        else []
+    )
     if existing:
-        ap.error(f"{args.output}/documents already holds {len(existing)} shards; choose an empty --output")
+        ap.error(
+            f"{args.output}/documents already holds {len(existing)} shards; choose an empty --output"
+        )
 
     skip = {Path(sysconfig.get_paths()[k]).resolve() for k in ("purelib", "platlib")}
     writer = ShardWriter(args.output, shard_bytes)
@@ -188,21 +253,32 @@ def main(argv: list[str] | None = None) -> int:
                 seen.add(digest)
                 st = path.stat()
                 size = len(text.encode("utf-8"))
-                writer.write({
-                    "id": digest.hex(),
-                    "text": text,
-                    "source": source,
-                    "added": ADDED,
-                    "created": dt.datetime.fromtimestamp(st.st_mtime, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.000Z"),
-                    "metadata": {"path": str(path), "bytes": size, "package": package_of(path, root, source)},
-                })
+                writer.write(
+                    {
+                        "id": digest.hex(),
+                        "text": text,
+                        "source": source,
+                        "added": ADDED,
+                        "created": dt.datetime.fromtimestamp(st.st_mtime, dt.UTC).strftime(
+                            "%Y-%m-%dT%H:%M:%S.000Z"
+                        ),
+                        "metadata": {
+                            "path": str(path),
+                            "bytes": size,
+                            "package": package_of(path, root, source),
+                        },
+                    }
+                )
                 c = counts.setdefault(source, [0, 0])
                 c[0] += 1
                 c[1] += size
                 total += size
                 if not args.quiet and c[0] % 2000 == 0:
-                    print(f"\r{total / 1e6:8.1f} MB  {sum(v[0] for v in counts.values())} documents", end="",
-                          file=sys.stderr)
+                    print(
+                        f"\r{total / 1e6:8.1f} MB  {sum(v[0] for v in counts.values())} documents",
+                        end="",
+                        file=sys.stderr,
+                    )
                 if max_bytes and total >= max_bytes:
                     raise _Enough
     except _Enough:

@@ -84,8 +84,17 @@ def write_real(out: Path, files: list[str], tok, shard_tokens: int) -> int:
     return total
 
 
-def write_synthetic(out: Path, tokens: int, *, vocab: int, eos_id: int, a: float, m: int, seed: int,
-                    shard_tokens: int) -> int:
+def write_synthetic(
+    out: Path,
+    tokens: int,
+    *,
+    vocab: int,
+    eos_id: int,
+    a: float,
+    m: int,
+    seed: int,
+    shard_tokens: int,
+) -> int:
     """``tokens`` synthetic tokens (ids below ``vocab`` other than EOS), EOS between documents."""
     from bench_index import zipf_tokens
 
@@ -107,12 +116,20 @@ def write_synthetic(out: Path, tokens: int, *, vocab: int, eos_id: int, a: float
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", type=Path, required=True, help="directory for the .npy shards")
-    ap.add_argument("--documents", action="append",
-                    help="glob of Dolma-format documents (repeatable; default the demo corpus and "
-                         "the Dolma sample)")
-    ap.add_argument("--data-dir", default=os.environ.get("DARTCORE_DATA") or str(REPO.parent / "shared" / "data"))
+    ap.add_argument(
+        "--documents",
+        action="append",
+        help="glob of Dolma-format documents (repeatable; default the demo corpus and "
+        "the Dolma sample)",
+    )
+    ap.add_argument(
+        "--data-dir",
+        default=os.environ.get("DARTCORE_DATA") or str(REPO.parent / "shared" / "data"),
+    )
     ap.add_argument("--synthetic-tokens", type=int, default=1_500_000_000)
     ap.add_argument("--zipf-a", type=float, default=1.15)
     ap.add_argument("--table", type=int, default=1024)
@@ -121,8 +138,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from dartcore.tokenizers import load_tokenizer
 
-    docs = args.documents or [str(REPO / "artifacts" / "demo" / "corpus" / "documents" / "*.json.gz"),
-                              str(Path(args.data_dir) / "dolma-sample" / "documents" / "*")]
+    docs = args.documents or [
+        str(REPO / "artifacts" / "demo" / "corpus" / "documents" / "*.json.gz"),
+        str(Path(args.data_dir) / "dolma-sample" / "documents" / "*"),
+    ]
     files = sorted(f for g in docs for f in glob.glob(g))
     if not files:
         ap.error(f"no documents match {docs} (run tools/demo.sh first for the demo corpus)")
@@ -130,10 +149,21 @@ def main(argv=None) -> int:
     tok = load_tokenizer("smollm2")
     t0 = time.perf_counter()
     real = write_real(args.out, files, tok, args.shard_tokens)
-    print(f"real: {real:,} tokens from {len(files)} files ({time.perf_counter() - t0:.0f} s)", flush=True)
+    print(
+        f"real: {real:,} tokens from {len(files)} files ({time.perf_counter() - t0:.0f} s)",
+        flush=True,
+    )
     t0 = time.perf_counter()
-    synth = write_synthetic(args.out, args.synthetic_tokens, vocab=tok.vocab_size, eos_id=tok.eos_id,
-                            a=args.zipf_a, m=args.table, seed=args.seed, shard_tokens=args.shard_tokens)
+    synth = write_synthetic(
+        args.out,
+        args.synthetic_tokens,
+        vocab=tok.vocab_size,
+        eos_id=tok.eos_id,
+        a=args.zipf_a,
+        m=args.table,
+        seed=args.seed,
+        shard_tokens=args.shard_tokens,
+    )
     print(f"synthetic: {synth:,} tokens ({time.perf_counter() - t0:.0f} s)", flush=True)
     return 0
 

@@ -48,7 +48,9 @@ class _Recorder:
     def __call__(self, inputs):
         from dartcore.trees import root_only
 
-        values, ids = torch.topk(inputs.logits.float(), min(self.keep, inputs.logits.shape[-1]), dim=-1)
+        values, ids = torch.topk(
+            inputs.logits.float(), min(self.keep, inputs.logits.shape[-1]), dim=-1
+        )
         self.rows.append((values.cpu(), ids.cpu(), int(inputs.logits.shape[-1])))
         return root_only(int(inputs.context[-1]))
 
@@ -66,7 +68,14 @@ def record(decoder_cls, model, tok, drafter, prompts, max_new_tokens: int, keep:
         ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         ids = list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids)
         res = dec.generate(ids, max_new_tokens=max_new_tokens)
-        out.append({"dataset": dataset, "ids": ids, "tokens": list(res.tokens), "rows": list(recorder.rows)})
+        out.append(
+            {
+                "dataset": dataset,
+                "ids": ids,
+                "tokens": list(res.tokens),
+                "rows": list(recorder.rows),
+            }
+        )
     return out
 
 
@@ -90,10 +99,17 @@ def replay(builder, rec: dict, drafter, index, eos_ids: tuple[int, ...]) -> tupl
         max_depth = len(gen) - g - 1 if g - 1 < len(rows) else 0
         accepted = 0
         if max_depth > 0:
-            tree = builder(TreeInputs(context=np.asarray(ids + gen[:g], dtype=np.int64),
-                                      logits=_logits(rows[g - 1]), drafter=drafter, index=index,
-                                      max_depth=max_depth, max_nodes=node_budget(builder, drafter=drafter),
-                                      eos_token_ids=eos_ids))
+            tree = builder(
+                TreeInputs(
+                    context=np.asarray(ids + gen[:g], dtype=np.int64),
+                    logits=_logits(rows[g - 1]),
+                    drafter=drafter,
+                    index=index,
+                    max_depth=max_depth,
+                    max_nodes=node_budget(builder, drafter=drafter),
+                    eos_token_ids=eos_ids,
+                )
+            )
             flat = prune(flatten(tree), max_depth=max_depth, max_nodes=1 << 30)
             nodes += len(flat.tokens) - 1
             children: dict[tuple[int, int], int] = {}
@@ -132,7 +148,9 @@ def tau(hist: list[int]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--target", default="smollm2")
     p.add_argument("--drafter", default="smollm2")
     p.add_argument("--index", required=True)
@@ -142,9 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", type=int, default=64, help="top logits kept per drafter row")
     p.add_argument("--data-dir")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--recording", type=Path, help="cache of the recording pass (written if missing)")
+    p.add_argument(
+        "--recording", type=Path, help="cache of the recording pass (written if missing)"
+    )
     p.add_argument("--configs", nargs="+", default=["dart", "dart+ctx"])
-    p.add_argument("--check", type=int, default=0, help="run the real decoder on this many prompts to compare")
+    p.add_argument(
+        "--check", type=int, default=0, help="run the real decoder on this many prompts to compare"
+    )
     p.add_argument("--json", type=Path, help="write the results here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -159,13 +181,18 @@ def main(argv: list[str] | None = None) -> int:
     model, tok = load_target(args.target)
     drafter = DartDrafter.from_pretrained(args.drafter, model, tokenizer=tok)
     index = NgramIndex(args.index)
-    prompts = [(ds, m) for ds in args.datasets.split(",") for m in load_prompts(ds, args.n, args.data_dir)]
+    prompts = [
+        (ds, m) for ds in args.datasets.split(",") for m in load_prompts(ds, args.n, args.data_dir)
+    ]
     if args.recording and args.recording.exists():
         recs = torch.load(args.recording, weights_only=False)
     else:
         t0 = time.perf_counter()
         recs = record(DartDecoder, model, tok, drafter, prompts, args.max_new_tokens, args.keep)
-        print(f"recorded {len(recs)} greedy outputs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        print(
+            f"recorded {len(recs)} greedy outputs in {time.perf_counter() - t0:.0f} s",
+            file=sys.stderr,
+        )
         if args.recording:
             torch.save(recs, args.recording)
     eos = DartDecoder(model, tok, None, None, tree="ar").eos_token_ids
@@ -185,28 +212,44 @@ def main(argv: list[str] | None = None) -> int:
                 acc[i] += c
         taus = {ds: tau(h) for ds, h in by_ds.items()}
         rounds = sum(sum(h) for h in by_ds.values())
-        results.append({"config": text, "tau": taus, "median_tau": statistics.median(taus.values()),
-                        "rows_per_round": rows / rounds if rounds else 0.0,
-                        "hist": by_ds, "seconds": time.perf_counter() - t0})
-        print(f"{text:50s} " + " ".join(f"{ds} {t:.3f}" for ds, t in taus.items())
-              + f"  median {results[-1]['median_tau']:.3f}  rows/round {results[-1]['rows_per_round']:.2f}",
-              file=sys.stderr)
+        results.append(
+            {
+                "config": text,
+                "tau": taus,
+                "median_tau": statistics.median(taus.values()),
+                "rows_per_round": rows / rounds if rounds else 0.0,
+                "hist": by_ds,
+                "seconds": time.perf_counter() - t0,
+            }
+        )
+        print(
+            f"{text:50s} "
+            + " ".join(f"{ds} {t:.3f}" for ds, t in taus.items())
+            + f"  median {results[-1]['median_tau']:.3f}  rows/round {results[-1]['rows_per_round']:.2f}",
+            file=sys.stderr,
+        )
     if args.check:
         tree, params = parse_config(args.configs[0])
         dec = DartDecoder(model, tok, drafter, index, tree=tree, **params)
         builder = make_tree_builder(tree, **params)
-        for rec in recs[:args.check]:
+        for rec in recs[: args.check]:
             real = dec.generate(rec["ids"], max_new_tokens=args.max_new_tokens)
             sim, _ = replay(builder, rec, drafter, index, eos)
             hist = list(real.stats.accept_hist)
-            same = sim[:len(hist)] == hist and not any(sim[len(hist):])
-            print(f"check {rec['dataset']}: tokens identical {real.tokens == rec['tokens']}, "
-                  f"histograms equal {same} (decoder {hist}, replay {sim[:max(len(hist), 1)]})", file=sys.stderr)
+            same = sim[: len(hist)] == hist and not any(sim[len(hist) :])
+            print(
+                f"check {rec['dataset']}: tokens identical {real.tokens == rec['tokens']}, "
+                f"histograms equal {same} (decoder {hist}, replay {sim[: max(len(hist), 1)]})",
+                file=sys.stderr,
+            )
     print("| config | " + " | ".join(args.datasets.split(",")) + " | median | rows / round |")
     print("|---|" + "---|" * (len(args.datasets.split(",")) + 2))
     for r in results:
-        print(f"| {r['config']} | " + " | ".join(f"{r['tau'].get(ds, 0):.3f}" for ds in args.datasets.split(","))
-              + f" | {r['median_tau']:.3f} | {r['rows_per_round']:.2f} |")
+        print(
+            f"| {r['config']} | "
+            + " | ".join(f"{r['tau'].get(ds, 0):.3f}" for ds in args.datasets.split(","))
+            + f" | {r['median_tau']:.3f} | {r['rows_per_round']:.2f} |"
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0

@@ -3,12 +3,47 @@
 from __future__ import annotations
 
 import types
-from typing import Any, Callable, final
+from collections.abc import Callable
+from typing import Any, final
 
 import numpy as np
 import numpy.typing as npt
 
 __version__: str
+__all__ = [
+    "__version__",
+    "NgramIndex",
+    "IndexBuilder",
+    "merge_runs",
+    "merge_run_range",
+    "set_num_threads",
+    "num_threads",
+    "numa_topology",
+    "pin_numa_node",
+    "search_defaults",
+    "search_official",
+    "beam_search",
+    "beam_search_batch",
+    "ngram_tree",
+    "top_b",
+    "best_first",
+    "ancestor_bits",
+    "topk_logprobs",
+    "linear_rows",
+    "linear_available",
+    "dequantize_rows",
+    "pack_rows",
+    "linear_isa",
+    "interleave_rows",
+    "int8_kernel",
+    "deinterleave_rows",
+    "add_rms_norm",
+    "block_attention",
+    "LayerStack",
+    "_bench",
+    "_testing",
+    "convert_dart_trie",
+]
 
 # ----------------------------------------------------------------------------- index
 
@@ -31,10 +66,18 @@ class NgramIndex:
     ) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint64], int, int]: ...
     def children_batch(
         self, contexts: npt.NDArray[np.uint32], k: int
-    ) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.uint8]]: ...
+    ) -> tuple[
+        npt.NDArray[np.uint32],
+        npt.NDArray[np.uint64],
+        npt.NDArray[np.uint64],
+        npt.NDArray[np.uint8],
+    ]: ...
     def prob(self, context: list[int], token: int, unigram_backoff: bool = True) -> float: ...
     def cond_probs(
-        self, context: list[int], candidates_sorted: npt.NDArray[np.uint32], unigram_backoff: bool = True
+        self,
+        context: list[int],
+        candidates_sorted: npt.NDArray[np.uint32],
+        unigram_backoff: bool = True,
     ) -> npt.NDArray[np.float64]: ...
     def count(self, context: list[int], token: int) -> tuple[int, int]: ...
     def stats(self) -> dict[str, Any]: ...
@@ -99,13 +142,16 @@ def set_num_threads(n: int) -> None: ...
 def num_threads() -> int: ...
 def numa_topology(sys_root: str | None = None) -> list[tuple[int, list[int]]]: ...
 def pin_numa_node(node: int | None = None) -> None: ...
+
 # ----------------------------------------------------------------------------- tree
 # (crates/dartcore-py/src/tree.rs)
 # Trees cross as (tokens int64[n], parents int64[n], depths int64[n], scores float64[n]).
 # ``params`` is a dict with every key: beam_width, max_nodes, level_decay, ngram_weight,
 # depth_exponent, eps, ngram_first_level, unigram_backoff, eos_token_ids (list[int]).
 
-_TreeArrays = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]]
+_TreeArrays = tuple[
+    npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]
+]
 
 def search_defaults() -> dict[str, Any]: ...
 def search_official() -> dict[str, Any]: ...
@@ -127,7 +173,9 @@ def beam_search_batch(
 def ngram_tree(
     index: NgramIndex, context: npt.NDArray[np.int64], depth: int, k: int, params: dict[str, Any]
 ) -> _TreeArrays: ...
-def top_b(parents: npt.NDArray[np.int64], scores: npt.NDArray[np.float64], b: int) -> npt.NDArray[np.int64]: ...
+def top_b(
+    parents: npt.NDArray[np.int64], scores: npt.NDArray[np.float64], b: int
+) -> npt.NDArray[np.int64]: ...
 def best_first(
     tokens: npt.NDArray[np.int64], logprobs: npt.NDArray[np.float32], root: int, b: int
 ) -> _TreeArrays: ...
@@ -146,6 +194,102 @@ def topk_logprobs(
 
 _bench: types.ModuleType
 _testing: types.ModuleType
+
+# ----------------------------------------------------------------------------- linear
+# (crates/dartcore-py/src/linear.rs) dart-linear's row kernels: out = x @ w.T + bias for up to
+# 16 rows. ``format``: "f32" (w float32), "f16" / "bf16" (w uint16 bit patterns), or GGML block
+# rows (w uint8): "q4_0", "q4_1", "q8_0" as a file stores them, with "_packed" (pack_rows) or
+# "_int8" (interleave_rows) for the layouts the kernels stream.
+
+def linear_available() -> bool: ...
+def linear_isa() -> str | None: ...
+def linear_rows(
+    x: npt.NDArray[np.float32],
+    w: npt.NDArray[np.float32] | npt.NDArray[np.uint16] | npt.NDArray[np.uint8],
+    bias: npt.NDArray[np.float32] | None,
+    out: npt.NDArray[np.float32],
+    threads: int = 1,
+    format: str = "f32",
+) -> None: ...
+def dequantize_rows(
+    w: npt.NDArray[np.uint8], out: npt.NDArray[np.float32], format: str
+) -> None: ...
+def pack_rows(w: npt.NDArray[np.uint8], out: npt.NDArray[np.uint8], format: str) -> None: ...
+
+# ----------------------------------------------------------------------------- layer ops
+# (crates/dartcore-py/src/ops.rs, stack.rs) a Llama-family block's rows through dart-linear.
+# Every array is C-contiguous; ``out`` and the caches are written in place.
+
+def add_rms_norm(
+    h: npt.NDArray[np.float32],
+    delta: npt.NDArray[np.float32] | None,
+    weight: npt.NDArray[np.float32],
+    eps: float,
+    out: npt.NDArray[np.float32],
+) -> None: ...
+def block_attention(
+    qkv: npt.NDArray[np.float32],
+    heads: int,
+    kv_heads: int,
+    cos: npt.NDArray[np.float32],
+    sin: npt.NDArray[np.float32],
+    k_cache: npt.NDArray[np.float32],
+    v_cache: npt.NDArray[np.float32],
+    prefix: int,
+    mask: npt.NDArray[np.bool_] | None,
+    scale: float,
+    out: npt.NDArray[np.float32],
+    q_norm: npt.NDArray[np.float32] | None = None,
+    k_norm: npt.NDArray[np.float32] | None = None,
+    norm_eps: float = 1e-6,
+    threads: int = 1,
+) -> None: ...
+
+# A product: (w, format, bias | None), as linear_rows takes them.
+_Product = tuple[npt.NDArray[Any], str, npt.NDArray[np.float32] | None]
+# A layer: (input_norm, post_norm, q_norm | None, k_norm | None, qkv, o, gate_up, down).
+_Layer = tuple[
+    npt.NDArray[np.float32],
+    npt.NDArray[np.float32],
+    npt.NDArray[np.float32] | None,
+    npt.NDArray[np.float32] | None,
+    _Product,
+    _Product,
+    _Product,
+    _Product,
+]
+# A forward's segment: (k_cache, v_cache, prefix, start, end, mask | None).
+_Segment = tuple[
+    npt.NDArray[np.float32], npt.NDArray[np.float32], int, int, int, npt.NDArray[np.bool_] | None
+]
+
+@final
+class LayerStack:
+    """A decoder's layers held in place for dart-linear's block forward."""
+
+    def __new__(
+        cls,
+        layers: list[_Layer],
+        final_norm: npt.NDArray[np.float32],
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        inter: int,
+        eps: float,
+        scale: float,
+        threads: int = 1,
+    ) -> LayerStack: ...
+    def forward(
+        self,
+        h: npt.NDArray[np.float32],
+        cos: npt.NDArray[np.float32],
+        sin: npt.NDArray[np.float32],
+        segments: list[_Segment],
+        taps: list[int],
+        tap_out: npt.NDArray[np.float32] | None,
+        out: npt.NDArray[np.float32],
+    ) -> None: ...
+    def __len__(self) -> int: ...
 
 # dart-linear's integer path for GGML block weights (crates/dart-linear/src/int8.rs)
 def int8_kernel() -> str | None: ...

@@ -59,7 +59,9 @@ def keep_nodes(tree: Tree, keep: np.ndarray) -> Tree:
     remap = np.full(len(tree), -1, dtype=np.int64)
     remap[keep] = np.arange(len(keep))
     parents = np.where(tree.parents[keep] >= 0, remap[np.maximum(tree.parents[keep], 0)], -1)
-    return Tree(tree.tokens[keep].copy(), parents, tree.depths[keep].copy(), tree.scores[keep].copy())
+    return Tree(
+        tree.tokens[keep].copy(), parents, tree.depths[keep].copy(), tree.scores[keep].copy()
+    )
 
 
 @dataclass

@@ -103,8 +103,15 @@ import numpy as np
 
 from dartcore.cost import DISAGREE, CostCurve, cost_cache_dir, decreasing, increasing
 
-__all__ = ["Acceptance", "BudgetController", "CostCurve", "NodeCalibration", "best_nodes", "cost_cache_dir",
-           "expected_tokens"]
+__all__ = [
+    "Acceptance",
+    "BudgetController",
+    "CostCurve",
+    "NodeCalibration",
+    "best_nodes",
+    "cost_cache_dir",
+    "expected_tokens",
+]
 
 # Exponential averaging weight of one round's outcome (a rate follows a change in ~1 / ALPHA
 # rounds: a few sentences of new text).
@@ -288,7 +295,8 @@ class BudgetController:
         self._ms_sum = np.zeros(2)
         self._ms_n = np.zeros(2)
         self._verify_table: np.ndarray | None = None  # verify_ms per row count; None after timed()
-        self._map = (0.0, self.verify_scale, 0.0)  # the curve mapped onto the measurements (_fit_map)
+        # the curve mapped onto the measurements (_fit_map)
+        self._map = (0.0, self.verify_scale, 0.0)
         # The draft: measured in a step whose drafting sequences all drafted the step before
         # (steady), or bounded from above by a step that also caught up on idle positions.
         self._draft_steady = self.draft_ms is not None
@@ -300,7 +308,8 @@ class BudgetController:
         self._probe_acc: Acceptance | None = None
         self._probe_marginals: np.ndarray | None = None
         self._judge = False  # a probe was drawn: judge it at the next choice
-        self._last_rows = 0  # the row count of the last step timed, and how many steps in a row had it
+        # the row count of the last step timed, and how many steps in a row had it
+        self._last_rows = 0
         self._same_rows = 0
         if self.draft_ms is None:
             self.draft_ms = DRAFT_SHARE * float(self.curve(1))
@@ -330,7 +339,9 @@ class BudgetController:
         acc.observe(marginals, cap, self.alpha)
         self.prior.observe(marginals, cap, self.alpha)
         if acc is self._probe_acc:
-            self._probe_marginals = np.asarray(marginals, dtype=np.float64)[:max(int(cap), 0)].copy()
+            self._probe_marginals = np.asarray(marginals, dtype=np.float64)[
+                : max(int(cap), 0)
+            ].copy()
 
     def observe_verified(self, tree, path) -> None:
         """The verified ``tree`` and its accepted ``path`` (node indices from the root):
@@ -343,7 +354,9 @@ class BudgetController:
 
     # -- times --------------------------------------------------------------------------------
 
-    def timed(self, *, rows: int, verify_ms: float, draft_ms: float | None, per_token_ms: float | None) -> None:
+    def timed(
+        self, *, rows: int, verify_ms: float, draft_ms: float | None, per_token_ms: float | None
+    ) -> None:
         """Fold one step's measured times into the model: its verify forward of ``rows`` rows,
         its draft + search (None when nothing was drafted) and its acceptance time per
         committed token."""
@@ -422,7 +435,12 @@ class BudgetController:
         vy = np.average((y - ym) ** 2, weights=w)
         if len(idx) < 2 or vy <= (0.01 * ym) ** 2:
             return 0.0, float(ym / xm), 0.0
-        c = max(float(np.average((r - rm) * (y - ym), weights=w) / np.average((r - rm) ** 2, weights=w)), 0.0)
+        c = max(
+            float(
+                np.average((r - rm) * (y - ym), weights=w) / np.average((r - rm) ** 2, weights=w)
+            ),
+            0.0,
+        )
         return float(ym - c * rm), 0.0, c
 
     def _mapped(self, rows) -> np.ndarray:
@@ -450,14 +468,20 @@ class BudgetController:
         table = self._verify_table
         r = np.asarray(rows, dtype=np.int64)
         last = len(table) - 1
-        out = np.where(r <= last, table[np.minimum(r, last)], np.maximum(self._mapped(r), table[last]))
+        out = np.where(
+            r <= last, table[np.minimum(r, last)], np.maximum(self._mapped(r), table[last])
+        )
         return float(out) if out.ndim == 0 else out
 
     def step_ms(self, rows: int, drafting: bool, expected: float) -> float:
         """The model's time of one step verifying ``rows`` rows and committing ``expected``
         tokens."""
-        return (float(self.verify_ms(rows)) + (self.draft_cost() if drafting else 0.0)
-                + self.per_token_ms * expected + self.controller_ms)
+        return (
+            float(self.verify_ms(rows))
+            + (self.draft_cost() if drafting else 0.0)
+            + self.per_token_ms * expected
+            + self.controller_ms
+        )
 
     # -- the two decisions --------------------------------------------------------------------
 
@@ -514,7 +538,10 @@ class BudgetController:
     def draws(self, accs: list[Acceptance], caps: list[int]) -> list[int]:
         """:meth:`choose`, as the tree size each sequence draws: its budget plus
         :data:`DRAW_SLACK` nodes within its cap, 0 for a sequence that does not draft."""
-        return [min(int(cap), n + DRAW_SLACK) if n > 0 else 0 for n, cap in zip(self.choose(accs, caps), caps)]
+        return [
+            min(int(cap), n + DRAW_SLACK) if n > 0 else 0
+            for n, cap in zip(self.choose(accs, caps), caps)
+        ]
 
     def refine(self, marginals: list[np.ndarray]) -> list[int]:
         """After the search: budgets from each tree's own ranked chances (``marginals[i]``,
@@ -558,8 +585,12 @@ class BudgetController:
         order = np.argsort(-gain, kind="stable")
         e = b + np.concatenate(([0.0], np.cumsum(gain[order])))
         k = np.arange(len(e))
-        t = (self.verify_ms(b + k) + np.where(k > 0, draft_ms, 0.0) + self.per_token_ms * e
-             + self.controller_ms)
+        t = (
+            self.verify_ms(b + k)
+            + np.where(k > 0, draft_ms, 0.0)
+            + self.per_token_ms * e
+            + self.controller_ms
+        )
         best = int(np.argmax(e / t))
         for i in owner[order[:best]]:
             budgets[int(i)] += 1

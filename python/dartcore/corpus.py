@@ -33,9 +33,10 @@ import io
 import json
 import os
 import zlib
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Iterator, Sequence
+from typing import BinaryIO
 
 import numpy as np
 
@@ -184,15 +185,23 @@ class Corpus:
         self._done_bytes = 0
 
     def __repr__(self) -> str:
-        return f"Corpus(kind={self.kind!r}, shards={len(self.shards)}, bytes={self.stats.bytes_total})"
+        return (
+            f"Corpus(kind={self.kind!r}, shards={len(self.shards)}, bytes={self.stats.bytes_total})"
+        )
 
     def description(self) -> dict:
         """What goes into the index metadata (deterministic: no times, no sizes read)."""
-        common = os.path.commonpath([str(p.resolve().parent) for p in self.shards]) if self.shards else ""
+        common = (
+            os.path.commonpath([str(p.resolve().parent) for p in self.shards])
+            if self.shards
+            else ""
+        )
         return {
             "kind": self.kind,
             "root": common,
-            "files": [os.path.relpath(str(p.resolve()), common) if common else str(p) for p in self.shards],
+            "files": [
+                os.path.relpath(str(p.resolve()), common) if common else str(p) for p in self.shards
+            ],
             "bytes": self.stats.bytes_total,
             "text_field": self.text_field if self.kind in ("dolma", "jsonl") else None,
         }
@@ -236,7 +245,9 @@ class Corpus:
 
     def _problem(self, message: str, *, always: bool = False) -> None:
         if self.strict:
-            raise CorpusError(message + " (--strict: stopping; drop --strict to skip and count such input)")
+            raise CorpusError(
+                message + " (--strict: stopping; drop --strict to skip and count such input)"
+            )
         self.stats.note(message, always=always)
 
     def _lines(self, path: Path) -> Iterator[tuple[int, bytes]]:
@@ -279,14 +290,20 @@ class Corpus:
             return data.decode("utf-8")
         except UnicodeDecodeError as e:
             self.stats.invalid_utf8 += 1
-            self._problem(f"{path}:{lineno}: invalid UTF-8 at byte {e.start} of the line; replaced with U+FFFD")
+            self._problem(
+                f"{path}:{lineno}: invalid UTF-8 at byte {e.start} of the line; replaced with U+FFFD"
+            )
             return data.decode("utf-8", "replace")
 
     def _text_of(self, path: Path, lineno: int, obj: object) -> str | None:
         text = _dig(obj, self.text_field) if isinstance(obj, dict) else None
         if not isinstance(text, str):
             self.stats.bad_lines += 1
-            what = "not a JSON object" if not isinstance(obj, dict) else f"no string field {self.text_field!r}"
+            what = (
+                "not a JSON object"
+                if not isinstance(obj, dict)
+                else f"no string field {self.text_field!r}"
+            )
             self._problem(f"{path}:{lineno}: {what}")
             return None
         return text
@@ -346,14 +363,18 @@ class Corpus:
             self.stats.documents += 1
             yield text
 
-    def _join(self, path: Path, lineno: int, parts: list[bytes], already_bad: bool) -> tuple[str, bool]:
+    def _join(
+        self, path: Path, lineno: int, parts: list[bytes], already_bad: bool
+    ) -> tuple[str, bool]:
         data = b"".join(parts)
         try:
             return data.decode("utf-8"), already_bad
         except UnicodeDecodeError as e:
             if not already_bad:  # count a file once
                 self.stats.invalid_utf8 += 1
-            self._problem(f"{path}: invalid UTF-8 near line {lineno} (byte {e.start} of the chunk); replaced")
+            self._problem(
+                f"{path}: invalid UTF-8 near line {lineno} (byte {e.start} of the chunk); replaced"
+            )
             return data.decode("utf-8", "replace"), True
 
     def _open_tokens(self, path: Path) -> np.ndarray:
@@ -371,7 +392,11 @@ class Corpus:
                         f"{path}: {path.stat().st_size} bytes is not a whole number of {dtype.name} tokens "
                         "(raw memmap); pass the right --token-dtype"
                     )
-                tokens = np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
+                tokens = (
+                    np.memmap(path, dtype=dtype, mode="r")
+                    if path.stat().st_size
+                    else np.zeros(0, dtype)
+                )
         except (ValueError, OSError) as e:
             raise CorpusError(f"{path}: not a token array ({e})") from None
         _check_token_array(path, tokens.dtype, tokens.shape)
@@ -458,8 +483,15 @@ def open_corpus(
     ``npy`` only (splitting at EOS, range check, raw memmap dtype).
     """
     if kind not in CORPUS_KINDS:
-        raise CorpusError(f"unknown corpus kind {kind!r}: valid kinds are {', '.join(CORPUS_KINDS)}")
-    suffixes = {"dolma": DOLMA_SUFFIXES, "jsonl": JSONL_SUFFIXES, "text": TEXT_SUFFIXES, "npy": NPY_SUFFIXES}[kind]
+        raise CorpusError(
+            f"unknown corpus kind {kind!r}: valid kinds are {', '.join(CORPUS_KINDS)}"
+        )
+    suffixes = {
+        "dolma": DOLMA_SUFFIXES,
+        "jsonl": JSONL_SUFFIXES,
+        "text": TEXT_SUFFIXES,
+        "npy": NPY_SUFFIXES,
+    }[kind]
     searched: list[str] = []
     root: Path | None = Path(corpus_dir).expanduser() if corpus_dir is not None else None
     if root is None and kind == "dolma" and os.environ.get("DOLMA_DIR"):
@@ -473,7 +505,9 @@ def open_corpus(
                 pattern = str(root / pattern)
             pattern = os.path.expanduser(pattern)
             searched.append(pattern)
-            shards = sorted(Path(p) for p in globlib.glob(pattern, recursive=True) if os.path.isfile(p))
+            shards = sorted(
+                Path(p) for p in globlib.glob(pattern, recursive=True) if os.path.isfile(p)
+            )
         else:
             shards = [Path(p).expanduser() for p in files]
             searched.extend(str(p) for p in shards)
@@ -490,7 +524,8 @@ def open_corpus(
     else:
         if not root.is_dir():
             raise CorpusError(
-                f"corpus directory {root} does not exist" + (f". {DOLMA_HELP}" if kind == "dolma" else "")
+                f"corpus directory {root} does not exist"
+                + (f". {DOLMA_HELP}" if kind == "dolma" else "")
             )
         shards = []
         if kind == "dolma" and (root / "documents").is_dir():

@@ -42,8 +42,15 @@ from dartcore.errors import DartError
 from dartcore.paths import cache_root
 from dartcore.tree import ancestor_mask
 
-__all__ = ["DEFAULT_SIZES", "DISAGREE", "CostCurve", "cost_cache_dir", "curve_key", "increasing",
-           "measure_verify_cost"]
+__all__ = [
+    "DEFAULT_SIZES",
+    "DISAGREE",
+    "CostCurve",
+    "cost_cache_dir",
+    "curve_key",
+    "increasing",
+    "measure_verify_cost",
+]
 
 DEFAULT_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 # A cached curve whose one-row time is this many times the live one (the spot check at load,
@@ -54,7 +61,32 @@ DISAGREE = 1.5
 SPOT_REPEATS = 5
 SPOT_PREFIX = 128
 # The row counts a curve is measured at (up to the largest a step can verify).
-CURVE_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 17, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256)
+CURVE_SIZES = (
+    1,
+    2,
+    3,
+    4,
+    5,
+    6,
+    8,
+    10,
+    12,
+    14,
+    16,
+    17,
+    20,
+    24,
+    32,
+    40,
+    48,
+    64,
+    80,
+    96,
+    128,
+    160,
+    192,
+    256,
+)
 
 
 def _decreasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -71,7 +103,9 @@ def _decreasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
 
 def increasing(values, weights) -> np.ndarray:
     """The weighted least-squares non-decreasing fit of ``values`` (pool adjacent violators)."""
-    return -_decreasing(-np.asarray(values, dtype=np.float64), np.asarray(weights, dtype=np.float64))
+    return -_decreasing(
+        -np.asarray(values, dtype=np.float64), np.asarray(weights, dtype=np.float64)
+    )
 
 
 def decreasing(values, weights) -> np.ndarray:
@@ -84,7 +118,9 @@ class CostCurve:
     extrapolated linearly past the last one. ``path``: the cache file it came from, if any;
     ``conditions``: what the file says about its measurement."""
 
-    def __init__(self, points: list[dict], *, path: Path | None = None, conditions: dict | None = None):
+    def __init__(
+        self, points: list[dict], *, path: Path | None = None, conditions: dict | None = None
+    ):
         pts = sorted((int(p["rows"]), float(p["ms"])) for p in points)
         if not pts or pts[0][0] < 1:
             raise DartError("a verify-cost curve needs measured points with rows >= 1")
@@ -113,8 +149,16 @@ class CostCurve:
     # -- measured once per machine, cached --------------------------------------------------
 
     @classmethod
-    def for_target(cls, target, backend, *, max_rows: int, remeasure: bool = False,
-                   cache_dir: Path | None = None, check: bool = True) -> CostCurve:
+    def for_target(
+        cls,
+        target,
+        backend,
+        *,
+        max_rows: int,
+        remeasure: bool = False,
+        cache_dir: Path | None = None,
+        check: bool = True,
+    ) -> CostCurve:
         """The curve of ``target`` on this machine up to ``max_rows`` rows: read from the
         cache (:func:`cost_cache_dir`, one file per :func:`curve_key`), else measured with
         :func:`measure_verify_cost` under the backend's round scope (what a decoding step
@@ -129,9 +173,16 @@ class CostCurve:
         if not remeasure and path.is_file():
             try:
                 data = json.loads(path.read_text())
-                usable = (data.get("key") == key and not data.get("stale")
-                          and max(p["rows"] for p in data["points"]) >= max_rows)
-                cached = cls(data["points"], path=path, conditions=data.get("conditions")) if usable else None
+                usable = (
+                    data.get("key") == key
+                    and not data.get("stale")
+                    and max(p["rows"] for p in data["points"]) >= max_rows
+                )
+                cached = (
+                    cls(data["points"], path=path, conditions=data.get("conditions"))
+                    if usable
+                    else None
+                )
             except (OSError, ValueError, KeyError, TypeError, DartError):
                 cached = None  # unreadable: measure again
             if cached is not None:
@@ -140,16 +191,33 @@ class CostCurve:
                 spot = spot_verify_ms(target, backend)
                 if cached(1) <= DISAGREE * spot:
                     return cached
-                replaced = {"one_row_ms": float(cached(1)), "spot_ms": spot, "conditions": cached.conditions}
+                replaced = {
+                    "one_row_ms": float(cached(1)),
+                    "spot_ms": spot,
+                    "conditions": cached.conditions,
+                }
         sizes = sorted({r for r in CURVE_SIZES if r <= max_rows} | {max_rows})
         with backend.round_scope():  # the forward as the engine's verify runs it
-            measured = measure_verify_cost(target, prefix_len=128, sizes=sizes, repeats=5,
-                                           logits_rows=backend.verify_logits_rows())
+            measured = measure_verify_cost(
+                target,
+                prefix_len=128,
+                sizes=sizes,
+                repeats=5,
+                logits_rows=backend.verify_logits_rows(),
+            )
         points = [{"rows": a["nodes"], "ms": a["ms"]} for a in measured]
         conditions = measurement_conditions()
         if replaced is not None:
             conditions["replaced"] = replaced
-        _write(path, {"key": key, "points": points, "measured_at": conditions["time"], "conditions": conditions})
+        _write(
+            path,
+            {
+                "key": key,
+                "points": points,
+                "measured_at": conditions["time"],
+                "conditions": conditions,
+            },
+        )
         return cls(points, path=path, conditions=conditions)
 
     def mark_stale(self, reason: dict) -> bool:
@@ -203,7 +271,12 @@ def measurement_conditions() -> dict:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):
         load = None
-    return {"time": time.time(), "loadavg_1m": load, "cpus": os.cpu_count() or 0, "torch": torch.__version__}
+    return {
+        "time": time.time(),
+        "loadavg_1m": load,
+        "cpus": os.cpu_count() or 0,
+        "torch": torch.__version__,
+    }
 
 
 def curve_key(target) -> dict:
@@ -213,11 +286,18 @@ def curve_key(target) -> dict:
     cfg = target.config
     fields = {
         "model": str(getattr(cfg, "_name_or_path", "") or ""),
-        "family": target.family, "layers": target.num_layers, "hidden": target.hidden_size,
-        "heads": target.num_heads, "kv_heads": target.num_kv_heads, "vocab": target.vocab_size,
+        "family": target.family,
+        "layers": target.num_layers,
+        "hidden": target.hidden_size,
+        "heads": target.num_heads,
+        "kv_heads": target.num_kv_heads,
+        "vocab": target.vocab_size,
         "intermediate": int(getattr(cfg, "intermediate_size", 0) or 0),
-        "device": str(target.device), "dtype": str(target.dtype), "threads": int(target.threads),
-        "torch_threads": int(torch.get_num_threads()), "native": bool(target.native_linear),
+        "device": str(target.device),
+        "dtype": str(target.dtype),
+        "threads": int(target.threads),
+        "torch_threads": int(torch.get_num_threads()),
+        "native": bool(target.native_linear),
         # GGML block weights cost differently from float32 ones at every row count
         "blocks": bool(getattr(target, "blocks", False)),
         **machine(),
@@ -231,8 +311,14 @@ def curve_key(target) -> dict:
 def spot_verify_ms(target, backend, *, repeats: int = SPOT_REPEATS) -> float:
     """The median time (ms) of a one-row verify forward now (the spot check of a cached curve)."""
     with backend.round_scope():
-        times = _time_forwards(target, prefix_len=SPOT_PREFIX, sizes=(1,), repeats=repeats, seed=1,
-                               logits_rows=backend.verify_logits_rows())
+        times = _time_forwards(
+            target,
+            prefix_len=SPOT_PREFIX,
+            sizes=(1,),
+            repeats=repeats,
+            seed=1,
+            logits_rows=backend.verify_logits_rows(),
+        )
     return 1e3 * statistics.median(times[1])
 
 
@@ -247,8 +333,9 @@ def _random_tree(n: int, rng: np.random.Generator) -> tuple[torch.Tensor, torch.
 
 
 @torch.inference_mode()
-def _time_forwards(target, *, prefix_len: int, sizes: Sequence[int], repeats: int, seed: int,
-                   logits_rows) -> dict[int, list[float]]:
+def _time_forwards(
+    target, *, prefix_len: int, sizes: Sequence[int], repeats: int, seed: int, logits_rows
+) -> dict[int, list[float]]:
     rng = np.random.default_rng(seed)
     vocab = target.vocab_size
     cache = target.new_cache(prefix_len + max(sizes) + 1)
@@ -262,7 +349,7 @@ def _time_forwards(target, *, prefix_len: int, sizes: Sequence[int], repeats: in
         target.forward(cache, *trees[n], logits_rows=logits_rows)  # warm-up (allocations, kernels)
     times: dict[int, list[float]] = {n: [] for n in sizes}
     for rep in range(repeats):
-        for n in (sizes if rep % 2 == 0 else list(sizes)[::-1]):
+        for n in sizes if rep % 2 == 0 else list(sizes)[::-1]:
             if target.device.type == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -273,8 +360,15 @@ def _time_forwards(target, *, prefix_len: int, sizes: Sequence[int], repeats: in
     return times
 
 
-def measure_verify_cost(target, *, prefix_len: int = 256, sizes: Sequence[int] = DEFAULT_SIZES,
-                        repeats: int = 5, seed: int = 0, logits_rows=None) -> list[dict]:
+def measure_verify_cost(
+    target,
+    *,
+    prefix_len: int = 256,
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    repeats: int = 5,
+    seed: int = 0,
+    logits_rows=None,
+) -> list[dict]:
     """Median wall time (ms) of one target forward over a random tree of each size
     after ``prefix_len`` cached tokens. ``target`` is a
     :class:`dartcore.models.transformer.TargetModel`; ``logits_rows`` as for its forward
@@ -283,6 +377,12 @@ def measure_verify_cost(target, *, prefix_len: int = 256, sizes: Sequence[int] =
     The repeats are interleaved: each round times every size once (in turn ascending and
     descending), so a burst of load on a shared machine lands on a few sizes' single samples,
     which each size's median drops, instead of on all the samples of the sizes it overlaps."""
-    times = _time_forwards(target, prefix_len=prefix_len, sizes=sizes, repeats=repeats, seed=seed,
-                           logits_rows=logits_rows)
+    times = _time_forwards(
+        target,
+        prefix_len=prefix_len,
+        sizes=sizes,
+        repeats=repeats,
+        seed=seed,
+        logits_rows=logits_rows,
+    )
     return [{"nodes": int(n), "ms": 1e3 * statistics.median(times[n])} for n in sizes]

@@ -14,11 +14,8 @@ that wrapped past 2^31 - 1), is an :class:`~dartcore.errors.IndexFormatError` na
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
-
-from dartcore.errors import IndexBuildError
 
 __all__ = ["convert_dart_trie"]
 
@@ -44,8 +41,14 @@ class _Progress:
                 self.bar = tqdm(total=None, desc="write index", bar_format="{desc}: {elapsed}")
             else:
                 unit = "B" if stage == "read" else " bigrams"
-                self.bar = tqdm(total=total, desc=f"{stage} trie" if stage == "read" else "join", unit=unit,
-                                unit_scale=True, unit_divisor=1024 if stage == "read" else 1000, dynamic_ncols=True)
+                self.bar = tqdm(
+                    total=total,
+                    desc=f"{stage} trie" if stage == "read" else "join",
+                    unit=unit,
+                    unit_scale=True,
+                    unit_divisor=1024 if stage == "read" else 1000,
+                    dynamic_ncols=True,
+                )
         if done > self.pos:
             self.bar.update(done - self.pos)
             self.pos = done
@@ -56,9 +59,18 @@ class _Progress:
             self.bar = None
 
 
-def convert_dart_trie(trie, output, *, tokenizer: str = "qwen3", memory: int = 8 << 30, temp_dir=None,
-                      min_count: int = 1, max_children: int | None = None, threads: int | None = None,
-                      progress: bool = False) -> dict:
+def convert_dart_trie(
+    trie,
+    output,
+    *,
+    tokenizer: str = "qwen3",
+    memory: int = 8 << 30,
+    temp_dir=None,
+    min_count: int = 1,
+    max_children: int | None = None,
+    threads: int | None = None,
+    progress: bool = False,
+) -> dict:
     """Convert the DART ``.trie`` at ``trie`` into the index ``output`` (temp file + rename;
     never over the input). ``tokenizer``: the one the trie was built with (its vocabulary
     bounds the token ids; the index records it as an ngram-build index does). Returns the
@@ -77,20 +89,42 @@ def convert_dart_trie(trie, output, *, tokenizer: str = "qwen3", memory: int = 8
     t0 = time.monotonic()
     tok = load_tokenizer(tokenizer)
     metadata = {
-        "tokenizer": {"name": tok.name, "fingerprint": tok.fingerprint, "vocab_size": tok.vocab_size,
-                      "eos_id": tok.eos_id},
-        "origin": {"format": "dart-trie", "file": trie.name, "bytes": trie.stat().st_size,
-                   "counts": "TrieNgram(3) node counts, converted exactly"},
-        "build": {"tool": "ngram-build --from-dart-trie", "dartcore_version": __version__,
-                  "min_count": min_count, "max_children": max_children},
+        "tokenizer": {
+            "name": tok.name,
+            "fingerprint": tok.fingerprint,
+            "vocab_size": tok.vocab_size,
+            "eos_id": tok.eos_id,
+        },
+        "origin": {
+            "format": "dart-trie",
+            "file": trie.name,
+            "bytes": trie.stat().st_size,
+            "counts": "TrieNgram(3) node counts, converted exactly",
+        },
+        "build": {
+            "tool": "ngram-build --from-dart-trie",
+            "dartcore_version": __version__,
+            "min_count": min_count,
+            "max_children": max_children,
+        },
     }
     limit = max(int(memory) - rss_bytes() - _RESERVE, 16 << 20)
     bar = _Progress(progress)
     try:
-        summary = dict(_native.convert_dart_trie(
-            str(trie), str(output), vocab_size=tok.vocab_size, metadata_json=json.dumps(metadata, sort_keys=True),
-            memory_limit=limit, temp_dir=None if temp_dir is None else str(temp_dir), min_count=min_count,
-            max_children=max_children, threads=threads or None, progress=bar))
+        summary = dict(
+            _native.convert_dart_trie(
+                str(trie),
+                str(output),
+                vocab_size=tok.vocab_size,
+                metadata_json=json.dumps(metadata, sort_keys=True),
+                memory_limit=limit,
+                temp_dir=None if temp_dir is None else str(temp_dir),
+                min_count=min_count,
+                max_children=max_children,
+                threads=threads or None,
+                progress=bar,
+            )
+        )
     finally:
         bar.close()
     summary["wall_s"] = time.monotonic() - t0
@@ -102,15 +136,25 @@ def convert_dart_trie(trie, output, *, tokenizer: str = "qwen3", memory: int = 8
 
 def main_from_args(args) -> int:
     """``ngram-build --from-dart-trie FILE ...`` (the parsed ngram-build arguments)."""
-    s = convert_dart_trie(args.from_dart_trie, args.output, tokenizer=args.tokenizer, memory=args.memory,
-                          temp_dir=args.temp_dir, min_count=args.min_count, max_children=args.max_children,
-                          threads=args.threads or None, progress=not (args.quiet or args.json))
+    s = convert_dart_trie(
+        args.from_dart_trie,
+        args.output,
+        tokenizer=args.tokenizer,
+        memory=args.memory,
+        temp_dir=args.temp_dir,
+        min_count=args.min_count,
+        max_children=args.max_children,
+        threads=args.threads or None,
+        progress=not (args.quiet or args.json),
+    )
     if args.json:
         print(json.dumps(s))
     elif not args.quiet:
-        print(f"wrote {s['output']}: {s['nodes']:,} nodes (unigram {s['unigram_nodes']:,}, bigram "
-              f"{s['bigram_nodes']:,}, trigram {s['trigram_nodes']:,}) from {s['trie_nodes']:,} trie nodes, "
-              f"{s['documents']:,} documents, {s['tokens']:,} tokens; {s['wall_s']:.1f} s "
-              f"({s['trie_nodes'] / max(s['wall_s'], 1e-9) / 1e6:.2f} M nodes/s), peak RSS "
-              f"{s['peak_rss_bytes'] / 2**30:.2f} GiB (--memory {s['memory_limit_bytes'] / 2**30:.2f} GiB)")
+        print(
+            f"wrote {s['output']}: {s['nodes']:,} nodes (unigram {s['unigram_nodes']:,}, bigram "
+            f"{s['bigram_nodes']:,}, trigram {s['trigram_nodes']:,}) from {s['trie_nodes']:,} trie nodes, "
+            f"{s['documents']:,} documents, {s['tokens']:,} tokens; {s['wall_s']:.1f} s "
+            f"({s['trie_nodes'] / max(s['wall_s'], 1e-9) / 1e6:.2f} M nodes/s), peak RSS "
+            f"{s['peak_rss_bytes'] / 2**30:.2f} GiB (--memory {s['memory_limit_bytes'] / 2**30:.2f} GiB)"
+        )
     return 0

@@ -55,8 +55,11 @@ class StreamChunk:
 
 def _part(name: str, doc: str) -> property:
     """A decoder attribute that lives in its :class:`~dartcore.rounds.Parts` (settable)."""
-    return property(lambda self: getattr(self.parts, name), lambda self, value: setattr(self.parts, name, value),
-                    doc=doc)
+    return property(
+        lambda self: getattr(self.parts, name),
+        lambda self, value: setattr(self.parts, name, value),
+        doc=doc,
+    )
 
 
 class DartDecoder:
@@ -93,10 +96,21 @@ class DartDecoder:
     max_nodes = _part("max_nodes", "the node budget per round (root excluded)")
     context_length = _part("context_length", "tokens a sequence may reach")
 
-    def __init__(self, model, tokenizer, drafter=None, index=None, *, tree: str = "dart",
-                 device=None, dtype=None, max_context: int | None = None,
-                 eos_token_ids: Sequence[int] | None = None, lazy_logits: bool | None = None,
-                 **tree_params):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        drafter=None,
+        index=None,
+        *,
+        tree: str = "dart",
+        device=None,
+        dtype=None,
+        max_context: int | None = None,
+        eos_token_ids: Sequence[int] | None = None,
+        lazy_logits: bool | None = None,
+        **tree_params,
+    ):
         if device is not None or dtype is not None:
             model.to(device=device, dtype=dtype)
         model.eval()
@@ -105,13 +119,17 @@ class DartDecoder:
         self.tree = tree
         builder = make_tree_builder(tree, **tree_params)
         if builder.needs_drafter and drafter is None:
-            raise ValueError(f"tree builder {tree!r} needs a drafter: pass drafter= (--drafter for dart-generate), "
-                             "or use tree='ngram-only' / 'ar'")
+            raise ValueError(
+                f"tree builder {tree!r} needs a drafter: pass drafter= (--drafter for dart-generate), "
+                "or use tree='ngram-only' / 'ar'"
+            )
         if builder.needs_index and index is None:
             other = "tree='dart-no-ngram'" if builder.needs_drafter else "tree='ar'"
-            raise ValueError(f"tree builder {tree!r} needs an n-gram index built with the target's tokenizer: pass "
-                             "index= (--index for dart-generate; build one with ngram-build --tokenizer ...), "
-                             f"or use {other}")
+            raise ValueError(
+                f"tree builder {tree!r} needs an n-gram index built with the target's tokenizer: pass "
+                "index= (--index for dart-generate; build one with ngram-build --tokenizer ...), "
+                f"or use {other}"
+            )
         if not builder.needs_drafter:
             drafter = None
         if drafter is not None:
@@ -121,12 +139,24 @@ class DartDecoder:
             check_index(index, tokenizer, target)
         context = target.max_positions or (1 << 31)
         self.parts = Parts(
-            target=target, backend=backend, builder=builder, tokenizer=tokenizer, drafter=drafter, index=index,
-            eos_token_ids=(tuple(int(t) for t in eos_token_ids) if eos_token_ids is not None
-                           else eos_ids(model, tokenizer)),
+            target=target,
+            backend=backend,
+            builder=builder,
+            tokenizer=tokenizer,
+            drafter=drafter,
+            index=index,
+            eos_token_ids=(
+                tuple(int(t) for t in eos_token_ids)
+                if eos_token_ids is not None
+                else eos_ids(model, tokenizer)
+            ),
             # The node budget (root excluded), decided once; each round caps it by the room left.
-            max_nodes=node_budget(builder, drafter=drafter, device=target.device.type,
-                                  blocks=bool(getattr(target, "blocks", False))),
+            max_nodes=node_budget(
+                builder,
+                drafter=drafter,
+                device=target.device.type,
+                blocks=bool(getattr(target, "blocks", False)),
+            ),
             context_length=min(context, max_context) if max_context else context,
         )
 
@@ -135,9 +165,19 @@ class DartDecoder:
         return self.backend.lazy_logits
 
     @classmethod
-    def from_pretrained(cls, target, drafter=None, index=None, *, tree: str = "dart", device=None,
-                        dtype=None, quantized: bool | None = None, numerics: str | None = None,
-                        **tree_params) -> DartDecoder:
+    def from_pretrained(
+        cls,
+        target,
+        drafter=None,
+        index=None,
+        *,
+        tree: str = "dart",
+        device=None,
+        dtype=None,
+        quantized: bool | None = None,
+        numerics: str | None = None,
+        **tree_params,
+    ) -> DartDecoder:
         """Load everything by name or path: ``target`` for :mod:`dartcore.models.hub`
         (e.g. ``"smollm2"``), ``drafter`` a drafter directory or name, ``index``
         an index file. ``quantized`` (default: on for a GGUF target on the CPU in float32
@@ -152,14 +192,23 @@ class DartDecoder:
         from dartcore.models.hub import gguf_source, load_target
 
         if quantized is None:
-            quantized = (gguf_source(target) is not None and str(device or "cpu") == "cpu"
-                         and dtype in (None, torch.float32) and native_linear_available())
+            quantized = (
+                gguf_source(target) is not None
+                and str(device or "cpu") == "cpu"
+                and dtype in (None, torch.float32)
+                and native_linear_available()
+            )
         if numerics is None:
             from dartcore.kernels.linear import int8_kernel
 
             numerics = "int8" if quantized and int8_kernel() is not None else "exact"
-        model, tokenizer = load_target(target, dtype=dtype, device=str(device or "cpu"), quantized=bool(quantized),
-                                       numerics=numerics)
+        model, tokenizer = load_target(
+            target,
+            dtype=dtype,
+            device=str(device or "cpu"),
+            quantized=bool(quantized),
+            numerics=numerics,
+        )
         drafter_obj = None
         if drafter is not None:
             from dartcore.drafter import DartDrafter
@@ -172,14 +221,24 @@ class DartDecoder:
             # The quick check (CRCs of the small sections, sampled body checks: tens of ms at any
             # size) so that a damaged body is an error here, not wrong probabilities later.
             index_obj = NgramIndex(index, verify="quick")
-        return cls(model, tokenizer, drafter_obj, index_obj, tree=tree, device=device, **tree_params)
+        return cls(
+            model, tokenizer, drafter_obj, index_obj, tree=tree, device=device, **tree_params
+        )
 
     # -- public entry points --------------------------------------------------------------
 
-    def generate(self, prompt, *, max_new_tokens: int = DEFAULTS.max_new_tokens,
-                 temperature: float = DEFAULTS.temperature, top_p: float = DEFAULTS.top_p,
-                 top_k: int = DEFAULTS.top_k, stop: str | Sequence[str] | None = None,
-                 seed: int | None = None, streamer=None) -> GenerationResult:
+    def generate(
+        self,
+        prompt,
+        *,
+        max_new_tokens: int = DEFAULTS.max_new_tokens,
+        temperature: float = DEFAULTS.temperature,
+        top_p: float = DEFAULTS.top_p,
+        top_k: int = DEFAULTS.top_k,
+        stop: str | Sequence[str] | None = None,
+        seed: int | None = None,
+        streamer=None,
+    ) -> GenerationResult:
         """Generate up to ``max_new_tokens`` tokens after ``prompt`` (a string, a
         list / array / tensor of token ids, or a list of chat messages
         ``[{"role": ..., "content": ...}]`` rendered with the chat template).
@@ -194,8 +253,15 @@ class DartDecoder:
         Never prints.
         """
         result = None
-        for chunk in self.stream(prompt, max_new_tokens=max_new_tokens, temperature=temperature,
-                                 top_p=top_p, top_k=top_k, stop=stop, seed=seed):
+        for chunk in self.stream(
+            prompt,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            stop=stop,
+            seed=seed,
+        ):
             if streamer is not None and chunk.tokens:
                 if hasattr(streamer, "put"):
                     streamer.put(torch.tensor(chunk.tokens, dtype=torch.long))
@@ -207,11 +273,19 @@ class DartDecoder:
         assert result is not None
         return result
 
-    def generate_batch(self, prompts, *, max_new_tokens: int = DEFAULTS.max_new_tokens,
-                       temperature: float = DEFAULTS.temperature, top_p: float = DEFAULTS.top_p,
-                       top_k: int = DEFAULTS.top_k, stop: str | Sequence[str] | None = None,
-                       seed: int | None = None, max_batch: int = 16,
-                       budget: int | str | None = None) -> list[GenerationResult]:
+    def generate_batch(
+        self,
+        prompts,
+        *,
+        max_new_tokens: int = DEFAULTS.max_new_tokens,
+        temperature: float = DEFAULTS.temperature,
+        top_p: float = DEFAULTS.top_p,
+        top_k: int = DEFAULTS.top_k,
+        stop: str | Sequence[str] | None = None,
+        seed: int | None = None,
+        max_batch: int = 16,
+        budget: int | str | None = None,
+    ) -> list[GenerationResult]:
         """:meth:`generate` for several prompts decoded together by the batched engine
         (:class:`dartcore.engine.Engine`): one result per prompt, in order. ``prompts`` is a
         non-empty list of prompts of one kind (strings, token-id sequences, or chat message
@@ -223,22 +297,50 @@ class DartDecoder:
         (``GenerationStats.seconds`` stays zero here)."""
         from dartcore.engine import Engine  # the engine never imports the decoder
 
-        SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                       stop=stop)  # checked before the engine is made
-        engine = Engine.for_prompts(self.parts, prompts, max_new_tokens=max_new_tokens, max_batch=max_batch,
-                                    budget=budget)
-        return engine.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                               top_k=top_k, stop=stop, seed=seed)
+        # checked before the engine is made
+        SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+            stop=stop,
+        )
+        engine = Engine.for_prompts(
+            self.parts, prompts, max_new_tokens=max_new_tokens, max_batch=max_batch, budget=budget
+        )
+        return engine.generate(
+            prompts,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            stop=stop,
+            seed=seed,
+        )
 
-    def stream(self, prompt, *, max_new_tokens: int = DEFAULTS.max_new_tokens,
-               temperature: float = DEFAULTS.temperature, top_p: float = DEFAULTS.top_p,
-               top_k: int = DEFAULTS.top_k, stop: str | Sequence[str] | None = None,
-               seed: int | None = None) -> Iterator[StreamChunk]:
+    def stream(
+        self,
+        prompt,
+        *,
+        max_new_tokens: int = DEFAULTS.max_new_tokens,
+        temperature: float = DEFAULTS.temperature,
+        top_p: float = DEFAULTS.top_p,
+        top_k: int = DEFAULTS.top_k,
+        stop: str | Sequence[str] | None = None,
+        seed: int | None = None,
+    ) -> Iterator[StreamChunk]:
         """Like :meth:`generate`, as an iterator of :class:`StreamChunk`; the last
         chunk carries the :class:`GenerationResult`. Arguments are checked
         before the first chunk."""
-        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
-                                seed=seed, stop=stop)
+        params = SamplingParams(
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+            stop=stop,
+        )
         ids = prompt_ids(self.tokenizer, prompt, self.target.vocab_size)
         if len(ids) >= self.context_length:
             raise ContextLengthError(
@@ -256,13 +358,17 @@ class DartDecoder:
         if params.max_new_tokens == 0:
             stats.finish_reason = "empty"
         else:
-            seq = rounds.new_sequence(self.parts, ids, params.max_new_tokens, params.sampler(), params.stop, stats)
+            seq = rounds.new_sequence(
+                self.parts, ids, params.max_new_tokens, params.sampler(), params.stop, stats
+            )
             generated = seq.generated
             for new in self._rounds(seq):
                 yield StreamChunk(tokens=new, text=text.update(generated))
         stats.total_s = time.perf_counter() - start
         stats.new_tokens = len(generated)
-        result = GenerationResult(tokens=list(generated), text=decode(self.tokenizer, generated), stats=stats)
+        result = GenerationResult(
+            tokens=list(generated), text=decode(self.tokenizer, generated), stats=stats
+        )
         yield StreamChunk(tokens=[], text=text.finish(result.text), result=result)
 
     def _rounds(self, seq: rounds.Sequence) -> Iterator[list[int]]:

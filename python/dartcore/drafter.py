@@ -37,7 +37,6 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -65,7 +64,9 @@ _SUPPORTED_FAMILIES = ("llama", "qwen3")
 def default_taps(num_layers: int) -> tuple[int, int, int]:
     """HF ``hidden_states`` indices (2, L//2, L-3) of an L-layer target."""
     if num_layers < 5:
-        raise DartError(f"a target needs at least 5 decoder layers for taps (2, L//2, L-3); got {num_layers}")
+        raise DartError(
+            f"a target needs at least 5 decoder layers for taps (2, L//2, L-3); got {num_layers}"
+        )
     return (2, num_layers // 2, num_layers - 3)
 
 
@@ -124,21 +125,33 @@ class DrafterConfig:
         return json.dumps(data, indent=2, sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "DrafterConfig":
+    def from_dict(cls, data: dict) -> DrafterConfig:
         data = dict(data)
         version = data.get("format_version", 0)
         if version != FORMAT_VERSION:
-            raise DartError(f"drafter format version {version}, this build reads {FORMAT_VERSION}: retrain with dart-train")
+            raise DartError(
+                f"drafter format version {version}, this build reads {FORMAT_VERSION}: retrain with dart-train"
+            )
         data["taps"] = tuple(int(t) for t in data["taps"])
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
 
     @classmethod
-    def from_target_config(cls, tc, *, d: int, taps, draft_vocab_size: int | None,
-                           target_name: str | None, fingerprint: str | None) -> "DrafterConfig":
+    def from_target_config(
+        cls,
+        tc,
+        *,
+        d: int,
+        taps,
+        draft_vocab_size: int | None,
+        target_name: str | None,
+        fingerprint: str | None,
+    ) -> DrafterConfig:
         family = getattr(tc, "model_type", None)
         if family not in _SUPPORTED_FAMILIES:
-            raise DartError(f"drafter supports the {_SUPPORTED_FAMILIES} families, target is {family!r}")
+            raise DartError(
+                f"drafter supports the {_SUPPORTED_FAMILIES} families, target is {family!r}"
+            )
         act = getattr(tc, "hidden_act", "silu")
         if act != "silu":
             raise DartError(f"drafter layer uses SwiGLU (silu); target has hidden_act={act!r}")
@@ -214,7 +227,9 @@ def rope_inv_freq(rope: dict, head_dim: int) -> tuple[torch.Tensor, float]:
         return torch.where(medium, smoothed, scaled), 1.0
     if rope_type == "linear":
         return inv / float(rope["factor"]), 1.0
-    raise DartError(f"rope_type {rope_type!r} is not supported by the drafter (default, linear, llama3)")
+    raise DartError(
+        f"rope_type {rope_type!r} is not supported by the drafter (default, linear, llama3)"
+    )
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -278,10 +293,14 @@ class DrafterLayer(nn.Module):
         """q [..., nh, Tq, hd], k/v [..., nkv, Tk, hd], boolean mask [..., Tq, Tk] (True = attend)."""
         return self.o_proj(self.heads_attention(q, k, v, mask, flex_block_mask=flex_block_mask))
 
-    def heads_attention(self, q, k, v, mask: torch.Tensor | None, *, flex_block_mask=None) -> torch.Tensor:
+    def heads_attention(
+        self, q, k, v, mask: torch.Tensor | None, *, flex_block_mask=None
+    ) -> torch.Tensor:
         """:meth:`attend` before the output projection: [..., Tq, nh * hd]."""
         if flex_block_mask is not None:
-            out = _compiled_flex()(q, k, v, block_mask=flex_block_mask, enable_gqa=self.nh != self.nkv)
+            out = _compiled_flex()(
+                q, k, v, block_mask=flex_block_mask, enable_gqa=self.nh != self.nkv
+            )
         else:
             if self.nh != self.nkv:  # explicit repeat: the CPU SDPA path then needs no GQA support
                 rep = self.nh // self.nkv
@@ -308,7 +327,7 @@ class DrafterState:
         self.max_len = max_len
 
     @classmethod
-    def over(cls, k: torch.Tensor, v: torch.Tensor) -> "DrafterState":
+    def over(cls, k: torch.Tensor, v: torch.Tensor) -> DrafterState:
         """An empty state on existing storage ``[nkv, max_len, head_dim]`` (a slot of a
         :class:`~dartcore.models.kv_pool.KVPool`); nothing is allocated."""
         state = cls.__new__(cls)
@@ -329,8 +348,8 @@ class DrafterState:
                 f"drafter state holds {self.max_len} positions; appending {n} to {self.length} overflows "
                 "(create it with a larger max_len)"
             )
-        self.k[:, self.length:self.length + n] = k
-        self.v[:, self.length:self.length + n] = v
+        self.k[:, self.length : self.length + n] = k
+        self.v[:, self.length : self.length + n] = v
         self.length += n
 
 
@@ -396,12 +415,22 @@ class DartDrafter(nn.Module):
     def target_embedding(self) -> nn.Module:
         emb = self.__dict__.get("_target_embedding")
         if emb is None:
-            raise DartError("drafter is not bound to a target: use DartDrafter.from_target / from_pretrained")
+            raise DartError(
+                "drafter is not bound to a target: use DartDrafter.from_target / from_pretrained"
+            )
         return emb
 
     @classmethod
-    def from_target(cls, target_model, *, d: int = 8, taps=None, draft_vocab=None,
-                    target_name: str | None = None, tokenizer=None) -> "DartDrafter":
+    def from_target(
+        cls,
+        target_model,
+        *,
+        d: int = 8,
+        taps=None,
+        draft_vocab=None,
+        target_name: str | None = None,
+        tokenizer=None,
+    ) -> DartDrafter:
         """A freshly initialised drafter for ``target_model`` (LM head and final norm copied
         from the target; ``draft_vocab``: optional 1-D sequence of target ids for a reduced
         draft vocabulary)."""
@@ -411,8 +440,12 @@ class DartDrafter(nn.Module):
             ids = _draft_vocab_ids(draft_vocab, tc.vocab_size)
         name = target_name or getattr(tc, "name_or_path", None) or None
         cfg = DrafterConfig.from_target_config(
-            tc, d=d, taps=taps, draft_vocab_size=None if ids is None else ids.numel(),
-            target_name=name, fingerprint=tokenizer_fingerprint(tokenizer),
+            tc,
+            d=d,
+            taps=taps,
+            draft_vocab_size=None if ids is None else ids.numel(),
+            target_name=name,
+            fingerprint=tokenizer_fingerprint(tokenizer),
         )
         model = cls(cfg, target_model.get_input_embeddings())
         if ids is not None:
@@ -426,7 +459,7 @@ class DartDrafter(nn.Module):
                 model.norm.weight.copy_(final_norm.weight.float())
         return model
 
-    def with_draft_vocab(self, draft_vocab, target_model) -> "DartDrafter":
+    def with_draft_vocab(self, draft_vocab, target_model) -> DartDrafter:
         """A copy of this drafter with another draft vocabulary (1-D target ids; all of them
         for the full vocabulary). Every weight but the LM head is kept; the head row of an id
         this drafter already had is its own, a new id's row is the target's LM-head row (how
@@ -435,19 +468,31 @@ class DartDrafter(nn.Module):
         import dataclasses
 
         if self.config.variant != "dartcore":
-            raise DartError(f"with_draft_vocab re-sizes dartcore drafters, not {self.config.variant!r} ones")
+            raise DartError(
+                f"with_draft_vocab re-sizes dartcore drafters, not {self.config.variant!r} ones"
+            )
         V = self.config.vocab_size
         ids = _draft_vocab_ids(draft_vocab, V)
         head = target_model.get_output_embeddings().weight
         if head.shape[0] != V:
-            raise DartError(f"target's LM head has {head.shape[0]} rows, the drafter's vocabulary is {V}")
+            raise DartError(
+                f"target's LM head has {head.shape[0]} rows, the drafter's vocabulary is {V}"
+            )
         if ids.numel() == V:
             ids = torch.arange(V)
-        model = type(self)(dataclasses.replace(self.config, draft_vocab_size=ids.numel()), self.target_embedding)
-        keep = {k: v for k, v in self.state_dict().items() if k not in ("lm_head.weight", "draft_to_target")}
+        model = type(self)(
+            dataclasses.replace(self.config, draft_vocab_size=ids.numel()), self.target_embedding
+        )
+        keep = {
+            k: v
+            for k, v in self.state_dict().items()
+            if k not in ("lm_head.weight", "draft_to_target")
+        }
         missing, unexpected = model.load_state_dict(keep, strict=False)
         if unexpected or set(missing) - {"lm_head.weight", "draft_to_target"}:
-            raise DartError(f"with_draft_vocab: weights do not carry over (missing {missing}, unexpected {unexpected})")
+            raise DartError(
+                f"with_draft_vocab: weights do not carry over (missing {missing}, unexpected {unexpected})"
+            )
         if ids.numel() != V:  # the constructor made the buffer persistent for a reduced vocabulary
             model.draft_to_target.copy_(ids)
         old = {int(t): i for i, t in enumerate(self.draft_to_target.tolist())}
@@ -470,12 +515,14 @@ class DartDrafter(nn.Module):
         if dtype is not None:
             state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()}
         tmp = path / (WEIGHTS_NAME + ".tmp")
-        save_file(state, str(tmp), metadata={"format": "pt", "dartcore_drafter": str(FORMAT_VERSION)})
+        save_file(
+            state, str(tmp), metadata={"format": "pt", "dartcore_drafter": str(FORMAT_VERSION)}
+        )
         os.replace(tmp, path / WEIGHTS_NAME)
         (path / CONFIG_NAME).write_text(self.config.to_json() + "\n")
 
     @classmethod
-    def from_pretrained(cls, path_or_name, target_model, *, tokenizer=None) -> "DartDrafter":
+    def from_pretrained(cls, path_or_name, target_model, *, tokenizer=None) -> DartDrafter:
         from safetensors.torch import load_file
 
         key = str(path_or_name)
@@ -486,6 +533,7 @@ class DartDrafter(nn.Module):
                 f"{sorted(BUILTIN_DRAFTERS)}; train one with dart-train"
             )
         from dartcore.models.official_drafter import is_official_checkpoint, load_official_drafter
+
         if is_official_checkpoint(path):  # a released DART checkpoint: converted at load
             return load_official_drafter(path, target_model)
         try:
@@ -495,19 +543,25 @@ class DartDrafter(nn.Module):
         _check_target(cfg, target_model, tokenizer, path)
         if cfg.variant == "official":
             from dartcore.models.official_drafter import OfficialDartDrafter
+
             model = OfficialDartDrafter(cfg, target_model.get_input_embeddings())
         elif cfg.variant == "dartcore":
             model = cls(cfg, target_model.get_input_embeddings())
         else:
-            raise DartError(f"{path / CONFIG_NAME}: unknown drafter variant {cfg.variant!r} (this build reads "
-                            "'dartcore' and 'official')")
+            raise DartError(
+                f"{path / CONFIG_NAME}: unknown drafter variant {cfg.variant!r} (this build reads "
+                "'dartcore' and 'official')"
+            )
         state = load_file(str(path / WEIGHTS_NAME))
         if "draft_to_target" in state:
             model.register_buffer("draft_to_target", model.draft_to_target, persistent=True)
         missing, unexpected = model.load_state_dict(
-            {k: v.float() if v.is_floating_point() else v for k, v in state.items()}, strict=False)
+            {k: v.float() if v.is_floating_point() else v for k, v in state.items()}, strict=False
+        )
         if missing or unexpected:
-            raise DartError(f"drafter weights at {path} do not match its config: missing {missing}, unexpected {unexpected}")
+            raise DartError(
+                f"drafter weights at {path} do not match its config: missing {missing}, unexpected {unexpected}"
+            )
         return model.eval()
 
     # -- shared pieces -----------------------------------------------------------------
@@ -541,7 +595,9 @@ class DartDrafter(nn.Module):
 
     def new_state(self, max_len: int) -> DrafterState:
         p = self.fc.weight
-        return DrafterState(self.config.num_key_value_heads, self.config.head_dim, max_len, p.dtype, p.device)
+        return DrafterState(
+            self.config.num_key_value_heads, self.config.head_dim, max_len, p.dtype, p.device
+        )
 
     def check_draft(self, taps: torch.Tensor, next_tokens: torch.Tensor, rows: int | None) -> int:
         """The arguments of :meth:`draft` checked; the number of rows to draft."""
@@ -549,7 +605,9 @@ class DartDrafter(nn.Module):
         if not 1 <= nq <= self.d:
             raise DartError(f"rows must be in [1, {self.d}], got {rows}")
         if taps.dim() != 2 or taps.shape[-1] != 3 * self.config.hidden_size:
-            raise DartError(f"taps must be [n, {3 * self.config.hidden_size}], got {tuple(taps.shape)}")
+            raise DartError(
+                f"taps must be [n, {3 * self.config.hidden_size}], got {tuple(taps.shape)}"
+            )
         n = taps.shape[0]
         if next_tokens.shape != (n,):
             raise DartError(f"next_tokens must be [{n}], got {tuple(next_tokens.shape)}")
@@ -558,8 +616,15 @@ class DartDrafter(nn.Module):
         return nq
 
     @torch.no_grad()
-    def draft(self, state: DrafterState, taps: torch.Tensor, next_tokens: torch.Tensor, *, return_hidden: bool = False,
-              rows: int | None = None):
+    def draft(
+        self,
+        state: DrafterState,
+        taps: torch.Tensor,
+        next_tokens: torch.Tensor,
+        *,
+        return_hidden: bool = False,
+        rows: int | None = None,
+    ):
         """Append ``n`` real rows to ``state`` and draft ``d`` positions after the last one.
 
         taps: [n, 3H]; next_tokens: [n] (x_{i+1} of each new position i). Returns logits
@@ -582,7 +647,7 @@ class DartDrafter(nn.Module):
         last_row, last_g = rows[-1:], g[-1:]
         p = state.length - 1
         m_rows, m_res = self.mask_rows()
-        m_rows, m_res = m_rows[:nq - 1], m_res[:nq - 1]
+        m_rows, m_res = m_rows[: nq - 1], m_res[: nq - 1]
         q_rows = torch.cat((last_row, m_rows), dim=0)  # [nq, 2H]
         resid = torch.cat((last_g, m_res), dim=0)
         qpos = torch.arange(p, p + nq, device=dev)
@@ -593,15 +658,24 @@ class DartDrafter(nn.Module):
         v = torch.cat((state.v[:, : state.length], mv), dim=1)
         # row 0 sees every real position; MASK j additionally sees MASK 1..j
         mask = torch.ones(nq, state.length + nq - 1, dtype=torch.bool, device=dev)
-        mask[:, state.length:] = torch.tril(torch.ones(nq, nq - 1, dtype=torch.bool, device=dev), diagonal=-1)
+        mask[:, state.length :] = torch.tril(
+            torch.ones(nq, nq - 1, dtype=torch.bool, device=dev), diagonal=-1
+        )
         h = resid + self.layer.attend(q, k, v, mask)
         h = self.layer.mlp_block(h)
         logits = self.head(h)
         return (logits, h) if return_hidden else logits
 
     @torch.no_grad()
-    def draft_batch(self, states: list[DrafterState], taps: list[torch.Tensor], next_tokens: list[torch.Tensor],
-                    rows: list[int], *, return_hidden: bool = False) -> list:
+    def draft_batch(
+        self,
+        states: list[DrafterState],
+        taps: list[torch.Tensor],
+        next_tokens: list[torch.Tensor],
+        rows: list[int],
+        *,
+        return_hidden: bool = False,
+    ) -> list:
         """:meth:`draft` for several sequences in one pass: sequence i appends
         ``taps[i]`` / ``next_tokens[i]`` to ``states[i]`` and drafts ``rows[i]`` positions.
         The projections, MLP and LM head run once over every sequence's rows; the attention
@@ -610,17 +684,19 @@ class DartDrafter(nn.Module):
         dev = self.fc.weight.device
         ns = [int(t.shape[0]) for t in taps]
         real, g = self.real_rows(torch.cat(taps).to(dev), torch.cat(next_tokens).to(dev))
-        pos = torch.cat([torch.arange(s.length, s.length + n, device=dev) for s, n in zip(states, ns)])
+        pos = torch.cat(
+            [torch.arange(s.length, s.length + n, device=dev) for s, n in zip(states, ns)]
+        )
         cos, sin = self.rope(pos)
         k, v = self.layer.kv(real, cos, sin)
         m_rows, m_res = self.mask_rows()
         q_rows, resid, qpos = [], [], []
         off = 0
         for state, n, nq in zip(states, ns, nqs):
-            state.append(k[:, off:off + n], v[:, off:off + n])
+            state.append(k[:, off : off + n], v[:, off : off + n])
             off += n
-            q_rows += [real[off - 1:off], m_rows[:nq - 1]]
-            resid += [g[off - 1:off], m_res[:nq - 1]]
+            q_rows += [real[off - 1 : off], m_rows[: nq - 1]]
+            resid += [g[off - 1 : off], m_res[: nq - 1]]
             qpos.append(torch.arange(state.length - 1, state.length - 1 + nq, device=dev))
         q_rows, resid = torch.cat(q_rows), torch.cat(resid)
         cos, sin = self.rope(torch.cat(qpos))
@@ -629,11 +705,13 @@ class DartDrafter(nn.Module):
         outs = []
         off = 0
         for state, nq in zip(states, nqs):
-            kk = torch.cat((state.k[:, :state.length], mk[:, off + 1:off + nq]), dim=1)
-            vv = torch.cat((state.v[:, :state.length], mv[:, off + 1:off + nq]), dim=1)
+            kk = torch.cat((state.k[:, : state.length], mk[:, off + 1 : off + nq]), dim=1)
+            vv = torch.cat((state.v[:, : state.length], mv[:, off + 1 : off + nq]), dim=1)
             mask = torch.ones(nq, state.length + nq - 1, dtype=torch.bool, device=dev)
-            mask[:, state.length:] = torch.tril(torch.ones(nq, nq - 1, dtype=torch.bool, device=dev), diagonal=-1)
-            outs.append(self.layer.heads_attention(q[:, off:off + nq], kk, vv, mask))
+            mask[:, state.length :] = torch.tril(
+                torch.ones(nq, nq - 1, dtype=torch.bool, device=dev), diagonal=-1
+            )
+            outs.append(self.layer.heads_attention(q[:, off : off + nq], kk, vv, mask))
             off += nq
         h = resid + self.layer.o_proj(torch.cat(outs))
         h = self.layer.mlp_block(h)
@@ -641,7 +719,11 @@ class DartDrafter(nn.Module):
         out = []
         off = 0
         for nq in nqs:
-            out.append((logits[off:off + nq], h[off:off + nq]) if return_hidden else logits[off:off + nq])
+            out.append(
+                (logits[off : off + nq], h[off : off + nq])
+                if return_hidden
+                else logits[off : off + nq]
+            )
             off += nq
         return out
 
@@ -665,5 +747,6 @@ def _check_target(cfg: DrafterConfig, target_model, tokenizer, path) -> None:
     if problems:
         raise DrafterMismatchError(
             f"drafter at {path} was trained for target {cfg.target_name!r} and does not fit this target: "
-            + "; ".join(problems) + ". Train a drafter for this target with dart-train."
+            + "; ".join(problems)
+            + ". Train a drafter for this target with dart-train."
         )

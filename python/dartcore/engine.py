@@ -54,7 +54,15 @@ from dartcore.sampling import DEFAULTS, SamplingParams, check_seed
 from dartcore.tree import Tree
 from dartcore.trees import ArBuilder
 
-__all__ = ["Engine", "SamplingParams", "RequestOutput", "EngineStats", "StepStats", "UnknownRequestError", "batch_ids"]
+__all__ = [
+    "Engine",
+    "SamplingParams",
+    "RequestOutput",
+    "EngineStats",
+    "StepStats",
+    "UnknownRequestError",
+    "batch_ids",
+]
 # SamplingParams is dartcore.sampling's (re-exported: the request parameters have one class)
 
 STEP_STAGES = ("prefill", "controller", "draft", "search", "verify", "accept")
@@ -73,7 +81,8 @@ class UnknownRequestError(DartError, KeyError):
 @dataclass
 class RequestOutput:
     request_id: str
-    new_tokens: list[int]  # committed in this step (accepted path + bonus; the first token at admission)
+    # committed in this step (accepted path + bonus; the first token at admission)
+    new_tokens: list[int]
     tokens: list[int]  # all generated so far
     finished: bool
     finish_reason: str | None  # "stop" (EOS or a stop string), "length", "abort", or None
@@ -119,9 +128,14 @@ class EngineStats:
         return self.seconds["controller"]
 
     def as_dict(self) -> dict[str, Any]:
-        return {"num_steps": self.num_steps, "rows_verified": self.rows_verified, "committed": self.committed,
-                "seconds": dict(self.seconds), "total_s": self.total_s,
-                "mean_rows_per_step": self.rows_verified / max(self.num_steps, 1)}
+        return {
+            "num_steps": self.num_steps,
+            "rows_verified": self.rows_verified,
+            "committed": self.committed,
+            "seconds": dict(self.seconds),
+            "total_s": self.total_s,
+            "mean_rows_per_step": self.rows_verified / max(self.num_steps, 1),
+        }
 
 
 @dataclass
@@ -147,21 +161,43 @@ class Engine:
     ``remeasure``: measure the verify-cost curve again instead of reading the cached one
     (adaptive only). See the module docs."""
 
-    def __init__(self, decoder, max_batch: int = 8, max_seq_len: int | None = None, budget: str | int = "adaptive",
-                 *, max_nodes: int | None = None, remeasure: bool = False):
-        if isinstance(max_batch, (bool, np.bool_)) or not isinstance(max_batch, (int, np.integer)) \
-                or not 1 <= max_batch <= MAX_BATCH:
+    def __init__(
+        self,
+        decoder,
+        max_batch: int = 8,
+        max_seq_len: int | None = None,
+        budget: str | int = "adaptive",
+        *,
+        max_nodes: int | None = None,
+        remeasure: bool = False,
+    ):
+        if (
+            isinstance(max_batch, (bool, np.bool_))
+            or not isinstance(max_batch, (int, np.integer))
+            or not 1 <= max_batch <= MAX_BATCH
+        ):
             raise ValueError(f"max_batch must be an integer in [1, {MAX_BATCH}], got {max_batch!r}")
         parts: Parts = getattr(decoder, "parts", decoder)
         if max_seq_len is None:
             max_seq_len = parts.context_length
-        if isinstance(max_seq_len, (bool, np.bool_)) or not isinstance(max_seq_len, (int, np.integer)) \
-                or max_seq_len < 2:
-            raise ValueError(f"max_seq_len must be an integer >= 2 (tokens per sequence), got {max_seq_len!r}")
+        if (
+            isinstance(max_seq_len, (bool, np.bool_))
+            or not isinstance(max_seq_len, (int, np.integer))
+            or max_seq_len < 2
+        ):
+            raise ValueError(
+                f"max_seq_len must be an integer >= 2 (tokens per sequence), got {max_seq_len!r}"
+            )
         if isinstance(budget, str):
             if budget != "adaptive":
-                raise ValueError(f"budget must be 'adaptive' or a number of nodes >= 0, got {budget!r}")
-        elif isinstance(budget, (bool, np.bool_)) or not isinstance(budget, (int, np.integer)) or budget < 0:
+                raise ValueError(
+                    f"budget must be 'adaptive' or a number of nodes >= 0, got {budget!r}"
+                )
+        elif (
+            isinstance(budget, (bool, np.bool_))
+            or not isinstance(budget, (int, np.integer))
+            or budget < 0
+        ):
             raise ValueError(f"budget must be 'adaptive' or a number of nodes >= 0, got {budget!r}")
         self.parts = parts
         self.max_batch = int(max_batch)
@@ -169,19 +205,27 @@ class Engine:
         if budget == "adaptive" and isinstance(parts.builder, ArBuilder):
             budget = 0  # the "ar" builder: nothing to choose
         self.budget = budget
-        self.pool = KVPool.for_target(parts.target, parts.drafter, slots=self.max_batch,
-                                      capacity=self.max_seq_len)
+        self.pool = KVPool.for_target(
+            parts.target, parts.drafter, slots=self.max_batch, capacity=self.max_seq_len
+        )
         self.controller: BudgetController | None = None
         self.max_nodes = parts.max_nodes
         if budget == "adaptive":
             if max_nodes is None:
                 max_nodes = max(parts.max_nodes, getattr(parts.drafter, "d", 0))
-            if isinstance(max_nodes, (bool, np.bool_)) or not isinstance(max_nodes, (int, np.integer)) \
-                    or max_nodes < 0:
+            if (
+                isinstance(max_nodes, (bool, np.bool_))
+                or not isinstance(max_nodes, (int, np.integer))
+                or max_nodes < 0
+            ):
                 raise ValueError(f"max_nodes must be a non-negative integer, got {max_nodes!r}")
             self.max_nodes = int(max_nodes)
-            curve = CostCurve.for_target(parts.target, parts.backend,
-                                         max_rows=self.max_batch * (self.max_nodes + 1), remeasure=remeasure)
+            curve = CostCurve.for_target(
+                parts.target,
+                parts.backend,
+                max_rows=self.max_batch * (self.max_nodes + 1),
+                remeasure=remeasure,
+            )
             self.controller = BudgetController(curve, max_nodes=self.max_nodes)
         self.stats = EngineStats()
         self._waiting: deque[_Request] = deque()
@@ -191,19 +235,25 @@ class Engine:
 
     # -- requests ---------------------------------------------------------------------------
 
-    def add_request(self, prompt, params: SamplingParams | None = None, request_id: str | None = None) -> str:
+    def add_request(
+        self, prompt, params: SamplingParams | None = None, request_id: str | None = None
+    ) -> str:
         """Queue a request (a prompt as :meth:`DartDecoder.generate` takes it); it joins at the
         next :meth:`step`. Returns its id (``request_id`` or a fresh one)."""
         if params is None:
             params = SamplingParams()
         if not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be a dartcore.sampling.SamplingParams, got {type(params).__name__}")
+            raise TypeError(
+                f"params must be a dartcore.sampling.SamplingParams, got {type(params).__name__}"
+            )
         parts = self.parts
         ids = prompt_ids(parts.tokenizer, prompt, parts.target.vocab_size)
         room = min(parts.context_length, self.pool.capacity)
         if len(ids) >= room:
-            raise ContextLengthError(f"prompt of {len(ids)} tokens leaves no room in a sequence of {room} tokens "
-                                     f"(max_seq_len={self.max_seq_len}, context {parts.context_length})")
+            raise ContextLengthError(
+                f"prompt of {len(ids)} tokens leaves no room in a sequence of {room} tokens "
+                f"(max_seq_len={self.max_seq_len}, context {parts.context_length})"
+            )
         if request_id is None:
             request_id = f"req-{next(self._counter)}"
             while request_id in self._requests:
@@ -211,7 +261,9 @@ class Engine:
         elif not isinstance(request_id, str) or not request_id:
             raise TypeError(f"request_id must be a non-empty string or None, got {request_id!r}")
         elif request_id in self._requests:
-            raise ValueError(f"request_id {request_id!r} is already in the engine: give each request its own id")
+            raise ValueError(
+                f"request_id {request_id!r} is already in the engine: give each request its own id"
+            )
         req = _Request(request_id=request_id, ids=ids, params=params, arrival=time.perf_counter())
         self._requests[request_id] = req
         self._waiting.append(req)
@@ -223,8 +275,10 @@ class Engine:
         not hold (never added, or already finished) raises :class:`UnknownRequestError`."""
         req = self._requests.get(request_id) if isinstance(request_id, str) else None
         if req is None:
-            raise UnknownRequestError(f"abort: no request {request_id!r} in the engine (finished requests leave "
-                                      "it; ids come from add_request)")
+            raise UnknownRequestError(
+                f"abort: no request {request_id!r} in the engine (finished requests leave "
+                "it; ids come from add_request)"
+            )
         if req.seq is None:
             self._waiting.remove(req)
         else:
@@ -245,8 +299,15 @@ class Engine:
     # -- the batch API ------------------------------------------------------------------------
 
     @classmethod
-    def for_prompts(cls, decoder, prompts, *, max_new_tokens: int = DEFAULTS.max_new_tokens,
-                    max_batch: int = 16, budget: int | str | None = None) -> Engine:
+    def for_prompts(
+        cls,
+        decoder,
+        prompts,
+        *,
+        max_new_tokens: int = DEFAULTS.max_new_tokens,
+        max_batch: int = 16,
+        budget: int | str | None = None,
+    ) -> Engine:
         """An engine sized for :meth:`generate` on ``prompts``: at most ``max_batch`` slots (no more
         than there are prompts), each with room for the longest prompt, the output and one tree
         of the largest budget a round can get. ``budget``: nodes per sequence per round (None:
@@ -256,16 +317,32 @@ class Engine:
         params = SamplingParams(max_new_tokens=max_new_tokens)
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
-        nodes = max(parts.max_nodes, getattr(parts.drafter, "d", 0)) if budget == "adaptive" else (
-            parts.max_nodes if budget is None or not isinstance(budget, int) else budget)
-        capacity = min(parts.context_length, max(len(x) for x in ids) + params.max_new_tokens + nodes + 1)
-        return cls(parts, max_batch=min(len(ids), max_batch), max_seq_len=max(capacity, 2),
-                   budget=parts.max_nodes if budget is None else budget)
+        nodes = (
+            max(parts.max_nodes, getattr(parts.drafter, "d", 0))
+            if budget == "adaptive"
+            else (parts.max_nodes if budget is None or not isinstance(budget, int) else budget)
+        )
+        capacity = min(
+            parts.context_length, max(len(x) for x in ids) + params.max_new_tokens + nodes + 1
+        )
+        return cls(
+            parts,
+            max_batch=min(len(ids), max_batch),
+            max_seq_len=max(capacity, 2),
+            budget=parts.max_nodes if budget is None else budget,
+        )
 
-    def generate(self, prompts, *, max_new_tokens: int = DEFAULTS.max_new_tokens,
-                 temperature: float = DEFAULTS.temperature, top_p: float = DEFAULTS.top_p,
-                 top_k: int = DEFAULTS.top_k, stop: str | Sequence[str] | None = None,
-                 seed: int | None = None) -> list[GenerationResult]:
+    def generate(
+        self,
+        prompts,
+        *,
+        max_new_tokens: int = DEFAULTS.max_new_tokens,
+        temperature: float = DEFAULTS.temperature,
+        top_p: float = DEFAULTS.top_p,
+        top_k: int = DEFAULTS.top_k,
+        stop: str | Sequence[str] | None = None,
+        seed: int | None = None,
+    ) -> list[GenerationResult]:
         """Decode ``prompts`` (a non-empty list of prompts of one kind: strings, token-id
         sequences, or chat message lists) to the end, together: one result per prompt, in
         order. Prompt i samples with seed ``seed + i`` (None: unseeded). Under greedy decoding
@@ -274,12 +351,23 @@ class Engine:
         call to the request's end. The engine must hold no other request (their outputs would
         be lost here): drive those with :meth:`add_request` / :meth:`step`."""
         if self.has_unfinished():
-            raise DartError(f"Engine.generate needs an idle engine; this one holds {self.num_waiting()} queued and "
-                               f"{self.num_running()} running requests: finish them with step() first")
+            raise DartError(
+                f"Engine.generate needs an idle engine; this one holds {self.num_waiting()} queued and "
+                f"{self.num_running()} running requests: finish them with step() first"
+            )
         ids = batch_ids(self.parts, prompts)
         seed = check_seed(seed)
-        params = [SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                 seed=None if seed is None else seed + i, stop=stop) for i in range(len(ids))]
+        params = [
+            SamplingParams(
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                seed=None if seed is None else seed + i,
+                stop=stop,
+            )
+            for i in range(len(ids))
+        ]
         start = time.perf_counter()
         rids = [self.add_request(x, p) for x, p in zip(ids, params)]
         done: dict[str, tuple[float, RequestOutput]] = {}
@@ -290,12 +378,22 @@ class Engine:
         results = []
         for rid in rids:
             t, out = done[rid]
-            stats = GenerationStats(prompt_tokens=out.stats["prompt_tokens"], new_tokens=len(out.tokens),
-                                    rounds=out.stats["rounds"], accept_hist=out.stats["accept_hist"],
-                                    budget_hist=out.stats["budget_hist"], total_s=t - start,
-                                    finish_reason=out.stats.get("finish_detail") or "empty")
-            results.append(GenerationResult(tokens=list(out.tokens), text=decode(self.parts.tokenizer, out.tokens),
-                                            stats=stats))
+            stats = GenerationStats(
+                prompt_tokens=out.stats["prompt_tokens"],
+                new_tokens=len(out.tokens),
+                rounds=out.stats["rounds"],
+                accept_hist=out.stats["accept_hist"],
+                budget_hist=out.stats["budget_hist"],
+                total_s=t - start,
+                finish_reason=out.stats.get("finish_detail") or "empty",
+            )
+            results.append(
+                GenerationResult(
+                    tokens=list(out.tokens),
+                    text=decode(self.parts.tokenizer, out.tokens),
+                    stats=stats,
+                )
+            )
         return results
 
     # -- the step -----------------------------------------------------------------------------
@@ -326,12 +424,16 @@ class Engine:
                 depths = []
                 caps = []
                 for seq in seqs:
-                    depth, cap = rounds.limits(parts, seq, self.max_nodes if fixed is None else fixed)
+                    depth, cap = rounds.limits(
+                        parts, seq, self.max_nodes if fixed is None else fixed
+                    )
                     depths.append(depth)
                     caps.append(cap)
                 if self.controller is not None:
                     # who draws a tree, and of how many nodes
-                    for seq, n in zip(seqs, self.controller.draws([r.acceptance for r in running], caps)):
+                    for seq, n in zip(
+                        seqs, self.controller.draws([r.acceptance for r in running], caps)
+                    ):
                         seq.budget = n
                 clock.lap("controller")
                 drafted = rounds.draft(parts, seqs, depths)
@@ -365,9 +467,13 @@ class Engine:
             if self.controller is not None:
                 drafting = any(b > 0 for b in st.budgets)
                 self.controller.timed(
-                    rows=st.rows_verified, verify_ms=1e3 * st.seconds["verify"],
-                    draft_ms=1e3 * (st.seconds["draft"] + st.seconds["search"]) if drafting else None,
-                    per_token_ms=1e3 * st.seconds["accept"] / max(st.committed, 1))
+                    rows=st.rows_verified,
+                    verify_ms=1e3 * st.seconds["verify"],
+                    draft_ms=1e3 * (st.seconds["draft"] + st.seconds["search"])
+                    if drafting
+                    else None,
+                    per_token_ms=1e3 * st.seconds["accept"] / max(st.committed, 1),
+                )
         st.total_s = time.perf_counter() - t_start
         self.stats.add(st)
         return outputs
@@ -400,8 +506,16 @@ class Engine:
         p = req.params
         stats = GenerationStats(prompt_tokens=len(req.ids))
         req.slot, cache, dstate = self.pool.acquire()
-        req.seq = rounds.new_sequence(self.parts, req.ids, p.max_new_tokens, p.sampler(), p.stop, stats,
-                                      cache=cache, drafter_state=dstate)
+        req.seq = rounds.new_sequence(
+            self.parts,
+            req.ids,
+            p.max_new_tokens,
+            p.sampler(),
+            p.stop,
+            stats,
+            cache=cache,
+            drafter_state=dstate,
+        )
         if self.controller is not None:
             req.acceptance = self.controller.new_sequence()
         if p.max_new_tokens == 0:
@@ -426,24 +540,45 @@ class Engine:
     def _output(self, req: _Request, new: list[int], reason: str | None) -> RequestOutput:
         seq = req.seq
         tokens = list(seq.generated) if seq is not None else []
-        stats = {"rounds": 0, "tau": 0.0, "accept_hist": [], "budget_hist": [], "budgets": list(req.budgets),
-                 "prompt_tokens": len(req.ids), "new_tokens": len(tokens)}
+        stats = {
+            "rounds": 0,
+            "tau": 0.0,
+            "accept_hist": [],
+            "budget_hist": [],
+            "budgets": list(req.budgets),
+            "prompt_tokens": len(req.ids),
+            "new_tokens": len(tokens),
+        }
         if seq is not None:
             s = seq.stats
-            stats.update(rounds=s.rounds, tau=s.tau, accept_hist=list(s.accept_hist),
-                         budget_hist=list(s.budget_hist), finish_detail=s.finish_reason or None)
+            stats.update(
+                rounds=s.rounds,
+                tau=s.tau,
+                accept_hist=list(s.accept_hist),
+                budget_hist=list(s.budget_hist),
+                finish_detail=s.finish_reason or None,
+            )
         text = None
         if reason is not None:  # the text ends before the stop string
             text = cut_at_stop(decode(self.parts.tokenizer, tokens), req.params.stop)
-        return RequestOutput(request_id=req.request_id, new_tokens=list(new), tokens=tokens,
-                             finished=reason is not None, finish_reason=reason, stats=stats, text=text)
+        return RequestOutput(
+            request_id=req.request_id,
+            new_tokens=list(new),
+            tokens=tokens,
+            finished=reason is not None,
+            finish_reason=reason,
+            stats=stats,
+            text=text,
+        )
 
 
 def batch_ids(parts: Parts, prompts) -> list[list[int]]:
     """``prompts`` (a non-empty list of prompts of one kind) as token ids; errors name the prompt."""
     if isinstance(prompts, (str, dict)) or not isinstance(prompts, (list, tuple)):
-        raise TypeError(f"prompts must be a list of prompts (strings, token ids or chat messages), got "
-                        f"{type(prompts).__name__}; for one prompt use generate()")
+        raise TypeError(
+            f"prompts must be a list of prompts (strings, token ids or chat messages), got "
+            f"{type(prompts).__name__}; for one prompt use generate()"
+        )
     if not prompts:
         raise ValueError("prompts is empty: give at least one prompt")
     kinds = {prompt_kind(p) for p in prompts}
@@ -460,5 +595,10 @@ def batch_ids(parts: Parts, prompts) -> list[list[int]]:
 
 def _reason(detail: str) -> str:
     """The decoder's finish reason as the engine reports it."""
-    return {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "empty": "length"}.get(
-        detail, "length")
+    return {
+        "eos": "stop",
+        "stop": "stop",
+        "length": "length",
+        "context": "length",
+        "empty": "length",
+    }.get(detail, "length")

@@ -17,10 +17,16 @@ __all__ = ["eos_ids", "check_drafter", "check_index", "tokenizer_name"]
 def eos_ids(model, tokenizer) -> tuple[int, ...]:
     """EOS ids as HF ``generate`` sees them: the generation config's, else the
     model config's, else the tokenizer's."""
-    for source in (getattr(model, "generation_config", None), getattr(model, "config", None), tokenizer):
+    for source in (
+        getattr(model, "generation_config", None),
+        getattr(model, "config", None),
+        tokenizer,
+    ):
         value = getattr(source, "eos_token_id", None)
         if value is not None:
-            return tuple(sorted({int(v) for v in (value if isinstance(value, (list, tuple)) else [value])}))
+            return tuple(
+                sorted({int(v) for v in (value if isinstance(value, (list, tuple)) else [value])})
+            )
     return ()
 
 
@@ -54,7 +60,8 @@ def check_drafter(drafter, target: TargetModel, tokenizer) -> None:
     if problems:
         name = getattr(cfg, "target_name", None)
         raise DrafterMismatchError(
-            f"the drafter was trained for target {name!r} and does not fit this one: " + "; ".join(problems)
+            f"the drafter was trained for target {name!r} and does not fit this one: "
+            + "; ".join(problems)
             + ". Train a drafter for this target with dart-train."
         )
 
@@ -74,13 +81,20 @@ def check_index(index, tokenizer, target: TargetModel) -> None:
     if vocab is not None and int(vocab) > target.vocab_size:
         raise TokenizerMismatchError(
             f"the n-gram index has a vocabulary of {int(vocab)} tokens but the target only {target.vocab_size}: it "
-            "was built with another tokenizer; rebuild it with the target's (ngram-build --tokenizer ...)")
+            "was built with another tokenizer; rebuild it with the target's (ngram-build --tokenizer ...)"
+        )
     if recorded is None:
-        checked = (f"; only its vocabulary size was checked ({int(vocab)} <= {target.vocab_size})"
-                   if vocab is not None else "")
-        warnings.warn("the n-gram index records no tokenizer, so dartcore cannot check that it was built with the "
-                      f"target's tokenizer ({tokenizer_name(tokenizer)}){checked}. Build indexes with ngram-build "
-                      "--tokenizer ...", stacklevel=3)
+        checked = (
+            f"; only its vocabulary size was checked ({int(vocab)} <= {target.vocab_size})"
+            if vocab is not None
+            else ""
+        )
+        warnings.warn(
+            "the n-gram index records no tokenizer, so dartcore cannot check that it was built with the "
+            f"target's tokenizer ({tokenizer_name(tokenizer)}){checked}. Build indexes with ngram-build "
+            "--tokenizer ...",
+            stacklevel=3,
+        )
         return
     from dartcore.errors import TokenizerError
     from dartcore.tokenizers import fingerprint

@@ -30,8 +30,15 @@ import numpy as np
 
 from dartcore import _native
 
-__all__ = ["NgramIndex", "IndexBuilder", "build_index", "merge_runs", "parse_size", "set_num_threads",
-           "num_threads"]
+__all__ = [
+    "NgramIndex",
+    "IndexBuilder",
+    "build_index",
+    "merge_runs",
+    "parse_size",
+    "set_num_threads",
+    "num_threads",
+]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 
@@ -52,11 +59,15 @@ def parse_size(size: int | str, *, what: str = "size") -> int:
     from dartcore.errors import IndexBuildArgumentError as Bad
 
     if isinstance(size, (bool, np.bool_)) or not isinstance(size, (int, np.integer, str)):
-        raise Bad(f"{what} must be a size such as 512M, 2G or a number of bytes, got {type(size).__name__} {size!r}")
+        raise Bad(
+            f"{what} must be a size such as 512M, 2G or a number of bytes, got {type(size).__name__} {size!r}"
+        )
     if isinstance(size, str):
         m = _SIZE.match(size)
         if not m:
-            raise Bad(f"{what}: cannot read {size!r} as a size; use e.g. 512M, 2G, 1.5GiB or a number of bytes")
+            raise Bad(
+                f"{what}: cannot read {size!r} as a size; use e.g. 512M, 2G, 1.5GiB or a number of bytes"
+            )
         scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
         value = int(float(m.group(1)) * scale)
     else:
@@ -71,8 +82,14 @@ def parse_size(size: int | str, *, what: str = "size") -> int:
 def _check_int(value: Any, what: str, lo: int, hi: int, hint: str = "") -> int:
     from dartcore.errors import IndexBuildArgumentError
 
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
-        raise IndexBuildArgumentError(f"{what} must be an integer in {lo}..={hi}{hint}, got {value!r}")
+    if (
+        isinstance(value, (bool, np.bool_))
+        or not isinstance(value, (int, np.integer))
+        or not lo <= value <= hi
+    ):
+        raise IndexBuildArgumentError(
+            f"{what} must be an integer in {lo}..={hi}{hint}, got {value!r}"
+        )
     return int(value)
 
 
@@ -80,8 +97,15 @@ def check_threads(threads: Any, what: str = "threads") -> int:
     return _check_int(threads, what, 1, MAX_THREADS)
 
 
-def _builder_options(vocab_size: Any, memory_limit: Any, temp_dir: Any, min_count: Any, max_children: Any,
-                     threads: Any, token_bits: Any) -> dict:
+def _builder_options(
+    vocab_size: Any,
+    memory_limit: Any,
+    temp_dir: Any,
+    min_count: Any,
+    max_children: Any,
+    threads: Any,
+    token_bits: Any,
+) -> dict:
     """Checked keyword arguments of the native builder (every range named before any
     allocation: the native side would report e.g. vocab_size=-5 as a failed conversion)."""
     from dartcore.errors import IndexBuildArgumentError
@@ -90,13 +114,17 @@ def _builder_options(vocab_size: Any, memory_limit: Any, temp_dir: Any, min_coun
     if memory < 1 << 20:
         raise IndexBuildArgumentError(f"memory_limit must be at least 1 MiB, got {memory_limit!r}")
     if temp_dir is not None and not Path(temp_dir).is_dir():
-        raise IndexBuildArgumentError(f"temp_dir {temp_dir} is not a directory; create it or pass None")
+        raise IndexBuildArgumentError(
+            f"temp_dir {temp_dir} is not a directory; create it or pass None"
+        )
     return dict(
         vocab_size=_check_int(vocab_size, "vocab_size", 1, MAX_VOCAB),
         memory_limit=memory,
         temp_dir=None if temp_dir is None else str(temp_dir),
         min_count=_check_int(min_count, "min_count", 1, (1 << 64) - 1),
-        max_children=None if max_children is None else _check_int(max_children, "max_children", 1, (1 << 32) - 1),
+        max_children=None
+        if max_children is None
+        else _check_int(max_children, "max_children", 1, (1 << 32) - 1),
         threads=None if threads is None else check_threads(threads),
         token_bits=None if token_bits is None else _check_int(token_bits, "token_bits", 1, 21),
     )
@@ -145,13 +173,15 @@ def _id_array(x: Any, name: str, vocab: int, ndim: int) -> np.ndarray:
     if isinstance(x, (list, tuple)):
         rows = x if ndim == 2 else (x,)
         for row in rows:
-            for t in (row if isinstance(row, (list, tuple)) else ()):
+            for t in row if isinstance(row, (list, tuple)) else ():
                 if not _is_int(t):
                     raise TypeError(f"{name}: token ids must be ints, got {_kind(t)}")
     try:
         a = np.asarray(x)
     except (ValueError, TypeError) as e:
-        raise ValueError(f"{name} must be a {'1-D sequence' if ndim == 1 else '[n, 2] array'} of token ids ({e})") from None
+        raise ValueError(
+            f"{name} must be a {'1-D sequence' if ndim == 1 else '[n, 2] array'} of token ids ({e})"
+        ) from None
     if a.size == 0 and (a.ndim == ndim or a.shape == (0,)):
         return np.zeros((0,) if ndim == 1 else (0, 2), dtype=np.int64)  # [] has dtype float64
     if a.ndim == 0:
@@ -164,14 +194,18 @@ def _id_array(x: Any, name: str, vocab: int, ndim: int) -> np.ndarray:
         if a.dtype.kind == "O" and all(_is_int(t) for t in flat):  # e.g. Python ints beyond 64 bits
             bad = [int(t) for t in flat if not 0 <= int(t) < vocab]
             if bad:
-                raise ValueError(f"{name}: token id {bad[0]} is out of range for vocabulary size {vocab} (0 ..= {vocab - 1})")
+                raise ValueError(
+                    f"{name}: token id {bad[0]} is out of range for vocabulary size {vocab} (0 ..= {vocab - 1})"
+                )
             return np.array([int(t) for t in flat], dtype=np.int64).reshape(a.shape)
         what = "NaN" if a.dtype.kind == "f" and bool(np.isnan(flat).any()) else str(a.dtype)
         raise TypeError(f"{name} must hold integer token ids, got {what} values (dtype {a.dtype})")
     lo, hi = int(a.min()), int(a.max())
     if lo < 0 or hi >= vocab:
         bad = lo if lo < 0 else hi
-        raise ValueError(f"{name}: token id {bad} is out of range for vocabulary size {vocab} (0 ..= {vocab - 1})")
+        raise ValueError(
+            f"{name}: token id {bad} is out of range for vocabulary size {vocab} (0 ..= {vocab - 1})"
+        )
     return a.astype(np.int64, copy=False)
 
 
@@ -222,17 +256,29 @@ class NgramIndex:
     Never overwrite an index file in place: replace it by rename (see the module docstring).
     """
 
-    def __init__(self, path: str | os.PathLike, *, prefault: bool = False, hugepages: bool = False,
-                 verify: str = "header"):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        prefault: bool = False,
+        hugepages: bool = False,
+        verify: str = "header",
+    ):
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike, got {_kind(path)}")
         if verify not in _VERIFY_LEVELS:
-            raise ValueError(f"verify = {verify!r}: use one of {', '.join(map(repr, _VERIFY_LEVELS))}")
+            raise ValueError(
+                f"verify = {verify!r}: use one of {', '.join(map(repr, _VERIFY_LEVELS))}"
+            )
         self.path = os.fspath(path)
         if not isinstance(self.path, str):
             raise TypeError(f"path must be a str or os.PathLike of str, got {_kind(path)}")
-        self._inner = _native.NgramIndex(self.path, prefault=_bool(prefault, "prefault"),
-                                         hugepages=_bool(hugepages, "hugepages"), verify=verify)
+        self._inner = _native.NgramIndex(
+            self.path,
+            prefault=_bool(prefault, "prefault"),
+            hugepages=_bool(hugepages, "hugepages"),
+            verify=verify,
+        )
         self._metadata: dict | None = None
         self._vocab: int = self._inner.vocab_size
 
@@ -252,7 +298,9 @@ class NgramIndex:
             raise TypeError(f"{name} must be an int token id, got {_kind(x)}")
         v, n = int(x), self.vocab_size
         if not 0 <= v < n:
-            raise ValueError(f"{name}: token id {v} is out of range for vocabulary size {n} (0 ..= {n - 1})")
+            raise ValueError(
+                f"{name}: token id {v} is out of range for vocabulary size {n} (0 ..= {n - 1})"
+            )
         return v
 
     def _k(self, k: Any) -> int:
@@ -267,16 +315,22 @@ class NgramIndex:
             except json.JSONDecodeError as e:
                 from dartcore.errors import IndexFormatError
 
-                raise IndexFormatError(f"{self.path}: metadata block is not valid JSON ({e})") from None
+                raise IndexFormatError(
+                    f"{self.path}: metadata block is not valid JSON ({e})"
+                ) from None
         return self._metadata
 
-    def children(self, context: Sequence[int] | np.ndarray, k: int = 25) -> tuple[np.ndarray, np.ndarray, int, int]:
+    def children(
+        self, context: Sequence[int] | np.ndarray, k: int = 25
+    ) -> tuple[np.ndarray, np.ndarray, int, int]:
         """Top-``k`` children of the longest suffix of ``context`` that has any:
         ``(tokens uint32[k'], counts uint64[k'], total, order)``, by descending count.
         ``k`` is an int >= 0; no query returns more than :attr:`max_children`."""
         return self._inner.children(_id_list(context, "context", self._vocab), self._k(k))
 
-    def children_batch(self, contexts: np.ndarray, k: int = 25) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def children_batch(
+        self, contexts: np.ndarray, k: int = 25
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``children`` for ``contexts[n, 2]`` on the owned thread pool (GIL released):
         ``(tokens [n,k'] uint32 (padding 2**32-1), counts [n,k'] uint64, totals [n] uint64,
         orders [n] uint8)`` with ``k' = min(k, max_children)``. An answer over 1 GiB is a
@@ -286,27 +340,43 @@ class NgramIndex:
             raise ValueError(f"contexts must have shape [n, 2], got {c.shape}")
         return self._inner.children_batch(np.ascontiguousarray(c, dtype=np.uint32), self._k(k))
 
-    def prob(self, context: Sequence[int] | np.ndarray, token: int, unigram_backoff: bool = True) -> float:
+    def prob(
+        self, context: Sequence[int] | np.ndarray, token: int, unigram_backoff: bool = True
+    ) -> float:
         """g(token | context): count/total of the longest suffix of the context after which
         ``token`` has been seen (unigram last, if ``unigram_backoff``); 0.0 if never seen."""
-        return self._inner.prob(_id_list(context, "context", self._vocab), self._token(token),
-                                _bool(unigram_backoff, "unigram_backoff"))
+        return self._inner.prob(
+            _id_list(context, "context", self._vocab),
+            self._token(token),
+            _bool(unigram_backoff, "unigram_backoff"),
+        )
 
-    def cond_probs(self, context: Sequence[int] | np.ndarray, candidates_sorted: np.ndarray,
-                   unigram_backoff: bool = True) -> np.ndarray:
+    def cond_probs(
+        self,
+        context: Sequence[int] | np.ndarray,
+        candidates_sorted: np.ndarray,
+        unigram_backoff: bool = True,
+    ) -> np.ndarray:
         """``prob`` for ascending candidate ids at once -> float64 array (one native call)."""
         c = candidates_sorted
         if not (type(c) is np.ndarray and c.dtype == np.uint32 and c.ndim == 1):
             # uint32 arrays go as they are: the native call checks the range and the order
-            c = np.ascontiguousarray(_id_array(c, "candidates_sorted", self.vocab_size, 1), dtype=np.uint32)
-        return self._inner.cond_probs(_id_list(context, "context", self._vocab), np.ascontiguousarray(c),
-                                      _bool(unigram_backoff, "unigram_backoff"))
+            c = np.ascontiguousarray(
+                _id_array(c, "candidates_sorted", self.vocab_size, 1), dtype=np.uint32
+            )
+        return self._inner.cond_probs(
+            _id_list(context, "context", self._vocab),
+            np.ascontiguousarray(c),
+            _bool(unigram_backoff, "unigram_backoff"),
+        )
 
     def count(self, context: Sequence[int] | np.ndarray, token: int) -> tuple[int, int]:
         """``(count(context, token), total(context))`` for exactly that context (0–2 tokens)."""
         ctx = _id_list(context, "context", self._vocab)
         if len(ctx) > 2:
-            raise ValueError(f"context: count() takes a context of at most 2 tokens, got {len(ctx)}")
+            raise ValueError(
+                f"context: count() takes a context of at most 2 tokens, got {len(ctx)}"
+            )
         return self._inner.count(ctx, self._token(token))
 
     def stats(self) -> dict[str, Any]:
@@ -321,7 +391,9 @@ class NgramIndex:
         docstring); ``"full"`` is the O(size) check of every checksum and invariant. Raises
         IndexFormatError."""
         if level not in _VERIFY_LEVELS:
-            raise ValueError(f"level = {level!r}: use one of {', '.join(map(repr, _VERIFY_LEVELS))}")
+            raise ValueError(
+                f"level = {level!r}: use one of {', '.join(map(repr, _VERIFY_LEVELS))}"
+            )
         self._inner.verify(level)
 
     def __repr__(self) -> str:
@@ -362,10 +434,20 @@ class IndexBuilder:
     Bad arguments raise ``IndexBuildArgumentError`` naming the argument and its range.
     """
 
-    def __init__(self, vocab_size: int, *, memory_limit: int | str = "2G", temp_dir: str | os.PathLike | None = None,
-                 min_count: int = 1, max_children: int | None = None, threads: int | None = None,
-                 token_bits: int | None = None):
-        kw = _builder_options(vocab_size, memory_limit, temp_dir, min_count, max_children, threads, token_bits)
+    def __init__(
+        self,
+        vocab_size: int,
+        *,
+        memory_limit: int | str = "2G",
+        temp_dir: str | os.PathLike | None = None,
+        min_count: int = 1,
+        max_children: int | None = None,
+        threads: int | None = None,
+        token_bits: int | None = None,
+    ):
+        kw = _builder_options(
+            vocab_size, memory_limit, temp_dir, min_count, max_children, threads, token_bits
+        )
         self.vocab_size = kw.pop("vocab_size")
         self._inner = _native.IndexBuilder(self.vocab_size, **kw)
 
@@ -393,22 +475,45 @@ class IndexBuilder:
         return dict(self._inner.finish(str(output), json.dumps(metadata or {}, sort_keys=True)))
 
 
-def merge_runs(run_paths: Sequence[str | os.PathLike], output: str | os.PathLike, *, vocab_size: int,
-               metadata: dict | None = None, memory_limit: int | str = "2G", temp_dir: str | os.PathLike | None = None,
-               min_count: int = 1, max_children: int | None = None, threads: int | None = None,
-               token_bits: int | None = None) -> dict:
+def merge_runs(
+    run_paths: Sequence[str | os.PathLike],
+    output: str | os.PathLike,
+    *,
+    vocab_size: int,
+    metadata: dict | None = None,
+    memory_limit: int | str = "2G",
+    temp_dir: str | os.PathLike | None = None,
+    min_count: int = 1,
+    max_children: int | None = None,
+    threads: int | None = None,
+    token_bits: int | None = None,
+) -> dict:
     """Reduce side: k-way merge of run files (from any number of builders) into an index."""
-    return dict(_native.merge_runs(
-        [str(p) for p in run_paths], str(output), vocab_size=int(vocab_size),
-        metadata_json=json.dumps(metadata or {}, sort_keys=True), memory_limit=parse_size(memory_limit),
-        temp_dir=None if temp_dir is None else str(temp_dir), min_count=int(min_count),
-        max_children=None if max_children is None else int(max_children),
-        threads=None if threads is None else int(threads), token_bits=token_bits,
-    ))
+    return dict(
+        _native.merge_runs(
+            [str(p) for p in run_paths],
+            str(output),
+            vocab_size=int(vocab_size),
+            metadata_json=json.dumps(metadata or {}, sort_keys=True),
+            memory_limit=parse_size(memory_limit),
+            temp_dir=None if temp_dir is None else str(temp_dir),
+            min_count=int(min_count),
+            max_children=None if max_children is None else int(max_children),
+            threads=None if threads is None else int(threads),
+            token_bits=token_bits,
+        )
+    )
 
 
-def build_index(documents: Iterable[Any], output: str | os.PathLike, *, vocab_size: int,
-                metadata: dict | None = None, batch_tokens: int = 1 << 22, **builder_opts: Any) -> dict:
+def build_index(
+    documents: Iterable[Any],
+    output: str | os.PathLike,
+    *,
+    vocab_size: int,
+    metadata: dict | None = None,
+    batch_tokens: int = 1 << 22,
+    **builder_opts: Any,
+) -> dict:
     """Build an index from token-id documents (arrays or .npy paths) -> summary dict.
 
     Documents are counted independently (no n-gram crosses a boundary); append EOS to each
@@ -452,5 +557,3 @@ def num_threads() -> int:
     that is not an integer in 1..=MAX_THREADS is ignored with one warning on stderr (all
     CPUs are used), a larger one is capped at MAX_THREADS."""
     return _native.num_threads()
-
-

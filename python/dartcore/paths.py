@@ -33,8 +33,11 @@ def _env(name: str) -> str | None:
     old = _DEPRECATED[name]
     value = os.environ.get(old)
     if value:
-        warnings.warn(f"{old} is deprecated and will be removed in the next release: set {name} instead",
-                      DeprecationWarning, stacklevel=3)
+        warnings.warn(
+            f"{old} is deprecated and will be removed in the next release: set {name} instead",
+            DeprecationWarning,
+            stacklevel=3,
+        )
         return value
     return None
 

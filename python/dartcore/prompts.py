@@ -20,8 +20,18 @@ from collections.abc import Sequence
 
 from dartcore.sampling import is_integer
 
-__all__ = ["prompt_ids", "prompt_kind", "text_ids", "chat_ids", "check_ids", "decode",
-           "stop_hit", "cut_at_stop", "stop_overlap", "TextStream"]
+__all__ = [
+    "prompt_ids",
+    "prompt_kind",
+    "text_ids",
+    "chat_ids",
+    "check_ids",
+    "decode",
+    "stop_hit",
+    "cut_at_stop",
+    "stop_overlap",
+    "TextStream",
+]
 
 # A byte-level tokenizer decodes an incomplete multi-byte character as U+FFFD.
 REPLACEMENT = "\ufffd"
@@ -52,7 +62,9 @@ def chat_ids(tokenizer, messages: Sequence[dict]) -> list[int]:
     """Chat messages rendered by the tokenizer's chat template, with the generation prompt."""
     if not all(isinstance(m, dict) for m in messages):
         raise TypeError("prompt: chat messages must all be dicts {'role': ..., 'content': ...}")
-    rendered = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+    rendered = tokenizer.apply_chat_template(
+        list(messages), add_generation_prompt=True, tokenize=True
+    )
     return [int(t) for t in _flat(rendered)]
 
 
@@ -63,7 +75,9 @@ def check_ids(ids: list, vocab_size: int, what: str = "prompt") -> list[int]:
     ids = [int(t) for t in ids]
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
-        raise ValueError(f"prompt: token id {bad[0]} is outside the target's vocabulary [0, {vocab_size})")
+        raise ValueError(
+            f"prompt: token id {bad[0]} is outside the target's vocabulary [0, {vocab_size})"
+        )
     return ids
 
 
@@ -81,26 +95,41 @@ def prompt_ids(tokenizer, prompt, vocab_size: int) -> list[int]:
     torch, np = sys.modules.get("torch"), sys.modules.get("numpy")
     is_tensor = torch is not None and isinstance(prompt, torch.Tensor)
     if is_tensor or (np is not None and isinstance(prompt, np.ndarray)):
-        integer = (not prompt.dtype.is_floating_point and not prompt.dtype.is_complex
-                   and prompt.dtype != torch.bool) if is_tensor else prompt.dtype.kind in "iu"
+        integer = (
+            (
+                not prompt.dtype.is_floating_point
+                and not prompt.dtype.is_complex
+                and prompt.dtype != torch.bool
+            )
+            if is_tensor
+            else prompt.dtype.kind in "iu"
+        )
         if not integer:
-            raise TypeError(f"prompt must hold integer token ids, got a {type(prompt).__name__} of dtype "
-                            f"{prompt.dtype}")
+            raise TypeError(
+                f"prompt must hold integer token ids, got a {type(prompt).__name__} of dtype "
+                f"{prompt.dtype}"
+            )
         shape = tuple(prompt.shape)
         if len(shape) == 2 and shape[0] == 1:
             prompt = prompt[0]
         elif len(shape) != 1:
-            raise ValueError(f"prompt must be 1-D token ids (or [1, n]): DartDecoder decodes one sequence at a "
-                             f"time (batch size 1), got shape {shape}")
+            raise ValueError(
+                f"prompt must be 1-D token ids (or [1, n]): DartDecoder decodes one sequence at a "
+                f"time (batch size 1), got shape {shape}"
+            )
         ids = prompt.detach().cpu().tolist() if is_tensor else prompt.tolist()
         return check_ids(ids, vocab_size)
     if isinstance(prompt, (list, tuple)):
         for i, t in enumerate(prompt):
             if not is_integer(t):
-                raise TypeError(f"prompt must be one flat sequence of integer token ids (or a string, or chat "
-                                f"messages); prompt[{i}] is {t!r} ({type(t).__name__})")
+                raise TypeError(
+                    f"prompt must be one flat sequence of integer token ids (or a string, or chat "
+                    f"messages); prompt[{i}] is {t!r} ({type(t).__name__})"
+                )
         return check_ids([int(t) for t in prompt], vocab_size)
-    raise TypeError(f"prompt must be a string, token ids or chat messages, not {type(prompt).__name__}")
+    raise TypeError(
+        f"prompt must be a string, token ids or chat messages, not {type(prompt).__name__}"
+    )
 
 
 def decode(tokenizer, tokens: Sequence[int], skip_special: bool = True) -> str:
@@ -156,7 +185,7 @@ class TextStream:
         text = decode(self.tokenizer, tokens)
         visible = text[:-1] if text.endswith(REPLACEMENT) else text
         if self.stops:
-            visible = visible[:len(visible) - stop_overlap(visible, self.stops)]
+            visible = visible[: len(visible) - stop_overlap(visible, self.stops)]
         return self._advance(visible)
 
     def finish(self, text: str) -> str:
@@ -165,6 +194,6 @@ class TextStream:
     def _advance(self, visible: str) -> str:
         if not visible.startswith(self.shown):
             return ""
-        delta = visible[len(self.shown):]
+        delta = visible[len(self.shown) :]
         self.shown = visible
         return delta

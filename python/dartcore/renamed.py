@@ -31,7 +31,7 @@ def new_name(fullname: str) -> str | None:
     """The module ``fullname`` was renamed to, or None."""
     for old, new in RENAMED.items():
         if fullname == old or fullname.startswith(old + "."):
-            return new + fullname[len(old):]
+            return new + fullname[len(old) :]
     return None
 
 
@@ -47,8 +47,12 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module):
         new = new_name(module.__name__)
-        warnings.warn(f"{module.__name__} is now {new}: import it from there (the old name goes in the next "
-                      "release)", DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            f"{module.__name__} is now {new}: import it from there (the old name goes in the next "
+            "release)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         real = importlib.import_module(new)
         names = getattr(real, "__all__", None) or [n for n in vars(real) if not n.startswith("_")]
         for name in names:

@@ -36,8 +36,23 @@ from dartcore.sampling import Sampler
 from dartcore.tree import Tree, ancestor_mask, beam_search_batch
 from dartcore.trees import BeamBuilder, TreeInputs, root_only, target_topk
 
-__all__ = ["Parts", "Sequence", "Drafted", "GenerationStats", "GenerationResult", "StageClock", "STAGES",
-           "new_sequence", "prefill", "limits", "draft", "search", "verify", "accept", "commit"]
+__all__ = [
+    "Parts",
+    "Sequence",
+    "Drafted",
+    "GenerationStats",
+    "GenerationResult",
+    "StageClock",
+    "STAGES",
+    "new_sequence",
+    "prefill",
+    "limits",
+    "draft",
+    "search",
+    "verify",
+    "accept",
+    "commit",
+]
 
 STAGES = ("prefill", "draft", "search", "verify", "accept")
 
@@ -61,7 +76,8 @@ class GenerationStats:
     new_tokens: int = 0
     rounds: int = 0
     accept_hist: list[int] = field(default_factory=list)
-    budget_hist: list[int] = field(default_factory=list)  # [n] = rounds verified with a budget of n nodes
+    # [n] = rounds verified with a budget of n nodes
+    budget_hist: list[int] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     total_s: float = 0.0
     finish_reason: str = ""  # "eos" | "stop" | "length" (max_new_tokens) | "context" | "empty"
@@ -153,7 +169,8 @@ class Sequence:
     new_next: list[int] = field(default_factory=list)  # the token after each of those positions
     limit: int = 0  # committed tokens this sequence may reach (the context, or its KV slot)
     budget: int = 0  # this round's node budget
-    path: list[int] = field(default_factory=lambda: [0])  # the last round's accepted nodes, root first
+    # the last round's accepted nodes, root first
+    path: list[int] = field(default_factory=lambda: [0])
 
     @property
     def prefix(self) -> int:
@@ -167,25 +184,49 @@ class Drafted:
     hidden: torch.Tensor | None = None  # [rows, H] (builders with needs_hidden)
 
 
-def new_sequence(parts: Parts, ids: list[int], max_new_tokens: int, sampler: Sampler, stops: tuple[str, ...],
-                 stats: GenerationStats, *, cache: KVCache | None = None, drafter_state=None) -> Sequence:
+def new_sequence(
+    parts: Parts,
+    ids: list[int],
+    max_new_tokens: int,
+    sampler: Sampler,
+    stops: tuple[str, ...],
+    stats: GenerationStats,
+    *,
+    cache: KVCache | None = None,
+    drafter_state=None,
+) -> Sequence:
     """A sequence's state; its caches sized for the prompt, the output and one tree, or the
     given ones (a slot of the engine's pool)."""
     if cache is None:
         capacity = min(parts.context_length, len(ids) + max_new_tokens + parts.max_nodes + 1)
         cache = parts.target.new_cache(capacity)
-        drafter_state = parts.drafter.new_state(cache.capacity) if parts.drafter is not None else None
-    return Sequence(cache=cache, drafter_state=drafter_state, committed=list(ids), generated=[],
-                    max_new_tokens=max_new_tokens, stops=tuple(stops), sampler=sampler, stats=stats,
-                    limit=min(parts.context_length, cache.capacity))
+        drafter_state = (
+            parts.drafter.new_state(cache.capacity) if parts.drafter is not None else None
+        )
+    return Sequence(
+        cache=cache,
+        drafter_state=drafter_state,
+        committed=list(ids),
+        generated=[],
+        max_new_tokens=max_new_tokens,
+        stops=tuple(stops),
+        sampler=sampler,
+        stats=stats,
+        limit=min(parts.context_length, cache.capacity),
+    )
 
 
 def prefill(parts: Parts, seq: Sequence) -> bool:
     """The prompt through the target; its next token is the first one generated (and the
     first tree's root). True when generation is already over."""
     ids = seq.committed
-    out = parts.target.forward(seq.cache, torch.tensor(ids, dtype=torch.long), torch.arange(len(ids)),
-                               taps=parts.taps, logits_rows=slice(-1, None))
+    out = parts.target.forward(
+        seq.cache,
+        torch.tensor(ids, dtype=torch.long),
+        torch.arange(len(ids)),
+        taps=parts.taps,
+        logits_rows=slice(-1, None),
+    )
     seq.cache.commit(len(ids))
     token = seq.sampler.choose(out.logits[-1])
     seq.new_taps, seq.new_next = out.taps, list(ids[1:]) + [token]
@@ -219,15 +260,22 @@ def draft(parts: Parts, seqs: list[Sequence], depths: list[int]) -> list[Drafted
     rows = [min(drafter.d, seqs[i].budget, depths[i]) for i in todo]
     want_hidden = parts.builder.needs_hidden
     results = parts.backend.draft_batch(
-        drafter, [seqs[i].drafter_state for i in todo], [seqs[i].new_taps for i in todo],
-        [torch.tensor(seqs[i].new_next, dtype=torch.long) for i in todo], rows=rows, return_hidden=want_hidden)
+        drafter,
+        [seqs[i].drafter_state for i in todo],
+        [seqs[i].new_taps for i in todo],
+        [torch.tensor(seqs[i].new_next, dtype=torch.long) for i in todo],
+        rows=rows,
+        return_hidden=want_hidden,
+    )
     for i, r in zip(todo, results):
         out[i] = Drafted(*r) if want_hidden else Drafted(logits=r)
         seqs[i].new_taps, seqs[i].new_next = None, []  # now in the drafter's state
     return out
 
 
-def search(parts: Parts, seqs: list[Sequence], drafted: list[Drafted], depths: list[int]) -> list[Tree]:
+def search(
+    parts: Parts, seqs: list[Sequence], drafted: list[Drafted], depths: list[int]
+) -> list[Tree]:
     """Each sequence's draft tree, rooted at its last committed token: the DART beam search
     for all of them in one native call per (depth, budget) group where the builder is the
     plain Eq. (10) one, else one builder call per sequence."""
@@ -237,21 +285,34 @@ def search(parts: Parts, seqs: list[Sequence], drafted: list[Drafted], depths: l
     for i in range(len(seqs)):
         if i not in work:
             trees[i] = root_only(seqs[i].committed[-1])
-    if len(work) > 1 and type(builder) is BeamBuilder and all(drafted[i].logits is not None for i in work):
+    if (
+        len(work) > 1
+        and type(builder) is BeamBuilder
+        and all(drafted[i].logits is not None for i in work)
+    ):
         _beam_batch(parts, seqs, drafted, depths, work, trees)
     for i in work:
         seq, depth = seqs[i], depths[i]
         tree = trees[i]
         if tree is None:
-            tree = builder(TreeInputs(
-                context=np.asarray(seq.committed, dtype=np.int64), logits=drafted[i].logits,
-                hidden=drafted[i].hidden, drafter=parts.drafter, index=parts.index, max_depth=depth,
-                max_nodes=seq.budget, eos_token_ids=parts.eos_token_ids,
-            ))
+            tree = builder(
+                TreeInputs(
+                    context=np.asarray(seq.committed, dtype=np.int64),
+                    logits=drafted[i].logits,
+                    hidden=drafted[i].hidden,
+                    drafter=parts.drafter,
+                    index=parts.index,
+                    max_depth=depth,
+                    max_nodes=seq.budget,
+                    eos_token_ids=parts.eos_token_ids,
+                )
+            )
         # The built-in builders keep to the budget; a custom one that does not is cut to it.
         tree = prune(flatten(tree), max_depth=depth, max_nodes=seq.budget + 1)
         if int(tree.tokens[0]) != seq.committed[-1]:
-            raise TreeError(f"tree root {int(tree.tokens[0])} is not the last committed token {seq.committed[-1]}")
+            raise TreeError(
+                f"tree root {int(tree.tokens[0])} is not the last committed token {seq.committed[-1]}"
+            )
         trees[i] = tree
     return trees
 
@@ -261,8 +322,10 @@ def _beam_batch(parts: Parts, seqs, drafted, depths, work, trees) -> None:
     every drafter row in one pass, then one native search per (depth, budget) group."""
     builder = parts.builder
     logits = torch.cat([drafted[i].logits for i in work])
-    tokens, logprobs = target_topk(TreeInputs(context=np.zeros(1, dtype=np.int64), logits=logits,
-                                              drafter=parts.drafter), builder.k)
+    tokens, logprobs = target_topk(
+        TreeInputs(context=np.zeros(1, dtype=np.int64), logits=logits, drafter=parts.drafter),
+        builder.k,
+    )
     groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
     off = 0
     for i in work:
@@ -271,11 +334,17 @@ def _beam_batch(parts: Parts, seqs, drafted, depths, work, trees) -> None:
         off += rows
     index = parts.index if builder.needs_index else None
     for (depth, budget), members in groups.items():
-        tok = np.stack([tokens[o:o + depth] for _, o in members])
-        lp = np.stack([logprobs[o:o + depth] for _, o in members])
-        built = beam_search_batch(index, [np.asarray(seqs[i].committed, dtype=np.int64) for i, _ in members],
-                                  tok, lp, builder.search, max_nodes=budget,
-                                  eos_token_ids=tuple(parts.eos_token_ids))
+        tok = np.stack([tokens[o : o + depth] for _, o in members])
+        lp = np.stack([logprobs[o : o + depth] for _, o in members])
+        built = beam_search_batch(
+            index,
+            [np.asarray(seqs[i].committed, dtype=np.int64) for i, _ in members],
+            tok,
+            lp,
+            builder.search,
+            max_nodes=budget,
+            eos_token_ids=tuple(parts.eos_token_ids),
+        )
         for (i, _), tree in zip(members, built):
             trees[i] = tree
 
@@ -287,16 +356,27 @@ def verify(parts: Parts, seqs: list[Sequence], trees: list[Tree]) -> list[Forwar
     tokens = torch.from_numpy(np.concatenate([t.tokens for t in trees]))
     positions = torch.from_numpy(np.concatenate([t.depths + s.prefix for t, s in zip(trees, seqs)]))
     masks = [torch.from_numpy(ancestor_mask(t.parents)) for t in trees]
-    out = parts.target.forward_batch([s.cache for s in seqs], sizes, tokens, positions, masks, taps=parts.taps,
-                                     logits_rows=parts.backend.verify_logits_rows())
+    out = parts.target.forward_batch(
+        [s.cache for s in seqs],
+        sizes,
+        tokens,
+        positions,
+        masks,
+        taps=parts.taps,
+        logits_rows=parts.backend.verify_logits_rows(),
+    )
     if len(seqs) == 1:
         return [out]
     split, a = [], 0
     every_row = out.logits.shape[0] == out.hidden.shape[0]
     for n in sizes:
-        split.append(ForwardOutput(logits=out.logits[a:a + n] if every_row else out.logits,
-                                   taps=None if out.taps is None else out.taps[a:a + n],
-                                   hidden=out.hidden[a:a + n]))
+        split.append(
+            ForwardOutput(
+                logits=out.logits[a : a + n] if every_row else out.logits,
+                taps=None if out.taps is None else out.taps[a : a + n],
+                hidden=out.hidden[a : a + n],
+            )
+        )
         a += n
     return split
 
@@ -336,7 +416,7 @@ def commit(parts: Parts, seq: Sequence, new: list[int]) -> bool:
             stats.finish_reason = "length"
         else:
             continue
-        del generated[base + i + 1:]
+        del generated[base + i + 1 :]
         return True
     if len(seq.committed) >= seq.limit:
         stats.finish_reason = "context"

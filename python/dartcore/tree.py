@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -70,12 +70,16 @@ class Tree:
         self.parents = np.asarray(self.parents, dtype=np.int64)
         self.depths = np.asarray(self.depths, dtype=np.int64)
         n = self.tokens.shape[0] if self.tokens.ndim == 1 else -1
-        self.scores = (np.zeros(max(n, 0), dtype=np.float64) if self.scores is None
-                       else np.asarray(self.scores, dtype=np.float64))
+        self.scores = (
+            np.zeros(max(n, 0), dtype=np.float64)
+            if self.scores is None
+            else np.asarray(self.scores, dtype=np.float64)
+        )
         if n < 1 or any(a.shape != (n,) for a in (self.parents, self.depths, self.scores)):
             raise TreeError(
                 f"tree arrays must be 1-D, non-empty and of one length, got tokens {self.tokens.shape}, parents "
-                f"{self.parents.shape}, depths {self.depths.shape}, scores {self.scores.shape}")
+                f"{self.parents.shape}, depths {self.depths.shape}, scores {self.scores.shape}"
+            )
         if self.parents[0] != -1 or self.depths[0] != 0:
             raise TreeError("node 0 must be the root (parent -1, depth 0)")
         if n > 1:
@@ -180,7 +184,9 @@ def topk_logprobs(logits: Any, k: int, id_map: Any = None) -> tuple[np.ndarray, 
             import torch
 
             if not 1 <= k <= x.shape[-1]:
-                raise TreeError(f"k = {k} must be in 1..={x.shape[-1]} (the vocabulary of the logits)")
+                raise TreeError(
+                    f"k = {k} must be in 1..={x.shape[-1]} (the vocabulary of the logits)"
+                )
             if not bool(torch.isfinite(x).logical_or(x == float("-inf")).all()):
                 raise TreeError("logits hold NaN or +inf (the drafter's logits overflowed?)")
             vals, idx = torch.topk(x.float(), k, dim=-1)
@@ -259,7 +265,8 @@ MAX_NODES = 2**31 - 2
 # expansion of every level (the paper's).
 CANDIDATE_SETS = ("beam", "all")
 
-_DEFAULTS = _native.search_defaults()  # the one place the defaults are written: dart-tree's SearchParams
+# the one place the defaults are written: dart-tree's SearchParams
+_DEFAULTS = _native.search_defaults()
 # The tree builders' other two constants: k, the candidates per level (a drafter row's top-k, or
 # a node's top-k index children), and the n-gram-only tree's depth (DART's d = 8 rows).
 TOP_K = 25
@@ -269,7 +276,9 @@ NGRAM_DEPTH = 8
 def _int_arg(name: str, value: Any, lo: int, hi: int, error=TreeError) -> int:
     """``value`` as an int in ``[lo, hi]`` (bool, float, str refused), else ``error`` naming it."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer in [{lo}, {hi}], got {value!r} ({type(value).__name__})")
+        raise TypeError(
+            f"{name} must be an integer in [{lo}, {hi}], got {value!r} ({type(value).__name__})"
+        )
     if not lo <= int(value) <= hi:
         raise error(f"{name} = {value} is out of range: must be an integer in [{lo}, {hi}]")
     return int(value)
@@ -279,7 +288,9 @@ int_arg = _int_arg  # public: the tree builders (dartcore.trees) check their int
 
 
 def _float_arg(name: str, value: Any, lo: float = -math.inf, error=TreeError) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, (int, float, np.integer, np.floating)
+    ):
         raise TypeError(f"{name} must be a finite number, got {value!r} ({type(value).__name__})")
     v = float(value)
     if not math.isfinite(v) or v < lo:
@@ -349,13 +360,21 @@ def _search_params(params: SearchParams | None, overrides: dict[str, Any]) -> Se
         raise TypeError(f"params must be a dartcore.tree.SearchParams, got {type(params).__name__}")
     unknown = sorted(set(overrides) - SearchParams.fields())
     if unknown:
-        raise TypeError(f"unknown search parameter(s) {unknown}; SearchParams has {sorted(SearchParams.fields())}")
+        raise TypeError(
+            f"unknown search parameter(s) {unknown}; SearchParams has {sorted(SearchParams.fields())}"
+        )
     base = params if params is not None else SearchParams()
     return base.replace(**overrides) if overrides else base
 
 
-def beam_search(index: Any, context: Any, topk_tokens: Any, topk_logprobs: Any,
-                params: SearchParams | None = None, **overrides: Any) -> Tree:
+def beam_search(
+    index: Any,
+    context: Any,
+    topk_tokens: Any,
+    topk_logprobs: Any,
+    params: SearchParams | None = None,
+    **overrides: Any,
+) -> Tree:
     """DART's Eq. (10) beam search; the tree has at most ``max_nodes`` nodes plus the root.
 
     ``params``: a :class:`SearchParams` (default: the paper's), ``overrides`` any of its
@@ -376,13 +395,24 @@ def beam_search(index: Any, context: Any, topk_tokens: Any, topk_logprobs: Any,
     ``beam_width=1`` gives a chain. ``candidates="all"``: every expansion of every level is a
     candidate of the tree, not only each level's best ``beam_width`` (the paper's set)."""
     p = _search_params(params, overrides)
-    arrays = _native.beam_search(_native_index(index), _tail(context), _ids(topk_tokens, 2, "topk_tokens"),
-                                 _logprobs(topk_logprobs, 2, "topk_logprobs"), p.native())
+    arrays = _native.beam_search(
+        _native_index(index),
+        _tail(context),
+        _ids(topk_tokens, 2, "topk_tokens"),
+        _logprobs(topk_logprobs, 2, "topk_logprobs"),
+        p.native(),
+    )
     return _built(arrays)
 
 
-def beam_search_batch(index: Any, contexts: Any, topk_tokens: Any, topk_logprobs: Any,
-                      params: SearchParams | None = None, **overrides: Any) -> list[Tree]:
+def beam_search_batch(
+    index: Any,
+    contexts: Any,
+    topk_tokens: Any,
+    topk_logprobs: Any,
+    params: SearchParams | None = None,
+    **overrides: Any,
+) -> list[Tree]:
     """:func:`beam_search` for B sequences at once on dartcore's thread pool
     (``dartcore.index.set_num_threads`` / ``DART_NUM_THREADS``): ``contexts`` is a [B, L]
     array or a sequence of B 1-D token sequences (any lengths ≥ 1); ``topk_tokens`` /
@@ -392,8 +422,14 @@ def beam_search_batch(index: Any, contexts: Any, topk_tokens: Any, topk_logprobs
     offsets = np.zeros(len(tails) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([t.shape[0] for t in tails])
     flat = np.concatenate(tails) if tails else np.zeros(0, dtype=np.int64)
-    out = _native.beam_search_batch(_native_index(index), flat, offsets, _ids(topk_tokens, 3, "topk_tokens"),
-                                    _logprobs(topk_logprobs, 3, "topk_logprobs"), p.native())
+    out = _native.beam_search_batch(
+        _native_index(index),
+        flat,
+        offsets,
+        _ids(topk_tokens, 3, "topk_tokens"),
+        _logprobs(topk_logprobs, 3, "topk_logprobs"),
+        p.native(),
+    )
     return [_built(a) for a in out]
 
 
@@ -401,8 +437,14 @@ def beam_search_batch(index: Any, contexts: Any, topk_tokens: Any, topk_logprobs
 MAX_DEPTH = 2**16 - 1
 
 
-def ngram_tree(index: Any, context: Any, depth: int = NGRAM_DEPTH, k: int = TOP_K, params: SearchParams | None = None,
-               **overrides: Any) -> Tree:
+def ngram_tree(
+    index: Any,
+    context: Any,
+    depth: int = NGRAM_DEPTH,
+    k: int = TOP_K,
+    params: SearchParams | None = None,
+    **overrides: Any,
+) -> Tree:
     """The n-gram-only tree (no drafter): level l expands each beam entry by the index's
     top-``k`` children of its trigram context (longest suffix with continuations), scored by
     the n-gram term alone, ``ngram_weight · ln(g + ε) / (l+1)**depth_exponent``; beam and
@@ -427,7 +469,9 @@ def top_b(parents: Any, scores: Any, b: int) -> np.ndarray:
     never increase along a path (β ≤ 0). Ranks by the path minimum of the scores, so the
     result is ancestor-closed even when a child outscores its parent."""
     b = _int_arg("b", b, 0, MAX_NODES)
-    return _native.top_b(_ids(parents, 1, "parents"), np.ascontiguousarray(scores, dtype=np.float64).reshape(-1), b)
+    return _native.top_b(
+        _ids(parents, 1, "parents"), np.ascontiguousarray(scores, dtype=np.float64).reshape(-1), b
+    )
 
 
 def best_first(tokens: Any, logprobs: Any, root_token: int, b: int) -> Tree:
@@ -437,7 +481,9 @@ def best_first(tokens: Any, logprobs: Any, root_token: int, b: int) -> Tree:
     children (ties: shallower, then earlier parent, then higher log-prob). −inf = impossible."""
     b = _int_arg("b", b, 0, MAX_NODES)
     root = _int_arg("root_token", root_token, 0, 2**32 - 1)
-    return _built(_native.best_first(_ids(tokens, 2, "tokens"), _logprobs(logprobs, 2, "logprobs"), root, b))
+    return _built(
+        _native.best_first(_ids(tokens, 2, "tokens"), _logprobs(logprobs, 2, "logprobs"), root, b)
+    )
 
 
 def chain(root_token: int, tokens: Any, logprobs: Any = None) -> Tree:
@@ -453,9 +499,15 @@ def chain(root_token: int, tokens: Any, logprobs: Any = None) -> Tree:
     if logprobs is None:
         lp = np.zeros(n, dtype=np.float64)
     else:
-        lp = np.asarray(_logprobs(logprobs, 2 if np.ndim(logprobs) == 2 else 1, "logprobs"), dtype=np.float64)
+        lp = np.asarray(
+            _logprobs(logprobs, 2 if np.ndim(logprobs) == 2 else 1, "logprobs"), dtype=np.float64
+        )
         lp = lp[:, 0] if lp.ndim == 2 else lp
         if lp.shape != (n,):
             raise TreeError(f"logprobs must match tokens ({n} levels), got shape {lp.shape}")
-    return Tree(tokens=np.concatenate([[int(root_token)], t]), parents=np.arange(-1, n, dtype=np.int64),
-                depths=np.arange(n + 1, dtype=np.int64), scores=np.concatenate([[0.0], np.cumsum(lp)]))
+    return Tree(
+        tokens=np.concatenate([[int(root_token)], t]),
+        parents=np.arange(-1, n, dtype=np.int64),
+        depths=np.arange(n + 1, dtype=np.int64),
+        scores=np.concatenate([[0.0], np.cumsum(lp)]),
+    )

@@ -96,8 +96,10 @@ class TreeInputs:
     def budget(self) -> int:
         """The round's node budget; the caller decides it (:func:`node_budget`)."""
         if self.max_nodes is None:
-            raise TreeError("TreeInputs.max_nodes is not set: the caller decides the round's node budget "
-                            "(dartcore.trees.node_budget(builder, ...))")
+            raise TreeError(
+                "TreeInputs.max_nodes is not set: the caller decides the round's node budget "
+                "(dartcore.trees.node_budget(builder, ...))"
+            )
         return int(self.max_nodes)
 
 
@@ -128,7 +130,9 @@ class TreeBuilder(Protocol):
 _REGISTRY: dict[str, Callable[..., TreeBuilder]] = {}
 
 
-def register_tree_builder(name: str, factory: Callable[..., TreeBuilder], *, replace: bool = False) -> None:
+def register_tree_builder(
+    name: str, factory: Callable[..., TreeBuilder], *, replace: bool = False
+) -> None:
     """Register ``factory(**params) -> builder`` under ``name``."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"tree builder name must be a non-empty string, got {name!r}")
@@ -174,7 +178,9 @@ def make_tree_builder(name: str, **params) -> TreeBuilder:
 
         close = difflib.get_close_matches(str(name), tree_builders(), n=1, cutoff=0.5)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise TreeError(f"unknown tree builder {name!r} (the tree= argument){hint} Registered: {tree_builders()}")
+        raise TreeError(
+            f"unknown tree builder {name!r} (the tree= argument){hint} Registered: {tree_builders()}"
+        )
     return factory(**params)
 
 
@@ -191,11 +197,14 @@ def target_topk(inputs: TreeInputs, k: int):
     if inputs.logits is None:
         raise TreeError("this tree builder needs drafter logits (DartDecoder(..., drafter=...))")
     id_map = getattr(inputs.drafter, "draft_to_target", None)
-    if isinstance(id_map, torch.Tensor):  # a DartDrafter's reduced vocabulary, mapped in the same pass
+    # a DartDrafter's reduced vocabulary, mapped in the same pass
+    if isinstance(id_map, torch.Tensor):
         return topk_logprobs(inputs.logits, k, id_map=id_map)
     tokens, logprobs = topk_logprobs(inputs.logits, k)
     if inputs.drafter is not None and hasattr(inputs.drafter, "to_target_ids"):
-        tokens = inputs.drafter.to_target_ids(torch.as_tensor(tokens)).cpu().numpy().astype(np.int64)
+        tokens = (
+            inputs.drafter.to_target_ids(torch.as_tensor(tokens)).cpu().numpy().astype(np.int64)
+        )
     return tokens, logprobs
 
 
@@ -251,10 +260,19 @@ class BeamBuilder:
             return root_only(int(inputs.context[-1]))
         index = inputs.index if self.needs_index else None
         if self.needs_index and index is None:
-            raise TreeError("the 'dart' tree builder needs an n-gram index: pass index= to DartDecoder "
-                            "(--index for dart-generate), or use tree='dart-no-ngram'")
-        return beam_search(index, inputs.context, tokens[:depth], logprobs[:depth], self.search,
-                           max_nodes=budget, eos_token_ids=tuple(inputs.eos_token_ids))
+            raise TreeError(
+                "the 'dart' tree builder needs an n-gram index: pass index= to DartDecoder "
+                "(--index for dart-generate), or use tree='dart-no-ngram'"
+            )
+        return beam_search(
+            index,
+            inputs.context,
+            tokens[:depth],
+            logprobs[:depth],
+            self.search,
+            max_nodes=budget,
+            eos_token_ids=tuple(inputs.eos_token_ids),
+        )
 
 
 @dataclass
@@ -276,13 +294,17 @@ class NgramBuilder:
         from dartcore.tree import ngram_tree
 
         if inputs.index is None:
-            raise TreeError("the 'ngram-only' tree builder needs an n-gram index: pass index= to DartDecoder "
-                            "(--index for dart-generate)")
+            raise TreeError(
+                "the 'ngram-only' tree builder needs an n-gram index: pass index= to DartDecoder "
+                "(--index for dart-generate)"
+            )
         budget = inputs.budget()
         depth = min(self.depth, inputs.max_depth)
         if depth <= 0:
             return root_only(int(inputs.context[-1]))
-        return ngram_tree(inputs.index, inputs.context, depth, self.k, self.search, max_nodes=budget)
+        return ngram_tree(
+            inputs.index, inputs.context, depth, self.k, self.search, max_nodes=budget
+        )
 
 
 def merge_trees(first, second, max_nodes: int) -> Tree:
@@ -295,7 +317,11 @@ def merge_trees(first, second, max_nodes: int) -> Tree:
     a, b = flatten(first), flatten(second)
     if int(a.tokens[0]) != int(b.tokens[0]):
         raise TreeError(f"merge_trees: roots differ ({int(a.tokens[0])} vs {int(b.tokens[0])})")
-    tokens, parents, depths = [int(t) for t in a.tokens], [int(p) for p in a.parents], [int(d) for d in a.depths]
+    tokens, parents, depths = (
+        [int(t) for t in a.tokens],
+        [int(p) for p in a.parents],
+        [int(d) for d in a.depths],
+    )
     child = {(parents[i], tokens[i]): i for i in range(1, len(tokens))}
     where = [0] * len(b)  # node of b -> merged node
     for j in range(1, len(b)):
@@ -315,9 +341,11 @@ def merge_trees(first, second, max_nodes: int) -> Tree:
             where[j] = -1
     order = sorted(range(len(tokens)), key=lambda i: (depths[i], i))  # stable: parents stay first
     remap = {old: new for new, old in enumerate(order)}
-    return Tree(tokens=[tokens[i] for i in order],
-                   parents=[remap[parents[i]] if parents[i] >= 0 else -1 for i in order],
-                   depths=[depths[i] for i in order])
+    return Tree(
+        tokens=[tokens[i] for i in order],
+        parents=[remap[parents[i]] if parents[i] >= 0 else -1 for i in order],
+        depths=[depths[i] for i in order],
+    )
 
 
 @dataclass
@@ -345,21 +373,23 @@ class UnionBuilder:
         return merge_trees(first, second, budget)
 
 
-def context_continuation(context: np.ndarray, *, max_len: int, min_match: int = 2, max_match: int = 4) -> np.ndarray:
+def context_continuation(
+    context: np.ndarray, *, max_len: int, min_match: int = 2, max_match: int = 4
+) -> np.ndarray:
     """Prompt-lookup draft: the tokens that followed the latest earlier occurrence of the
     context's longest suffix (``max_match`` down to ``min_match`` tokens) inside the context
     itself, at most ``max_len`` of them; empty when no suffix recurs."""
     ctx = np.asarray(context, dtype=np.int64)
     n_ctx = len(ctx)
     for n in range(min(max_match, n_ctx - 1), min_match - 1, -1):
-        pattern = ctx[n_ctx - n:]
+        pattern = ctx[n_ctx - n :]
         # Starts i < n_ctx - n of earlier occurrences (the suffix itself excluded).
-        hits = np.flatnonzero(ctx[:n_ctx - n] == pattern[0])
+        hits = np.flatnonzero(ctx[: n_ctx - n] == pattern[0])
         for j in range(1, n):
             hits = hits[ctx[hits + j] == pattern[j]]
         if len(hits):
             start = int(hits[-1]) + n
-            return ctx[start:start + max_len]
+            return ctx[start : start + max_len]
     return ctx[:0]
 
 
@@ -386,13 +416,20 @@ class ContextUnionBuilder:
     def __call__(self, inputs: TreeInputs) -> Tree:
         budget = inputs.budget()
         chain_nodes = budget if self.context_nodes is None else self.context_nodes
-        chain = context_continuation(inputs.context, max_len=min(self.depth, inputs.max_depth, budget, chain_nodes),
-                                     min_match=self.min_match, max_match=self.max_match)
+        chain = context_continuation(
+            inputs.context,
+            max_len=min(self.depth, inputs.max_depth, budget, chain_nodes),
+            min_match=self.min_match,
+            max_match=self.max_match,
+        )
         n = len(chain)
         if n == 0:
             return self.dart(inputs)
-        chain_tree = Tree(tokens=np.concatenate(([int(inputs.context[-1])], chain)),
-                             parents=np.arange(-1, n, dtype=np.int64), depths=np.arange(n + 1, dtype=np.int64))
+        chain_tree = Tree(
+            tokens=np.concatenate(([int(inputs.context[-1])], chain)),
+            parents=np.arange(-1, n, dtype=np.int64),
+            depths=np.arange(n + 1, dtype=np.int64),
+        )
         first = self.dart(replace(inputs, max_nodes=max(1, budget - n)))
         return merge_trees(first, chain_tree, budget)
 
@@ -408,7 +445,9 @@ def _search(params: dict[str, Any]) -> SearchParams:
     misspelt one). ``max_nodes`` is the builder's, not the search's: it is decided per round."""
     unknown = sorted(set(params) - SearchParams.fields() - {"max_nodes", "eos_token_ids"})
     if unknown:
-        raise TypeError(f"unknown tree parameter(s) {unknown}; the search takes {sorted(SearchParams.fields())}")
+        raise TypeError(
+            f"unknown tree parameter(s) {unknown}; the search takes {sorted(SearchParams.fields())}"
+        )
     return SearchParams(**{k: v for k, v in params.items() if k != "max_nodes"})
 
 
@@ -422,7 +461,9 @@ def _dart_official(k: int = TOP_K, max_nodes: int | None = None, **params) -> Be
     # other search parameters override the preset's.
     _search(params)  # a clear error for a misspelt parameter
     search = SearchParams.official(**params)
-    return BeamBuilder(search=search, k=k, max_nodes=search.max_nodes if max_nodes is None else max_nodes)
+    return BeamBuilder(
+        search=search, k=k, max_nodes=search.max_nodes if max_nodes is None else max_nodes
+    )
 
 
 def _dart_no_ngram(**params) -> BeamBuilder:
@@ -437,25 +478,42 @@ def _dart_chain(d: int | None = None, **params) -> BeamBuilder:
     return builder
 
 
-def _ngram_only(depth: int = NGRAM_DEPTH, k: int = TOP_K, max_nodes: int | None = None, **params) -> NgramBuilder:
+def _ngram_only(
+    depth: int = NGRAM_DEPTH, k: int = TOP_K, max_nodes: int | None = None, **params
+) -> NgramBuilder:
     return NgramBuilder(depth=depth, k=k, max_nodes=max_nodes, search=_search(params))
 
 
-def _dart_union(max_nodes: int | None = None, ngram_nodes: int | None = None, depth: int = NGRAM_DEPTH,
-                **params) -> UnionBuilder:
+def _dart_union(
+    max_nodes: int | None = None, ngram_nodes: int | None = None, depth: int = NGRAM_DEPTH, **params
+) -> UnionBuilder:
     max_nodes = _positive("max_nodes", max_nodes, optional=True)
     if ngram_nodes is not None:
         ngram_nodes = _positive("ngram_nodes", ngram_nodes)
         if max_nodes is not None and not ngram_nodes < max_nodes:
-            raise TreeError(f"ngram_nodes must be in [1, max_nodes), got {ngram_nodes} of {max_nodes}")
+            raise TreeError(
+                f"ngram_nodes must be in [1, max_nodes), got {ngram_nodes} of {max_nodes}"
+            )
     elif max_nodes is not None and max_nodes < 2:
-        raise TreeError(f"tree='dart+ngram' needs max_nodes >= 2 (one DART node, one n-gram node), got {max_nodes}")
-    return UnionBuilder(dart=_dart(**params), ngram=NgramBuilder(depth=depth), ngram_nodes=ngram_nodes,
-                        max_nodes=max_nodes)
+        raise TreeError(
+            f"tree='dart+ngram' needs max_nodes >= 2 (one DART node, one n-gram node), got {max_nodes}"
+        )
+    return UnionBuilder(
+        dart=_dart(**params),
+        ngram=NgramBuilder(depth=depth),
+        ngram_nodes=ngram_nodes,
+        max_nodes=max_nodes,
+    )
 
 
-def _dart_context(max_nodes: int | None = None, context_nodes: int | None = None, depth: int = NGRAM_DEPTH,
-                  min_match: int = 2, max_match: int = 4, **params) -> ContextUnionBuilder:
+def _dart_context(
+    max_nodes: int | None = None,
+    context_nodes: int | None = None,
+    depth: int = NGRAM_DEPTH,
+    min_match: int = 2,
+    max_match: int = 4,
+    **params,
+) -> ContextUnionBuilder:
     # Suffix match of 2-4 tokens: 1-4, 3-4 and 2-8 gave the same tau within +-0.04 on 30 eval
     # prompts (dart-bench --n 10, T = 0: 2.19 / 2.12 / 2.10 for 2-4).
     # Default: the chain may take the whole budget (the DART tree keeps at least one node).
@@ -465,9 +523,17 @@ def _dart_context(max_nodes: int | None = None, context_nodes: int | None = None
     if context_nodes is not None:
         context_nodes = _positive("context_nodes", context_nodes)
         if max_nodes is not None and context_nodes > max_nodes:
-            raise TreeError(f"context_nodes must be in [1, max_nodes], got {context_nodes} of {max_nodes}")
-    return ContextUnionBuilder(dart=_dart(**params), context_nodes=context_nodes, max_nodes=max_nodes,
-                               depth=depth, min_match=min_match, max_match=max_match)
+            raise TreeError(
+                f"context_nodes must be in [1, max_nodes], got {context_nodes} of {max_nodes}"
+            )
+    return ContextUnionBuilder(
+        dart=_dart(**params),
+        context_nodes=context_nodes,
+        max_nodes=max_nodes,
+        depth=depth,
+        min_match=min_match,
+        max_match=max_match,
+    )
 
 
 def _ar(**params) -> ArBuilder:

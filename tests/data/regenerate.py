@@ -33,7 +33,10 @@ def _first_lines(src: Path, dst: Path, n: int) -> None:
     data = b"".join(lines)
     if dst.suffix == ".gz":
         # mtime 0 and no file name: the same bytes on every run
-        with open(dst, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as f:
+        with (
+            open(dst, "wb") as raw,
+            gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as f,
+        ):
             f.write(data)
     else:
         dst.write_bytes(data)
@@ -45,29 +48,47 @@ def _first_elements(src: Path, dst: Path, n: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("source", type=Path, help="directory with eval/, train/, dolma-sample/, official-dart/")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "source", type=Path, help="directory with eval/, train/, dolma-sample/, official-dart/"
+    )
     args = ap.parse_args(argv)
     src = args.source
     if not (src / "eval").is_dir():
-        print(f"{src} has no eval/ directory: pass the directory of the public releases", file=sys.stderr)
+        print(
+            f"{src} has no eval/ directory: pass the directory of the public releases",
+            file=sys.stderr,
+        )
         return 2
     for sub in ("eval", "train", "dolma-sample/documents", "official-dart/drafter-tiny"):
         (HERE / sub).mkdir(parents=True, exist_ok=True)
-    _first_lines(src / "eval" / "humaneval.jsonl.gz", HERE / "eval" / "humaneval.jsonl.gz", EVAL_ROWS)
+    _first_lines(
+        src / "eval" / "humaneval.jsonl.gz", HERE / "eval" / "humaneval.jsonl.gz", EVAL_ROWS
+    )
     _first_lines(src / "eval" / "gsm8k_test.jsonl", HERE / "eval" / "gsm8k_test.jsonl", EVAL_ROWS)
-    _first_elements(src / "eval" / "code_alpaca_2k.json", HERE / "eval" / "code_alpaca_2k.json", EVAL_ROWS)
-    _first_lines(src / "train" / "gsm8k_train.jsonl", HERE / "train" / "gsm8k_train.jsonl", TRAIN_ROWS)
-    _first_elements(src / "train" / "new_codealpaca.json", HERE / "train" / "new_codealpaca.json", TRAIN_ROWS)
+    _first_elements(
+        src / "eval" / "code_alpaca_2k.json", HERE / "eval" / "code_alpaca_2k.json", EVAL_ROWS
+    )
+    _first_lines(
+        src / "train" / "gsm8k_train.jsonl", HERE / "train" / "gsm8k_train.jsonl", TRAIN_ROWS
+    )
+    _first_elements(
+        src / "train" / "new_codealpaca.json", HERE / "train" / "new_codealpaca.json", TRAIN_ROWS
+    )
     for p in sorted((src / "dolma-sample" / "documents").iterdir()):
         shutil.copyfile(p, HERE / "dolma-sample" / "documents" / p.name)
     off = src / "official-dart"
-    shutil.copyfile(off / "expected_counts.json.gz", HERE / "official-dart" / "expected_counts.json.gz")
+    shutil.copyfile(
+        off / "expected_counts.json.gz", HERE / "official-dart" / "expected_counts.json.gz"
+    )
     for name in ("config.json", "model.safetensors", "reference_io.safetensors"):
         shutil.copyfile(off / "drafter-tiny" / name, HERE / "official-dart" / "drafter-tiny" / name)
     trie = (off / "dolma-sample-qwen3.trie").read_bytes()
     (HERE / "official-dart" / "dolma-sample-qwen3.trie.xz").write_bytes(
-        lzma.compress(trie, preset=9 | lzma.PRESET_EXTREME))
+        lzma.compress(trie, preset=9 | lzma.PRESET_EXTREME)
+    )
     return 0
 
 

@@ -15,7 +15,11 @@ fn main() {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let threads = args.first().copied().unwrap_or(1);
     let repeats = args.get(1).copied().unwrap_or(7);
-    let counts: Vec<usize> = if args.len() > 2 { args[2..].iter().copied().filter(|&r| (1..=16).contains(&r)).collect() } else { vec![1, 2, 3, 4, 5, 6, 8, 12, 16] };
+    let counts: Vec<usize> = if args.len() > 2 {
+        args[2..].iter().copied().filter(|&r| (1..=16).contains(&r)).collect()
+    } else {
+        vec![1, 2, 3, 4, 5, 6, 8, 12, 16]
+    };
     let (h, i, v) = (576, 1536, 49152);
     let mut shapes: Vec<(usize, usize)> = (0..30).flat_map(|_| [(960, h), (h, h), (2 * i, h), (h, i)]).collect();
     shapes.push((v, h));
@@ -28,7 +32,11 @@ fn main() {
     };
     let format = std::env::var("DART_LINEAR_FORMAT").ok().and_then(|f| Format::from_name(&f));
     let int8 = format.is_some() && std::env::var("DART_LINEAR_NUMERICS").is_ok_and(|v| v == "int8");
-    let weights: Vec<Vec<f32>> = if format.is_none() { shapes.iter().map(|&(n, k)| (0..n * k).map(|_| next()).collect()).collect() } else { Vec::new() };
+    let weights: Vec<Vec<f32>> = if format.is_none() {
+        shapes.iter().map(|&(n, k)| (0..n * k).map(|_| next()).collect()).collect()
+    } else {
+        Vec::new()
+    };
     // block rows: random bytes, every block's fp16 scales (and Q4_1 offset) set to 2^-8
     let blocks: Vec<Vec<u8>> = match format {
         Some(f) => shapes
@@ -41,14 +49,22 @@ fn main() {
                         s.copy_from_slice(&0x1c00u16.to_le_bytes());
                     }
                 }
-                if int8 { dart_linear::int8::interleave(f, &b, n, k).unwrap() } else { dart_linear::quant::pack_vec(f, &b, n, k).unwrap() }
+                if int8 {
+                    dart_linear::int8::interleave(f, &b, n, k).unwrap()
+                } else {
+                    dart_linear::quant::pack_vec(f, &b, n, k).unwrap()
+                }
             })
             .collect(),
         None => Vec::new(),
     };
     let x: Vec<f32> = (0..16 * i).map(|_| next()).collect();
     let mut out = vec![0f32; 16 * v];
-    println!("threads {threads}, {}{}, median of {repeats} passes, ms", format.map_or("f32", Format::name), if int8 { " int8" } else { "" });
+    println!(
+        "threads {threads}, {}{}, median of {repeats} passes, ms",
+        format.map_or("f32", Format::name),
+        if int8 { " int8" } else { "" }
+    );
     for isa in Isa::supported_here() {
         let mut line = format!("{:>6}:", isa.name());
         for &rows in &counts {

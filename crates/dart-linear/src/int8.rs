@@ -79,10 +79,7 @@ impl Kernel {
 
     /// The kernels this CPU runs, fastest first (tests run each).
     pub fn supported_here() -> Vec<Kernel> {
-        [Kernel::Vnni, Kernel::Avx2]
-            .into_iter()
-            .filter(|k| k.supported())
-            .collect()
+        [Kernel::Vnni, Kernel::Avx2].into_iter().filter(|k| k.supported()).collect()
     }
 }
 
@@ -99,23 +96,16 @@ pub fn kernel() -> Option<Kernel> {
 /// Bytes of `n` rows of `k` weights in the interleaved layout ([`interleave`]): whole groups.
 pub fn interleaved_bytes(format: Format, n: usize, k: usize) -> Result<usize, ShapeError> {
     let row = format.row_bytes(k)?;
-    n.div_ceil(GROUP).checked_mul(GROUP * row).ok_or_else(|| {
-        ShapeError(format!(
-            "{}: {n} rows of {k} weights overflow",
-            format.name()
-        ))
-    })
+    n.div_ceil(GROUP)
+        .checked_mul(GROUP * row)
+        .ok_or_else(|| ShapeError(format!("{}: {n} rows of {k} weights overflow", format.name())))
 }
 
 /// `n` rows of `k` weights' blocks as the file stores them (`file`) in the integer path's
 /// interleaved layout (see the module docs; the last group padded with zero rows).
 pub fn interleave(format: Format, file: &[u8], n: usize, k: usize) -> Result<Vec<u8>, ShapeError> {
     format.check(file.len(), n, k)?;
-    let (bb, sb, nb) = (
-        format.block_bytes(),
-        format.scale_bytes(),
-        k / BLOCK_WEIGHTS,
-    );
+    let (bb, sb, nb) = (format.block_bytes(), format.scale_bytes(), k / BLOCK_WEIGHTS);
     let rec = GROUP * bb;
     let mut out = vec![0u8; interleaved_bytes(format, n, k)?];
     for (g, group) in out.chunks_exact_mut(nb * rec).enumerate() {
@@ -131,11 +121,7 @@ pub fn interleave(format: Format, file: &[u8], n: usize, k: usize) -> Result<Vec
                 for c in 0..qs.len() / 4 {
                     for j in 0..4 {
                         let byte = qs[4 * c + j];
-                        quants[32 * c + 4 * row + j] = if format == Format::Q8_0 {
-                            byte ^ 0x80
-                        } else {
-                            byte
-                        };
+                        quants[32 * c + 4 * row + j] = if format == Format::Q8_0 { byte ^ 0x80 } else { byte };
                     }
                 }
             }
@@ -145,18 +131,9 @@ pub fn interleave(format: Format, file: &[u8], n: usize, k: usize) -> Result<Vec
 }
 
 /// The file's block rows back from the interleaved layout (`n` rows: the padding dropped).
-pub fn deinterleave(
-    format: Format,
-    bytes: &[u8],
-    n: usize,
-    k: usize,
-) -> Result<Vec<u8>, ShapeError> {
+pub fn deinterleave(format: Format, bytes: &[u8], n: usize, k: usize) -> Result<Vec<u8>, ShapeError> {
     check_interleaved(format, bytes.len(), n, k)?;
-    let (bb, sb, nb) = (
-        format.block_bytes(),
-        format.scale_bytes(),
-        k / BLOCK_WEIGHTS,
-    );
+    let (bb, sb, nb) = (format.block_bytes(), format.scale_bytes(), k / BLOCK_WEIGHTS);
     let rec = GROUP * bb;
     let mut file = vec![0u8; n * nb * bb];
     for (j, row) in file.chunks_exact_mut(nb * bb).enumerate() {
@@ -170,11 +147,7 @@ pub fn deinterleave(
             let quants = &src[GROUP * sb..];
             for (i, q) in dst[sb..].iter_mut().enumerate() {
                 let byte = quants[32 * (i / 4) + 4 * r + i % 4];
-                *q = if format == Format::Q8_0 {
-                    byte ^ 0x80
-                } else {
-                    byte
-                };
+                *q = if format == Format::Q8_0 { byte ^ 0x80 } else { byte };
             }
         }
     }
@@ -182,15 +155,16 @@ pub fn deinterleave(
 }
 
 /// Checks that `bytes` holds `n` interleaved rows of `k` weights.
-pub fn check_interleaved(
-    format: Format,
-    bytes: usize,
-    n: usize,
-    k: usize,
-) -> Result<(), ShapeError> {
+pub fn check_interleaved(format: Format, bytes: usize, n: usize, k: usize) -> Result<(), ShapeError> {
     let want = interleaved_bytes(format, n, k)?;
     if bytes != want {
-        return Err(ShapeError(format!("{} (interleaved): w has {bytes} bytes, expected {} groups of {GROUP} rows x {} blocks x {} bytes = {want}", format.name(), n.div_ceil(GROUP), k / BLOCK_WEIGHTS, format.block_bytes())));
+        return Err(ShapeError(format!(
+            "{} (interleaved): w has {bytes} bytes, expected {} groups of {GROUP} rows x {} blocks x {} bytes = {want}",
+            format.name(),
+            n.div_ceil(GROUP),
+            k / BLOCK_WEIGHTS,
+            format.block_bytes()
+        )));
     }
     Ok(())
 }
@@ -213,7 +187,10 @@ pub struct QuantRows {
 /// of blocks.
 pub fn quantize_rows(x: &[f32], rows: usize, k: usize) -> Result<QuantRows, ShapeError> {
     if k == 0 || !k.is_multiple_of(BLOCK_WEIGHTS) || Some(x.len()) != rows.checked_mul(k) {
-        return Err(ShapeError(format!("quantize_rows: x has {} elements for {rows} rows of {k} (rows must be whole 32-value blocks)", x.len())));
+        return Err(ShapeError(format!(
+            "quantize_rows: x has {} elements for {rows} rows of {k} (rows must be whole 32-value blocks)",
+            x.len()
+        )));
     }
     let nb = rows * k / BLOCK_WEIGHTS;
     let mut out = QuantRows {
@@ -256,11 +233,7 @@ fn round_even(v: f32) -> f32 {
 
 #[inline(always)]
 fn quantize_portable(x: &[f32], out: &mut QuantRows) {
-    for (b, (xs, qs)) in x
-        .chunks_exact(BLOCK_WEIGHTS)
-        .zip(out.q.chunks_exact_mut(BLOCK_WEIGHTS))
-        .enumerate()
-    {
+    for (b, (xs, qs)) in x.chunks_exact(BLOCK_WEIGHTS).zip(out.q.chunks_exact_mut(BLOCK_WEIGHTS)).enumerate() {
         let amax = xs.iter().fold(0f32, |a, &v| a.max(v.abs()));
         let d = amax / 127.0;
         let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
@@ -296,11 +269,7 @@ pub fn reference(
     format.check(file.len(), n, k)?;
     let xq = quantize_rows(x, rows, k)?;
     check_out(rows, n, bias, out)?;
-    let (bb, sb, nb) = (
-        format.block_bytes(),
-        format.scale_bytes(),
-        k / BLOCK_WEIGHTS,
-    );
+    let (bb, sb, nb) = (format.block_bytes(), format.scale_bytes(), k / BLOCK_WEIGHTS);
     for m in 0..rows {
         for j in 0..n {
             let mut acc = 0f32;
@@ -339,16 +308,10 @@ pub fn reference(
 
 fn check_out(rows: usize, n: usize, bias: Option<&[f32]>, out: &[f32]) -> Result<(), ShapeError> {
     if Some(out.len()) != rows.checked_mul(n) {
-        return Err(ShapeError(format!(
-            "out has {} elements, expected {rows} x {n}",
-            out.len()
-        )));
+        return Err(ShapeError(format!("out has {} elements, expected {rows} x {n}", out.len())));
     }
     if let Some(b) = bias.filter(|b| b.len() != n) {
-        return Err(ShapeError(format!(
-            "bias has {} elements, expected {n}",
-            b.len()
-        )));
+        return Err(ShapeError(format!("bias has {} elements, expected {n}", b.len())));
     }
     Ok(())
 }
@@ -389,9 +352,7 @@ pub fn linear_on(
     threads: usize,
 ) -> Result<(), ShapeError> {
     if rows > MAX_ROWS {
-        return Err(ShapeError(format!(
-            "{rows} rows: at most {MAX_ROWS} per call"
-        )));
+        return Err(ShapeError(format!("{rows} rows: at most {MAX_ROWS} per call")));
     }
     check_interleaved(format, w.len(), n, k)?;
     let xq = quantize_rows(x, rows, k)?;
@@ -431,19 +392,7 @@ fn linear_quantized(
         // of `k / 32` records, `xq` `rows` rows of `k`, `part` rows x n floats of which this
         // call writes the columns of groups g0..g1 only.
         unsafe {
-            x86::run(
-                kernel,
-                format,
-                xq,
-                rows,
-                k,
-                w,
-                n,
-                bias,
-                part.clone(),
-                g0,
-                g1,
-            )
+            x86::run(kernel, format, xq, rows, k, w, n, bias, part.clone(), g0, g1)
         };
         #[cfg(not(target_arch = "x86_64"))]
         let _ = (g0, g1, &part, kernel, format, xq, w, bias, k);
@@ -642,7 +591,13 @@ mod x86 {
                 // Independent partial sums per row of x where few rows leave the dot products'
                 // latency exposed (one row: a chain of eight dependent vpdpbusd a block); the
                 // integer partials add up exactly, so the split changes no bit.
-                let chains = if M == 1 { 4 } else if M <= 3 { 2 } else { 1 };
+                let chains = if M == 1 {
+                    4
+                } else if M <= 3 {
+                    2
+                } else {
+                    1
+                };
                 let mut isum: [[__m256i; 4]; M] = std::array::from_fn(|m| {
                     [isum_start(m), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()]
                 });
@@ -652,9 +607,7 @@ mod x86 {
                     ($u:expr, $signed:expr, $off:expr, $ch:expr) => {
                         let ch = $ch % chains;
                         for m in 0..M {
-                            let xv = _mm256_set1_epi32(
-                                xp.add(m * k + b * 32 + $off).cast::<i32>().read_unaligned(),
-                            );
+                            let xv = _mm256_set1_epi32(xp.add(m * k + b * 32 + $off).cast::<i32>().read_unaligned());
                             let acc = isum[m][ch];
                             isum[m][ch] = if VNNI {
                                 _mm256_dpbusd_epi32(acc, $u, xv)
@@ -664,10 +617,7 @@ mod x86 {
                                 let prod = _mm256_maddubs_epi16($u, _mm256_sign_epi8(xv, $signed));
                                 _mm256_add_epi32(acc, _mm256_madd_epi16(prod, ones))
                             } else {
-                                _mm256_add_epi32(
-                                    acc,
-                                    _mm256_madd_epi16(_mm256_maddubs_epi16($u, xv), ones),
-                                )
+                                _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16($u, xv), ones))
                             };
                         }
                     };
@@ -692,11 +642,8 @@ mod x86 {
                     }
                 }
                 let dw = _mm256_cvtph_ps(_mm_loadu_si128(rp.cast()));
-                let mw = if F == Q4_1 {
-                    _mm256_cvtph_ps(_mm_loadu_si128(rp.add(16).cast()))
-                } else {
-                    _mm256_setzero_ps()
-                };
+                let mw =
+                    if F == Q4_1 { _mm256_cvtph_ps(_mm_loadu_si128(rp.add(16).cast())) } else { _mm256_setzero_ps() };
                 for m in 0..M {
                     let xb = (m0 + m) * nb + b;
                     let s = _mm256_mul_ps(dw, _mm256_set1_ps(*xq.d.get_unchecked(xb)));
@@ -708,8 +655,7 @@ mod x86 {
                     };
                     facc[m] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), facc[m]);
                     if F == Q4_1 {
-                        facc[m] =
-                            _mm256_fmadd_ps(mw, _mm256_set1_ps(*xq.ds.get_unchecked(xb)), facc[m]);
+                        facc[m] = _mm256_fmadd_ps(mw, _mm256_set1_ps(*xq.ds.get_unchecked(xb)), facc[m]);
                     }
                 }
             }
@@ -776,15 +722,7 @@ mod tests {
     #[test]
     fn the_kernels_equal_the_scalar_reference_bit_for_bit_at_any_rows_and_threads() {
         // k whole blocks but not whole 256s; n not whole groups
-        let shapes = [
-            (576, 37),
-            (32, 1),
-            (64, 7),
-            (96, 13),
-            (1536, 9),
-            (160, 16),
-            (224, 3),
-        ];
+        let shapes = [(576, 37), (32, 1), (64, 7), (96, 13), (1536, 9), (160, 16), (224, 3)];
         for kernel in Kernel::supported_here() {
             for format in [Format::Q4_0, Format::Q4_1, Format::Q8_0] {
                 for (i, &(k, n)) in shapes.iter().enumerate() {
@@ -798,21 +736,15 @@ mod tests {
                     for rows in 1..=MAX_ROWS {
                         for threads in 1..=3 {
                             let mut got = vec![0f32; rows * n];
-                            linear_on(
-                                kernel,
-                                format,
-                                &x[..rows * k],
-                                rows,
-                                k,
-                                &w,
-                                n,
-                                Some(&bias),
-                                &mut got,
-                                threads,
-                            )
-                            .unwrap();
+                            linear_on(kernel, format, &x[..rows * k], rows, k, &w, n, Some(&bias), &mut got, threads)
+                                .unwrap();
                             let same = bits(&got) == bits(&want[..rows * n]);
-                            assert!(same, "{kernel:?} {format:?} k {k} n {n} rows {rows} threads {threads}: {:?} vs {:?}", &got[..n.min(8)], &want[..n.min(8)]);
+                            assert!(
+                                same,
+                                "{kernel:?} {format:?} k {k} n {n} rows {rows} threads {threads}: {:?} vs {:?}",
+                                &got[..n.min(8)],
+                                &want[..n.min(8)]
+                            );
                         }
                     }
                     // without a bias: the same sums
@@ -836,32 +768,11 @@ mod tests {
         reference(f, &x, 7, k, &file, n, None, &mut want).unwrap();
         for isa in crate::Isa::supported_here() {
             let mut got = vec![0f32; 7 * n];
-            crate::linear_on(
-                isa,
-                &x,
-                7,
-                k,
-                crate::Weights::Int8(f, &w),
-                n,
-                None,
-                &mut got,
-                2,
-            )
-            .unwrap();
+            crate::linear_on(isa, &x, 7, k, crate::Weights::Int8(f, &w), n, None, &mut got, 2).unwrap();
             assert_eq!(bits(&got), bits(&want), "{isa:?}");
         }
         let mut y = vec![0f32; 7 * n];
-        assert!(crate::linear(
-            &x,
-            7,
-            k,
-            crate::Weights::Int8(f, &w[32..]),
-            n,
-            None,
-            &mut y,
-            1
-        )
-        .is_err());
+        assert!(crate::linear(&x, 7, k, crate::Weights::Int8(f, &w[32..]), n, None, &mut y, 1).is_err());
     }
 
     #[test]
@@ -882,22 +793,11 @@ mod tests {
             let mut got = vec![0f32; rows * n];
             reference(format, &x, rows, k, &file, n, None, &mut got).unwrap();
             let exact: Vec<f64> = (0..rows * n)
-                .map(|i| {
-                    (0..k)
-                        .map(|t| x[i / n * k + t] as f64 * wide[i % n * k + t] as f64)
-                        .sum()
-                })
+                .map(|i| (0..k).map(|t| x[i / n * k + t] as f64 * wide[i % n * k + t] as f64).sum())
                 .collect();
             let scale = exact.iter().map(|v| v.abs()).fold(0.0, f64::max);
-            let err = got
-                .iter()
-                .zip(&exact)
-                .map(|(&a, &e)| (a as f64 - e).abs())
-                .fold(0.0, f64::max);
-            assert!(
-                err <= 0.03 * scale,
-                "{format:?}: error {err} against {scale}"
-            );
+            let err = got.iter().zip(&exact).map(|(&a, &e)| (a as f64 - e).abs()).fold(0.0, f64::max);
+            assert!(err <= 0.03 * scale, "{format:?}: error {err} against {scale}");
         }
     }
 
@@ -917,10 +817,7 @@ mod tests {
                     assert_eq!(qv, 0);
                 } else {
                     let exact = v as f64 * 127.0 / amax as f64;
-                    assert!(
-                        (qv as f64 - exact).abs() <= 0.5 + 1e-4,
-                        "{v} -> {qv} (scale {amax})"
-                    );
+                    assert!((qv as f64 - exact).abs() <= 0.5 + 1e-4, "{v} -> {qv} (scale {amax})");
                 }
             }
         }
@@ -941,54 +838,19 @@ mod tests {
         if kernel().is_some() {
             assert!(linear(f, &x, 2, 64, &w, 3, None, &mut y, 1).is_ok());
         }
-        assert!(
-            linear_on(Kernel::Avx2, f, &x, 2, 64, &w[1..], 3, None, &mut y, 1)
-                .unwrap_err()
-                .0
-                .contains("bytes")
-        );
-        assert!(linear_on(
-            Kernel::Avx2,
-            f,
-            &x,
-            2,
-            64,
-            &w,
-            3,
-            Some(&[0.0; 2]),
-            &mut y,
-            1
-        )
-        .unwrap_err()
-        .0
-        .contains("bias"));
-        assert!(
-            linear_on(Kernel::Avx2, f, &x, 2, 64, &w, 3, None, &mut y[1..], 1)
-                .unwrap_err()
-                .0
-                .contains("out")
-        );
-        assert!(linear_on(Kernel::Avx2, f, &x[1..], 2, 64, &w, 3, None, &mut y, 1).is_err());
-        let big = vec![0f32; 17 * 64];
-        assert!(linear_on(
-            Kernel::Avx2,
-            f,
-            &big,
-            17,
-            64,
-            &w,
-            3,
-            None,
-            &mut vec![0f32; 17 * 3],
-            1
-        )
-        .unwrap_err()
-        .0
-        .contains("at most"));
-        assert!(interleave(f, &file, 3, 40)
+        assert!(linear_on(Kernel::Avx2, f, &x, 2, 64, &w[1..], 3, None, &mut y, 1).unwrap_err().0.contains("bytes"));
+        assert!(linear_on(Kernel::Avx2, f, &x, 2, 64, &w, 3, Some(&[0.0; 2]), &mut y, 1)
             .unwrap_err()
             .0
-            .contains("whole number"));
+            .contains("bias"));
+        assert!(linear_on(Kernel::Avx2, f, &x, 2, 64, &w, 3, None, &mut y[1..], 1).unwrap_err().0.contains("out"));
+        assert!(linear_on(Kernel::Avx2, f, &x[1..], 2, 64, &w, 3, None, &mut y, 1).is_err());
+        let big = vec![0f32; 17 * 64];
+        assert!(linear_on(Kernel::Avx2, f, &big, 17, 64, &w, 3, None, &mut vec![0f32; 17 * 3], 1)
+            .unwrap_err()
+            .0
+            .contains("at most"));
+        assert!(interleave(f, &file, 3, 40).unwrap_err().0.contains("whole number"));
         assert!(interleave(f, &file[1..], 3, 64).is_err());
         assert!(deinterleave(f, &w[..w.len() - 1], 3, 64).is_err());
         assert!(quantize_rows(&x, 2, 40).is_err());

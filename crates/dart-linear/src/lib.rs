@@ -51,9 +51,9 @@
 pub mod int8;
 pub mod ops;
 pub mod quant;
-pub mod stack;
 #[cfg(target_arch = "x86_64")]
 mod simd;
+pub mod stack;
 mod team;
 
 pub use team::Team;
@@ -245,7 +245,9 @@ pub fn linear_on<'w>(
             Isa::Avx512 => int8::Kernel::supported_here().first().copied(),
             Isa::Avx2 => Some(int8::Kernel::Avx2).filter(|k| k.supported()),
         };
-        let kernel = kernel.ok_or_else(|| ShapeError(format!("the integer path does not run with {} here: use the exact path", isa.name())))?;
+        let kernel = kernel.ok_or_else(|| {
+            ShapeError(format!("the integer path does not run with {} here: use the exact path", isa.name()))
+        })?;
         return int8::linear_on(kernel, f, x, rows, k, bytes, n, bias, out, threads);
     }
     if let Weights::Blocks(f, file) = w {
@@ -281,7 +283,15 @@ pub fn linear_on<'w>(
     Ok(())
 }
 
-fn check(x: &[f32], rows: usize, k: usize, w: &Weights<'_>, n: usize, bias: Option<&[f32]>, out: &[f32]) -> Result<(), ShapeError> {
+fn check(
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    w: &Weights<'_>,
+    n: usize,
+    bias: Option<&[f32]>,
+    out: &[f32],
+) -> Result<(), ShapeError> {
     if rows > MAX_ROWS {
         return Err(ShapeError(format!("{rows} rows: at most {MAX_ROWS} per call")));
     }
@@ -350,7 +360,18 @@ macro_rules! tiles {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run_part(isa: Isa, x: &[f32], rows: usize, k: usize, w: Weights<'_>, n: usize, bias: Option<&[f32]>, out: OutPart, n0: usize, n1: usize) {
+fn run_part(
+    isa: Isa,
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    w: Weights<'_>,
+    n: usize,
+    bias: Option<&[f32]>,
+    out: OutPart,
+    n0: usize,
+    n1: usize,
+) {
     #[cfg(target_arch = "x86_64")]
     {
         use simd::{BF16, F16, F32, Q4_0, Q4_1, Q8_0};
@@ -421,7 +442,17 @@ fn run_part(isa: Isa, x: &[f32], rows: usize, k: usize, w: Weights<'_>, n: usize
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn kernel512<const M: usize, const R: usize, const FMT: u8>(x: &[f32], k: usize, w: *const u8, n: usize, bias: Option<&[f32]>, out: *mut f32, len: usize, n0: usize, n1: usize) {
+unsafe fn kernel512<const M: usize, const R: usize, const FMT: u8>(
+    x: &[f32],
+    k: usize,
+    w: *const u8,
+    n: usize,
+    bias: Option<&[f32]>,
+    out: *mut f32,
+    len: usize,
+    n0: usize,
+    n1: usize,
+) {
     // SAFETY: as for this function.
     unsafe { kernel::<simd::Avx512, M, R, FMT>(x, k, w, n, bias, out, len, n0, n1) }
 }
@@ -433,7 +464,17 @@ unsafe fn kernel512<const M: usize, const R: usize, const FMT: u8>(x: &[f32], k:
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn kernel256<const M: usize, const R: usize, const FMT: u8>(x: &[f32], k: usize, w: *const u8, n: usize, bias: Option<&[f32]>, out: *mut f32, len: usize, n0: usize, n1: usize) {
+unsafe fn kernel256<const M: usize, const R: usize, const FMT: u8>(
+    x: &[f32],
+    k: usize,
+    w: *const u8,
+    n: usize,
+    bias: Option<&[f32]>,
+    out: *mut f32,
+    len: usize,
+    n0: usize,
+    n1: usize,
+) {
     // SAFETY: as for this function.
     unsafe { kernel::<simd::Avx2, M, R, FMT>(x, k, w, n, bias, out, len, n0, n1) }
 }
@@ -523,9 +564,9 @@ unsafe fn kernel<S: simd::Lanes, const M: usize, const R: usize, const FMT: u8>(
     let (sb, nb) = (simd::scale_bytes(FMT), k / 32);
     let quants = |b: usize| nb * sb + b * (simd::block_bytes(FMT) - sb);
     let per = sb / 2; // f32 scales per block
-    // A whole block of R rows first widens its scales into `widened` (row r's from r * stride),
-    // before the accumulators are live: widening inside the loop over the blocks (every
-    // few blocks) made the compiler spill accumulators there (4 rows of x: 2-4x slower).
+                      // A whole block of R rows first widens its scales into `widened` (row r's from r * stride),
+                      // before the accumulators are live: widening inside the loop over the blocks (every
+                      // few blocks) made the compiler spill accumulators there (4 rows of x: 2-4x slower).
     let stride = (nb * per).next_multiple_of(16);
     let mut widened = if simd::blocked(FMT) { vec![0f32; R * stride] } else { Vec::new() };
     let mut r0 = n0;
@@ -561,19 +602,31 @@ unsafe fn kernel<S: simd::Lanes, const M: usize, const R: usize, const FMT: u8>(
                     for j in 0..share.div_ceil(64) {
                         let at = R * off + 64 * j;
                         if far_on {
-                            unsafe { _mm_prefetch::<_MM_HINT_T1>(rows[0].wrapping_add(AHEAD * R * row_bytes + at) as *const i8) };
+                            unsafe {
+                                _mm_prefetch::<_MM_HINT_T1>(
+                                    rows[0].wrapping_add(AHEAD * R * row_bytes + at) as *const i8
+                                )
+                            };
                         }
                         if near_on {
-                            unsafe { _mm_prefetch::<_MM_HINT_T0>(rows[0].wrapping_add(R * row_bytes + at) as *const i8) };
+                            unsafe {
+                                _mm_prefetch::<_MM_HINT_T0>(rows[0].wrapping_add(R * row_bytes + at) as *const i8)
+                            };
                         }
                     }
                 } else {
                     for r in 0..R {
                         if far_on {
-                            unsafe { _mm_prefetch::<_MM_HINT_T1>(rows[r].wrapping_add(AHEAD * R * row_bytes + off) as *const i8) };
+                            unsafe {
+                                _mm_prefetch::<_MM_HINT_T1>(
+                                    rows[r].wrapping_add(AHEAD * R * row_bytes + off) as *const i8
+                                )
+                            };
                         }
                         if near_on {
-                            unsafe { _mm_prefetch::<_MM_HINT_T0>(rows[r].wrapping_add(R * row_bytes + off) as *const i8) };
+                            unsafe {
+                                _mm_prefetch::<_MM_HINT_T0>(rows[r].wrapping_add(R * row_bytes + off) as *const i8)
+                            };
                         }
                     }
                 }
@@ -589,7 +642,11 @@ unsafe fn kernel<S: simd::Lanes, const M: usize, const R: usize, const FMT: u8>(
                 for u in 0..unroll {
                     let ku = kb + u * lanes;
                     let wv: [S::V; R] = std::array::from_fn(|r| unsafe {
-                        if simd::blocked(FMT) { S::load_q::<FMT>(rows[r].add(quants(b)), sc[r], u) } else { S::load_w::<FMT>(rows[r].add(ku * width)) }
+                        if simd::blocked(FMT) {
+                            S::load_q::<FMT>(rows[r].add(quants(b)), sc[r], u)
+                        } else {
+                            S::load_w::<FMT>(rows[r].add(ku * width))
+                        }
                     });
                     for m in 0..M {
                         // SAFETY: row m < M of x, columns ku..ku + L <= full <= k.
@@ -618,7 +675,9 @@ unsafe fn kernel<S: simd::Lanes, const M: usize, const R: usize, const FMT: u8>(
                             // SAFETY: scale i of block b < nb, inside the row's scales.
                             *s = quant::f16_to_f32(unsafe { row.add(b * sb + 2 * i).cast::<u16>().read_unaligned() });
                         }
-                        unsafe { S::load_q::<FMT>(row.add(quants(b)), S::scales::<FMT>(scales.as_ptr()), kb % 32 / lanes) }
+                        unsafe {
+                            S::load_q::<FMT>(row.add(quants(b)), S::scales::<FMT>(scales.as_ptr()), kb % 32 / lanes)
+                        }
                     } else if kb < vectors {
                         unsafe { S::load_w::<FMT>(p) }
                     } else {
@@ -627,11 +686,15 @@ unsafe fn kernel<S: simd::Lanes, const M: usize, const R: usize, const FMT: u8>(
                     // SAFETY (both): prefetches of addresses inside w; they never fault.
                     let ahead = r0 + AHEAD * R + r;
                     if ahead < n1 {
-                        unsafe { _mm_prefetch::<_MM_HINT_T1>(w.add(ahead * row_bytes + simd::offset(FMT, kb)) as *const i8) };
+                        unsafe {
+                            _mm_prefetch::<_MM_HINT_T1>(w.add(ahead * row_bytes + simd::offset(FMT, kb)) as *const i8)
+                        };
                     }
                     let near = r0 + R + r;
                     if near < n1 {
-                        unsafe { _mm_prefetch::<_MM_HINT_T0>(w.add(near * row_bytes + simd::offset(FMT, kb)) as *const i8) };
+                        unsafe {
+                            _mm_prefetch::<_MM_HINT_T0>(w.add(near * row_bytes + simd::offset(FMT, kb)) as *const i8)
+                        };
                     }
                 }
             }
@@ -650,7 +713,11 @@ unsafe fn kernel<S: simd::Lanes, const M: usize, const R: usize, const FMT: u8>(
         while g0 < M * R {
             let v: [S::V; 16] = std::array::from_fn(|j| {
                 let i = g0 + j;
-                if j < lanes && i < M * R { acc[i % R][i / R] } else { unsafe { S::zero() } }
+                if j < lanes && i < M * R {
+                    acc[i % R][i / R]
+                } else {
+                    unsafe { S::zero() }
+                }
             });
             let mut sums = [0f32; 16];
             // SAFETY: L <= 16 floats into a 16-float array.
@@ -717,8 +784,16 @@ mod tests {
                         linear_on(isa, &x[..rows * k], rows, k, &w[..], n, Some(&b), &mut y, p).unwrap();
                         let r = reference(&x[..rows * k], rows, k, &w, n, Some(&b));
                         for (i, (&a, &e)) in y.iter().zip(&r).enumerate() {
-                            assert!((a as f64 - e).abs() <= 1e-5 * (1.0 + e.abs()), "{isa:?} k {k} n {n} rows {rows} [{i}]: {a} vs {e}");
-                            assert_eq!(a.to_bits(), single[i / n][i % n].to_bits(), "{isa:?}: row {} differs from its 1-row call", i / n);
+                            assert!(
+                                (a as f64 - e).abs() <= 1e-5 * (1.0 + e.abs()),
+                                "{isa:?} k {k} n {n} rows {rows} [{i}]: {a} vs {e}"
+                            );
+                            assert_eq!(
+                                a.to_bits(),
+                                single[i / n][i % n].to_bits(),
+                                "{isa:?}: row {} differs from its 1-row call",
+                                i / n
+                            );
                         }
                     }
                 }
@@ -735,7 +810,12 @@ mod tests {
         let here = Isa::supported_here();
         #[cfg(target_arch = "x86_64")]
         {
-            assert_eq!(here.contains(&Isa::Avx2), std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("f16c"));
+            assert_eq!(
+                here.contains(&Isa::Avx2),
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                    && std::arch::is_x86_feature_detected!("f16c")
+            );
             assert_eq!(here.contains(&Isa::Avx512), std::arch::is_x86_feature_detected!("avx512f"));
         }
         if std::env::var(ISA_ENV).is_err() {
@@ -744,7 +824,10 @@ mod tests {
         }
         for unsupported in [Isa::Avx512, Isa::Avx2].into_iter().filter(|i| !i.supported()) {
             let (x, w, mut y) = (vec![0f32; 4], vec![0f32; 4], vec![0f32; 1]);
-            assert!(linear_on(unsupported, &x, 1, 4, &w[..], 1, None, &mut y, 1).unwrap_err().0.contains(unsupported.name()));
+            assert!(linear_on(unsupported, &x, 1, 4, &w[..], 1, None, &mut y, 1)
+                .unwrap_err()
+                .0
+                .contains(unsupported.name()));
         }
     }
 
@@ -757,12 +840,19 @@ mod tests {
 
     #[test]
     fn narrow_weights_give_the_results_of_their_f32_values_bit_for_bit() {
-        for (isa, &(k, n)) in Isa::supported_here().into_iter().flat_map(|i| [(576, 37), (33, 7), (1, 1), (100, 13), (40, 3)].iter().map(move |s| (i, s))) {
+        for (isa, &(k, n)) in Isa::supported_here()
+            .into_iter()
+            .flat_map(|i| [(576, 37), (33, 7), (1, 1), (100, 13), (40, 3)].iter().map(move |s| (i, s)))
+        {
             let bits: Vec<u16> = data(n * k, 5)
                 .iter()
                 .map(|v| {
                     let b = (v.to_bits() >> 8) as u16; // arbitrary patterns ...
-                    if (b >> 10) & 0x1f == 0x1f { b & !0x4000 } else { b } // ... but finite
+                    if (b >> 10) & 0x1f == 0x1f {
+                        b & !0x4000
+                    } else {
+                        b
+                    } // ... but finite
                 })
                 .collect();
             let x = data(MAX_ROWS * k, 6);
@@ -826,9 +916,32 @@ mod tests {
                     for rows in 1..=MAX_ROWS {
                         for threads in [1, 2, 3] {
                             let bias = if rows % 2 == 0 { Some(&b[..]) } else { None };
-                            let (mut a, mut p, mut e) = (vec![0f32; rows * n], vec![0f32; rows * n], vec![0f32; rows * n]);
-                            linear_on(isa, &x[..rows * k], rows, k, Weights::Blocks(format, &blocks), n, bias, &mut a, threads).unwrap();
-                            linear_on(isa, &x[..rows * k], rows, k, Weights::Packed(format, &packed), n, bias, &mut p, threads).unwrap();
+                            let (mut a, mut p, mut e) =
+                                (vec![0f32; rows * n], vec![0f32; rows * n], vec![0f32; rows * n]);
+                            linear_on(
+                                isa,
+                                &x[..rows * k],
+                                rows,
+                                k,
+                                Weights::Blocks(format, &blocks),
+                                n,
+                                bias,
+                                &mut a,
+                                threads,
+                            )
+                            .unwrap();
+                            linear_on(
+                                isa,
+                                &x[..rows * k],
+                                rows,
+                                k,
+                                Weights::Packed(format, &packed),
+                                n,
+                                bias,
+                                &mut p,
+                                threads,
+                            )
+                            .unwrap();
                             linear_on(isa, &x[..rows * k], rows, k, &wide[..], n, bias, &mut e, 1).unwrap();
                             let same = a.iter().zip(&e).all(|(p, q)| p.to_bits() == q.to_bits()) && a == p;
                             assert!(same, "{isa:?} {format:?} k {k} n {n} rows {rows} threads {threads}: differs from its f32 values");

@@ -59,9 +59,16 @@ fn rms_norm_row(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 
 /// For each row of `h` (`[rows, H]`, `H = weight.len()`): `h += delta` (when given), then
 /// `out = RMSNorm(h) · weight`.
-pub fn add_rms_norm(h: &mut [f32], delta: Option<&[f32]>, weight: &[f32], eps: f32, out: &mut [f32]) -> Result<(), ShapeError> {
+pub fn add_rms_norm(
+    h: &mut [f32],
+    delta: Option<&[f32]>,
+    weight: &[f32],
+    eps: f32,
+    out: &mut [f32],
+) -> Result<(), ShapeError> {
     let width = weight.len();
-    if width == 0 || !h.len().is_multiple_of(width) || out.len() != h.len() || delta.is_some_and(|d| d.len() != h.len()) {
+    if width == 0 || !h.len().is_multiple_of(width) || out.len() != h.len() || delta.is_some_and(|d| d.len() != h.len())
+    {
         return shape_error(format!(
             "add_rms_norm: h {} / delta {:?} / out {} elements do not fit rows of width {width}",
             h.len(),
@@ -119,7 +126,22 @@ pub fn block_attention(
     out: &mut [f32],
     threads: usize,
 ) -> Result<(), ShapeError> {
-    block_attention_on(crate::isa(), qkv, n, heads, qk_norm, cos, sin, k_cache, v_cache, prefix, mask, scale, out, threads)
+    block_attention_on(
+        crate::isa(),
+        qkv,
+        n,
+        heads,
+        qk_norm,
+        cos,
+        sin,
+        k_cache,
+        v_cache,
+        prefix,
+        mask,
+        scale,
+        out,
+        threads,
+    )
 }
 
 /// [`block_attention`] with the fast path of `isa` (None: the portable loops): tests run each
@@ -143,7 +165,9 @@ fn block_attention_on(
 ) -> Result<(), ShapeError> {
     let Heads { heads: nh, kv_heads: nkv, head_dim: d } = heads;
     if n == 0 || nh == 0 || nkv == 0 || d == 0 || d % 2 != 0 || !nh.is_multiple_of(nkv) {
-        return shape_error(format!("block_attention: bad layout: {n} rows, {heads:?} (heads a multiple of kv_heads, head_dim even)"));
+        return shape_error(format!(
+            "block_attention: bad layout: {n} rows, {heads:?} (heads a multiple of kv_heads, head_dim even)"
+        ));
     }
     let width = (nh + 2 * nkv) * d;
     let capacity = k_cache.len() / (nkv * d);
@@ -171,7 +195,9 @@ fn block_attention_on(
         }
     }
     if prefix + n > capacity {
-        return shape_error(format!("block_attention: {n} rows after {prefix} cached exceed the cache's {capacity} slots"));
+        return shape_error(format!(
+            "block_attention: {n} rows after {prefix} cached exceed the cache's {capacity} slots"
+        ));
     }
     let call = Call { qkv, n, heads, qk_norm, cos, sin, capacity, prefix, mask, scale };
     attend_on(isa, &call, k_cache, v_cache, out, threads);
@@ -180,7 +206,14 @@ fn block_attention_on(
 
 /// The checked attention with the fast path of `isa` where it has one for the head size,
 /// else the portable loops (tests run each path of the CPU).
-fn attend_on(isa: Option<crate::Isa>, call: &Call<'_>, k_cache: &mut [f32], v_cache: &mut [f32], out: &mut [f32], threads: usize) {
+fn attend_on(
+    isa: Option<crate::Isa>,
+    call: &Call<'_>,
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+    out: &mut [f32],
+    threads: usize,
+) {
     #[cfg(target_arch = "x86_64")]
     if let Some(isa) = isa.filter(|i| i.supported() && fast::supports(call.heads.head_dim)) {
         // SAFETY: the CPU runs `isa` and it has this head size (checked just above).
@@ -201,9 +234,19 @@ pub fn silu_mul(gate_up: &[f32], rows: usize, inter: usize, out: &mut [f32]) -> 
 }
 
 /// [`silu_mul`] with the fast path of `isa` (None: the portable loop).
-fn silu_mul_on(isa: Option<crate::Isa>, gate_up: &[f32], rows: usize, inter: usize, out: &mut [f32]) -> Result<(), ShapeError> {
+fn silu_mul_on(
+    isa: Option<crate::Isa>,
+    gate_up: &[f32],
+    rows: usize,
+    inter: usize,
+    out: &mut [f32],
+) -> Result<(), ShapeError> {
     if Some(gate_up.len()) != rows.checked_mul(2 * inter) || out.len() != rows * inter {
-        return shape_error(format!("silu_mul: gate_up {} / out {} elements do not fit {rows} rows of {inter}", gate_up.len(), out.len()));
+        return shape_error(format!(
+            "silu_mul: gate_up {} / out {} elements do not fit {rows} rows of {inter}",
+            gate_up.len(),
+            out.len()
+        ));
     }
     #[cfg(target_arch = "x86_64")]
     if let Some(isa) = isa.filter(|i| i.supported()) {
@@ -357,7 +400,14 @@ mod fast {
 
     /// # Safety
     /// The CPU runs `isa`; `call` checked by [`super::block_attention`]; `supports(isa, d)`.
-    pub(super) unsafe fn attend(isa: Isa, call: &Call<'_>, k_cache: &mut [f32], v_cache: &mut [f32], out: &mut [f32], threads: usize) {
+    pub(super) unsafe fn attend(
+        isa: Isa,
+        call: &Call<'_>,
+        k_cache: &mut [f32],
+        v_cache: &mut [f32],
+        out: &mut [f32],
+        threads: usize,
+    ) {
         // P·V: AVX-512 keeps a row's whole output in DV registers, four rows at a time; AVX2
         // (16 registers) takes 4-vector column chunks (32 floats), two rows at a time.
         let f: HeadsFn = match (isa, call.heads.head_dim) {
@@ -389,7 +439,15 @@ mod fast {
     /// # Safety
     /// As [`heads`], on a CPU with AVX-512F and FMA.
     #[target_feature(enable = "avx512f,fma")]
-    unsafe fn heads512<const DV: usize>(call: &Call<'_>, q: &[f32], k_cache: &[f32], v_cache: &[f32], out: &OutPart, h0: usize, h1: usize) {
+    unsafe fn heads512<const DV: usize>(
+        call: &Call<'_>,
+        q: &[f32],
+        k_cache: &[f32],
+        v_cache: &[f32],
+        out: &OutPart,
+        h0: usize,
+        h1: usize,
+    ) {
         // SAFETY: as for this function.
         unsafe { heads::<Avx512, DV, DV, 4>(call, q, k_cache, v_cache, out, h0, h1) }
     }
@@ -399,7 +457,15 @@ mod fast {
     /// # Safety
     /// As [`heads`], on a CPU with AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn heads256<const DV: usize>(call: &Call<'_>, q: &[f32], k_cache: &[f32], v_cache: &[f32], out: &OutPart, h0: usize, h1: usize) {
+    unsafe fn heads256<const DV: usize>(
+        call: &Call<'_>,
+        q: &[f32],
+        k_cache: &[f32],
+        v_cache: &[f32],
+        out: &OutPart,
+        h0: usize,
+        h1: usize,
+    ) {
         // SAFETY: as for this function.
         unsafe { heads::<Avx2, DV, 4, 2>(call, q, k_cache, v_cache, out, h0, h1) }
     }
@@ -414,7 +480,15 @@ mod fast {
     /// `[n, heads · d]` output, no other thread writing heads `h0..h1`.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn heads<S: Lanes, const DV: usize, const CV: usize, const RMAX: usize>(call: &Call<'_>, q: &[f32], k_cache: &[f32], v_cache: &[f32], out: &OutPart, h0: usize, h1: usize) {
+    unsafe fn heads<S: Lanes, const DV: usize, const CV: usize, const RMAX: usize>(
+        call: &Call<'_>,
+        q: &[f32],
+        k_cache: &[f32],
+        v_cache: &[f32],
+        out: &OutPart,
+        h0: usize,
+        h1: usize,
+    ) {
         let Call { n, heads, capacity, prefix, mask, scale, .. } = *call;
         let Heads { heads: nh, kv_heads: nkv, head_dim: d } = heads;
         let lanes = S::L;
@@ -456,7 +530,9 @@ mod fast {
             }
             for i in 0..n {
                 // SAFETY: the CPU runs S.
-                unsafe { softmax::<S>(&mut scores[i * stride..(i + 1) * stride], total, prefix, |jj| sees(mask, n, i, jj)) };
+                unsafe {
+                    softmax::<S>(&mut scores[i * stride..(i + 1) * stride], total, prefix, |jj| sees(mask, n, i, jj))
+                };
             }
             // out = P V: a few query rows at a time share each value's loads (every row still
             // sums over the keys in order, in its own registers)
@@ -483,14 +559,28 @@ mod fast {
     /// `[n, nh · d]` output with rows `i0..i0 + R` inside it, `(c0 + CV) · L <= d`.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn pv<S: Lanes, const CV: usize, const R: usize>(scores: &[f32], stride: usize, total: usize, values: &[f32], d: usize, c0: usize, i0: usize, nh: usize, h: usize, out: &OutPart) -> usize {
+    unsafe fn pv<S: Lanes, const CV: usize, const R: usize>(
+        scores: &[f32],
+        stride: usize,
+        total: usize,
+        values: &[f32],
+        d: usize,
+        c0: usize,
+        i0: usize,
+        nh: usize,
+        h: usize,
+        out: &OutPart,
+    ) -> usize {
         let lanes = S::L;
         let col = c0 * lanes;
-        debug_assert!(col + CV * lanes <= d && values.len() >= total * d && scores.len() >= (i0 + R - 1) * stride + total);
+        debug_assert!(
+            col + CV * lanes <= d && values.len() >= total * d && scores.len() >= (i0 + R - 1) * stride + total
+        );
         let mut acc = [[unsafe { S::zero() }; CV]; R];
         for j in 0..total {
             // SAFETY: key j's values inside `values` (checked above).
-            let v: [S::V; CV] = std::array::from_fn(|t| unsafe { S::load(values.as_ptr().add(j * d + col + lanes * t)) });
+            let v: [S::V; CV] =
+                std::array::from_fn(|t| unsafe { S::load(values.as_ptr().add(j * d + col + lanes * t)) });
             for (r, row) in acc.iter_mut().enumerate() {
                 let p = unsafe { S::set1(scores[(i0 + r) * stride + j]) };
                 for (a, &vt) in row.iter_mut().zip(&v) {
@@ -722,11 +812,47 @@ mod tests {
                 let (mut k2, mut v2) = (k1.clone(), v1.clone());
                 let mut tree = vec![0f32; 3 * hd.heads * d];
                 let mask = [1u8, 0, 0, 1, 1, 0, 1, 0, 1];
-                block_attention_on(isa, &qkv, 3, hd, None, &cos, &sin, &mut k1, &mut v1, prefix, Some(&mask), 0.125, &mut tree, 1).unwrap();
-                let pick = |a: &[f32], rows: [usize; 2], width: usize| -> Vec<f32> { rows.iter().flat_map(|&r| a[r * width..(r + 1) * width].to_vec()).collect() };
+                block_attention_on(
+                    isa,
+                    &qkv,
+                    3,
+                    hd,
+                    None,
+                    &cos,
+                    &sin,
+                    &mut k1,
+                    &mut v1,
+                    prefix,
+                    Some(&mask),
+                    0.125,
+                    &mut tree,
+                    1,
+                )
+                .unwrap();
+                let pick = |a: &[f32], rows: [usize; 2], width: usize| -> Vec<f32> {
+                    rows.iter().flat_map(|&r| a[r * width..(r + 1) * width].to_vec()).collect()
+                };
                 let mut steps = vec![0f32; 2 * hd.heads * d];
-                block_attention_on(isa, &pick(&qkv, [0, 2], w), 2, hd, None, &pick(&cos, [0, 2], d), &pick(&sin, [0, 2], d), &mut k2, &mut v2, prefix, None, 0.125, &mut steps, 1).unwrap();
-                let row = |a: &[f32], r: usize| a[r * hd.heads * d..(r + 1) * hd.heads * d].iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+                block_attention_on(
+                    isa,
+                    &pick(&qkv, [0, 2], w),
+                    2,
+                    hd,
+                    None,
+                    &pick(&cos, [0, 2], d),
+                    &pick(&sin, [0, 2], d),
+                    &mut k2,
+                    &mut v2,
+                    prefix,
+                    None,
+                    0.125,
+                    &mut steps,
+                    1,
+                )
+                .unwrap();
+                let row = |a: &[f32], r: usize| {
+                    a[r * hd.heads * d..(r + 1) * hd.heads * d].iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
+                };
                 assert_eq!(row(&tree, 0), row(&steps, 0), "{isa:?} prefix {prefix}: root");
                 assert_eq!(row(&tree, 2), row(&steps, 1), "{isa:?} prefix {prefix}: the second child");
             }
@@ -767,7 +893,10 @@ mod tests {
                     let (x, u) = (gu[r * 2 * inter + j] as f64, gu[r * 2 * inter + inter + j] as f64);
                     let want = x / (1.0 + (-x).exp()) * u;
                     let got = out[r * inter + j] as f64;
-                    assert!((got - want).abs() <= 4.0 * f32::EPSILON as f64 * want.abs() + 1e-30, "{isa:?} row {r} [{j}]: silu({x}) * {u} = {got}, want {want}");
+                    assert!(
+                        (got - want).abs() <= 4.0 * f32::EPSILON as f64 * want.abs() + 1e-30,
+                        "{isa:?} row {r} [{j}]: silu({x}) * {u} = {got}, want {want}"
+                    );
                 }
             }
             // one row alone: the same bits as inside the block
@@ -808,7 +937,18 @@ mod tests {
 
     /// Float64 attention of one block, written out plainly.
     #[allow(clippy::too_many_arguments)]
-    fn reference(qkv: &[f32], n: usize, hd: Heads, cos: &[f32], sin: &[f32], prefix_k: &[f32], prefix_v: &[f32], prefix: usize, mask: &[u8], scale: f32) -> Vec<f64> {
+    fn reference(
+        qkv: &[f32],
+        n: usize,
+        hd: Heads,
+        cos: &[f32],
+        sin: &[f32],
+        prefix_k: &[f32],
+        prefix_v: &[f32],
+        prefix: usize,
+        mask: &[u8],
+        scale: f32,
+    ) -> Vec<f64> {
         let Heads { heads: nh, kv_heads: nkv, head_dim: d } = hd;
         let width = (nh + 2 * nkv) * d;
         let rope64 = |x: &[f32], i: usize| -> Vec<f64> {
@@ -828,16 +968,25 @@ mod tests {
                 let mut keys: Vec<(Vec<f64>, Vec<f64>)> = (0..prefix)
                     .map(|j| {
                         let at = (g * prefix + j) * d;
-                        (prefix_k[at..at + d].iter().map(|&v| v as f64).collect(), prefix_v[at..at + d].iter().map(|&v| v as f64).collect())
+                        (
+                            prefix_k[at..at + d].iter().map(|&v| v as f64).collect(),
+                            prefix_v[at..at + d].iter().map(|&v| v as f64).collect(),
+                        )
                     })
                     .collect();
                 for j in 0..n {
                     if mask[i * n + j] != 0 {
                         let r = &qkv[j * width..(j + 1) * width];
-                        keys.push((rope64(&r[(nh + g) * d..(nh + g + 1) * d], j), r[(nh + nkv + g) * d..(nh + nkv + g + 1) * d].iter().map(|&v| v as f64).collect()));
+                        keys.push((
+                            rope64(&r[(nh + g) * d..(nh + g + 1) * d], j),
+                            r[(nh + nkv + g) * d..(nh + nkv + g + 1) * d].iter().map(|&v| v as f64).collect(),
+                        ));
                     }
                 }
-                let s: Vec<f64> = keys.iter().map(|(k, _)| k.iter().zip(&q).map(|(a, b)| a * b).sum::<f64>() * scale as f64).collect();
+                let s: Vec<f64> = keys
+                    .iter()
+                    .map(|(k, _)| k.iter().zip(&q).map(|(a, b)| a * b).sum::<f64>() * scale as f64)
+                    .collect();
                 let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
                 let z: f64 = e.iter().sum();
@@ -897,16 +1046,24 @@ mod tests {
                 }
             }
             let mut out = vec![0f32; n * hd.heads * hd.head_dim];
-            block_attention_on(isa, &qkv, n, hd, None, &cos, &sin, &mut kc, &mut vc, prefix, m, 0.25, &mut out, 1).unwrap();
+            block_attention_on(isa, &qkv, n, hd, None, &cos, &sin, &mut kc, &mut vc, prefix, m, 0.25, &mut out, 1)
+                .unwrap();
             // heads split between threads (2, or more threads than heads): the same bits
             for threads in [2, 3, 8] {
                 let (mut kt, mut vt) = (kc.clone(), vc.clone());
                 let mut split = vec![0f32; out.len()];
-                block_attention_on(isa, &qkv, n, hd, None, &cos, &sin, &mut kt, &mut vt, prefix, m, 0.25, &mut split, threads).unwrap();
-                assert!(split.iter().zip(&out).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa:?}: {threads} threads, {hd:?}");
+                block_attention_on(
+                    isa, &qkv, n, hd, None, &cos, &sin, &mut kt, &mut vt, prefix, m, 0.25, &mut split, threads,
+                )
+                .unwrap();
+                assert!(
+                    split.iter().zip(&out).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{isa:?}: {threads} threads, {hd:?}"
+                );
                 assert_eq!((kt, vt), (kc.clone(), vc.clone()));
             }
-            let dense: Vec<u8> = if causal { (0..n * n).map(|x| u8::from(x % n <= x / n)).collect() } else { mask.clone() };
+            let dense: Vec<u8> =
+                if causal { (0..n * n).map(|x| u8::from(x % n <= x / n)).collect() } else { mask.clone() };
             let want = reference(&qkv, n, hd, &cos, &sin, &prefix_k, &prefix_v, prefix, &dense, 0.25);
             for (a, b) in out.iter().zip(&want) {
                 assert!((*a as f64 - b).abs() < 1e-5, "{isa:?} {hd:?}: {a} vs {b}");
@@ -918,8 +1075,39 @@ mod tests {
         let mut kc = vec![0f32; hd.kv_heads * capacity * hd.head_dim];
         let mut vc = kc.clone();
         let mut out = vec![0f32; n * hd.heads * hd.head_dim];
-        let err = block_attention_on(isa, &qkv, n, hd, None, &cos, &sin, &mut kc, &mut vc, capacity - 2, None, 0.25, &mut out, 1);
+        let err = block_attention_on(
+            isa,
+            &qkv,
+            n,
+            hd,
+            None,
+            &cos,
+            &sin,
+            &mut kc,
+            &mut vc,
+            capacity - 2,
+            None,
+            0.25,
+            &mut out,
+            1,
+        );
         assert!(err.unwrap_err().0.contains("exceed"));
-        assert!(block_attention_on(isa, &qkv[1..], n, hd, None, &cos, &sin, &mut kc, &mut vc, 0, None, 0.25, &mut out, 1).is_err());
+        assert!(block_attention_on(
+            isa,
+            &qkv[1..],
+            n,
+            hd,
+            None,
+            &cos,
+            &sin,
+            &mut kc,
+            &mut vc,
+            0,
+            None,
+            0.25,
+            &mut out,
+            1
+        )
+        .is_err());
     }
 }

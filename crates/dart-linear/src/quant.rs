@@ -51,7 +51,11 @@ impl Format {
 
     /// Bytes of a block's scales (`d`, or `d, m`: fp16 each).
     pub const fn scale_bytes(self) -> usize {
-        if matches!(self, Format::Q4_1) { 4 } else { 2 }
+        if matches!(self, Format::Q4_1) {
+            4
+        } else {
+            2
+        }
     }
 
     /// `"q4_0"`, `"q4_1"`, `"q8_0"`.
@@ -71,7 +75,10 @@ impl Format {
     /// Bytes of one row of `k` weights; an error unless `k` is a whole number of blocks.
     pub fn row_bytes(self, k: usize) -> Result<usize, ShapeError> {
         if k == 0 || !k.is_multiple_of(BLOCK_WEIGHTS) {
-            return Err(ShapeError(format!("{}: rows of {k} weights are not a whole number of {BLOCK_WEIGHTS}-weight blocks", self.name())));
+            return Err(ShapeError(format!(
+                "{}: rows of {k} weights are not a whole number of {BLOCK_WEIGHTS}-weight blocks",
+                self.name()
+            )));
         }
         Ok(k / BLOCK_WEIGHTS * self.block_bytes())
     }
@@ -158,7 +165,12 @@ pub fn dequantize(format: Format, bytes: &[u8], n: usize, k: usize, out: &mut [f
 pub fn pack(format: Format, file: &[u8], n: usize, k: usize, out: &mut [u8]) -> Result<(), ShapeError> {
     format.check(file.len(), n, k)?;
     if out.len() != file.len() {
-        return Err(ShapeError(format!("pack {}: out has {} bytes, the blocks {}", format.name(), out.len(), file.len())));
+        return Err(ShapeError(format!(
+            "pack {}: out has {} bytes, the blocks {}",
+            format.name(),
+            out.len(),
+            file.len()
+        )));
     }
     let (bb, sb, nb) = (format.block_bytes(), format.scale_bytes(), k / BLOCK_WEIGHTS);
     let row = nb * bb;
@@ -191,7 +203,9 @@ pub fn dequantize_packed(format: Format, bytes: &[u8], n: usize, k: usize, out: 
     let mut block = [0f32; BLOCK_WEIGHTS];
     for (row, o) in bytes.chunks_exact(nb * bb).zip(out.chunks_exact_mut(k)) {
         let (scales, quants) = row.split_at(nb * sb);
-        for ((s, q), ob) in scales.chunks_exact(sb).zip(quants.chunks_exact(bb - sb)).zip(o.chunks_exact_mut(BLOCK_WEIGHTS)) {
+        for ((s, q), ob) in
+            scales.chunks_exact(sb).zip(quants.chunks_exact(bb - sb)).zip(o.chunks_exact_mut(BLOCK_WEIGHTS))
+        {
             file[..sb].copy_from_slice(s);
             file[sb..].copy_from_slice(q);
             dequantize_block(format, &file, &mut block);

@@ -18,7 +18,11 @@ pub(crate) const Q8_0: u8 = 5;
 
 /// Bytes per weight element (the plain formats).
 pub(crate) const fn width(fmt: u8) -> usize {
-    if fmt == F32 { 4 } else { 2 }
+    if fmt == F32 {
+        4
+    } else {
+        2
+    }
 }
 
 /// Whether `fmt` is a block format.
@@ -37,14 +41,22 @@ pub(crate) const fn block_bytes(fmt: u8) -> usize {
 
 /// Bytes of a block's fp16 scales (`d`, or `d, m` for Q4_1), which lead a packed row.
 pub(crate) const fn scale_bytes(fmt: u8) -> usize {
-    if fmt == Q4_1 { 4 } else { 2 }
+    if fmt == Q4_1 {
+        4
+    } else {
+        2
+    }
 }
 
 /// The byte offset of weight `i` (a multiple of 32 for a block format: its block's start)
 /// in a row.
 #[inline(always)]
 pub(crate) const fn offset(fmt: u8, i: usize) -> usize {
-    if blocked(fmt) { i / 32 * block_bytes(fmt) } else { i * width(fmt) }
+    if blocked(fmt) {
+        i / 32 * block_bytes(fmt)
+    } else {
+        i * width(fmt)
+    }
 }
 
 /// An instruction set's f32 vector and the operations the kernels use. Every function is
@@ -115,7 +127,11 @@ impl Lanes for Avx512 {
         // One vector per step whatever the plain format: 64 bytes of f32, 32 of a 16-bit
         // format (the prefetch of the second half-line is redundant, measured as cheap); a
         // whole block (two vectors) of a block format, its scales read once.
-        if blocked(fmt) { 2 } else { 1 }
+        if blocked(fmt) {
+            2
+        } else {
+            1
+        }
     }
 
     #[inline(always)]
@@ -179,7 +195,9 @@ impl Lanes for Avx512 {
     unsafe fn load_q<const FMT: u8>(p: *const u8, (t, _): (__m512, __m512), u: usize) -> __m512 {
         unsafe {
             match FMT {
-                Q8_0 => _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(16 * u).cast()))), t),
+                Q8_0 => {
+                    _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(16 * u).cast()))), t)
+                }
                 _ => {
                     // the 16 bytes' low nibbles (u = 0) or high nibbles (u = 1) pick lanes of
                     // the block's table (a permute reads only an index's low four bits)
@@ -228,12 +246,20 @@ impl Lanes for Avx512 {
     #[inline(always)]
     unsafe fn reduce(v: &[__m512; 16]) -> __m512 {
         // Pairs folded into one: lanes 0..8 = `a[i] + a[i + 8]`, lanes 8..16 = the same of b.
-        let fold8 = |a, b| unsafe { _mm512_add_ps(_mm512_shuffle_f32x4::<0b01_00_01_00>(a, b), _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b)) };
+        let fold8 = |a, b| unsafe {
+            _mm512_add_ps(_mm512_shuffle_f32x4::<0b01_00_01_00>(a, b), _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b))
+        };
         // Per 8-lane owner: `x[i] + x[i + 4]` (128-bit quarters 0 + 1 and 2 + 3).
-        let fold4 = |a, b| unsafe { _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(a, b), _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b)) };
+        let fold4 = |a, b| unsafe {
+            _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(a, b), _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b))
+        };
         // Per 4-lane owner (a 128-bit quarter): `x[i] + x[i + 2]`; then per 2-lane owner.
-        let fold2 = |a, b| unsafe { _mm512_add_ps(_mm512_shuffle_ps::<0b01_00_01_00>(a, b), _mm512_shuffle_ps::<0b11_10_11_10>(a, b)) };
-        let fold1 = |a, b| unsafe { _mm512_add_ps(_mm512_shuffle_ps::<0b10_00_10_00>(a, b), _mm512_shuffle_ps::<0b11_01_11_01>(a, b)) };
+        let fold2 = |a, b| unsafe {
+            _mm512_add_ps(_mm512_shuffle_ps::<0b01_00_01_00>(a, b), _mm512_shuffle_ps::<0b11_10_11_10>(a, b))
+        };
+        let fold1 = |a, b| unsafe {
+            _mm512_add_ps(_mm512_shuffle_ps::<0b10_00_10_00>(a, b), _mm512_shuffle_ps::<0b11_01_11_01>(a, b))
+        };
         let s: [__m512; 8] = std::array::from_fn(|i| fold8(v[2 * i], v[2 * i + 1]));
         let t: [__m512; 4] = std::array::from_fn(|i| fold4(s[2 * i], s[2 * i + 1]));
         let f = fold1(fold2(t[0], t[1]), fold2(t[2], t[3]));
@@ -254,7 +280,12 @@ impl Lanes for Avx512 {
     }
     #[inline(always)]
     unsafe fn pow2i(k: __m512) -> __m512 {
-        unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)))) }
+        unsafe {
+            _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
+                _mm512_cvtps_epi32(k),
+                _mm512_set1_epi32(127),
+            )))
+        }
     }
 }
 
@@ -266,7 +297,11 @@ impl Lanes for Avx2 {
     fn unroll(fmt: u8) -> usize {
         // 32 bytes of f32 or 16 of a 16-bit format per vector: 2 or 4 vectors per line; a
         // whole block (four vectors) of a block format, its scales read once.
-        if blocked(fmt) { 4 } else { 64 / (8 * width(fmt)) }
+        if blocked(fmt) {
+            4
+        } else {
+            64 / (8 * width(fmt))
+        }
     }
 
     #[inline(always)]
@@ -319,7 +354,9 @@ impl Lanes for Avx2 {
     unsafe fn load_q<const FMT: u8>(p: *const u8, (d, m): (__m256, __m256), u: usize) -> __m256 {
         unsafe {
             match FMT {
-                Q8_0 => _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(8 * u).cast()))), d),
+                Q8_0 => {
+                    _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(8 * u).cast()))), d)
+                }
                 _ => {
                     // bytes (u % 2) * 8 .. + 8: their low nibbles (u < 2) or high nibbles
                     let qs = p.add(8 * (u % 2));
@@ -374,10 +411,15 @@ impl Lanes for Avx2 {
     #[inline(always)]
     unsafe fn reduce(v: &[__m256; 16]) -> __m256 {
         // Pairs folded into one: lanes 0..4 = `a[i] + a[i + 4]`, lanes 4..8 = the same of b.
-        let fold4 = |a, b| unsafe { _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(a, b), _mm256_permute2f128_ps::<0x31>(a, b)) };
+        let fold4 =
+            |a, b| unsafe { _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(a, b), _mm256_permute2f128_ps::<0x31>(a, b)) };
         // Per 4-lane owner (a 128-bit half): `x[i] + x[i + 2]`; then per 2-lane owner.
-        let fold2 = |a, b| unsafe { _mm256_add_ps(_mm256_shuffle_ps::<0b01_00_01_00>(a, b), _mm256_shuffle_ps::<0b11_10_11_10>(a, b)) };
-        let fold1 = |a, b| unsafe { _mm256_add_ps(_mm256_shuffle_ps::<0b10_00_10_00>(a, b), _mm256_shuffle_ps::<0b11_01_11_01>(a, b)) };
+        let fold2 = |a, b| unsafe {
+            _mm256_add_ps(_mm256_shuffle_ps::<0b01_00_01_00>(a, b), _mm256_shuffle_ps::<0b11_10_11_10>(a, b))
+        };
+        let fold1 = |a, b| unsafe {
+            _mm256_add_ps(_mm256_shuffle_ps::<0b10_00_10_00>(a, b), _mm256_shuffle_ps::<0b11_01_11_01>(a, b))
+        };
         let s: [__m256; 4] = std::array::from_fn(|i| fold4(v[2 * i], v[2 * i + 1]));
         let f = fold1(fold2(s[0], s[1]), fold2(s[2], s[3]));
         // Lanes 0..4 now hold the sums of v[0], v[2], v[4], v[6]; lanes 4..8 of v[1], v[3], ...
@@ -405,7 +447,12 @@ impl Lanes for Avx2 {
     }
     #[inline(always)]
     unsafe fn pow2i(k: __m256) -> __m256 {
-        unsafe { _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)))) }
+        unsafe {
+            _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+                _mm256_cvtps_epi32(k),
+                _mm256_set1_epi32(127),
+            )))
+        }
     }
 }
 

@@ -78,20 +78,35 @@ pub fn check_layers(layers: &[Layer<'_>], shape: &Shape, final_norm: &[f32]) -> 
     let Shape { hidden, heads, inter, .. } = *shape;
     let Heads { heads: nh, kv_heads: nkv, head_dim: d } = heads;
     if layers.is_empty() || hidden == 0 || inter == 0 || nh == 0 || nkv == 0 || d == 0 || !nh.is_multiple_of(nkv) {
-        return Err(ShapeError(format!("layer stack: {} layers, hidden {hidden}, inter {inter}, {heads:?}", layers.len())));
+        return Err(ShapeError(format!(
+            "layer stack: {} layers, hidden {hidden}, inter {inter}, {heads:?}",
+            layers.len()
+        )));
     }
     if final_norm.len() != hidden {
-        return Err(ShapeError(format!("layer stack: final norm has {} weights, hidden size {hidden}", final_norm.len())));
+        return Err(ShapeError(format!(
+            "layer stack: final norm has {} weights, hidden size {hidden}",
+            final_norm.len()
+        )));
     }
     for (i, l) in layers.iter().enumerate() {
         let fail = |what: String| Err(ShapeError(format!("layer stack: layer {i}: {what}")));
         if l.input_norm.len() != hidden || l.post_norm.len() != hidden {
-            return fail(format!("norm weights of {} / {} elements, hidden size {hidden}", l.input_norm.len(), l.post_norm.len()));
+            return fail(format!(
+                "norm weights of {} / {} elements, hidden size {hidden}",
+                l.input_norm.len(),
+                l.post_norm.len()
+            ));
         }
         if l.qk_norm.is_some_and(|(q, k)| q.len() != d || k.len() != d) {
             return fail(format!("q/k norm weights need {d} elements"));
         }
-        for (what, p, n, k) in [("qkv", &l.qkv, (nh + 2 * nkv) * d, hidden), ("o", &l.o, hidden, nh * d), ("gate_up", &l.gate_up, 2 * inter, hidden), ("down", &l.down, hidden, inter)] {
+        for (what, p, n, k) in [
+            ("qkv", &l.qkv, (nh + 2 * nkv) * d, hidden),
+            ("o", &l.o, hidden, nh * d),
+            ("gate_up", &l.gate_up, 2 * inter, hidden),
+            ("down", &l.down, hidden, inter),
+        ] {
             if p.n != n || p.k != k {
                 return fail(format!("{what} is [{}, {}], expected [{n}, {k}]", p.n, p.k));
             }
@@ -145,7 +160,10 @@ pub fn forward(
         return fail(format!("cos / sin have {} / {} elements, expected {n} x {d}", cos.len(), sin.len()));
     }
     let layer_count = layers.len();
-    if taps.iter().any(|&t| t >= layer_count) || (1..taps.len()).any(|i| taps[..i].contains(&taps[i])) || tap_out.len() != taps.len() * n * hidden {
+    if taps.iter().any(|&t| t >= layer_count)
+        || (1..taps.len()).any(|i| taps[..i].contains(&taps[i]))
+        || tap_out.len() != taps.len() * n * hidden
+    {
         return fail(format!("taps {taps:?} of {layer_count} layers into {} elements", tap_out.len()));
     }
     let mut next = 0;
@@ -157,7 +175,11 @@ pub fn forward(
             return fail(format!("segment rows {:?} after row {next}: the segments cover the rows in order", s.rows));
         }
         if s.k_cache.len() != layer_count * nkv * capacity * d || s.v_cache.len() != s.k_cache.len() {
-            return fail(format!("caches of {} / {} elements do not hold {layer_count} layers x {nkv} kv heads x {d}", s.k_cache.len(), s.v_cache.len()));
+            return fail(format!(
+                "caches of {} / {} elements do not hold {layer_count} layers x {nkv} kv heads x {d}",
+                s.k_cache.len(),
+                s.v_cache.len()
+            ));
         }
         if s.prefix + m > capacity {
             return fail(format!("{m} rows after {} cached exceed the cache's {capacity} slots", s.prefix));
@@ -177,7 +199,8 @@ pub fn forward(
     let mut proj = vec![0f32; n * hidden];
     let mut gu = vec![0f32; n * 2 * inter];
     let mut act = vec![0f32; n * inter];
-    let product = |p: &Product<'_>, x: &[f32], out: &mut [f32]| crate::linear(x, n, p.k, p.w, p.n, p.bias, out, threads);
+    let product =
+        |p: &Product<'_>, x: &[f32], out: &mut [f32]| crate::linear(x, n, p.k, p.w, p.n, p.bias, out, threads);
     for (i, layer) in layers.iter().enumerate() {
         ops::add_rms_norm(h, (i > 0).then_some(&proj[..]), layer.input_norm, eps, &mut x)?;
         if let Some(j) = taps.iter().position(|&t| t == i) {
@@ -242,7 +265,12 @@ mod tests {
         let mut o = Owned { norms: vec![], mats: vec![], biases: vec![] };
         for _ in 0..LAYERS {
             o.norms.extend([next(hidden, 0.2, 1.0), next(hidden, 0.2, 1.0), next(d, 0.2, 1.0), next(d, 0.2, 1.0)]);
-            o.mats.extend([next(width * hidden, 0.3, 0.0), next(hidden * HEADS.heads * d, 0.3, 0.0), next(2 * inter * hidden, 0.3, 0.0), next(hidden * inter, 0.3, 0.0)]);
+            o.mats.extend([
+                next(width * hidden, 0.3, 0.0),
+                next(hidden * HEADS.heads * d, 0.3, 0.0),
+                next(2 * inter * hidden, 0.3, 0.0),
+                next(hidden * inter, 0.3, 0.0),
+            ]);
             o.biases.extend([next(width, 0.1, 0.0), next(hidden, 0.1, 0.0)]);
         }
         o.norms.push(next(hidden, 0.2, 1.0));
@@ -287,7 +315,15 @@ mod tests {
 
     /// The same layers as separate calls, the way a caller's loop makes them (a causal block
     /// into empty caches).
-    fn one_call_at_a_time(ls: &[Layer<'_>], final_norm: &[f32], h: &mut [f32], cos: &[f32], sin: &[f32], kc: &mut [f32], vc: &mut [f32]) -> Vec<f32> {
+    fn one_call_at_a_time(
+        ls: &[Layer<'_>],
+        final_norm: &[f32],
+        h: &mut [f32],
+        cos: &[f32],
+        sin: &[f32],
+        kc: &mut [f32],
+        vc: &mut [f32],
+    ) -> Vec<f32> {
         let Shape { hidden, inter, eps, scale, .. } = SHAPE;
         let n = h.len() / hidden;
         let per = kc.len() / LAYERS;
@@ -299,7 +335,22 @@ mod tests {
             crate::linear(&x, n, hidden, l.qkv.w, l.qkv.n, l.qkv.bias, &mut qkv, 1).unwrap();
             let mut att = vec![0f32; n * l.o.k];
             let (q, k) = l.qk_norm.unwrap();
-            ops::block_attention(&qkv, n, HEADS, Some((q, k, eps)), cos, sin, &mut kc[i * per..(i + 1) * per], &mut vc[i * per..(i + 1) * per], 0, None, scale, &mut att, 1).unwrap();
+            ops::block_attention(
+                &qkv,
+                n,
+                HEADS,
+                Some((q, k, eps)),
+                cos,
+                sin,
+                &mut kc[i * per..(i + 1) * per],
+                &mut vc[i * per..(i + 1) * per],
+                0,
+                None,
+                scale,
+                &mut att,
+                1,
+            )
+            .unwrap();
             let mut o = vec![0f32; n * hidden];
             crate::linear(&att, n, l.o.k, l.o.w, hidden, l.o.bias, &mut o, 1).unwrap();
             ops::add_rms_norm(h, Some(&o), l.post_norm, eps, &mut x).unwrap();
@@ -332,7 +383,8 @@ mod tests {
 
     /// `n` rows of `k` random block weights of `format` (scales about 2^-5).
     fn blocks(format: crate::quant::Format, n: usize, k: usize, seed: u64) -> Vec<u8> {
-        let mut b: Vec<u8> = data(n * format.row_bytes(k).unwrap(), seed).iter().map(|v| (v.to_bits() >> 9) as u8).collect();
+        let mut b: Vec<u8> =
+            data(n * format.row_bytes(k).unwrap(), seed).iter().map(|v| (v.to_bits() >> 9) as u8).collect();
         for (i, block) in b.chunks_exact_mut(format.block_bytes()).enumerate() {
             block[..2].copy_from_slice(&(0x2800u16 + (i % 97) as u16).to_le_bytes());
             if format == crate::quant::Format::Q4_1 {
@@ -359,7 +411,11 @@ mod tests {
         let mut held = Vec::new();
         for i in 0..LAYERS {
             let s = 50 + 10 * i as u64;
-            for (f, n, k, seed) in [(Format::Q4_0, width, hidden, s), (Format::Q4_1, hidden, HEADS.heads * d, s + 1), (Format::Q8_0, 2 * inter, hidden, s + 2)] {
+            for (f, n, k, seed) in [
+                (Format::Q4_0, width, hidden, s),
+                (Format::Q4_1, hidden, HEADS.heads * d, s + 1),
+                (Format::Q8_0, 2 * inter, hidden, s + 2),
+            ] {
                 held.push((f, n, k, int8::interleave(f, &blocks(f, n, k, seed), n, k).unwrap()));
             }
         }
@@ -391,7 +447,8 @@ mod tests {
             let mut out = vec![0f32; n * hidden];
             let mut tap = vec![0f32; 2 * n * hidden];
             let mut segs = [Segment { rows: 0..n, k_cache: &mut kc, v_cache: &mut vc, prefix: 0, mask: None }];
-            forward(&ls, &SHAPE, final_norm, &mut h, &cos, &sin, &mut segs, &[2, 0], &mut tap, &mut out, threads).unwrap();
+            forward(&ls, &SHAPE, final_norm, &mut h, &cos, &sin, &mut segs, &[2, 0], &mut tap, &mut out, threads)
+                .unwrap();
             let (mut kw, mut vw) = (vec![0f32; cache_len], vec![0f32; cache_len]);
             let mut hw = embedded.clone();
             let want = one_call_at_a_time(&ls, final_norm, &mut hw, &cos, &sin, &mut kw, &mut vw);
@@ -405,14 +462,18 @@ mod tests {
                 let mut hi = embedded[i * hidden..(i + 1) * hidden].to_vec();
                 let mut oi = vec![0f32; hidden];
                 let mut segs = [Segment { rows: 0..1, k_cache: &mut ks, v_cache: &mut vs, prefix: i, mask: None }];
-                let (c, s) = (&cos[i * HEADS.head_dim..(i + 1) * HEADS.head_dim], &sin[i * HEADS.head_dim..(i + 1) * HEADS.head_dim]);
+                let (c, s) = (
+                    &cos[i * HEADS.head_dim..(i + 1) * HEADS.head_dim],
+                    &sin[i * HEADS.head_dim..(i + 1) * HEADS.head_dim],
+                );
                 forward(&ls, &SHAPE, final_norm, &mut hi, c, s, &mut segs, &[], &mut [], &mut oi, threads).unwrap();
                 assert_eq!(bits(&oi), bits(&out[i * hidden..(i + 1) * hidden]), "row {i}, {threads} threads");
             }
             assert_eq!((bits(&ks), bits(&vs)), (bits(&kc), bits(&vc)));
 
             // two sequences packed: each as if alone (rows 0..2 of one, rows 0..3 of another)
-            let (mut k1, mut v1, mut k2, mut v2) = (vec![0f32; cache_len], vec![0f32; cache_len], vec![0f32; cache_len], vec![0f32; cache_len]);
+            let (mut k1, mut v1, mut k2, mut v2) =
+                (vec![0f32; cache_len], vec![0f32; cache_len], vec![0f32; cache_len], vec![0f32; cache_len]);
             let mut packed = embedded.clone();
             let mut pout = vec![0f32; n * hidden];
             let cos2: Vec<f32> = [&cos[..2 * HEADS.head_dim], &cos[..3 * HEADS.head_dim]].concat();
@@ -421,12 +482,26 @@ mod tests {
                 Segment { rows: 0..2, k_cache: &mut k1, v_cache: &mut v1, prefix: 0, mask: None },
                 Segment { rows: 2..5, k_cache: &mut k2, v_cache: &mut v2, prefix: 0, mask: None },
             ];
-            forward(&ls, &SHAPE, final_norm, &mut packed, &cos2, &sin2, &mut segs, &[], &mut [], &mut pout, threads).unwrap();
+            forward(&ls, &SHAPE, final_norm, &mut packed, &cos2, &sin2, &mut segs, &[], &mut [], &mut pout, threads)
+                .unwrap();
             let mut alone = embedded[2 * hidden..].to_vec();
             let mut aout = vec![0f32; 3 * hidden];
             let (mut k3, mut v3) = (vec![0f32; cache_len], vec![0f32; cache_len]);
             let mut segs = [Segment { rows: 0..3, k_cache: &mut k3, v_cache: &mut v3, prefix: 0, mask: None }];
-            forward(&ls, &SHAPE, final_norm, &mut alone, &cos[..3 * HEADS.head_dim], &sin[..3 * HEADS.head_dim], &mut segs, &[], &mut [], &mut aout, threads).unwrap();
+            forward(
+                &ls,
+                &SHAPE,
+                final_norm,
+                &mut alone,
+                &cos[..3 * HEADS.head_dim],
+                &sin[..3 * HEADS.head_dim],
+                &mut segs,
+                &[],
+                &mut [],
+                &mut aout,
+                threads,
+            )
+            .unwrap();
             assert_eq!(bits(&pout[2 * hidden..]), bits(&aout));
             assert_eq!(bits(&pout[..2 * hidden]), bits(&out[..2 * hidden]));
         }
@@ -447,7 +522,8 @@ mod tests {
             let mut out = vec![0f32; n * hidden];
             let mut tap = vec![0f32; tap_len];
             let mut segs = [Segment { rows, k_cache: &mut kc, v_cache: &mut vc, prefix, mask }];
-            let err = forward(&ls, &SHAPE, final_norm, &mut h, &cos, &sin, &mut segs, taps, &mut tap, &mut out, 1).unwrap_err();
+            let err = forward(&ls, &SHAPE, final_norm, &mut h, &cos, &sin, &mut segs, taps, &mut tap, &mut out, 1)
+                .unwrap_err();
             assert!(kc.iter().chain(&vc).all(|&v| v == 0.5), "{err:?} after a write");
             err.0
         };

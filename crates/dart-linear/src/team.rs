@@ -155,7 +155,8 @@ impl Team {
         let call = &*self.call;
         // SAFETY: a helper calls `f` only for a part it claimed for this generation, and this
         // function returns only after every part is done (so `f` outlives every use).
-        let job = Job(Some(unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(f) }));
+        let job =
+            Job(Some(unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(f) }));
         *call.job.lock().unwrap_or_else(|p| p.into_inner()) = job;
         call.finished.store(0, SeqCst);
         call.panicked.store(false, SeqCst);
@@ -235,7 +236,7 @@ mod tests {
                 let counts: Vec<AtomicU64> = (0..threads).map(|_| AtomicU64::new(0)).collect();
                 team.run(&|part| {
                     // uneven parts, so that claims interleave differently from call to call
-                    if (call + part as u64) % 7 == 0 {
+                    if (call + part as u64).is_multiple_of(7) {
                         std::hint::black_box((0..2000).sum::<u64>());
                     }
                     counts[part].fetch_add(1, SeqCst);

@@ -44,11 +44,7 @@ fn bench(c: &mut Criterion) {
     let docs = corpus(2_000_000);
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("bench.idx");
-    let mut b = Builder::new(BuildOptions {
-        vocab_size: V,
-        ..Default::default()
-    })
-    .unwrap();
+    let mut b = Builder::new(BuildOptions { vocab_size: V, ..Default::default() }).unwrap();
     let refs: Vec<&[u32]> = docs.iter().map(|d| d.as_slice()).collect();
     b.add_documents(&refs).unwrap();
     b.finish(&out, "{}").unwrap();
@@ -84,9 +80,7 @@ fn bench(c: &mut Criterion) {
     c.bench_function("children_batch_141", |bn| {
         bn.iter(|| black_box(ix.children_batch(&ctx[..141], 25, &pool).unwrap()))
     });
-    c.bench_function("open", |bn| {
-        bn.iter(|| black_box(Index::open(&out).unwrap()))
-    });
+    c.bench_function("open", |bn| bn.iter(|| black_box(Index::open(&out).unwrap())));
 }
 
 criterion_group!(benches, bench);

@@ -87,10 +87,7 @@ impl Hasher for IdHasher {
 }
 
 fn trie_err(path: &Path, problem: TrieProblem) -> Error {
-    Error::Trie {
-        path: path.to_path_buf(),
-        problem,
-    }
+    Error::Trie { path: path.to_path_buf(), problem }
 }
 
 #[inline]
@@ -109,13 +106,7 @@ struct Spiller {
 
 impl Spiller {
     fn new(cap: usize, dir: &Path, name: &'static str) -> Self {
-        Spiller {
-            buf: Vec::new(),
-            cap,
-            dir: dir.to_path_buf(),
-            name,
-            files: Vec::new(),
-        }
+        Spiller { buf: Vec::new(), cap, dir: dir.to_path_buf(), name, files: Vec::new() }
     }
 
     #[inline]
@@ -135,9 +126,7 @@ impl Spiller {
             return Ok(());
         }
         self.buf.sort_unstable_by_key(|p| p.0);
-        let path = self
-            .dir
-            .join(format!("{}-{:05}.bin", self.name, self.files.len()));
+        let path = self.dir.join(format!("{}-{:05}.bin", self.name, self.files.len()));
         let f = File::create(&path).map_err(|e| Error::io(&path, e))?;
         let mut w = BufWriter::with_capacity(1 << 20, f);
         for &(k, v) in &self.buf {
@@ -241,18 +230,11 @@ impl Runs {
                 path: self.input.clone(),
                 problem: TrieProblem::Structure {
                     node: 0,
-                    reason: format!(
-                        "the n-gram ({}, {}, {}) has two nodes",
-                        k >> (2 * F),
-                        (k >> F) & END,
-                        k & END
-                    ),
+                    reason: format!("the n-gram ({}, {}, {}) has two nodes", k >> (2 * F), (k >> F) & END, k & END),
                 },
             });
         }
-        let path = self
-            .dir
-            .join(format!("keys-{:05}.dartrun", self.files.len()));
+        let path = self.dir.join(format!("keys-{:05}.dartrun", self.files.len()));
         write_run(&path, self.vocab, documents, self.buf.iter().copied())?;
         self.buf.clear();
         self.files.push(path);
@@ -310,22 +292,13 @@ pub fn convert_dart_trie(
         }
     }
     if opts.vocab_size == 0 || opts.vocab_size as u64 >= END {
-        return Err(Error::InvalidOption(format!(
-            "vocab_size must be in 1..={}, got {}",
-            END - 1,
-            opts.vocab_size
-        )));
+        return Err(Error::InvalidOption(format!("vocab_size must be in 1..={}, got {}", END - 1, opts.vocab_size)));
     }
     let vocab = opts.vocab_size as u64;
-    let mut r = TrieReader {
-        r: BufReader::with_capacity(1 << 20, f),
-        pos: 0,
-    };
+    let mut r = TrieReader { r: BufReader::with_capacity(1 << 20, f), pos: 0 };
     let foreign = |reason: String| trie_err(input, TrieProblem::Foreign { reason });
     let (Some(h0), Some(h1)) = (r.exact::<8>(), r.exact::<8>()) else {
-        return Err(foreign(format!(
-            "{len} bytes, shorter than the 16-byte header"
-        )));
+        return Err(foreign(format!("{len} bytes, shorter than the 16-byte header")));
     };
     let (order, nodes) = (u64::from_le_bytes(h0), u64::from_le_bytes(h1));
     if order != 3 {
@@ -334,30 +307,18 @@ pub fn convert_dart_trie(
         )));
     }
     // every node takes at least 24 bytes and is the child of one other
-    let least = nodes
-        .checked_mul(NODE_BYTES)
-        .and_then(|b| b.checked_add(16 + nodes.saturating_sub(1) * CHILD_BYTES));
+    let least = nodes.checked_mul(NODE_BYTES).and_then(|b| b.checked_add(16 + nodes.saturating_sub(1) * CHILD_BYTES));
     match least {
         None => return Err(foreign(format!("node count {nodes} is impossible"))),
         Some(_) if nodes == 0 => return Err(foreign("no nodes (not even the root)".into())),
         Some(need) if need > len => {
             let whole = (len.saturating_sub(16)) / (NODE_BYTES + CHILD_BYTES);
-            return Err(trie_err(
-                input,
-                TrieProblem::Truncated {
-                    node: whole.min(nodes - 1),
-                    nodes,
-                    len,
-                },
-            ));
+            return Err(trie_err(input, TrieProblem::Truncated { node: whole.min(nodes - 1), nodes, len }));
         }
         _ => {}
     }
     let tmp_parent = opts.temp_dir.clone().unwrap_or_else(|| {
-        output
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+        output.parent().filter(|p| !p.as_os_str().is_empty()).map_or_else(|| PathBuf::from("."), Path::to_path_buf)
     });
     let tmp = tempfile::Builder::new()
         .prefix("dart-trie-convert-")
@@ -377,42 +338,26 @@ pub fn convert_dart_trie(
     let mut tri = Spiller::new(cap, tmp.path(), "trigrams");
     let (mut n1, mut n2, mut n3, mut children_total) = (0u64, 0u64, 0u64, 0u64);
     for id in 0..nodes {
-        let truncated = || {
-            trie_err(
-                input,
-                TrieProblem::Truncated {
-                    node: id,
-                    nodes,
-                    len,
-                },
-            )
-        };
+        let truncated = || trie_err(input, TrieProblem::Truncated { node: id, nodes, len });
         let rec = r.exact::<24>().ok_or_else(truncated)?;
         let token = i32::from_le_bytes(rec[0..4].try_into().unwrap_or([0; 4]));
         let parent = u64::from_le_bytes(rec[4..12].try_into().unwrap_or([0; 8]));
         let freq = i32::from_le_bytes(rec[12..16].try_into().unwrap_or([0; 4]));
         let nch = u64::from_le_bytes(rec[16..24].try_into().unwrap_or([0; 8]));
         if nch > nodes {
-            return Err(foreign(format!(
-                "node {id} claims {nch} children of {nodes} nodes"
-            )));
+            return Err(foreign(format!("node {id} claims {nch} children of {nodes} nodes")));
         }
         if !r.skip(nch * CHILD_BYTES) {
             return Err(truncated());
         }
         children_total += nch;
         if id % PROGRESS_EVERY == 0 {
-            progress(&TrieProgress {
-                stage: "read",
-                done: r.pos,
-                total: len,
-            });
+            progress(&TrieProgress { stage: "read", done: r.pos, total: len });
         }
         if id == 0 {
             continue; // the root: its freq (all tokens) is not needed
         }
-        let structure =
-            |reason: String| trie_err(input, TrieProblem::Structure { node: id, reason });
+        let structure = |reason: String| trie_err(input, TrieProblem::Structure { node: id, reason });
         if parent >= id {
             return Err(structure(format!(
                 "its parent {parent} does not precede it (TrieNgram::save writes parents first)"
@@ -426,15 +371,7 @@ pub fn convert_dart_trie(
             3
         };
         if freq < 0 {
-            return Err(trie_err(
-                input,
-                TrieProblem::NegativeCount {
-                    node: id,
-                    token,
-                    depth,
-                    freq,
-                },
-            ));
+            return Err(trie_err(input, TrieProblem::NegativeCount { node: id, token, depth, freq }));
         }
         if token < 0 || token as u64 >= vocab {
             return Err(structure(format!(
@@ -459,9 +396,7 @@ pub fn convert_dart_trie(
                 b[..8].copy_from_slice(&id.to_le_bytes());
                 b[8..16].copy_from_slice(&key(a, t, 0).to_le_bytes());
                 b[16..].copy_from_slice(&fq.to_le_bytes());
-                bigrams
-                    .write_all(&b)
-                    .map_err(|e| Error::io(&bigram_path, e))?;
+                bigrams.write_all(&b).map_err(|e| Error::io(&bigram_path, e))?;
                 n2 += 1;
             }
             _ => {
@@ -473,22 +408,12 @@ pub fn convert_dart_trie(
             }
         }
     }
-    progress(&TrieProgress {
-        stage: "read",
-        done: r.pos,
-        total: len,
-    });
+    progress(&TrieProgress { stage: "read", done: r.pos, total: len });
     if r.pos != len {
-        return Err(foreign(format!(
-            "{} bytes follow the last of its {nodes} nodes",
-            len - r.pos
-        )));
+        return Err(foreign(format!("{} bytes follow the last of its {nodes} nodes", len - r.pos)));
     }
     if children_total != nodes - 1 {
-        return Err(foreign(format!(
-            "its nodes list {children_total} children, {} expected",
-            nodes - 1
-        )));
+        return Err(foreign(format!("its nodes list {children_total} children, {} expected", nodes - 1)));
     }
     bigrams.flush().map_err(|e| Error::io(&bigram_path, e))?;
     drop(bigrams);
@@ -518,8 +443,7 @@ pub fn convert_dart_trie(
     };
     for j in 0..n2 {
         let mut b = [0u8; 24];
-        br.read_exact(&mut b)
-            .map_err(|e| Error::io(&bigram_path, e))?;
+        br.read_exact(&mut b).map_err(|e| Error::io(&bigram_path, e))?;
         let id = u64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8]));
         let ab = u64::from_le_bytes(b[8..16].try_into().unwrap_or([0; 8]));
         let fq = u64::from_le_bytes(b[16..].try_into().unwrap_or([0; 8]));
@@ -550,11 +474,7 @@ pub fn convert_dart_trie(
         }
         runs.push(ab | END, fq - sum)?;
         if j % PROGRESS_EVERY == 0 {
-            progress(&TrieProgress {
-                stage: "join",
-                done: j,
-                total: n2,
-            });
+            progress(&TrieProgress { stage: "join", done: j, total: n2 });
         }
     }
     if let Some((pk, _)) = tris.peek() {
@@ -570,37 +490,19 @@ pub fn convert_dart_trie(
         if children > count {
             return Err(trie_err(
                 input,
-                TrieProblem::CountBelowChildren {
-                    node: id,
-                    token: a as u32,
-                    depth: 1,
-                    count,
-                    children,
-                },
+                TrieProblem::CountBelowChildren { node: id, token: a as u32, depth: 1, count, children },
             ));
         }
         runs.push(key(a as u64, END, END), count - children)?; // the documents that end with a
         documents += count - children;
     }
     runs.spill(documents, true)?;
-    progress(&TrieProgress {
-        stage: "join",
-        done: n2,
-        total: n2,
-    });
+    progress(&TrieProgress { stage: "join", done: n2, total: n2 });
     let join_seconds = t1.elapsed().as_secs_f64();
-    progress(&TrieProgress {
-        stage: "write",
-        done: 0,
-        total: 1,
-    });
+    progress(&TrieProgress { stage: "write", done: 0, total: 1 });
     let mut build = merge_runs(&runs.files, output, opts, metadata_json)?;
     build.seconds = t0.elapsed().as_secs_f64();
-    progress(&TrieProgress {
-        stage: "write",
-        done: 1,
-        total: 1,
-    });
+    progress(&TrieProgress { stage: "write", done: 1, total: 1 });
     Ok(TrieSummary {
         build,
         trie_nodes: nodes,

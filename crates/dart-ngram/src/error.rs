@@ -11,9 +11,7 @@ pub enum Error {
     NotFound { path: PathBuf },
     /// The path names a directory, FIFO, socket or device: refused before it is opened (a
     /// FIFO would block the open).
-    #[error(
-        "{path} is {kind}, not an index file: pass the path of an index file built by ngram-build"
-    )]
+    #[error("{path} is {kind}, not an index file: pass the path of an index file built by ngram-build")]
     NotAFile { path: PathBuf, kind: &'static str },
     /// Any other I/O failure, with the path it concerns.
     #[error("I/O error on {path}: {source}")]
@@ -44,28 +42,19 @@ pub enum Error {
 #[non_exhaustive]
 pub enum TrieProblem {
     /// The file ends inside a node (or before its header is complete).
-    #[error("truncated: the file ends at byte {len} inside node {node} (of {nodes}); it is incomplete, download it again")]
+    #[error(
+        "truncated: the file ends at byte {len} inside node {node} (of {nodes}); it is incomplete, download it again"
+    )]
     Truncated { node: u64, nodes: u64, len: u64 },
     /// Not a `TrieNgram::save` file of order 3.
     #[error("not a DART TrieNgram(3) file: {reason}")]
     Foreign { reason: String },
     /// A node's int32 count is negative: it wrapped past 2^31 − 1 in the official builder.
     #[error("node {node} (token {token}, depth {depth}) has count {freq}: the official int32 count wrapped past 2^31-1, so the trie's counts are not exact and it cannot be converted")]
-    NegativeCount {
-        node: u64,
-        token: i32,
-        depth: u32,
-        freq: i32,
-    },
+    NegativeCount { node: u64, token: i32, depth: u32, freq: i32 },
     /// A node's count is below the sum of its children's: a count wrapped (or the file is corrupt).
     #[error("node {node} (token {token}, depth {depth}) has count {count} but its children sum to {children}: an int32 count wrapped past 2^31-1 (or the file is corrupt); it cannot be converted exactly")]
-    CountBelowChildren {
-        node: u64,
-        token: u32,
-        depth: u32,
-        count: u64,
-        children: u64,
-    },
+    CountBelowChildren { node: u64, token: u32, depth: u32, count: u64, children: u64 },
     /// The nodes do not form a trigram trie over the vocabulary.
     #[error("node {node}: {reason}")]
     Structure { node: u64, reason: String },

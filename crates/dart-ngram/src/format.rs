@@ -251,13 +251,12 @@ pub fn parse(data: &[u8]) -> Result<(Header, Vec<Section>)> {
         Error::format(m)
     }
     if data.len() < 8 || data[..8] != MAGIC {
-        return Err(fmt("wrong magic: this is not a dartcore trigram index (expected 'DARTNGRM'); build one with ngram-build"));
+        return Err(fmt(
+            "wrong magic: this is not a dartcore trigram index (expected 'DARTNGRM'); build one with ngram-build",
+        ));
     }
     if data.len() < HEADER_LEN {
-        return Err(fmt(format!(
-            "truncated: {} bytes, the header alone is {HEADER_LEN}",
-            data.len()
-        )));
+        return Err(fmt(format!("truncated: {} bytes, the header alone is {HEADER_LEN}", data.len())));
     }
     let h = &data[..HEADER_LEN];
     let version = get32(h, 8).unwrap_or(0);
@@ -271,16 +270,11 @@ pub fn parse(data: &[u8]) -> Result<(Header, Vec<Section>)> {
     let g32 = |o| get32(h, o).unwrap_or(0);
     let g64 = |o| get64(h, o).unwrap_or(0);
     if g32(12) as usize != HEADER_LEN || g32(24) as usize != TOPK_K || g32(132) as usize != BLOCK {
-        return Err(fmt(
-            "unsupported header layout (header length, top-k width or block size)",
-        ));
+        return Err(fmt("unsupported header layout (header length, top-k width or block size)"));
     }
     let nsec = g32(28) as usize;
     if nsec != SECTIONS.len() || g64(32) != HEADER_LEN as u64 {
-        return Err(fmt(format!(
-            "section table: {nsec} sections, expected {}",
-            SECTIONS.len()
-        )));
+        return Err(fmt(format!("section table: {nsec} sections, expected {}", SECTIONS.len())));
     }
     let hd = Header {
         token_bits: g32(16),
@@ -301,23 +295,13 @@ pub fn parse(data: &[u8]) -> Result<(Header, Vec<Section>)> {
         n_topk_esc: g64(144),
     };
     if hd.token_bits == 0 || hd.token_bits > MAX_TOKEN_BITS {
-        return Err(fmt(format!(
-            "token width {} bits is outside 1..={MAX_TOKEN_BITS}",
-            hd.token_bits
-        )));
+        return Err(fmt(format!("token width {} bits is outside 1..={MAX_TOKEN_BITS}", hd.token_bits)));
     }
     if hd.vocab_size == 0 || (hd.vocab_size as u64) > (1u64 << hd.token_bits) {
-        return Err(fmt(format!(
-            "vocabulary size {} does not fit {} token bits",
-            hd.vocab_size, hd.token_bits
-        )));
+        return Err(fmt(format!("vocabulary size {} does not fit {} token bits", hd.vocab_size, hd.token_bits)));
     }
     if hd.file_len != data.len() as u64 {
-        return Err(fmt(format!(
-            "truncated or extended: header says {} bytes, file has {}",
-            hd.file_len,
-            data.len()
-        )));
+        return Err(fmt(format!("truncated or extended: header says {} bytes, file has {}", hd.file_len, data.len())));
     }
     if hd.n_unigram > hd.vocab_size as u64
         || hd.n_large1 > hd.vocab_size as u64
@@ -331,9 +315,7 @@ pub fn parse(data: &[u8]) -> Result<(Header, Vec<Section>)> {
         return Err(fmt("inconsistent node counts in the header"));
     }
     let tend = HEADER_LEN + nsec * SECTION_ENTRY_LEN;
-    let table = data
-        .get(HEADER_LEN..tend)
-        .ok_or_else(|| fmt("truncated section table"))?;
+    let table = data.get(HEADER_LEN..tend).ok_or_else(|| fmt("truncated section table"))?;
     if crc32fast::hash(table) != hd.table_crc {
         return Err(fmt("section table checksum mismatch: the file is corrupt"));
     }
@@ -343,21 +325,14 @@ pub fn parse(data: &[u8]) -> Result<(Header, Vec<Section>)> {
         let o = i * SECTION_ENTRY_LEN;
         let sid = get32(table, o).unwrap_or(0);
         if sid != *id as u32 {
-            return Err(fmt(format!(
-                "section {i} has id {sid}, expected {} ({})",
-                *id as u32,
-                id.name()
-            )));
+            return Err(fmt(format!("section {i} has id {sid}, expected {} ({})", *id as u32, id.name())));
         }
         let s = Section {
             offset: get64(table, o + 8).unwrap_or(0),
             len: get64(table, o + 16).unwrap_or(0),
             crc: get32(table, o + 24).unwrap_or(0),
         };
-        let end = s
-            .offset
-            .checked_add(s.len)
-            .ok_or_else(|| fmt("section bounds overflow"))?;
+        let end = s.offset.checked_add(s.len).ok_or_else(|| fmt("section bounds overflow"))?;
         if s.offset < prev_end || !s.offset.is_multiple_of(id.align()) || end > data.len() as u64 {
             return Err(fmt(format!(
                 "section {} [{}, {end}) is out of bounds, misaligned or overlapping (file has {} bytes)",

@@ -25,6 +25,4 @@ pub use dart_trie::{convert_dart_trie, TrieProgress, TrieSummary};
 pub use error::{Error, Result, TrieProblem};
 /// The byte type of a file-backed index (`Index<Mmap>`), re-exported so dependants need no memmap2.
 pub use memmap2::Mmap;
-pub use reader::{
-    BatchChildren, Children, Index, Match, OpenOptions, Stats, Verify, MAX_BATCH_BYTES,
-};
+pub use reader::{BatchChildren, Children, Index, Match, OpenOptions, Stats, Verify, MAX_BATCH_BYTES};

@@ -35,12 +35,7 @@ struct State {
 /// and an unbounded request (`threads=10**6`) would keep spawning until the OS refuses.
 pub const MAX_THREADS: usize = 4096;
 
-static STATE: Mutex<State> = Mutex::new(State {
-    pool: None,
-    pid: 0,
-    threads: None,
-    pin: None,
-});
+static STATE: Mutex<State> = Mutex::new(State { pool: None, pid: 0, threads: None, pin: None });
 
 fn lock() -> std::sync::MutexGuard<'static, State> {
     STATE.lock().unwrap_or_else(|p| p.into_inner())
@@ -62,14 +57,8 @@ fn configured(st: &State) -> usize {
             Ok(Some(n)) => n,
             Ok(None) => available,
             Err(why) => {
-                let n = if why.starts_with("is above") {
-                    MAX_THREADS
-                } else {
-                    available
-                };
-                warn_once(&format!(
-                    "dartcore: DART_NUM_THREADS={v:?} {why}; using {n} threads"
-                ));
+                let n = if why.starts_with("is above") { MAX_THREADS } else { available };
+                warn_once(&format!("dartcore: DART_NUM_THREADS={v:?} {why}; using {n} threads"));
                 n
             }
         },
@@ -91,16 +80,10 @@ pub fn parse_env_threads(v: &str) -> std::result::Result<Option<usize>, String> 
         return Ok(None);
     }
     match t.parse::<u64>() {
-        Ok(0) => Err(format!(
-            "is not a thread count (need an integer in 1..={MAX_THREADS})"
-        )),
-        Ok(n) if n > MAX_THREADS as u64 => {
-            Err(format!("is above the cap of {MAX_THREADS} threads"))
-        }
+        Ok(0) => Err(format!("is not a thread count (need an integer in 1..={MAX_THREADS})")),
+        Ok(n) if n > MAX_THREADS as u64 => Err(format!("is above the cap of {MAX_THREADS} threads")),
         Ok(n) => Ok(Some(n as usize)),
-        Err(_) => Err(format!(
-            "is not a thread count (need an integer in 1..={MAX_THREADS})"
-        )),
+        Err(_) => Err(format!("is not a thread count (need an integer in 1..={MAX_THREADS})")),
     }
 }
 
@@ -138,11 +121,10 @@ pub fn set_pin_cpus(cpus: Option<Vec<usize>>) {
 /// Pin the workers to the CPUs of NUMA node `node` as read from `/sys`.
 pub fn set_pin_node(node: usize) -> Result<()> {
     let topo = numa_topology(Path::new("/sys"));
-    let n = topo.into_iter().find(|n| n.id == node).ok_or_else(|| {
-        Error::InvalidOption(format!(
-            "NUMA node {node} not found under /sys/devices/system/node"
-        ))
-    })?;
+    let n = topo
+        .into_iter()
+        .find(|n| n.id == node)
+        .ok_or_else(|| Error::InvalidOption(format!("NUMA node {node} not found under /sys/devices/system/node")))?;
     set_pin_cpus(Some(n.cpus));
     Ok(())
 }
@@ -163,21 +145,14 @@ pub fn get() -> Arc<ThreadPool> {
     }
     let n = configured(&st);
     let pin = st.pin.clone();
-    let mut b = rayon::ThreadPoolBuilder::new()
-        .num_threads(n)
-        .thread_name(|i| format!("dart-ngram-{i}"));
+    let mut b = rayon::ThreadPoolBuilder::new().num_threads(n).thread_name(|i| format!("dart-ngram-{i}"));
     if let Some(cpus) = pin.filter(|c| !c.is_empty()) {
         b = b.start_handler(move |i| pin_current_thread(cpus[i % cpus.len()]));
     }
     // Building a pool only fails if the OS refuses to spawn threads; fall back to one thread.
     let pool = b
         .build()
-        .or_else(|_| {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(1)
-                .thread_name(|i| format!("dart-ngram-{i}"))
-                .build()
-        })
+        .or_else(|_| rayon::ThreadPoolBuilder::new().num_threads(1).thread_name(|i| format!("dart-ngram-{i}")).build())
         .expect("cannot spawn a single thread");
     let pool = Arc::new(pool);
     st.pool = Some(pool.clone());
@@ -229,10 +204,7 @@ pub fn numa_topology(sys_root: &Path) -> Vec<NumaNode> {
             let name = e.file_name().into_string().ok()?;
             let id: usize = name.strip_prefix("node")?.parse().ok()?;
             let list = std::fs::read_to_string(e.path().join("cpulist")).ok()?;
-            Some(NumaNode {
-                id,
-                cpus: parse_cpulist(&list)?,
-            })
+            Some(NumaNode { id, cpus: parse_cpulist(&list)? })
         })
         .collect();
     nodes.sort_by_key(|n| n.id);
@@ -267,26 +239,16 @@ mod tests {
         assert_eq!(parse_env_threads(" 3 "), Ok(Some(3)));
         assert_eq!(parse_env_threads("4096"), Ok(Some(4096)));
         for bad in ["0", "-2", "two", "1.5"] {
-            assert!(
-                parse_env_threads(bad)
-                    .unwrap_err()
-                    .starts_with("is not a thread count"),
-                "{bad}"
-            );
+            assert!(parse_env_threads(bad).unwrap_err().starts_with("is not a thread count"), "{bad}");
         }
-        assert!(parse_env_threads("1000000")
-            .unwrap_err()
-            .starts_with("is above"));
+        assert!(parse_env_threads("1000000").unwrap_err().starts_with("is above"));
         assert!(check_threads(0, "threads").is_err() && check_threads(4097, "threads").is_err());
         assert_eq!(check_threads(7, "threads").unwrap(), 7);
     }
 
     #[test]
     fn cpulist() {
-        assert_eq!(
-            parse_cpulist("0-3,8,10-11\n"),
-            Some(vec![0, 1, 2, 3, 8, 10, 11])
-        );
+        assert_eq!(parse_cpulist("0-3,8,10-11\n"), Some(vec![0, 1, 2, 3, 8, 10, 11]));
         assert_eq!(parse_cpulist(""), Some(vec![]));
         assert_eq!(parse_cpulist("3-1"), None);
         assert_eq!(parse_cpulist("x"), None);
@@ -302,19 +264,7 @@ mod tests {
         }
         std::fs::create_dir_all(d.path().join("devices/system/node/power")).unwrap();
         let t = numa_topology(d.path());
-        assert_eq!(
-            t,
-            vec![
-                NumaNode {
-                    id: 0,
-                    cpus: vec![0, 1]
-                },
-                NumaNode {
-                    id: 1,
-                    cpus: vec![2, 3]
-                }
-            ]
-        );
+        assert_eq!(t, vec![NumaNode { id: 0, cpus: vec![0, 1] }, NumaNode { id: 1, cpus: vec![2, 3] }]);
         assert!(numa_topology(&d.path().join("missing")).is_empty());
     }
 }

@@ -36,11 +36,7 @@ fn lsd(keys: &mut [u64], tmp: &mut [u64]) {
             sum += c;
         }
         let shift = p as u32 * BITS;
-        let (src, dst): (&[u64], &mut [u64]) = if src_is_keys {
-            (&*keys, &mut *tmp)
-        } else {
-            (&*tmp, &mut *keys)
-        };
+        let (src, dst): (&[u64], &mut [u64]) = if src_is_keys { (&*keys, &mut *tmp) } else { (&*tmp, &mut *keys) };
         for &k in src {
             let d = ((k >> shift) as usize) & (RADIX - 1);
             dst[off[d]] = k;
@@ -60,9 +56,7 @@ pub(crate) fn sort_chunks(keys: &mut [u64], scratch: &mut Vec<u64>, threads: usi
     let chunk = n.div_ceil(t).max(1);
     scratch.clear();
     scratch.resize(n, 0);
-    keys.par_chunks_mut(chunk)
-        .zip(scratch.par_chunks_mut(chunk))
-        .for_each(|(k, s)| lsd(k, s));
+    keys.par_chunks_mut(chunk).zip(scratch.par_chunks_mut(chunk)).for_each(|(k, s)| lsd(k, s));
     let mut b: Vec<usize> = (0..n).step_by(chunk).collect();
     b.push(n);
     b

@@ -18,9 +18,7 @@ use std::path::{Path, PathBuf};
 use memmap2::{Advice, Mmap, MmapOptions};
 
 use crate::error::{Error, Result};
-use crate::format::{
-    self, get32, get64, Header, Sec, BLOCK, BLOCK3_LEN, SECTIONS, TOPK_K, TOPK_ROW, UNI_LEN,
-};
+use crate::format::{self, get32, get64, Header, Sec, BLOCK, BLOCK3_LEN, SECTIONS, TOPK_K, TOPK_ROW, UNI_LEN};
 
 /// Options of [`Index::open_with`].
 #[derive(Clone, Copy, Debug, Default)]
@@ -72,9 +70,7 @@ impl std::str::FromStr for Verify {
             "header" => Ok(Verify::Header),
             "quick" => Ok(Verify::Quick),
             "full" => Ok(Verify::Full),
-            _ => Err(Error::InvalidOption(format!(
-                "verify = {s:?}: use \"header\", \"quick\" or \"full\""
-            ))),
+            _ => Err(Error::InvalidOption(format!("verify = {s:?}: use \"header\", \"quick\" or \"full\""))),
         }
     }
 }
@@ -147,9 +143,8 @@ pub const MAX_BATCH_BYTES: usize = 1 << 30;
 /// `vec![v; n]` whose allocation failure is an error instead of an abort.
 fn filled<T: Clone>(n: usize, v: T) -> Result<Vec<T>> {
     let mut out = Vec::new();
-    out.try_reserve_exact(n).map_err(|_| {
-        Error::InvalidOption(format!("cannot allocate {n} result cells: ask for fewer"))
-    })?;
+    out.try_reserve_exact(n)
+        .map_err(|_| Error::InvalidOption(format!("cannot allocate {n} result cells: ask for fewer")))?;
     out.resize(n, v);
     Ok(out)
 }
@@ -185,10 +180,7 @@ pub struct Index<D: AsRef<[u8]>> {
 
 impl<D: AsRef<[u8]>> std::fmt::Debug for Index<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Index")
-            .field("header", &self.h)
-            .field("path", &self.path)
-            .finish()
+        f.debug_struct("Index").field("header", &self.h).field("path", &self.path).finish()
     }
 }
 
@@ -244,10 +236,7 @@ impl<'a> Level<'a> {
             return 0;
         };
         let esc = self.esc_code;
-        words
-            .chunks_exact(4)
-            .map(|b| u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) & esc == esc))
-            .sum()
+        words.chunks_exact(4).map(|b| u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) & esc == esc)).sum()
     }
 
     /// Decode nodes `s..e` in order, with an incremental escape rank.
@@ -264,15 +253,11 @@ impl<'a> Level<'a> {
                     None => {
                         // rank of the first escape in the range: block base + scan
                         let blk = i / BLOCK;
-                        get64(self.esc_rank, blk * 8).unwrap_or(u64::MAX / 2)
-                            + self.escapes(blk * BLOCK, i)
+                        get64(self.esc_rank, blk * 8).unwrap_or(u64::MAX / 2) + self.escapes(blk * BLOCK, i)
                     }
                 };
                 rank = Some(r + 1);
-                usize::try_from(r)
-                    .ok()
-                    .and_then(|r| get64(self.esc, r.checked_mul(8)?))
-                    .unwrap_or(0)
+                usize::try_from(r).ok().and_then(|r| get64(self.esc, r.checked_mul(8)?)).unwrap_or(0)
             };
             f(w >> self.cb, c);
         }
@@ -333,11 +318,7 @@ impl Level<'_> {
     /// makes it a branch again): search CPU p50 117 -> 110 µs (min of 8 interleaved runs,
     /// real rows) against the per-candidate `Option`-checked gallop.
     fn seen_sorted(&self, c: Ctx, cands: &[u32], out: &mut [f64]) {
-        let Some(words) =
-            c.s.checked_mul(4)
-                .zip(c.e.checked_mul(4))
-                .and_then(|(a, b)| self.nodes.get(a..b))
-        else {
+        let Some(words) = c.s.checked_mul(4).zip(c.e.checked_mul(4)).and_then(|(a, b)| self.nodes.get(a..b)) else {
             return;
         };
         let words = words_of(words);
@@ -413,10 +394,7 @@ impl Index<Mmap> {
         let file = open_regular(path)?;
         let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
         if len == 0 {
-            return Err(Error::format(format!(
-                "{} is empty (0 bytes)",
-                path.display()
-            )));
+            return Err(Error::format(format!("{} is empty (0 bytes)", path.display())));
         }
         let mut mo = MmapOptions::new();
         if opts.prefault {
@@ -458,12 +436,8 @@ impl Index<Mmap> {
         if level != Verify::Quick {
             return self.check(level);
         }
-        let sampled: Vec<Range<usize>> = self
-            .sec
-            .iter()
-            .filter(|r| r.len() as u64 > format::QUICK_CRC_BYTES)
-            .cloned()
-            .collect();
+        let sampled: Vec<Range<usize>> =
+            self.sec.iter().filter(|r| r.len() as u64 > format::QUICK_CRC_BYTES).cloned().collect();
         for r in &sampled {
             let _ = self.data.advise_range(Advice::Random, r.start, r.len());
         }
@@ -508,17 +482,10 @@ fn not_a_file(ft: &std::fs::FileType) -> Option<&'static str> {
 /// replaced in between.
 fn open_regular(path: &Path) -> Result<File> {
     let refuse = |ft: &std::fs::FileType| match not_a_file(ft) {
-        Some(kind) => Err(Error::NotAFile {
-            path: path.to_path_buf(),
-            kind,
-        }),
+        Some(kind) => Err(Error::NotAFile { path: path.to_path_buf(), kind }),
         None => Ok(()),
     };
-    refuse(
-        &std::fs::metadata(path)
-            .map_err(|e| Error::io(path, e))?
-            .file_type(),
-    )?;
+    refuse(&std::fs::metadata(path).map_err(|e| Error::io(path, e))?.file_type())?;
     let mut oo = std::fs::OpenOptions::new();
     oo.read(true);
     #[cfg(unix)]
@@ -542,12 +509,7 @@ impl<D: AsRef<[u8]>> Index<D> {
         if std::str::from_utf8(&data.as_ref()[sec[0].clone()]).is_err() {
             return Err(Error::format("metadata block is not valid UTF-8"));
         }
-        Ok(Index {
-            data,
-            h,
-            sec,
-            path: None,
-        })
+        Ok(Index { data, h, sec, path: None })
     }
 
     /// The bytes behind the index.
@@ -604,9 +566,7 @@ impl<D: AsRef<[u8]>> Index<D> {
     /// The bigram context `a` (its children at level 2).
     #[inline]
     fn ctx1(&self, a: u32) -> Option<Ctx> {
-        let rec = self
-            .s(Sec::Uni)
-            .get(a as usize * UNI_LEN..(a as usize + 1) * UNI_LEN)?;
+        let rec = self.s(Sec::Uni).get(a as usize * UNI_LEN..(a as usize + 1) * UNI_LEN)?;
         let s = get64(rec, 0)?;
         let e = s.checked_add(get32(rec, 24)? as u64)?;
         if e > self.h.n_bigram {
@@ -614,12 +574,7 @@ impl<D: AsRef<[u8]>> Index<D> {
         }
         let total = get64(rec, 16)?;
         let lr = get32(rec, 28)?;
-        Some(Ctx {
-            s: s as usize,
-            e: e as usize,
-            total,
-            large: (lr != u32::MAX).then_some(lr as usize),
-        })
+        Some(Ctx { s: s as usize, e: e as usize, total, large: (lr != u32::MAX).then_some(lr as usize) })
     }
 
     /// Level-3 start of bigram node `j` (j == n_bigram gives the end).
@@ -638,12 +593,7 @@ impl<D: AsRef<[u8]>> Index<D> {
             u16::from_le_bytes([b[0], b[1]]) as u64
         } else {
             let w = usize::try_from(wide).ok()?;
-            get32(
-                self.s(Sec::L3Wide),
-                w.checked_mul(BLOCK)?
-                    .checked_add(j % BLOCK)?
-                    .checked_mul(4)?,
-            )? as u64
+            get32(self.s(Sec::L3Wide), w.checked_mul(BLOCK)?.checked_add(j % BLOCK)?.checked_mul(4)?)? as u64
         };
         base.checked_add(d)
     }
@@ -675,12 +625,7 @@ impl<D: AsRef<[u8]>> Index<D> {
             0
         };
         let total = self.l2().count_of(j, w).checked_sub(ends)?;
-        Some(Ctx {
-            s: s as usize,
-            e: e as usize,
-            total,
-            large,
-        })
+        Some(Ctx { s: s as usize, e: e as usize, total, large })
     }
 
     /// The trigram context (a, b): bigram node index, and the context.
@@ -702,19 +647,13 @@ impl<D: AsRef<[u8]>> Index<D> {
     fn max_count(&self, lv: Level<'_>, c: Ctx, perm: Sec) -> Option<u64> {
         match c.large {
             Some(r) => {
-                let row = self
-                    .s(perm)
-                    .get(r.checked_mul(TOPK_ROW)?..)?
-                    .get(..TOPK_ROW)?;
+                let row = self.s(perm).get(r.checked_mul(TOPK_ROW)?..)?.get(..TOPK_ROW)?;
                 let w = get32(row, 8)?;
                 if w & lv.esc_code != lv.esc_code {
                     Some((w & lv.esc_code) as u64)
                 } else {
                     // escaped entries are a prefix of the row: the first is at the row's base
-                    get64(
-                        self.s(Sec::TopKEsc),
-                        usize::try_from(get64(row, 0)?).ok()?.checked_mul(8)?,
-                    )
+                    get64(self.s(Sec::TopKEsc), usize::try_from(get64(row, 0)?).ok()?.checked_mul(8)?)
                 }
             }
             None if c.e - c.s <= TOPK_K => {
@@ -729,10 +668,7 @@ impl<D: AsRef<[u8]>> Index<D> {
     fn check_tokens(&self, ts: &[u32]) -> Result<()> {
         for &t in ts {
             if t >= self.h.vocab_size {
-                return Err(Error::TokenOutOfRange {
-                    token: t,
-                    vocab_size: self.h.vocab_size,
-                });
+                return Err(Error::TokenOutOfRange { token: t, vocab_size: self.h.vocab_size });
             }
         }
         Ok(())
@@ -750,10 +686,7 @@ impl<D: AsRef<[u8]>> Index<D> {
             if let Some(c) = self.ctx2_of(context[n - 2], context[n - 1]) {
                 if c.e > c.s {
                     self.topk(self.l3(), c, Sec::TopK2, k, out)?;
-                    return Ok(Match {
-                        order: 3,
-                        total: c.total,
-                    });
+                    return Ok(Match { order: 3, total: c.total });
                 }
             }
         }
@@ -761,10 +694,7 @@ impl<D: AsRef<[u8]>> Index<D> {
             if let Some(c) = self.ctx1(context[n - 1]) {
                 if c.e > c.s {
                     self.topk(self.l2(), c, Sec::TopK1, k, out)?;
-                    return Ok(Match {
-                        order: 2,
-                        total: c.total,
-                    });
+                    return Ok(Match { order: 2, total: c.total });
                 }
             }
         }
@@ -775,10 +705,7 @@ impl<D: AsRef<[u8]>> Index<D> {
             out.tokens.push(t);
             out.counts.push(self.uni_count(t));
         }
-        Ok(Match {
-            order: if self.h.tokens > 0 { 1 } else { 0 },
-            total: self.h.tokens,
-        })
+        Ok(Match { order: if self.h.tokens > 0 { 1 } else { 0 }, total: self.h.tokens })
     }
 
     fn topk(&self, lv: Level<'_>, c: Ctx, perm: Sec, k: usize, out: &mut Children) -> Result<()> {
@@ -839,9 +766,7 @@ impl<D: AsRef<[u8]>> Index<D> {
             1 => match self.ctx1(context[0]) {
                 Some(c) => {
                     let l2 = self.l2();
-                    let cnt = l2
-                        .find(c.s, c.e, token)
-                        .and_then(|j| Some(l2.count_of(j, l2.word(j)?)));
+                    let cnt = l2.find(c.s, c.e, token).and_then(|j| Some(l2.count_of(j, l2.word(j)?)));
                     (cnt.unwrap_or(0), c.total)
                 }
                 None => (0, 0),
@@ -849,9 +774,7 @@ impl<D: AsRef<[u8]>> Index<D> {
             _ => match self.ctx2_of(context[n - 2], context[n - 1]) {
                 Some(c) => {
                     let l3 = self.l3();
-                    let cnt = l3
-                        .find(c.s, c.e, token)
-                        .and_then(|j| Some(l3.count_of(j, l3.word(j)?)));
+                    let cnt = l3.find(c.s, c.e, token).and_then(|j| Some(l3.count_of(j, l3.word(j)?)));
                     (cnt.unwrap_or(0), c.total)
                 }
                 None => (0, 0),
@@ -874,30 +797,12 @@ impl<D: AsRef<[u8]>> Index<D> {
     ///
     /// # Panics
     /// If `out.len() != candidates_sorted.len()` (a programming error of the caller).
-    pub fn cond_probs(
-        &self,
-        context: &[u32],
-        candidates_sorted: &[u32],
-        unigram_backoff: bool,
-        out: &mut [f64],
-    ) {
-        assert_eq!(
-            out.len(),
-            candidates_sorted.len(),
-            "cond_probs: out and candidates differ in length"
-        );
+    pub fn cond_probs(&self, context: &[u32], candidates_sorted: &[u32], unigram_backoff: bool, out: &mut [f64]) {
+        assert_eq!(out.len(), candidates_sorted.len(), "cond_probs: out and candidates differ in length");
         let n = context.len();
-        let c3 = if n >= 2 {
-            self.ctx2_of(context[n - 2], context[n - 1])
-        } else {
-            None
-        };
+        let c3 = if n >= 2 { self.ctx2_of(context[n - 2], context[n - 1]) } else { None };
         let c3 = c3.filter(|c| c.e > c.s && c.total > 0);
-        let c2 = if n >= 1 {
-            self.ctx1(context[n - 1])
-        } else {
-            None
-        };
+        let c2 = if n >= 1 { self.ctx1(context[n - 1]) } else { None };
         let c2 = c2.filter(|c| c.e > c.s && c.total > 0);
         let uni = (unigram_backoff || n == 0) && self.h.tokens > 0;
         out.fill(f64::NAN);
@@ -910,11 +815,7 @@ impl<D: AsRef<[u8]>> Index<D> {
         let utot = self.h.tokens as f64;
         for (&v, o) in candidates_sorted.iter().zip(out.iter_mut()) {
             if o.is_nan() {
-                *o = if uni {
-                    self.uni_count(v) as f64 / utot
-                } else {
-                    0.0
-                };
+                *o = if uni { self.uni_count(v) as f64 / utot } else { 0.0 };
             }
         }
     }
@@ -927,11 +828,7 @@ impl<D: AsRef<[u8]>> Index<D> {
     /// # Panics
     /// If `out.len() != candidates_sorted.len()` (a programming error of the caller).
     pub fn trigram_probs(&self, a: u32, b: u32, candidates_sorted: &[u32], out: &mut [f64]) {
-        assert_eq!(
-            out.len(),
-            candidates_sorted.len(),
-            "trigram_probs: out and candidates differ in length"
-        );
+        assert_eq!(out.len(), candidates_sorted.len(), "trigram_probs: out and candidates differ in length");
         out.fill(f64::NAN);
         let Some(c) = self.ctx2_of(a, b).filter(|c| c.e > c.s && c.total > 0) else {
             return;
@@ -965,22 +862,15 @@ impl<D: AsRef<[u8]>> Index<D> {
     /// every [`Index::trigram_probs`] value is NaN) and an upper bound of those values, the
     /// largest count(a, b, v)/total(a, b) (1.0 where the body cannot be read).
     pub fn trigram_context(&self, a: u32, b: u32) -> (u64, f64) {
-        self.resolve2(a, b)
-            .map_or((u64::MAX, 0.0), |(j, _, bound)| (j as u64, bound))
+        self.resolve2(a, b).map_or((u64::MAX, 0.0), |(j, _, bound)| (j as u64, bound))
     }
 
     /// The bigram node of b after a, its children at the two-token level (a context with
     /// some) and the bound of [`Index::trigram_context`].
     fn resolve2(&self, a: u32, b: u32) -> Option<(usize, Ctx, f64)> {
         let j = self.node2_of(a, b)?;
-        let c = self
-            .l2()
-            .word(j)
-            .and_then(|w| self.ctx2(j, w))
-            .filter(|c| c.e > c.s && c.total > 0)?;
-        let bound = self
-            .max_count(self.l3(), c, Sec::TopK2)
-            .map_or(1.0, |m| m as f64 / c.total as f64);
+        let c = self.l2().word(j).and_then(|w| self.ctx2(j, w)).filter(|c| c.e > c.s && c.total > 0)?;
+        let bound = self.max_count(self.l3(), c, Sec::TopK2).map_or(1.0, |m| m as f64 / c.total as f64);
         Some((j, c, bound))
     }
 
@@ -1000,18 +890,8 @@ impl<D: AsRef<[u8]>> Index<D> {
 
     /// The two-token level's probabilities of the candidates after the resolved context `c`
     /// (NaN where not seen, and everywhere for None).
-    fn trigram_probs_of(
-        &self,
-        c: Option<Ctx>,
-        candidates_sorted: &[u32],
-        out: &mut [f64],
-        what: &str,
-    ) {
-        assert_eq!(
-            out.len(),
-            candidates_sorted.len(),
-            "{what}: out and candidates differ in length"
-        );
+    fn trigram_probs_of(&self, c: Option<Ctx>, candidates_sorted: &[u32], out: &mut [f64], what: &str) {
+        assert_eq!(out.len(), candidates_sorted.len(), "{what}: out and candidates differ in length");
         out.fill(f64::NAN);
         if let Some(c) = c {
             self.l3().seen_sorted(c, candidates_sorted, out);
@@ -1027,9 +907,7 @@ impl<D: AsRef<[u8]>> Index<D> {
     /// cachegrind, ~53 calls); search CPU p50 min 98.0 -> 95.8 µs, median 99.5 -> 97.9 µs over
     /// 16 interleaved runs.)
     pub fn trigram_context_range(&self, a: u32, b: u32) -> ([u64; 3], f64) {
-        self.resolve2(a, b).map_or(([0; 3], 0.0), |(_, c, bound)| {
-            ([c.s as u64, c.e as u64, c.total], bound)
-        })
+        self.resolve2(a, b).map_or(([0; 3], 0.0), |(_, c, bound)| ([c.s as u64, c.e as u64, c.total], bound))
     }
 
     /// [`Index::trigram_probs`] of the context whose [`Index::trigram_context_range`] is
@@ -1044,24 +922,14 @@ impl<D: AsRef<[u8]>> Index<D> {
             .ok()
             .zip(usize::try_from(e).ok())
             .filter(|&(s, e)| e > s && total > 0)
-            .map(|(s, e)| Ctx {
-                s,
-                e,
-                total,
-                large: None,
-            });
+            .map(|(s, e)| Ctx { s, e, total, large: None });
         self.trigram_probs_of(c, candidates_sorted, out, "trigram_probs_in");
     }
 
     /// [`Index::children`] for `n` two-token contexts on `pool`; rows of
     /// `min(k, max_children())` cells (the result's `k`), padded with token `u32::MAX`, count 0.
     /// An answer over [`MAX_BATCH_BYTES`] is an `InvalidOption` error.
-    pub fn children_batch(
-        &self,
-        contexts: &[[u32; 2]],
-        k: usize,
-        pool: &rayon::ThreadPool,
-    ) -> Result<BatchChildren>
+    pub fn children_batch(&self, contexts: &[[u32; 2]], k: usize, pool: &rayon::ThreadPool) -> Result<BatchChildren>
     where
         D: Sync,
     {
@@ -1098,10 +966,7 @@ impl<D: AsRef<[u8]>> Index<D> {
         }
         // ~0.3 µs per context: chunks of 32 keep the fork/join overhead (a few µs) amortised.
         const CHUNK: usize = 32;
-        type Rows<'r> = (
-            ((&'r [[u32; 2]], &'r mut [u32]), &'r mut [u64]),
-            (&'r mut [u64], &'r mut [u8]),
-        );
+        type Rows<'r> = (((&'r [[u32; 2]], &'r mut [u32]), &'r mut [u64]), (&'r mut [u64], &'r mut [u8]));
         let run = |(((ctx, tok), cnt), (tot, ord)): Rows<'_>| -> Result<()> {
             let mut ch = Children::with_capacity(k);
             for (i, c) in ctx.iter().enumerate() {
@@ -1113,28 +978,15 @@ impl<D: AsRef<[u8]>> Index<D> {
             }
             Ok(())
         };
-        let BatchChildren {
-            tokens,
-            counts,
-            totals,
-            orders,
-            ..
-        } = &mut b;
+        let BatchChildren { tokens, counts, totals, orders, .. } = &mut b;
         let work = contexts
             .par_chunks(CHUNK)
             .zip(tokens.par_chunks_mut(CHUNK * k))
             .zip(counts.par_chunks_mut(CHUNK * k))
-            .zip(
-                totals
-                    .par_chunks_mut(CHUNK)
-                    .zip(orders.par_chunks_mut(CHUNK)),
-            );
+            .zip(totals.par_chunks_mut(CHUNK).zip(orders.par_chunks_mut(CHUNK)));
         if n <= CHUNK {
             // one chunk: running it here is cheaper than a hand-off to the pool
-            run((
-                ((contexts, &mut tokens[..]), &mut counts[..]),
-                (&mut totals[..], &mut orders[..]),
-            ))?;
+            run((((contexts, &mut tokens[..]), &mut counts[..]), (&mut totals[..], &mut orders[..])))?;
         } else {
             pool.install(|| work.try_for_each(run))?;
         }
@@ -1156,18 +1008,10 @@ impl<D: AsRef<[u8]>> Index<D> {
             trigram_nodes: h.n_trigram,
             nodes,
             bytes,
-            bytes_per_node: if nodes > 0 {
-                bytes as f64 / nodes as f64
-            } else {
-                0.0
-            },
+            bytes_per_node: if nodes > 0 { bytes as f64 / nodes as f64 } else { 0.0 },
             escaped_counts: h.n_esc2 + h.n_esc3,
             large_contexts: h.n_large1 + h.n_large2,
-            sections: SECTIONS
-                .iter()
-                .zip(self.sec.iter())
-                .map(|(s, r)| (s.name(), r.len() as u64))
-                .collect(),
+            sections: SECTIONS.iter().zip(self.sec.iter()).map(|(s, r)| (s.name(), r.len() as u64)).collect(),
         }
     }
 
@@ -1223,23 +1067,8 @@ impl<D: AsRef<[u8]>> Index<D> {
     }
     pub(crate) fn topk_row_pub(&self, sec: Sec, r: usize, out: &mut Children) -> Result<()> {
         out.clear();
-        let lv = if sec == Sec::TopK1 {
-            self.l2()
-        } else {
-            self.l3()
-        };
-        self.topk(
-            lv,
-            Ctx {
-                s: 0,
-                e: TOPK_K + 1,
-                total: 0,
-                large: Some(r),
-            },
-            sec,
-            TOPK_K,
-            out,
-        )
+        let lv = if sec == Sec::TopK1 { self.l2() } else { self.l3() };
+        self.topk(lv, Ctx { s: 0, e: TOPK_K + 1, total: 0, large: Some(r) }, sec, TOPK_K, out)
     }
     pub(crate) fn uni_count_pub(&self, t: u32) -> u64 {
         self.uni_count(t)

@@ -4,8 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::format::{
-    get32, get64, Sec, BLOCK, BLOCK3_LEN, QUICK_CRC_BYTES, QUICK_SAMPLES, QUICK_WINDOW, SECTIONS,
-    TOPK_K, UNI_LEN,
+    get32, get64, Sec, BLOCK, BLOCK3_LEN, QUICK_CRC_BYTES, QUICK_SAMPLES, QUICK_WINDOW, SECTIONS, TOPK_K, UNI_LEN,
 };
 use crate::reader::Index;
 
@@ -23,10 +22,7 @@ fn top_positions(kids: &[(u32, u64)], k: usize, scratch: &mut Vec<(u64, u32, u32
 
 fn check_crc<D: AsRef<[u8]>>(ix: &Index<D>, i: usize) -> Result<()> {
     if ix.section_crc_ok(i) != Some(true) {
-        return Err(bad(format!(
-            "checksum mismatch in section {}: the file is corrupt",
-            SECTIONS[i].name()
-        )));
+        return Err(bad(format!("checksum mismatch in section {}: the file is corrupt", SECTIONS[i].name())));
     }
     Ok(())
 }
@@ -43,25 +39,19 @@ pub(crate) fn verify<D: AsRef<[u8]>>(ix: &Index<D>) -> Result<()> {
     let mut large1 = 0usize;
     let mut esc2 = 0u64;
     for a in 0..v {
-        let (s, e, total, large) = ix
-            .ctx1_pub(a)
-            .ok_or_else(|| bad(format!("bigram range of token {a}")))?;
+        let (s, e, total, large) = ix.ctx1_pub(a).ok_or_else(|| bad(format!("bigram range of token {a}")))?;
         check_children(ix, 2, s, e, total, v, &mut kids, &mut esc2, h.esc_code())?;
         check_topk(ix, Sec::TopK1, &kids, large, &mut large1, &mut scratch)?;
     }
     if large1 as u64 != h.n_large1 || esc2 != h.n_esc2 {
-        return Err(bad(
-            "level-2 large-context or escape counts disagree with the header",
-        ));
+        return Err(bad("level-2 large-context or escape counts disagree with the header"));
     }
     // level 3
     let mut large2 = 0usize;
     let mut esc3 = 0u64;
     let mut prev_e = 0usize;
     for j in 0..h.n_bigram as usize {
-        let (s, e, total, large) = ix
-            .ctx2_pub(j)
-            .ok_or_else(|| bad(format!("trigram range of bigram node {j}")))?;
+        let (s, e, total, large) = ix.ctx2_pub(j).ok_or_else(|| bad(format!("trigram range of bigram node {j}")))?;
         if s != prev_e {
             return Err(bad("trigram ranges are not contiguous"));
         }
@@ -70,15 +60,10 @@ pub(crate) fn verify<D: AsRef<[u8]>>(ix: &Index<D>) -> Result<()> {
         check_topk(ix, Sec::TopK2, &kids, large, &mut large2, &mut scratch)?;
     }
     if prev_e as u64 != h.n_trigram || large2 as u64 != h.n_large2 || esc3 != h.n_esc3 {
-        return Err(bad(
-            "level-3 node, large-context or escape counts disagree with the header",
-        ));
+        return Err(bad("level-3 node, large-context or escape counts disagree with the header"));
     }
     // escape rank tables
-    for (lvl, sec, n) in [
-        (2u8, Sec::L2EscRank, h.n_bigram),
-        (3u8, Sec::L3EscRank, h.n_trigram),
-    ] {
+    for (lvl, sec, n) in [(2u8, Sec::L2EscRank, h.n_bigram), (3u8, Sec::L3EscRank, h.n_trigram)] {
         let ranks = ix.section(sec);
         let (_, _, esc_code) = ix.level_view(lvl);
         let nodes = ix.section(if lvl == 2 { Sec::L2Nodes } else { Sec::L3Nodes });
@@ -104,9 +89,7 @@ fn check_unigrams<D: AsRef<[u8]>>(ix: &Index<D>) -> Result<()> {
     let mut seen = 0u64;
     for t in 0..v {
         let c = ix.uni_count_pub(t);
-        tokens = tokens
-            .checked_add(c)
-            .ok_or_else(|| bad("unigram counts overflow"))?;
+        tokens = tokens.checked_add(c).ok_or_else(|| bad("unigram counts overflow"))?;
         seen += (c > 0) as u64;
     }
     if tokens != h.tokens || seen != h.n_unigram {
@@ -130,13 +113,9 @@ fn check_unigrams<D: AsRef<[u8]>>(ix: &Index<D>) -> Result<()> {
     // level 2 (bigram nodes, children of one-token contexts)
     let mut next = 0u64;
     for a in 0..v {
-        let (s, e, _, _) = ix
-            .ctx1_pub(a)
-            .ok_or_else(|| bad(format!("bigram range of token {a}")))?;
+        let (s, e, _, _) = ix.ctx1_pub(a).ok_or_else(|| bad(format!("bigram range of token {a}")))?;
         if s as u64 != next {
-            return Err(bad(format!(
-                "UNI record {a}: bigram ranges are not contiguous"
-            )));
+            return Err(bad(format!("UNI record {a}: bigram ranges are not contiguous")));
         }
         next = e as u64;
     }
@@ -166,10 +145,7 @@ fn check_children<D: AsRef<[u8]>>(
     let mut sum = 0u64;
     for (i, &(t, c)) in kids.iter().enumerate() {
         if t >= v || c == 0 || (i > 0 && t <= kids[i - 1].0) {
-            return Err(bad(format!(
-                "level-{level} children not sorted, zero or out of range at node {}",
-                s + i
-            )));
+            return Err(bad(format!("level-{level} children not sorted, zero or out of range at node {}", s + i)));
         }
         if c >= esc_code as u64 {
             *esc += 1;
@@ -177,9 +153,7 @@ fn check_children<D: AsRef<[u8]>>(
         sum = sum.checked_add(c).ok_or_else(|| bad("count overflow"))?;
     }
     if sum > total {
-        return Err(bad(format!(
-            "level-{level} context total {total} is below its children's sum {sum}"
-        )));
+        return Err(bad(format!("level-{level} context total {total} is below its children's sum {sum}")));
     }
     Ok(())
 }
@@ -194,10 +168,7 @@ fn check_topk<D: AsRef<[u8]>>(
 ) -> Result<()> {
     if let Some(r) = large {
         if r != *next_rank {
-            return Err(bad(format!(
-                "{}: large-context flags are inconsistent",
-                sec.name()
-            )));
+            return Err(bad(format!("{}: large-context flags are inconsistent", sec.name())));
         }
         *next_rank += 1;
     }
@@ -219,25 +190,14 @@ fn check_topk_row<D: AsRef<[u8]>>(
             let want = top_positions(kids, TOPK_K, scratch);
             let mut ch = crate::reader::Children::new();
             ix.topk_row_pub(sec, r, &mut ch)?;
-            let got: Vec<(u32, u64)> = ch
-                .tokens()
-                .iter()
-                .copied()
-                .zip(ch.counts().iter().copied())
-                .collect();
+            let got: Vec<(u32, u64)> = ch.tokens().iter().copied().zip(ch.counts().iter().copied()).collect();
             let want: Vec<(u32, u64)> = want.iter().map(|&p| kids[p as usize]).collect();
             if got != want {
-                return Err(bad(format!(
-                    "{} row {r} is not the top-{TOPK_K} of its context",
-                    sec.name()
-                )));
+                return Err(bad(format!("{} row {r} is not the top-{TOPK_K} of its context", sec.name())));
             }
             Ok(())
         }
-        _ => Err(bad(format!(
-            "{}: large-context flags are inconsistent",
-            sec.name()
-        ))),
+        _ => Err(bad(format!("{}: large-context flags are inconsistent", sec.name()))),
     }
 }
 
@@ -290,47 +250,22 @@ fn check_place<D: AsRef<[u8]>>(
     let h = ix.header();
     let n = if level == 2 { h.n_bigram } else { h.n_trigram } as usize;
     if !(s <= p && p < e) {
-        return Err(bad(format!(
-            "level-{level} node {p} lies outside the range of its context"
-        )));
+        return Err(bad(format!("level-{level} node {p} lies outside the range of its context")));
     }
     if (e - s) as u64 > total {
         // every child has a count >= 1 and the counts sum to at most the total
-        return Err(bad(format!(
-            "level-{level} context at node {s} has {} children but a total of {total}",
-            e - s
-        )));
+        return Err(bad(format!("level-{level} context at node {s} has {} children but a total of {total}", e - s)));
     }
     let mut esc = 0u64;
     let (ws, we) = if e - s <= QUICK_WINDOW {
-        check_children(
-            ix,
-            level,
-            s,
-            e,
-            total,
-            h.vocab_size,
-            kids,
-            &mut esc,
-            h.esc_code(),
-        )?;
+        check_children(ix, level, s, e, total, h.vocab_size, kids, &mut esc, h.esc_code())?;
         let sec = if level == 2 { Sec::TopK1 } else { Sec::TopK2 };
         check_topk_row(ix, sec, kids, large, scratch)?;
         (s, e)
     } else {
         let ws = p.saturating_sub(QUICK_WINDOW / 2).max(s);
         let we = (ws + QUICK_WINDOW).min(e);
-        check_children(
-            ix,
-            level,
-            ws,
-            we,
-            u64::MAX,
-            h.vocab_size,
-            kids,
-            &mut esc,
-            h.esc_code(),
-        )?;
+        check_children(ix, level, ws, we, u64::MAX, h.vocab_size, kids, &mut esc, h.esc_code())?;
         let Some(r) = large else {
             return Err(bad(format!(
                 "level-{level} context at node {s} has {} children but no top-{TOPK_K} row",
@@ -361,27 +296,13 @@ fn check_topk_entries<D: AsRef<[u8]>>(
     let sec = if level == 2 { Sec::TopK1 } else { Sec::TopK2 };
     let mut ch = crate::reader::Children::new();
     ix.topk_row_pub(sec, r, &mut ch)?;
-    let row: Vec<(u32, u64)> = ch
-        .tokens()
-        .iter()
-        .copied()
-        .zip(ch.counts().iter().copied())
-        .collect();
-    let ordered = row
-        .windows(2)
-        .all(|w| w[0].1 > w[1].1 || (w[0].1 == w[1].1 && w[0].0 < w[1].0));
-    let members = row
-        .iter()
-        .all(|&(t, c)| ix.find_pub(level, s, e, t) == Some(c));
+    let row: Vec<(u32, u64)> = ch.tokens().iter().copied().zip(ch.counts().iter().copied()).collect();
+    let ordered = row.windows(2).all(|w| w[0].1 > w[1].1 || (w[0].1 == w[1].1 && w[0].0 < w[1].0));
+    let members = row.iter().all(|&(t, c)| ix.find_pub(level, s, e, t) == Some(c));
     let last = row.last().map_or(u64::MAX, |x| x.1);
-    let beaten = kids
-        .iter()
-        .any(|&(t, c)| c > last && !row.iter().any(|x| x.0 == t));
+    let beaten = kids.iter().any(|&(t, c)| c > last && !row.iter().any(|x| x.0 == t));
     if row.len() != TOPK_K || !ordered || !members || beaten {
-        return Err(bad(format!(
-            "{} row {r} is not the top-{TOPK_K} of its context",
-            sec.name()
-        )));
+        return Err(bad(format!("{} row {r} is not the top-{TOPK_K} of its context", sec.name())));
     }
     Ok(())
 }
@@ -392,31 +313,17 @@ fn check_topk_alone<D: AsRef<[u8]>>(ix: &Index<D>, sec: Sec, r: usize) -> Result
     let mut ch = crate::reader::Children::new();
     ix.topk_row_pub(sec, r, &mut ch)?;
     let v = ix.header().vocab_size;
-    let row: Vec<(u32, u64)> = ch
-        .tokens()
-        .iter()
-        .copied()
-        .zip(ch.counts().iter().copied())
-        .collect();
-    let ordered = row
-        .windows(2)
-        .all(|w| w[0].1 > w[1].1 || (w[0].1 == w[1].1 && w[0].0 < w[1].0));
+    let row: Vec<(u32, u64)> = ch.tokens().iter().copied().zip(ch.counts().iter().copied()).collect();
+    let ordered = row.windows(2).all(|w| w[0].1 > w[1].1 || (w[0].1 == w[1].1 && w[0].0 < w[1].0));
     if row.len() != TOPK_K || !ordered || row.iter().any(|&(t, c)| t >= v || c == 0) {
-        return Err(bad(format!(
-            "{} row {r} is not a top-{TOPK_K} row (order, counts or token ids)",
-            sec.name()
-        )));
+        return Err(bad(format!("{} row {r} is not a top-{TOPK_K} row (order, counts or token ids)", sec.name())));
     }
     Ok(())
 }
 
 /// The escape rank of the node block `b` of `level` agrees with the escapes in the block.
 fn check_esc_block<D: AsRef<[u8]>>(ix: &Index<D>, level: u8, n: usize, b: usize) -> Result<()> {
-    let (sec, nodes) = if level == 2 {
-        (Sec::L2EscRank, Sec::L2Nodes)
-    } else {
-        (Sec::L3EscRank, Sec::L3Nodes)
-    };
+    let (sec, nodes) = if level == 2 { (Sec::L2EscRank, Sec::L2Nodes) } else { (Sec::L3EscRank, Sec::L3Nodes) };
     let (_, _, esc_code) = ix.level_view(level);
     let ranks = ix.section(sec);
     let nodes = ix.section(nodes);
@@ -425,10 +332,7 @@ fn check_esc_block<D: AsRef<[u8]>>(ix: &Index<D>, level: u8, n: usize, b: usize)
         .count();
     match (get64(ranks, b * 8), get64(ranks, (b + 1) * 8)) {
         (Some(r0), Some(r1)) if r1.checked_sub(r0) == Some(esc as u64) => Ok(()),
-        _ => Err(bad(format!(
-            "{} block {b} disagrees with the escapes of its nodes",
-            sec.name()
-        ))),
+        _ => Err(bad(format!("{} block {b} disagrees with the escapes of its nodes", sec.name()))),
     }
 }
 
@@ -449,9 +353,7 @@ fn check_l3_block<D: AsRef<[u8]>>(ix: &Index<D>, b: usize) -> Result<()> {
     if ok == Some(true) {
         Ok(())
     } else {
-        Err(bad(format!(
-            "L3_BLOCKS record {b} disagrees with the next one"
-        )))
+        Err(bad(format!("L3_BLOCKS record {b} disagrees with the next one")))
     }
 }
 
@@ -482,22 +384,12 @@ fn quick_with<D: AsRef<[u8]>>(ix: &Index<D>, crc_max: u64, samples: usize) -> Re
     let mut scratch = Vec::new();
     // Level 2: the one-token context holding each sampled node (UNI is checked, so its ranges
     // are contiguous and ascending, and in memory: the search costs no disk reads).
-    let l2 = [
-        Sec::L2Nodes,
-        Sec::L2EscRank,
-        Sec::L2Esc,
-        Sec::TopK1,
-        Sec::TopKEsc,
-    ];
+    let l2 = [Sec::L2Nodes, Sec::L2EscRank, Sec::L2Esc, Sec::TopK1, Sec::TopKEsc];
     if l2.iter().any(|&s| big(s)) {
         let mut last = usize::MAX;
         for p in strata(h.n_bigram, samples, seed) {
-            let a = last_at_or_below(h.vocab_size as usize, p, |a| {
-                ix.ctx1_pub(a as u32).map(|c| c.0 as u64)
-            })?;
-            let c = ix
-                .ctx1_pub(a as u32)
-                .ok_or_else(|| bad(format!("bigram range of token {a}")))?;
+            let a = last_at_or_below(h.vocab_size as usize, p, |a| ix.ctx1_pub(a as u32).map(|c| c.0 as u64))?;
+            let c = ix.ctx1_pub(a as u32).ok_or_else(|| bad(format!("bigram range of token {a}")))?;
             if c.1 - c.0 <= QUICK_WINDOW && a == last {
                 continue;
             }
@@ -532,22 +424,16 @@ fn quick_with<D: AsRef<[u8]>>(ix: &Index<D>, crc_max: u64, samples: usize) -> Re
     if l3.iter().any(|&s| big(s)) {
         for j in strata(h.n_bigram, samples, seed ^ 0x5bd1_e995) {
             let j = j as usize;
-            let c = ix
-                .ctx2_pub(j)
-                .ok_or_else(|| bad(format!("trigram range of bigram node {j}")))?;
+            let c = ix.ctx2_pub(j).ok_or_else(|| bad(format!("trigram range of bigram node {j}")))?;
             check_l3_block(ix, j / BLOCK)?;
             // the trigram ranges of the whole block (its records, deltas and bigram nodes are
             // read already): a damaged delta moves children between neighbours, and one of
             // them then has more children than its total
             for jj in j / BLOCK * BLOCK..((j / BLOCK + 1) * BLOCK).min(h.n_bigram as usize) {
-                let (s, e, total, _) = ix
-                    .ctx2_pub(jj)
-                    .ok_or_else(|| bad(format!("trigram range of bigram node {jj}")))?;
+                let (s, e, total, _) =
+                    ix.ctx2_pub(jj).ok_or_else(|| bad(format!("trigram range of bigram node {jj}")))?;
                 if (e - s) as u64 > total {
-                    return Err(bad(format!(
-                        "bigram node {jj} has {} trigram children but a total of {total}",
-                        e - s
-                    )));
+                    return Err(bad(format!("bigram node {jj} has {} trigram children but a total of {total}", e - s)));
                 }
             }
             if c.1 > c.0 {
@@ -583,14 +469,9 @@ mod tests {
             .collect();
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("q.idx");
-        let mut b = Builder::new(BuildOptions {
-            vocab_size: vocab,
-            token_bits: Some(21),
-            ..Default::default()
-        })
-        .unwrap();
-        b.add_documents(&doc.chunks(5000).collect::<Vec<_>>())
-            .unwrap();
+        let mut b =
+            Builder::new(BuildOptions { vocab_size: vocab, token_bits: Some(21), ..Default::default() }).unwrap();
+        b.add_documents(&doc.chunks(5000).collect::<Vec<_>>()).unwrap();
         b.finish(&out, "{}").unwrap();
         std::fs::read(out).unwrap()
     }
@@ -602,12 +483,7 @@ mod tests {
     #[test]
     fn sampled_checks_accept_intact_indexes() {
         let mut exercised = (false, false);
-        for (seed, vocab, tokens) in [
-            (1, 50, 20_000),
-            (2, 3_000, 200_000),
-            (3, 400, 300_000),
-            (5, 20, 200_000),
-        ] {
+        for (seed, vocab, tokens) in [(1, 50, 20_000), (2, 3_000, 200_000), (3, 400, 300_000), (5, 20, 200_000)] {
             let bytes = build(seed, vocab, tokens);
             let ix = Index::from_bytes(bytes).unwrap();
             verify(&ix).unwrap();
@@ -618,11 +494,7 @@ mod tests {
             exercised.0 |= h.n_large2 > 0;
             exercised.1 |= h.n_esc3 > 0;
         }
-        assert_eq!(
-            exercised,
-            (true, true),
-            "the corpora have level-3 top-K rows and escaped counts"
-        );
+        assert_eq!(exercised, (true, true), "the corpora have level-3 top-K rows and escaped counts");
     }
 
     #[test]
@@ -687,10 +559,7 @@ mod tests {
             damage(&mut b);
             let ix = Index::from_bytes(b).unwrap();
             assert!(quick(&ix).is_err(), "{what}: the CRC of a small index");
-            assert!(
-                quick_with(&ix, 0, usize::MAX).is_err(),
-                "{what}: the sampled checks"
-            );
+            assert!(quick_with(&ix, 0, usize::MAX).is_err(), "{what}: the sampled checks");
         }
     }
 }

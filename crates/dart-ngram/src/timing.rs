@@ -20,12 +20,7 @@ pub fn timer_overhead_ns() -> u64 {
 
 /// Nanoseconds of each `children(context, k)` call, in order, after `warmup` untimed passes
 /// over all contexts (one thread, the calling one). Timer overhead is subtracted.
-pub fn time_children<D: AsRef<[u8]>>(
-    ix: &Index<D>,
-    contexts: &[[u32; 2]],
-    k: usize,
-    warmup: usize,
-) -> Vec<u64> {
+pub fn time_children<D: AsRef<[u8]>>(ix: &Index<D>, contexts: &[[u32; 2]], k: usize, warmup: usize) -> Vec<u64> {
     let mut ch = Children::with_capacity(k);
     for _ in 0..warmup {
         for c in contexts {

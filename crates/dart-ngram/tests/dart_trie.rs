@@ -17,9 +17,7 @@ struct Trie {
 
 impl Trie {
     fn new() -> Self {
-        Trie {
-            nodes: vec![(0, 0, 0, Vec::new())],
-        }
+        Trie { nodes: vec![(0, 0, 0, Vec::new())] }
     }
     fn child(&mut self, at: usize, t: u32) -> usize {
         if let Some(&(_, c)) = self.nodes[at].3.iter().find(|(tok, _)| *tok == t as i32) {
@@ -59,12 +57,7 @@ impl Trie {
 }
 
 fn opts(vocab: u32) -> BuildOptions {
-    BuildOptions {
-        vocab_size: vocab,
-        memory_limit_bytes: 1 << 20,
-        threads: Some(1),
-        ..BuildOptions::default()
-    }
+    BuildOptions { vocab_size: vocab, memory_limit_bytes: 1 << 20, threads: Some(1), ..BuildOptions::default() }
 }
 
 proptest! {
@@ -94,13 +87,7 @@ proptest! {
 fn problem(data: &[u8]) -> TrieProblem {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("x.trie"), data).unwrap();
-    match convert_dart_trie(
-        &dir.path().join("x.trie"),
-        &dir.path().join("x.idx"),
-        &opts(20),
-        "{}",
-        &mut |_| {},
-    ) {
+    match convert_dart_trie(&dir.path().join("x.trie"), &dir.path().join("x.idx"), &opts(20), "{}", &mut |_| {}) {
         Err(Error::Trie { problem, .. }) => {
             assert!(!dir.path().join("x.idx").exists());
             problem
@@ -119,17 +106,11 @@ fn bad_files_are_typed_errors() {
     let data = std::fs::read(&path).unwrap();
     for cut in [0, 9, 16, 30, data.len() - 1] {
         assert!(
-            matches!(
-                problem(&data[..cut]),
-                TrieProblem::Truncated { .. } | TrieProblem::Foreign { .. }
-            ),
+            matches!(problem(&data[..cut]), TrieProblem::Truncated { .. } | TrieProblem::Foreign { .. }),
             "cut {cut}"
         );
     }
-    assert!(matches!(
-        problem(&data[..data.len() - 1]),
-        TrieProblem::Truncated { .. }
-    ));
+    assert!(matches!(problem(&data[..data.len() - 1]), TrieProblem::Truncated { .. }));
     let mut order4 = data.clone();
     order4[0] = 4;
     assert!(matches!(problem(&order4), TrieProblem::Foreign { .. }));
@@ -138,25 +119,13 @@ fn bad_files_are_typed_errors() {
     let mut neg = data.clone();
     neg[16 + root_len + 12..16 + root_len + 16].copy_from_slice(&(-7i32).to_le_bytes());
     match problem(&neg) {
-        TrieProblem::NegativeCount {
-            node: 1,
-            freq: -7,
-            depth: 1,
-            ..
-        } => {}
+        TrieProblem::NegativeCount { node: 1, freq: -7, depth: 1, .. } => {}
         p => panic!("{p}"),
     }
     // a unigram count below its bigrams' sum (a wrapped count)
     let mut low = data.clone();
     low[16 + root_len + 12..16 + root_len + 16].copy_from_slice(&0i32.to_le_bytes());
-    assert!(matches!(
-        problem(&low),
-        TrieProblem::CountBelowChildren {
-            node: 1,
-            depth: 1,
-            ..
-        }
-    ));
+    assert!(matches!(problem(&low), TrieProblem::CountBelowChildren { node: 1, depth: 1, .. }));
     // the input is never the output
     let e = convert_dart_trie(&path, &path, &opts(20), "{}", &mut |_| {}).unwrap_err();
     assert!(matches!(e, Error::InvalidOption(_)), "{e}");

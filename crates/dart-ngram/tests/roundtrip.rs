@@ -68,11 +68,7 @@ impl Reference {
                 v.sort_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(&y.0)));
                 for &(b, _) in v.iter().skip(cap) {
                     r.bi.remove(&(a, b));
-                    let gone: Vec<_> = r
-                        .tri
-                        .range((a, b, 0)..=(a, b, u32::MAX))
-                        .map(|(k, _)| *k)
-                        .collect();
+                    let gone: Vec<_> = r.tri.range((a, b, 0)..=(a, b, u32::MAX)).map(|(k, _)| *k).collect();
                     for k in gone {
                         r.tri.remove(&k);
                     }
@@ -86,16 +82,8 @@ impl Reference {
     fn kids(&self, ctx: &[u32]) -> Vec<(u32, u64)> {
         let mut v: Vec<(u32, u64)> = match ctx.len() {
             0 => self.uni.iter().map(|(&t, &c)| (t, c)).collect(),
-            1 => self
-                .bi
-                .range((ctx[0], 0)..=(ctx[0], u32::MAX))
-                .map(|(k, &c)| (k.1, c))
-                .collect(),
-            _ => self
-                .tri
-                .range((ctx[0], ctx[1], 0)..=(ctx[0], ctx[1], u32::MAX))
-                .map(|(k, &c)| (k.2, c))
-                .collect(),
+            1 => self.bi.range((ctx[0], 0)..=(ctx[0], u32::MAX)).map(|(k, &c)| (k.1, c)).collect(),
+            _ => self.tri.range((ctx[0], ctx[1], 0)..=(ctx[0], ctx[1], u32::MAX)).map(|(k, &c)| (k.2, c)).collect(),
         };
         v.sort_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(&y.0)));
         v
@@ -119,11 +107,7 @@ impl Reference {
             }
         }
         let v = self.kids(&[]);
-        (
-            v.into_iter().take(k).collect(),
-            if self.tokens > 0 { 1 } else { 0 },
-            self.tokens,
-        )
+        (v.into_iter().take(k).collect(), if self.tokens > 0 { 1 } else { 0 }, self.tokens)
     }
     fn prob(&self, ctx: &[u32], v: u32, uni: bool) -> f64 {
         let n = ctx.len();
@@ -182,12 +166,7 @@ fn check(ix: &Index<Vec<u8>>, r: &Reference) {
         for k in [1usize, 3, 25, 33, 1000] {
             let m = ix.children(c, k, &mut ch).unwrap();
             let (want, order, total) = r.children(c, k);
-            let got: Vec<(u32, u64)> = ch
-                .tokens()
-                .iter()
-                .copied()
-                .zip(ch.counts().iter().copied())
-                .collect();
+            let got: Vec<(u32, u64)> = ch.tokens().iter().copied().zip(ch.counts().iter().copied()).collect();
             assert_eq!(got, want, "children of {c:?}, k={k}");
             assert_eq!((m.order, m.total), (order, total), "order/total of {c:?}");
         }
@@ -217,9 +196,7 @@ fn check(ix: &Index<Vec<u8>>, r: &Reference) {
 }
 
 fn zipf_docs(seed: u64, n_docs: usize, len: usize, vocab: u32) -> Vec<Vec<u32>> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
     let mut next = move || {
         s ^= s << 13;
         s ^= s >> 7;
@@ -249,21 +226,11 @@ fn roundtrip_fixed_with_escapes_and_large_contexts() {
     docs.push(vec![0; 5000]); // huge counts for (0,0,0): escapes at every level
     let r = Reference::new(&docs, vocab, 1, None);
     for spill in [false, true] {
-        let opts = BuildOptions {
-            vocab_size: vocab,
-            token_bits: Some(21),
-            ..Default::default()
-        };
+        let opts = BuildOptions { vocab_size: vocab, token_bits: Some(21), ..Default::default() };
         let bytes = build(&docs, opts, spill);
         let ix = Index::from_bytes(bytes).unwrap();
-        assert!(
-            ix.header().n_esc2 > 0 && ix.header().n_esc3 > 0,
-            "escapes exercised"
-        );
-        assert!(
-            ix.header().n_large1 > 0 && ix.header().n_large2 > 0,
-            "top-k tables exercised"
-        );
+        assert!(ix.header().n_esc2 > 0 && ix.header().n_esc3 > 0, "escapes exercised");
+        assert!(ix.header().n_large1 > 0 && ix.header().n_large2 > 0, "top-k tables exercised");
         assert_eq!(ix.metadata_json(), r#"{"test":true}"#);
         check(&ix, &r);
     }
@@ -290,24 +257,8 @@ fn pruning_min_count_and_cap() {
 fn deterministic_bytes_across_spills_and_threads() {
     let vocab = 64;
     let docs = zipf_docs(3, 400, 600, vocab);
-    let a = build(
-        &docs,
-        BuildOptions {
-            vocab_size: vocab,
-            threads: Some(1),
-            ..Default::default()
-        },
-        false,
-    );
-    let b = build(
-        &docs,
-        BuildOptions {
-            vocab_size: vocab,
-            threads: Some(3),
-            ..Default::default()
-        },
-        true,
-    );
+    let a = build(&docs, BuildOptions { vocab_size: vocab, threads: Some(1), ..Default::default() }, false);
+    let b = build(&docs, BuildOptions { vocab_size: vocab, threads: Some(3), ..Default::default() }, true);
     assert!(a == b, "bytes differ between thread counts / spilling");
 }
 
@@ -316,11 +267,7 @@ fn sharded_map_reduce_equals_single_build() {
     let vocab = 50;
     let docs = zipf_docs(5, 300, 300, vocab);
     let dir = tempfile::tempdir().unwrap();
-    let opts = BuildOptions {
-        vocab_size: vocab,
-        memory_limit_bytes: 1 << 20,
-        ..Default::default()
-    };
+    let opts = BuildOptions { vocab_size: vocab, memory_limit_bytes: 1 << 20, ..Default::default() };
     let mut runs = Vec::new();
     for shard in docs.chunks(100) {
         let mut b = Builder::new(opts.clone()).unwrap();
@@ -334,20 +281,14 @@ fn sharded_map_reduce_equals_single_build() {
     assert_eq!(s.documents, docs.len() as u64);
     let merged = std::fs::read(&out).unwrap();
     let single = build(&docs, opts.clone(), false);
-    assert!(
-        merged == single,
-        "sharded build differs from the single build"
-    );
+    assert!(merged == single, "sharded build differs from the single build");
     // a corrupted run is a typed error, and nothing is written
     let mut bytes = std::fs::read(&runs[0]).unwrap();
     let n = bytes.len();
     bytes[n - 10] ^= 0x40;
     std::fs::write(&runs[0], &bytes).unwrap();
     let out2 = dir.path().join("bad.idx");
-    assert!(matches!(
-        dart_ngram::merge_runs(&runs, &out2, &opts, "{}"),
-        Err(Error::Run { .. })
-    ));
+    assert!(matches!(dart_ngram::merge_runs(&runs, &out2, &opts, "{}"), Err(Error::Run { .. })));
     assert!(!out2.exists());
 }
 
@@ -359,11 +300,7 @@ fn partitioned_reduce_equals_single_build() {
     let vocab = 50;
     let docs = zipf_docs(7, 300, 300, vocab);
     let dir = tempfile::tempdir().unwrap();
-    let opts = BuildOptions {
-        vocab_size: vocab,
-        memory_limit_bytes: 1 << 20,
-        ..Default::default()
-    };
+    let opts = BuildOptions { vocab_size: vocab, memory_limit_bytes: 1 << 20, ..Default::default() };
     let mut runs = Vec::new();
     for shard in docs.chunks(70) {
         let mut b = Builder::new(opts.clone()).unwrap();
@@ -387,107 +324,51 @@ fn partitioned_reduce_equals_single_build() {
         let out = dir.path().join("parts.idx");
         let s = dart_ngram::merge_runs(&parts, &out, &opts, r#"{"test":true}"#).unwrap();
         assert_eq!(s.documents, docs.len() as u64);
-        assert!(
-            std::fs::read(&out).unwrap() == single,
-            "partitioned reduce {cuts:?} differs from the single build"
-        );
+        assert!(std::fs::read(&out).unwrap() == single, "partitioned reduce {cuts:?} differs from the single build");
         for p in parts {
             std::fs::remove_file(p).unwrap();
         }
     }
     let p = dir.path().join("bad.dartrun");
-    assert!(matches!(
-        dart_ngram::merge_run_range(&runs, &p, &opts, 5, 5),
-        Err(Error::Run { .. })
-    ));
-    assert!(matches!(
-        dart_ngram::merge_run_range(&runs, &runs[0], &opts, 0, u64::MAX),
-        Err(Error::Run { .. })
-    ));
+    assert!(matches!(dart_ngram::merge_run_range(&runs, &p, &opts, 5, 5), Err(Error::Run { .. })));
+    assert!(matches!(dart_ngram::merge_run_range(&runs, &runs[0], &opts, 0, u64::MAX), Err(Error::Run { .. })));
 }
 
 #[test]
 fn empty_corpus_is_a_valid_empty_index() {
-    let ix = Index::from_bytes(build(
-        &[],
-        BuildOptions {
-            vocab_size: 10,
-            ..Default::default()
-        },
-        false,
-    ))
-    .unwrap();
+    let ix = Index::from_bytes(build(&[], BuildOptions { vocab_size: 10, ..Default::default() }, false)).unwrap();
     ix.verify().unwrap();
     let mut ch = Children::new();
     let m = ix.children(&[1, 2], 5, &mut ch).unwrap();
     assert_eq!((m.order, m.total, ch.len()), (0, 0, 0));
     assert_eq!(ix.prob(&[1], 2, true), 0.0);
-    let ix = Index::from_bytes(build(
-        &[vec![], vec![]],
-        BuildOptions {
-            vocab_size: 10,
-            ..Default::default()
-        },
-        false,
-    ))
-    .unwrap();
+    let ix = Index::from_bytes(build(&[vec![], vec![]], BuildOptions { vocab_size: 10, ..Default::default() }, false))
+        .unwrap();
     assert_eq!(ix.header().documents, 2);
 }
 
 #[test]
 fn bad_tokens_are_typed_errors() {
-    let mut b = Builder::new(BuildOptions {
-        vocab_size: 10,
-        ..Default::default()
-    })
-    .unwrap();
-    assert!(matches!(
-        b.add_document(&[1, 2, 10]),
-        Err(Error::TokenOutOfRange {
-            token: 10,
-            vocab_size: 10
-        })
-    ));
+    let mut b = Builder::new(BuildOptions { vocab_size: 10, ..Default::default() }).unwrap();
+    assert!(matches!(b.add_document(&[1, 2, 10]), Err(Error::TokenOutOfRange { token: 10, vocab_size: 10 })));
     b.add_document(&[1, 2, 3]).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("i.idx");
     b.finish(&out, "{}").unwrap();
     let ix = Index::open(&out).unwrap();
-    assert_eq!(
-        ix.header().tokens,
-        3,
-        "the rejected document was not counted"
-    );
+    assert_eq!(ix.header().tokens, 3, "the rejected document was not counted");
     let mut ch = Children::new();
-    assert!(matches!(
-        ix.children(&[11], 3, &mut ch),
-        Err(Error::TokenOutOfRange { .. })
-    ));
+    assert!(matches!(ix.children(&[11], 3, &mut ch), Err(Error::TokenOutOfRange { .. })));
     assert_eq!(ix.prob(&[1], 99, true), 0.0);
-    assert!(matches!(
-        Index::open(dir.path().join("missing.idx")),
-        Err(Error::NotFound { .. })
-    ));
-    assert!(Builder::new(BuildOptions {
-        vocab_size: 0,
-        ..Default::default()
-    })
-    .is_err());
+    assert!(matches!(Index::open(dir.path().join("missing.idx")), Err(Error::NotFound { .. })));
+    assert!(Builder::new(BuildOptions { vocab_size: 0, ..Default::default() }).is_err());
 }
 
 #[test]
 fn batch_matches_single() {
     let vocab = 30;
     let docs = zipf_docs(9, 200, 300, vocab);
-    let ix = Index::from_bytes(build(
-        &docs,
-        BuildOptions {
-            vocab_size: vocab,
-            ..Default::default()
-        },
-        false,
-    ))
-    .unwrap();
+    let ix = Index::from_bytes(build(&docs, BuildOptions { vocab_size: vocab, ..Default::default() }, false)).unwrap();
     let ctxs: Vec<[u32; 2]> = (0..100).map(|i| [i % vocab, (i * 7) % vocab]).collect();
     let pool = dart_ngram::pool::get();
     let b = ix.children_batch(&ctxs, 5, &pool).unwrap();
@@ -566,15 +447,7 @@ fn wide_delta_blocks() {
     }
     docs.push(vec![0, 5, 7, 7]);
     let r = Reference::new(&docs, vocab, 1, None);
-    let ix = Index::from_bytes(build(
-        &docs,
-        BuildOptions {
-            vocab_size: vocab,
-            ..Default::default()
-        },
-        false,
-    ))
-    .unwrap();
+    let ix = Index::from_bytes(build(&docs, BuildOptions { vocab_size: vocab, ..Default::default() }, false)).unwrap();
     assert!(ix.header().n_wide >= 1, "a wide block was written");
     ix.verify().unwrap();
     let mut ch = Children::new();
@@ -582,12 +455,7 @@ fn wide_delta_blocks() {
         for k in [3usize, 40] {
             let m = ix.children(&ctx, k, &mut ch).unwrap();
             let (want, order, total) = r.children(&ctx, k);
-            let got: Vec<(u32, u64)> = ch
-                .tokens()
-                .iter()
-                .copied()
-                .zip(ch.counts().iter().copied())
-                .collect();
+            let got: Vec<(u32, u64)> = ch.tokens().iter().copied().zip(ch.counts().iter().copied()).collect();
             assert_eq!((got, m.order, m.total), (want, order, total), "{ctx:?}");
         }
         for t in [0u32, 7, 29_999] {
@@ -600,21 +468,14 @@ fn wide_delta_blocks() {
 fn outputs_that_cannot_be_written_are_refused_before_work() {
     let vocab = 20;
     let dir = tempfile::tempdir().unwrap();
-    let opts = BuildOptions {
-        vocab_size: vocab,
-        memory_limit_bytes: 1 << 20,
-        ..Default::default()
-    };
+    let opts = BuildOptions { vocab_size: vocab, memory_limit_bytes: 1 << 20, ..Default::default() };
     let mut b = Builder::new(opts.clone()).unwrap();
     b.add_document(&[1, 2, 3, 4]).unwrap();
     let runs = b.write_runs(&dir.path().join("runs")).unwrap();
     let before = std::fs::read(&runs[0]).unwrap();
     // the output is one of the merged runs: refused, the run untouched
     let e = dart_ngram::merge_runs(&runs, &runs[0], &opts, "{}").unwrap_err();
-    assert!(
-        matches!(&e, Error::InvalidOption(m) if m.contains("one of the inputs")),
-        "{e}"
-    );
+    assert!(matches!(&e, Error::InvalidOption(m) if m.contains("one of the inputs")), "{e}");
     assert_eq!(std::fs::read(&runs[0]).unwrap(), before);
     // a directory, a missing directory
     let e = dart_ngram::merge_runs(&runs, dir.path(), &opts, "{}").unwrap_err();
@@ -622,12 +483,7 @@ fn outputs_that_cannot_be_written_are_refused_before_work() {
     let e = dart_ngram::merge_runs(&runs, &dir.path().join("no/x.idx"), &opts, "{}").unwrap_err();
     assert!(e.to_string().contains("does not exist"), "{e}");
     // thread counts above the pool's cap
-    let e = Builder::new(BuildOptions {
-        threads: Some(1_000_000),
-        ..opts.clone()
-    })
-    .err()
-    .unwrap();
+    let e = Builder::new(BuildOptions { threads: Some(1_000_000), ..opts.clone() }).err().unwrap();
     assert!(e.to_string().contains("threads must be in 1..=4096"), "{e}");
 }
 
@@ -642,15 +498,8 @@ fn stale_temp_files_are_swept_and_live_ones_kept() {
     std::fs::create_dir(&live).unwrap();
     let held = File::create(live.join(".lock")).unwrap();
     // SAFETY: flock on an open descriptor owned by `held`.
-    assert_eq!(
-        unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
-        0
-    );
-    let mut b = Builder::new(BuildOptions {
-        vocab_size: 10,
-        ..Default::default()
-    })
-    .unwrap();
+    assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+    let mut b = Builder::new(BuildOptions { vocab_size: 10, ..Default::default() }).unwrap();
     b.add_document(&[1, 2, 3]).unwrap();
     b.finish(&dir.path().join("x.idx"), "{}").unwrap();
     assert!(!dead.exists(), "a dead builder's sections dir is removed");

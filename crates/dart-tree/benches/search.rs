@@ -43,12 +43,9 @@ fn synthetic_index(dir: &std::path::Path) -> Index<Mmap> {
         prev = t;
     }
     let path = dir.join("bench.idx");
-    let mut b = Builder::new(BuildOptions {
-        vocab_size: V,
-        temp_dir: Some(dir.to_path_buf()),
-        ..BuildOptions::default()
-    })
-    .unwrap();
+    let mut b =
+        Builder::new(BuildOptions { vocab_size: V, temp_dir: Some(dir.to_path_buf()), ..BuildOptions::default() })
+            .unwrap();
     b.add_document(&doc).unwrap();
     b.finish(&path, "{}").unwrap();
     Index::open(&path).unwrap()
@@ -98,12 +95,7 @@ fn bench(c: &mut Criterion) {
             ];
             (ctx, rows(&index, &mut rng, d, k))
         })
-        .map(|(c, (t, l))| {
-            (
-                c,
-                (t.into_iter().map(|x| x % index.vocab_size()).collect(), l),
-            )
-        })
+        .map(|(c, (t, l))| (c, (t.into_iter().map(|x| x % index.vocab_size()).collect(), l)))
         .collect();
     let p = SearchParams::default();
     let mut i = 0;
@@ -114,10 +106,7 @@ fn bench(c: &mut Criterion) {
             black_box(beam_search(&index, ctx, TopkRows::new(t, l, d, k), &p).unwrap())
         })
     });
-    let nong = SearchParams {
-        ngram_weight: 0.0,
-        ..p.clone()
-    };
+    let nong = SearchParams { ngram_weight: 0.0, ..p.clone() };
     c.bench_function("eq10_no_ngram_d8_k25_w20_theta59", |b| {
         b.iter(|| {
             let (ctx, (t, l)) = &inputs[i % inputs.len()];
@@ -129,33 +118,18 @@ fn bench(c: &mut Criterion) {
     let bt: Vec<u32> = inputs[..8].iter().flat_map(|x| x.1 .0.clone()).collect();
     let bl: Vec<f32> = inputs[..8].iter().flat_map(|x| x.1 .1.clone()).collect();
     c.bench_function("eq10_batch8_pool", |b| {
-        b.iter(|| {
-            black_box(beam_search_batch(&index, &ctxs, TopkRows::new(&bt, &bl, d, k), &p).unwrap())
-        })
+        b.iter(|| black_box(beam_search_batch(&index, &ctxs, TopkRows::new(&bt, &bl, d, k), &p).unwrap()))
     });
     // DARTree deferred top-B: 8 depths x 12 kept x 64 candidates supertree, B = 64.
     let n = 8 * 12 * 64;
-    let parents: Vec<i64> = (0..n)
-        .map(|i| {
-            if i < 64 {
-                -1
-            } else {
-                (rng.below((i.min(n / 2)) as u64)) as i64
-            }
-        })
-        .collect();
+    let parents: Vec<i64> =
+        (0..n).map(|i| if i < 64 { -1 } else { (rng.below((i.min(n / 2)) as u64)) as i64 }).collect();
     let mut scores = vec![0.0f64; n];
     for i in 0..n {
-        let base = if parents[i] < 0 {
-            0.0
-        } else {
-            scores[parents[i] as usize]
-        };
+        let base = if parents[i] < 0 { 0.0 } else { scores[parents[i] as usize] };
         scores[i] = base + (rng.unit() + 1e-9).ln() - 0.2;
     }
-    c.bench_function("top_b_6144_to_64", |b| {
-        b.iter(|| black_box(top_b(&parents, &scores, 64).unwrap()))
-    });
+    c.bench_function("top_b_6144_to_64", |b| b.iter(|| black_box(top_b(&parents, &scores, 64).unwrap())));
 }
 
 criterion_group!(benches, bench);

@@ -133,15 +133,7 @@ impl Scratch {
     fn entry(&self, l: usize, e: usize, context: &[u32]) -> (u32, f64, [u32; 2]) {
         if l == 0 {
             let rc = root_context(context);
-            (
-                NONE,
-                0.0,
-                if rc.len() == 2 {
-                    [rc[0], rc[1]]
-                } else {
-                    [NONE, rc[0]]
-                },
-            )
+            (NONE, 0.0, if rc.len() == 2 { [rc[0], rc[1]] } else { [NONE, rc[0]] })
         } else {
             let c = &self.cands[self.beam[e] as usize];
             (self.beam[e], c.score, [c.prev, c.token])
@@ -202,11 +194,7 @@ fn check_context(context: &[u32], vocab: u32) -> Result<()> {
     // Only the last two tokens are ever read; older ones need not be valid ids.
     for &t in &context[context.len().saturating_sub(2)..] {
         if t >= vocab {
-            return Err(Error::TokenOutOfVocab {
-                what: "context",
-                token: t as u64,
-                vocab,
-            });
+            return Err(Error::TokenOutOfVocab { what: "context", token: t as u64, vocab });
         }
     }
     Ok(())
@@ -290,11 +278,7 @@ fn gain_bounds(rest: &mut Vec<f64>, d: usize, params: &SearchParams) -> f64 {
         let div = ((l + 1) as f64).powf(params.depth_exponent);
         let decay = params.level_decay.powi(l as i32);
         let use_ngram = params.ngram_weight != 0.0 && (l > 0 || params.ngram_first_level);
-        let scale = if use_ngram {
-            params.ngram_weight / div
-        } else {
-            0.0
-        };
+        let scale = if use_ngram { params.ngram_weight / div } else { 0.0 };
         let (a_hi, a_lo) = (decay * ln_top / div, decay * ln_eps / div);
         let (b_hi, b_lo) = (scale * ln_top, scale * ln_eps);
         let gain = a_hi.max(a_lo).max(0.0) + b_hi.max(b_lo).max(0.0);
@@ -343,16 +327,7 @@ fn beam_search_in<S: NgramScorer + ?Sized>(
             }
             let memo = if lv.use_ngram {
                 let slot = memo_offset(s, ctx, lv.nv);
-                ngram_terms(
-                    s,
-                    scorer,
-                    slot,
-                    lv.nv,
-                    lv.wn,
-                    (lv.scale, lv.scale_ln_eps),
-                    params,
-                    -(low + lv.bmax),
-                );
+                ngram_terms(s, scorer, slot, lv.nv, lv.wn, (lv.scale, lv.scale_ln_eps), params, -(low + lv.bmax));
                 s.memo_ctx[slot].off
             } else {
                 usize::MAX
@@ -393,12 +368,7 @@ struct Level<'r> {
 /// Read row `l` into the scratch: the valid columns with their drafter terms and EOS flags,
 /// sorted by token as the index wants them (a duplicate token is an error), and the column
 /// sets sized to the row.
-fn load_level<'r>(
-    s: &mut Scratch,
-    rows: TopkRows<'r>,
-    l: usize,
-    params: &SearchParams,
-) -> Result<Level<'r>> {
+fn load_level<'r>(s: &mut Scratch, rows: TopkRows<'r>, l: usize, params: &SearchParams) -> Result<Level<'r>> {
     let (row_tokens, row_lp) = rows.row(l);
     let div = ((l + 1) as f64).powf(params.depth_exponent);
     let decay = params.level_decay.powi(l as i32);
@@ -409,8 +379,7 @@ fn load_level<'r>(
     for (j, &lp) in row_lp.iter().enumerate() {
         if lp != f32::NEG_INFINITY {
             s.valid.push(j as u32);
-            s.drafter
-                .push(decay * ((lp as f64).exp() + params.eps).ln() / div);
+            s.drafter.push(decay * ((lp as f64).exp() + params.eps).ln() / div);
             s.eos.push(params.eos.contains(&row_tokens[j]));
         }
     }
@@ -431,10 +400,7 @@ fn load_level<'r>(
         s.child_tokens.push((key >> 32) as u32);
     }
     if let Some(w) = s.child_tokens.windows(2).find(|w| w[0] == w[1]) {
-        return Err(Error::DuplicateToken {
-            row: l,
-            token: w[0],
-        });
+        return Err(Error::DuplicateToken { row: l, token: w[0] });
     }
     let nv = s.valid.len();
     let use_ngram = params.ngram_weight != 0.0 && (l > 0 || params.ngram_first_level);
@@ -442,11 +408,7 @@ fn load_level<'r>(
     // Largest possible n-gram term (g ∈ [0, 1]); an upper bound for pruning below.
     // The term of g = 0, computed once per level (ln is ~5 % of a search).
     let scale_ln_eps = scale * params.eps.ln();
-    let bmax = if use_ngram {
-        (scale * (1.0 + params.eps).ln()).max(scale_ln_eps)
-    } else {
-        0.0
-    };
+    let bmax = if use_ngram { (scale * (1.0 + params.eps).ln()).max(scale_ln_eps) } else { 0.0 };
     let amax = s.drafter.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     s.drafter.resize(nv.div_ceil(64) * 64, f64::NEG_INFINITY);
     s.top.clear();
@@ -466,17 +428,7 @@ fn load_level<'r>(
     for (si, &vi) in s.sorted.iter().enumerate() {
         s.rank[vi as usize] = si as u32;
     }
-    Ok(Level {
-        l,
-        row_tokens,
-        nv,
-        wn,
-        use_ngram,
-        scale,
-        scale_ln_eps,
-        bmax,
-        amax,
-    })
+    Ok(Level { l, row_tokens, nv, wn, use_ngram, scale, scale_ln_eps, bmax, amax })
 }
 
 /// Make room in the n-gram memos for `n_entries` beam entries of a level of `nv` columns
@@ -596,10 +548,7 @@ fn mark_alive(s: &mut Scratch, nv: usize, low: f64) -> bool {
         // `drafter` is padded to whole words; the padding's bits are cleared below.
         let mut m = 0u64;
         let used = (nv - wi * 64).min(64).div_ceil(8) * 8;
-        for (ci, chunk) in s.drafter[wi * 64..wi * 64 + used]
-            .chunks_exact(8)
-            .enumerate()
-        {
+        for (ci, chunk) in s.drafter[wi * 64..wi * 64 + used].chunks_exact(8).enumerate() {
             let chunk: &[f64; 8] = chunk.try_into().expect("8 columns");
             // Eight 0/1 bytes, gathered into eight bits by one multiplication.
             let mut flags = [0u8; 8];
@@ -661,22 +610,12 @@ fn expand_entry(
                     if to_beam {
                         s.top.insert(key, idx, params.beam_width);
                     }
-                    let pmin = if parent == NONE {
-                        score
-                    } else {
-                        s.cands[parent as usize].path_min.min(score)
-                    };
+                    let pmin = if parent == NONE { score } else { s.cands[parent as usize].path_min.min(score) };
                     let pkey = total_key(pmin);
                     if s.tree_top.admits(pkey, params.max_nodes) {
                         s.tree_top.insert(pkey, params.max_nodes);
                     }
-                    s.push_cand(
-                        score,
-                        lv.row_tokens[s.valid[vi] as usize],
-                        prev,
-                        parent,
-                        lv.l,
-                    );
+                    s.push_cand(score, lv.row_tokens[s.valid[vi] as usize], prev, parent, lv.l);
                     let c = s.cands.last_mut().expect("just pushed");
                     c.kept = true;
                     c.path_min = pmin;
@@ -684,18 +623,8 @@ fn expand_entry(
             } else if s.top.admits(key, params.beam_width) {
                 let idx = s.cands.len() as u32;
                 s.top.insert(key, idx, params.beam_width);
-                let pmin = if parent == NONE {
-                    score
-                } else {
-                    s.cands[parent as usize].path_min.min(score)
-                };
-                s.push_cand(
-                    score,
-                    lv.row_tokens[s.valid[vi] as usize],
-                    prev,
-                    parent,
-                    lv.l,
-                );
+                let pmin = if parent == NONE { score } else { s.cands[parent as usize].path_min.min(score) };
+                s.push_cand(score, lv.row_tokens[s.valid[vi] as usize], prev, parent, lv.l);
                 s.cands.last_mut().expect("just pushed").path_min = pmin;
             }
         }
@@ -721,12 +650,7 @@ fn memo_offset(s: &mut Scratch, ctx: [u32; 2], nv: usize) -> usize {
         Some(i) => i,
         None => {
             let slot = s.memo_ctx.len();
-            s.memo_ctx.push(CtxMemo {
-                ctx,
-                off: slot * nv,
-                handle: [u64::MAX; 3],
-                bound: f64::NAN,
-            });
+            s.memo_ctx.push(CtxMemo { ctx, off: slot * nv, handle: [u64::MAX; 3], bound: f64::NAN });
             slot
         }
     }
@@ -829,11 +753,7 @@ fn ngram_terms<S: NgramScorer + ?Sized>(
                 s.memo_ctx[slot].handle = handle;
                 s.memo_ctx[slot].bound = term_bound(gmax);
             }
-            let CtxMemo {
-                handle,
-                bound: bound3,
-                ..
-            } = s.memo_ctx[slot];
+            let CtxMemo { handle, bound: bound3, .. } = s.memo_ctx[slot];
             // Whether seen after both tokens or backed off, a term is at most `bound`: drop
             // the columns that cannot enter the level's best w even so (left unknown: a later
             // entry with the same context may still want them).
@@ -882,12 +802,7 @@ fn ngram_terms<S: NgramScorer + ?Sized>(
     if m1 > 0 {
         let m2 = memo_split(s, [NONE, b], m1);
         if m2 > 0 {
-            scorer.cond_probs(
-                &[b],
-                &s.miss_tokens[..m2],
-                params.unigram_backoff,
-                &mut s.gmiss[..m2],
-            );
+            scorer.cond_probs(&[b], &s.miss_tokens[..m2], params.unigram_backoff, &mut s.gmiss[..m2]);
             memo_merge(s, [NONE, b], m2, params.eps);
         }
         for i in 0..m1 {
@@ -926,11 +841,7 @@ fn memo_split(s: &mut Scratch, key: [u32; 2], m: usize) -> usize {
 /// and `s.gmemo`.
 fn memo_merge(s: &mut Scratch, key: [u32; 2], m2: usize, eps: f64) {
     let c = Cache::context(key[0], key[1]);
-    for ((&g, &t), &i) in s.gmiss[..m2]
-        .iter()
-        .zip(&s.miss_tokens[..m2])
-        .zip(&s.miss_at[..m2])
-    {
+    for ((&g, &t), &i) in s.gmiss[..m2].iter().zip(&s.miss_tokens[..m2]).zip(&s.miss_at[..m2]) {
         let v = if g.is_nan() { g } else { (g + eps).ln() };
         s.gbuf[i as usize] = v;
         s.gmemo.insert(c, t, v);
@@ -1000,12 +911,7 @@ fn select_beam(s: &mut Scratch, level_start: usize, params: &SearchParams) {
     s.next.clear();
     s.next.extend(level_start as u32..s.cands.len() as u32);
     let cands = &s.cands;
-    let better = |a: &u32, b: &u32| {
-        cands[*b as usize]
-            .score
-            .total_cmp(&cands[*a as usize].score)
-            .then(a.cmp(b))
-    };
+    let better = |a: &u32, b: &u32| cands[*b as usize].score.total_cmp(&cands[*a as usize].score).then(a.cmp(b));
     let w = params.beam_width;
     if s.next.len() > w {
         s.next.select_nth_unstable_by(w - 1, better);
@@ -1063,11 +969,7 @@ fn select_tree(s: &mut Scratch, root: u32, max_nodes: usize) -> Tree {
     for (t, &ci) in s.popped.iter().enumerate() {
         let c = s.cands[ci as usize];
         s.cands[ci as usize].tree_idx = t as u32 + 1;
-        let parent = if c.parent == NONE {
-            0
-        } else {
-            s.cands[c.parent as usize].tree_idx as i32
-        };
+        let parent = if c.parent == NONE { 0 } else { s.cands[c.parent as usize].tree_idx as i32 };
         tree.tokens.push(c.token);
         tree.parents.push(parent);
         tree.depths.push(c.level + 1);
@@ -1092,9 +994,7 @@ pub fn ngram_tree<S: NgramScorer + ?Sized>(
     params.validate()?;
     check_context(context, scorer.vocab_size())?;
     if depth > u16::MAX as usize - 1 {
-        return Err(Error::TooLarge {
-            what: format!("depth = {depth}"),
-        });
+        return Err(Error::TooLarge { what: format!("depth = {depth}") });
     }
     with_scratch(|s| ngram_tree_in(s, scorer, context, depth, k, params))
 }
@@ -1117,23 +1017,10 @@ fn ngram_tree_in<S: NgramScorer + ?Sized>(
         for e in 0..n_entries {
             let (parent, pscore, ctx) = s.entry(l, e, context);
             let cslice = context_slice(&ctx);
-            scorer.top_children(
-                cslice,
-                k,
-                params.unigram_backoff,
-                &mut s.child_tokens,
-                &mut s.child_probs,
-            )?;
+            scorer.top_children(cslice, k, params.unigram_backoff, &mut s.child_tokens, &mut s.child_probs)?;
             let child_start = s.cands.len() as u32;
             for (&t, &g) in s.child_tokens.iter().zip(&s.child_probs) {
-                push_cand(
-                    &mut s.cands,
-                    pscore + scale * (g + params.eps).ln(),
-                    t,
-                    ctx[1],
-                    parent,
-                    l,
-                );
+                push_cand(&mut s.cands, pscore + scale * (g + params.eps).ln(), t, ctx[1], parent, l);
             }
             s.close_children(parent, child_start);
         }

@@ -15,12 +15,7 @@ pub enum Error {
     Shape { what: String },
     /// A log-probability is NaN or +inf (−inf is allowed and means "impossible token").
     #[error("{what}[{row}, {col}] is {value}: log-probabilities must be finite or -inf (NaN usually means the drafter logits overflowed)")]
-    BadLogprob {
-        what: &'static str,
-        row: usize,
-        col: usize,
-        value: f32,
-    },
+    BadLogprob { what: &'static str, row: usize, col: usize, value: f32 },
     /// A score handed to `top_b` is NaN.
     #[error("score of node {node} is NaN: scores must be numbers (−inf is allowed)")]
     NanScore { node: usize },
@@ -29,18 +24,10 @@ pub enum Error {
     ZeroBudget { name: &'static str },
     /// A numeric parameter is out of range.
     #[error("parameter {name} = {value} is invalid: {why}")]
-    Param {
-        name: &'static str,
-        value: f64,
-        why: &'static str,
-    },
+    Param { name: &'static str, value: f64, why: &'static str },
     /// A token id is not below the index's vocabulary size.
     #[error("token id {token} in {what} is outside the index vocabulary (size {vocab}): the index was built with a different tokenizer, or the ids are corrupt")]
-    TokenOutOfVocab {
-        what: &'static str,
-        token: u64,
-        vocab: u32,
-    },
+    TokenOutOfVocab { what: &'static str, token: u64, vocab: u32 },
     /// The committed context is empty; the root of the tree is its last token.
     #[error("context is empty: pass at least the last committed token (the root of the tree)")]
     EmptyContext,
@@ -60,8 +47,6 @@ pub enum Error {
 
 impl Error {
     pub(crate) fn shape(what: impl fmt::Display) -> Self {
-        Error::Shape {
-            what: what.to_string(),
-        }
+        Error::Shape { what: what.to_string() }
     }
 }

@@ -14,13 +14,7 @@ impl<D: AsRef<[u8]> + Sync> NgramScorer for Index<D> {
         Index::vocab_size(self)
     }
 
-    fn cond_probs(
-        &self,
-        context: &[u32],
-        candidates_sorted: &[u32],
-        unigram_backoff: bool,
-        out: &mut [f64],
-    ) {
+    fn cond_probs(&self, context: &[u32], candidates_sorted: &[u32], unigram_backoff: bool, out: &mut [f64]) {
         Index::cond_probs(self, context, candidates_sorted, unigram_backoff, out)
     }
 
@@ -32,13 +26,7 @@ impl<D: AsRef<[u8]> + Sync> NgramScorer for Index<D> {
         Index::trigram_context_range(self, context[0], context[1])
     }
 
-    fn trigram_probs_at(
-        &self,
-        _context: [u32; 2],
-        handle: [u64; 3],
-        candidates_sorted: &[u32],
-        out: &mut [f64],
-    ) {
+    fn trigram_probs_at(&self, _context: [u32; 2], handle: [u64; 3], candidates_sorted: &[u32], out: &mut [f64]) {
         Index::trigram_probs_in(self, handle, candidates_sorted, out)
     }
 

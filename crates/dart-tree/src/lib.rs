@@ -50,16 +50,9 @@ pub fn beam_search_batch<S: NgramScorer + ?Sized>(
     params: &SearchParams,
 ) -> Result<Vec<Tree>> {
     let bsz = contexts.len();
-    let TopkRows {
-        tokens: topk_tokens,
-        logprobs: topk_logprobs,
-        d,
-        k,
-    } = rows;
+    let TopkRows { tokens: topk_tokens, logprobs: topk_logprobs, d, k } = rows;
     let per = rows.entries()?;
-    let total = bsz
-        .checked_mul(per)
-        .ok_or_else(|| Error::shape("batch too large"))?;
+    let total = bsz.checked_mul(per).ok_or_else(|| Error::shape("batch too large"))?;
     if topk_tokens.len() != total || topk_logprobs.len() != total {
         return Err(Error::shape(format!(
             "batch of {bsz} with d = {d}, k = {k} needs {total} top-k entries, got {} tokens and {} log-probs",
@@ -69,12 +62,7 @@ pub fn beam_search_batch<S: NgramScorer + ?Sized>(
     }
     let one = |b: usize| {
         let r = b * per..(b + 1) * per;
-        beam_search(
-            scorer,
-            contexts[b],
-            TopkRows::new(&topk_tokens[r.clone()], &topk_logprobs[r], d, k),
-            params,
-        )
+        beam_search(scorer, contexts[b], TopkRows::new(&topk_tokens[r.clone()], &topk_logprobs[r], d, k), params)
     };
     if bsz <= 1 || dart_ngram::pool::num_threads() <= 1 {
         return (0..bsz).map(one).collect();

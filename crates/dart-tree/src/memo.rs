@@ -21,12 +21,7 @@ pub(crate) struct Memo<T: Copy + Default> {
 
 impl<T: Copy + Default> Default for Memo<T> {
     fn default() -> Self {
-        Memo {
-            slots: vec![Slot::default(); 1 << 10],
-            bits: 10,
-            gen: 1,
-            len: 0,
-        }
+        Memo { slots: vec![Slot::default(); 1 << 10], bits: 10, gen: 1, len: 0 }
     }
 }
 
@@ -43,8 +38,7 @@ impl<T: Copy + Default> Memo<T> {
 
     #[inline]
     fn home(&self, key: [u32; 3]) -> usize {
-        let x = ((key[0] as u64) << 32 | key[1] as u64)
-            ^ (key[2] as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let x = ((key[0] as u64) << 32 | key[1] as u64) ^ (key[2] as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         (x.wrapping_mul(0xBF58_476D_1CE4_E5B9) >> (64 - self.bits)) as usize
     }
 
@@ -76,21 +70,12 @@ impl<T: Copy + Default> Memo<T> {
         while self.slots[i].gen == self.gen {
             i = (i + 1) & mask;
         }
-        self.slots[i] = Slot {
-            key,
-            gen: self.gen,
-            val,
-        };
+        self.slots[i] = Slot { key, gen: self.gen, val };
         self.len += 1;
     }
 
     fn grow(&mut self) {
-        let live: Vec<Slot<T>> = self
-            .slots
-            .iter()
-            .copied()
-            .filter(|s| s.gen == self.gen)
-            .collect();
+        let live: Vec<Slot<T>> = self.slots.iter().copied().filter(|s| s.gen == self.gen).collect();
         self.bits += 1;
         self.slots = vec![Slot::default(); 1 << self.bits];
         self.len = 0;
@@ -120,10 +105,7 @@ struct CacheSlot {
 
 impl Default for Cache {
     fn default() -> Self {
-        Cache {
-            slots: vec![CacheSlot::default(); Self::SLOTS],
-            gen: 1,
-        }
+        Cache { slots: vec![CacheSlot::default(); Self::SLOTS], gen: 1 }
     }
 }
 
@@ -151,10 +133,7 @@ impl Cache {
     #[inline]
     pub(crate) fn context(a: u32, b: u32) -> CacheCtx {
         let ctx = (a as u64) << 32 | b as u64;
-        CacheCtx {
-            ctx,
-            hash: ctx.wrapping_mul(0x9E37_79B9_7F4A_7C15),
-        }
+        CacheCtx { ctx, hash: ctx.wrapping_mul(0x9E37_79B9_7F4A_7C15) }
     }
 
     #[inline]
@@ -174,22 +153,14 @@ impl Cache {
     #[inline]
     pub(crate) fn probe(&self, c: CacheCtx, token: u32) -> (bool, f64) {
         let s = &self.slots[Self::slot(c, token)];
-        (
-            (s.gen == self.gen) & (s.ctx == c.ctx) & (s.token == token),
-            s.val,
-        )
+        ((s.gen == self.gen) & (s.ctx == c.ctx) & (s.token == token), s.val)
     }
 
     /// Store `val` under (`c`, `token`), replacing what the slot held.
     #[inline]
     pub(crate) fn insert(&mut self, c: CacheCtx, token: u32, val: f64) {
         let gen = self.gen;
-        self.slots[Self::slot(c, token)] = CacheSlot {
-            ctx: c.ctx,
-            token,
-            gen,
-            val,
-        };
+        self.slots[Self::slot(c, token)] = CacheSlot { ctx: c.ctx, token, gen, val };
     }
 }
 
@@ -211,9 +182,7 @@ mod tests {
             c.insert(k(i, 7), i, i as f64);
             assert_eq!(c.get(k(i, 7), i), Some(i as f64));
         }
-        let hits = (0..20_000u32)
-            .filter(|&i| c.get(k(i, 7), i).is_some())
-            .count();
+        let hits = (0..20_000u32).filter(|&i| c.get(k(i, 7), i).is_some()).count();
         assert!(hits <= Cache::SLOTS);
         for i in 0..20_000u32 {
             assert!(c.get(k(i, 7), i).is_none_or(|v| v == i as f64));

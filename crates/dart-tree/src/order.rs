@@ -69,9 +69,7 @@ impl TopW {
         if self.0.len() < w {
             f64::NEG_INFINITY
         } else {
-            self.0
-                .last()
-                .map_or(f64::NEG_INFINITY, |m| from_total_key(m.0))
+            self.0.last().map_or(f64::NEG_INFINITY, |m| from_total_key(m.0))
         }
     }
 }

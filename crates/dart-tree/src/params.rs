@@ -96,26 +96,16 @@ impl SearchParams {
             return Err(Error::ZeroBudget { name: "max_nodes" });
         }
         if self.max_nodes > i32::MAX as usize - 1 {
-            return Err(Error::TooLarge {
-                what: format!("max_nodes = {}", self.max_nodes),
-            });
+            return Err(Error::TooLarge { what: format!("max_nodes = {}", self.max_nodes) });
         }
         if self.beam_width == 0 {
-            return Err(Error::Param {
-                name: "beam_width",
-                value: 0.0,
-                why: "must be at least 1",
-            });
+            return Err(Error::Param { name: "beam_width", value: 0.0, why: "must be at least 1" });
         }
         let finite = |name, value: f64| {
             if value.is_finite() {
                 Ok(())
             } else {
-                Err(Error::Param {
-                    name,
-                    value,
-                    why: "must be finite",
-                })
+                Err(Error::Param { name, value, why: "must be finite" })
             }
         };
         finite("level_decay", self.level_decay)?;
@@ -123,11 +113,7 @@ impl SearchParams {
         finite("depth_exponent", self.depth_exponent)?;
         finite("eps", self.eps)?;
         if self.eps < 0.0 {
-            return Err(Error::Param {
-                name: "eps",
-                value: self.eps,
-                why: "must be >= 0",
-            });
+            return Err(Error::Param { name: "eps", value: self.eps, why: "must be >= 0" });
         }
         Ok(())
     }

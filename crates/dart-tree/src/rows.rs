@@ -22,12 +22,7 @@ pub struct TopkRows<'a> {
 impl<'a> TopkRows<'a> {
     /// The rows `tokens` / `logprobs` (`d · k` entries each); checked by the searches.
     pub fn new(tokens: &'a [u32], logprobs: &'a [f32], d: usize, k: usize) -> Self {
-        TopkRows {
-            tokens,
-            logprobs,
-            d,
-            k,
-        }
+        TopkRows { tokens, logprobs, d, k }
     }
 
     /// Tokens and log-probabilities of row `l`.
@@ -40,8 +35,7 @@ impl<'a> TopkRows<'a> {
     /// `d · k`, or a shape error when it overflows.
     pub(crate) fn entries(&self) -> Result<usize> {
         let (d, k) = (self.d, self.k);
-        d.checked_mul(k)
-            .ok_or_else(|| Error::shape(format!("d = {d}, k = {k} overflows")))
+        d.checked_mul(k).ok_or_else(|| Error::shape(format!("d = {d}, k = {k} overflows")))
     }
 
     /// Check the shape (`d · k` entries each, at most 65,534 rows), the log-probabilities (no
@@ -62,25 +56,14 @@ impl<'a> TopkRows<'a> {
             )));
         }
         if d > u16::MAX as usize - 1 {
-            return Err(Error::TooLarge {
-                what: format!("d = {d} levels"),
-            });
+            return Err(Error::TooLarge { what: format!("d = {d} levels") });
         }
         for (i, (&t, &lp)) in self.tokens.iter().zip(self.logprobs).enumerate() {
             if lp.is_nan() || lp == f32::INFINITY {
-                return Err(Error::BadLogprob {
-                    what: "topk_logprobs",
-                    row: i / k,
-                    col: i % k,
-                    value: lp,
-                });
+                return Err(Error::BadLogprob { what: "topk_logprobs", row: i / k, col: i % k, value: lp });
             }
             if t >= vocab {
-                return Err(Error::TokenOutOfVocab {
-                    what: "topk_tokens",
-                    token: t as u64,
-                    vocab,
-                });
+                return Err(Error::TokenOutOfVocab { what: "topk_tokens", token: t as u64, vocab });
             }
         }
         Ok(())

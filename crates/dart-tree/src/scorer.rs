@@ -14,13 +14,7 @@ pub trait NgramScorer: Sync {
 
     /// g(v|context) for every v of `candidates_sorted` (strictly increasing ids), into `out`
     /// (same length). The hot path: called once per beam entry per level.
-    fn cond_probs(
-        &self,
-        context: &[u32],
-        candidates_sorted: &[u32],
-        unigram_backoff: bool,
-        out: &mut [f64],
-    );
+    fn cond_probs(&self, context: &[u32], candidates_sorted: &[u32], unigram_backoff: bool, out: &mut [f64]);
 
     /// The two-token level of [`NgramScorer::cond_probs`] alone: `out[i]` = count(c,v)/count(c)
     /// for the context c = `context` (both tokens) when v has been seen after it, NaN
@@ -41,13 +35,7 @@ pub trait NgramScorer: Sync {
 
     /// [`NgramScorer::trigram_probs`] of `context`, whose [`NgramScorer::trigram_context`]
     /// returned `handle`: the same values (the default ignores the handle).
-    fn trigram_probs_at(
-        &self,
-        context: [u32; 2],
-        handle: [u64; 3],
-        candidates_sorted: &[u32],
-        out: &mut [f64],
-    ) {
+    fn trigram_probs_at(&self, context: [u32; 2], handle: [u64; 3], candidates_sorted: &[u32], out: &mut [f64]) {
         let _ = handle;
         self.trigram_probs(context, candidates_sorted, out)
     }
@@ -88,14 +76,7 @@ impl NgramScorer for NoNgram {
     fn trigram_probs(&self, _: [u32; 2], _: &[u32], out: &mut [f64]) {
         out.fill(f64::NAN);
     }
-    fn top_children(
-        &self,
-        _: &[u32],
-        _: usize,
-        _: bool,
-        t: &mut Vec<u32>,
-        p: &mut Vec<f64>,
-    ) -> Result<()> {
+    fn top_children(&self, _: &[u32], _: usize, _: bool, t: &mut Vec<u32>, p: &mut Vec<f64>) -> Result<()> {
         t.clear();
         p.clear();
         Ok(())
@@ -121,14 +102,7 @@ impl<S: NgramScorer + ?Sized> NgramScorer for &S {
     fn backoff_bound(&self, b: u32, u: bool) -> f64 {
         (**self).backoff_bound(b, u)
     }
-    fn top_children(
-        &self,
-        c: &[u32],
-        k: usize,
-        u: bool,
-        t: &mut Vec<u32>,
-        p: &mut Vec<f64>,
-    ) -> Result<()> {
+    fn top_children(&self, c: &[u32], k: usize, u: bool, t: &mut Vec<u32>, p: &mut Vec<f64>) -> Result<()> {
         (**self).top_children(c, k, u, t, p)
     }
 }

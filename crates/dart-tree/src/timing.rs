@@ -32,10 +32,7 @@ pub struct SearchTiming {
 
 /// CPU time consumed by the calling thread (ns), 0 where the clock is unavailable.
 pub fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime only writes the timespec we pass, which lives on our stack.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     if rc != 0 {
@@ -89,14 +86,7 @@ impl<S: NgramScorer + ?Sized> NgramScorer for Recorder<'_, S> {
         self.push(Query::BackoffBound(b));
         self.inner.backoff_bound(b, u)
     }
-    fn top_children(
-        &self,
-        c: &[u32],
-        k: usize,
-        u: bool,
-        t: &mut Vec<u32>,
-        p: &mut Vec<f64>,
-    ) -> Result<()> {
+    fn top_children(&self, c: &[u32], k: usize, u: bool, t: &mut Vec<u32>, p: &mut Vec<f64>) -> Result<()> {
         self.inner.top_children(c, k, u, t, p)
     }
 }
@@ -111,26 +101,12 @@ pub fn time_beam_search<S: NgramScorer + ?Sized>(
     params: &SearchParams,
     batch: usize,
 ) -> Result<SearchTiming> {
-    let TopkRows {
-        tokens: topk_tokens,
-        logprobs: topk_logprobs,
-        d,
-        k,
-    } = rows;
+    let TopkRows { tokens: topk_tokens, logprobs: topk_logprobs, d, k } = rows;
     let per = d * k;
-    let row = |b: usize| {
-        TopkRows::new(
-            &topk_tokens[b * per..(b + 1) * per],
-            &topk_logprobs[b * per..(b + 1) * per],
-            d,
-            k,
-        )
-    };
+    let row =
+        |b: usize| TopkRows::new(&topk_tokens[b * per..(b + 1) * per], &topk_logprobs[b * per..(b + 1) * per], d, k);
     // Warm-up (page cache, branch predictors, thread-local buffers) and query log.
-    let rec = Recorder {
-        inner: scorer,
-        log: Mutex::new(Vec::new()),
-    };
+    let rec = Recorder { inner: scorer, log: Mutex::new(Vec::new()) };
     for (b, ctx) in contexts.iter().enumerate() {
         beam_search(&rec, ctx, row(b), params)?;
     }
@@ -159,9 +135,7 @@ pub fn time_beam_search<S: NgramScorer + ?Sized>(
     let c0 = thread_cpu_ns();
     for q in &log {
         match q {
-            Query::Cond(c, v) => {
-                scorer.cond_probs(c, v, params.unigram_backoff, &mut out[..v.len()])
-            }
+            Query::Cond(c, v) => scorer.cond_probs(c, v, params.unigram_backoff, &mut out[..v.len()]),
             Query::Trigram(c, v) => scorer.trigram_probs(*c, v, &mut out[..v.len()]),
             Query::TrigramContext(c) => out[0] = scorer.trigram_context(*c).1,
             Query::TrigramAt(c, h, v) => scorer.trigram_probs_at(*c, *h, v, &mut out[..v.len()]),
@@ -180,12 +154,7 @@ pub fn time_beam_search<S: NgramScorer + ?Sized>(
             let trees = beam_search_batch(
                 scorer,
                 &contexts[start..end],
-                TopkRows::new(
-                    &topk_tokens[start * per..end * per],
-                    &topk_logprobs[start * per..end * per],
-                    d,
-                    k,
-                ),
+                TopkRows::new(&topk_tokens[start * per..end * per], &topk_logprobs[start * per..end * per], d, k),
                 params,
             )?;
             t.batch_ns.push(t0.elapsed().as_nanos() as u64);

@@ -20,11 +20,7 @@ use crate::{Error, Result, TopkRows, Tree};
 /// Returns at most `b` node indices in rank order (`np.sort` them for topological order).
 pub fn top_b(parents: &[i64], scores: &[f64], b: usize) -> Result<Vec<usize>> {
     if parents.len() != scores.len() {
-        return Err(Error::shape(format!(
-            "parents has {} entries, scores {}",
-            parents.len(),
-            scores.len()
-        )));
+        return Err(Error::shape(format!("parents has {} entries, scores {}", parents.len(), scores.len())));
     }
     if b == 0 {
         return Err(Error::ZeroBudget { name: "b" });
@@ -48,10 +44,7 @@ pub fn top_b(parents: &[i64], scores: &[f64], b: usize) -> Result<Vec<usize>> {
         }
     }
     let rank = |a: &usize, c: &usize| -> Ordering {
-        key[*c]
-            .total_cmp(&key[*a])
-            .then(depth[*a].cmp(&depth[*c]))
-            .then(a.cmp(c))
+        key[*c].total_cmp(&key[*a]).then(depth[*a].cmp(&depth[*c])).then(a.cmp(c))
     };
     let mut order: Vec<usize> = (0..n).collect();
     if n > b {
@@ -102,38 +95,24 @@ impl Eq for Entry {}
 /// parent popped earlier, then the higher log-prob / lower column). −inf marks an impossible
 /// token. Children are pushed lazily (next sibling + first child) since rows are visited in
 /// sorted order, so the heap holds O(b) entries instead of O(b·K).
-pub fn best_first(
-    tokens: &[u32],
-    logprobs: &[f32],
-    d: usize,
-    k: usize,
-    root: u32,
-    b: usize,
-) -> Result<Tree> {
+pub fn best_first(tokens: &[u32], logprobs: &[f32], d: usize, k: usize, root: u32, b: usize) -> Result<Tree> {
     TopkRows::new(tokens, logprobs, d, k).check(u32::MAX)?;
     if b == 0 {
         return Err(Error::ZeroBudget { name: "b" });
     }
     if b > i32::MAX as usize - 1 {
-        return Err(Error::TooLarge {
-            what: format!("b = {b}"),
-        });
+        return Err(Error::TooLarge { what: format!("b = {b}") });
     }
     // Per row: valid columns sorted by log-prob descending (stable: lower column first).
     let mut order: Vec<Vec<u32>> = Vec::with_capacity(d);
     for l in 0..d {
         let row = &logprobs[l * k..(l + 1) * k];
-        let mut cols: Vec<u32> = (0..k as u32)
-            .filter(|&j| row[j as usize] != f32::NEG_INFINITY)
-            .collect();
+        let mut cols: Vec<u32> = (0..k as u32).filter(|&j| row[j as usize] != f32::NEG_INFINITY).collect();
         cols.sort_by(|&a, &c| row[c as usize].total_cmp(&row[a as usize]));
         let mut seen: Vec<u32> = tokens[l * k..(l + 1) * k].to_vec();
         seen.sort_unstable();
         if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
-            return Err(Error::DuplicateToken {
-                row: l,
-                token: w[0],
-            });
+            return Err(Error::DuplicateToken { row: l, token: w[0] });
         }
         order.push(cols);
     }
@@ -142,13 +121,7 @@ pub fn best_first(
     let mut popped: Vec<(u16, i32, usize, f64)> = Vec::with_capacity(b);
     let mut heap = BinaryHeap::new();
     if d > 0 && !order[0].is_empty() {
-        heap.push(Entry {
-            score: logprobs[col(0, 0)] as f64,
-            base: 0.0,
-            level: 0,
-            parent_pop: -1,
-            rank: 0,
-        });
+        heap.push(Entry { score: logprobs[col(0, 0)] as f64, base: 0.0, level: 0, parent_pop: -1, rank: 0 });
     }
     while popped.len() < b {
         let Some(e) = heap.pop() else { break };
@@ -186,11 +159,7 @@ pub fn best_first(
         let (level, parent_pop, c, score) = popped[t];
         tree_idx[t] = pos as i32 + 1;
         tree.tokens.push(tokens[level as usize * k + c]);
-        tree.parents.push(if parent_pop < 0 {
-            0
-        } else {
-            tree_idx[parent_pop as usize]
-        });
+        tree.parents.push(if parent_pop < 0 { 0 } else { tree_idx[parent_pop as usize] });
         tree.depths.push(level + 1);
         tree.scores.push(score);
     }

@@ -13,21 +13,14 @@ use crate::error::{Error, Result};
 /// +inf logits are errors.
 pub fn topk_logprobs(logits: &[f32], rows: usize, k: usize) -> Result<(Vec<u32>, Vec<f32>)> {
     if rows == 0 || !logits.len().is_multiple_of(rows) {
-        return Err(Error::shape(format!(
-            "{} logits do not split into {rows} rows",
-            logits.len()
-        )));
+        return Err(Error::shape(format!("{} logits do not split into {rows} rows", logits.len())));
     }
     let v = logits.len() / rows;
     if k == 0 || k > v {
-        return Err(Error::shape(format!(
-            "k = {k} must be in 1..={v} (the vocabulary of the logits)"
-        )));
+        return Err(Error::shape(format!("k = {k} must be in 1..={v} (the vocabulary of the logits)")));
     }
     if v > u32::MAX as usize {
-        return Err(Error::shape(format!(
-            "a vocabulary of {v} ids does not fit in u32"
-        )));
+        return Err(Error::shape(format!("a vocabulary of {v} ids does not fit in u32")));
     }
     let mut ids = Vec::with_capacity(rows * k);
     let mut lps = Vec::with_capacity(rows * k);
@@ -35,35 +28,21 @@ pub fn topk_logprobs(logits: &[f32], rows: usize, k: usize) -> Result<(Vec<u32>,
     let mut best: Vec<(f32, u32)> = Vec::new();
     for (r, row) in logits.chunks_exact(v).enumerate() {
         // NaN and +inf are errors (one pass to check, another to find the first).
-        if row.chunks(16).fold(false, |bad, c| {
-            bad | c
-                .iter()
-                .fold(false, |b, &x| b | x.is_nan() | (x == f32::INFINITY))
-        }) {
-            let (col, &value) = row
-                .iter()
-                .enumerate()
-                .find(|(_, x)| x.is_nan() || **x == f32::INFINITY)
-                .expect("found above");
-            return Err(Error::BadLogprob {
-                what: "logits",
-                row: r,
-                col,
-                value,
-            });
+        if row
+            .chunks(16)
+            .fold(false, |bad, c| bad | c.iter().fold(false, |b, &x| b | x.is_nan() | (x == f32::INFINITY)))
+        {
+            let (col, &value) =
+                row.iter().enumerate().find(|(_, x)| x.is_nan() || **x == f32::INFINITY).expect("found above");
+            return Err(Error::BadLogprob { what: "logits", row: r, col, value });
         }
         // A threshold no higher than the k-th best logit: the k-th largest of the maxima of
         // 16-logit chunks (k of those maxima are k distinct logits). Usually only a little
         // over k logits reach it.
         maxima.clear();
-        maxima.extend(row.chunks(16).map(|c| {
-            c.iter()
-                .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
-        }));
+        maxima.extend(row.chunks(16).map(|c| c.iter().fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })));
         let threshold = if maxima.len() > k {
-            *maxima
-                .select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a))
-                .1
+            *maxima.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a)).1
         } else {
             f32::NEG_INFINITY
         };
@@ -71,11 +50,7 @@ pub fn topk_logprobs(logits: &[f32], rows: usize, k: usize) -> Result<(Vec<u32>,
         for (c, chunk) in row.chunks(16).enumerate() {
             if chunk.iter().fold(false, |any, &x| any | (x >= threshold)) {
                 best.extend(
-                    chunk
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, x)| **x >= threshold)
-                        .map(|(j, &x)| (x, (c * 16 + j) as u32)),
+                    chunk.iter().enumerate().filter(|(_, x)| **x >= threshold).map(|(j, &x)| (x, (c * 16 + j) as u32)),
                 );
             }
         }
@@ -108,9 +83,7 @@ mod tests {
         let mut state = 12345u64;
         let logits: Vec<f32> = (0..rows * v)
             .map(|_| {
-                state = state
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                 ((state >> 33) as f32 / (1u64 << 31) as f32 - 0.5) * 12.0
             })
             .collect();
@@ -131,16 +104,7 @@ mod tests {
 
     #[test]
     fn ties_keep_the_lower_id_first_and_impossible_rows_stay_impossible() {
-        let logits = [
-            1.0,
-            3.0,
-            3.0,
-            0.5,
-            f32::NEG_INFINITY,
-            f32::NEG_INFINITY,
-            f32::NEG_INFINITY,
-            f32::NEG_INFINITY,
-        ];
+        let logits = [1.0, 3.0, 3.0, 0.5, f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY];
         let (ids, lps) = topk_logprobs(&logits, 2, 2).unwrap();
         assert_eq!(ids, vec![1, 2, 0, 1]);
         assert!((lps[0] - (0.5f32).ln()).abs() < 1e-7 && lps[0] == lps[1]);

@@ -19,12 +19,7 @@ pub struct Tree {
 impl Tree {
     /// A tree holding only the root.
     pub fn root_only(token: u32) -> Self {
-        Tree {
-            tokens: vec![token],
-            parents: vec![-1],
-            depths: vec![0],
-            scores: vec![0.0],
-        }
+        Tree { tokens: vec![token], parents: vec![-1], depths: vec![0], scores: vec![0.0] }
     }
 
     /// Number of nodes, root included.
@@ -67,10 +62,7 @@ impl Tree {
         for &p in &self.parents[1..] {
             has_child[p as usize] = true;
         }
-        (0..self.len())
-            .filter(|&i| !has_child[i])
-            .map(|i| self.path(i))
-            .collect()
+        (0..self.len()).filter(|&i| !has_child[i]).map(|i| self.path(i)).collect()
     }
 
     /// Children of every node, in node order.

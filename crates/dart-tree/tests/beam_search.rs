@@ -2,9 +2,7 @@
 mod common;
 
 use common::{check_tree, ref_beam_search, ref_keep, ref_select, token_paths, Model, RefNode};
-use dart_tree::{
-    beam_search, beam_search_batch, ngram_tree, Candidates, Error, NoNgram, SearchParams, TopkRows,
-};
+use dart_tree::{beam_search, beam_search_batch, ngram_tree, Candidates, Error, NoNgram, SearchParams, TopkRows};
 use proptest::prelude::*;
 
 const V: u32 = 10;
@@ -37,63 +35,32 @@ fn case() -> impl Strategy<Value = Case> {
             prop::collection::vec(0..V, 1..5),
             prop::collection::vec(Just((0..V).collect::<Vec<u32>>()).prop_shuffle(), d),
             prop::collection::vec(logprob(), d * k),
-            (
-                1usize..5,
-                1usize..25,
-                prop_oneof![Just(0.0), Just(0.5), Just(1.0)],
-                any::<bool>(),
-                any::<bool>(),
-            ),
+            (1usize..5, 1usize..25, prop_oneof![Just(0.0), Just(0.5), Just(1.0)], any::<bool>(), any::<bool>()),
             prop::collection::vec(0..V, 0..2),
             // Exact-tie regimes: ε = 0, no decay, no depth divisor make equal Δs across levels.
-            (
-                prop_oneof![Just(1e-10), Just(0.0)],
-                prop_oneof![Just(0.9), Just(1.0)],
-                prop_oneof![Just(0.7), Just(0.0)],
-            ),
+            (prop_oneof![Just(1e-10), Just(0.0)], prop_oneof![Just(0.9), Just(1.0)], prop_oneof![Just(0.7), Just(0.0)]),
         )
-            .prop_map(
-                move |(
-                    seq,
-                    context,
-                    perms,
-                    lps,
-                    (w, theta, nw, first, ub),
+            .prop_map(move |(seq, context, perms, lps, (w, theta, nw, first, ub), eos, (eps, decay, expo))| {
+                let toks = perms.iter().flat_map(|p| p[..k].to_vec()).collect();
+                let params = SearchParams {
+                    beam_width: w,
+                    max_nodes: theta,
+                    ngram_weight: nw,
+                    ngram_first_level: first,
+                    unigram_backoff: ub,
                     eos,
-                    (eps, decay, expo),
-                )| {
-                    let toks = perms.iter().flat_map(|p| p[..k].to_vec()).collect();
-                    let params = SearchParams {
-                        beam_width: w,
-                        max_nodes: theta,
-                        ngram_weight: nw,
-                        ngram_first_level: first,
-                        unigram_backoff: ub,
-                        eos,
-                        eps,
-                        level_decay: decay,
-                        depth_exponent: expo,
-                        candidates: Candidates::Beam,
-                    };
-                    Case {
-                        seq,
-                        context,
-                        toks,
-                        lps,
-                        d,
-                        k,
-                        params,
-                    }
-                },
-            )
+                    eps,
+                    level_decay: decay,
+                    depth_exponent: expo,
+                    candidates: Candidates::Beam,
+                };
+                Case { seq, context, toks, lps, d, k, params }
+            })
     })
 }
 
 fn paths_and_scores(t: &dart_tree::Tree) -> Vec<(Vec<u32>, f64)> {
-    token_paths(t)
-        .into_iter()
-        .zip(t.scores[1..].iter().copied())
-        .collect()
+    token_paths(t).into_iter().zip(t.scores[1..].iter().copied()).collect()
 }
 
 proptest! {
@@ -208,35 +175,23 @@ fn probability_one_chains_stay_ancestor_closed() {
     let model = Model::new(chain.clone(), 12);
     for &theta in &[3usize, 5, 8] {
         for &nw in &[0.0, 0.5] {
-            let params = SearchParams {
-                max_nodes: theta,
-                ngram_weight: nw,
-                ..SearchParams::default()
-            };
+            let params = SearchParams { max_nodes: theta, ngram_weight: nw, ..SearchParams::default() };
             let toks: Vec<u32> = (2..2 + d as u32).collect();
             let lps = vec![0.0f32; d];
-            let tree =
-                beam_search(&model, &[0, 1], TopkRows::new(&toks, &lps, d, 1), &params).unwrap();
+            let tree = beam_search(&model, &[0, 1], TopkRows::new(&toks, &lps, d, 1), &params).unwrap();
             check_tree(&tree, theta);
             assert_eq!(tree.len(), theta + 1);
             assert_eq!(tree.tokens, (1..2 + theta as u32).collect::<Vec<_>>());
             assert_eq!(tree.depths, (0..=theta as u16).collect::<Vec<_>>());
             // Scores do increase down the chain: this is the case that breaks sort-and-cut.
-            assert!(
-                tree.scores.windows(2).all(|w| w[1] > w[0]),
-                "{:?}",
-                tree.scores
-            );
+            assert!(tree.scores.windows(2).all(|w| w[1] > w[0]), "{:?}", tree.scores);
             let mut all: Vec<(usize, f64)> = (0..d)
                 .map(|l| {
                     let t = beam_search(
                         &model,
                         &[0, 1],
                         TopkRows::new(&toks, &lps, d, 1),
-                        &SearchParams {
-                            max_nodes: d,
-                            ..params.clone()
-                        },
+                        &SearchParams { max_nodes: d, ..params.clone() },
                     )
                     .unwrap();
                     (l, t.scores[l + 1])
@@ -244,10 +199,7 @@ fn probability_one_chains_stay_ancestor_closed() {
                 .collect();
             all.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap());
             let cut: Vec<usize> = all[..theta].iter().map(|x| x.0).collect();
-            assert!(
-                !cut.contains(&0),
-                "sort-and-cut would keep level 0, so the test pins nothing"
-            );
+            assert!(!cut.contains(&0), "sort-and-cut would keep level 0, so the test pins nothing");
         }
     }
 }
@@ -256,9 +208,7 @@ fn probability_one_chains_stay_ancestor_closed() {
 #[test]
 fn beam_width_one_is_a_chain() {
     let toks: Vec<u32> = (0..12).collect();
-    let lps = vec![
-        -1.0f32, -0.2, -3.0, -0.1, -2.0, -2.5, -4.0, -1.0, -0.3, -0.7, -0.6, -5.0,
-    ];
+    let lps = vec![-1.0f32, -0.2, -3.0, -0.1, -2.0, -2.5, -4.0, -1.0, -0.3, -0.7, -0.6, -5.0];
     let params = SearchParams {
         beam_width: 1,
         max_nodes: 59,
@@ -287,8 +237,7 @@ fn ties_break_shallower_first_then_creation_order() {
             candidates: Candidates::Beam,
             ..SearchParams::default()
         };
-        let tree =
-            beam_search(&NoNgram, &[100], TopkRows::new(&toks, &lps, d, k), &params).unwrap();
+        let tree = beam_search(&NoNgram, &[100], TopkRows::new(&toks, &lps, d, k), &params).unwrap();
         check_tree(&tree, theta);
         let want = ref_beam_search(&[], &[100], &toks, &lps, d, k, &params);
         let got_paths = token_paths(&tree);
@@ -313,13 +262,8 @@ fn cross_level_tie_prefers_the_shallower_node() {
         ..SearchParams::default()
     };
     // Scores: 10 -> 0, 10/20 -> 0, then 11 and 10/21 tie exactly at ln(exp(half)).
-    let tree = beam_search(
-        &NoNgram,
-        &[7],
-        TopkRows::new(&[10, 11, 20, 21], &[0.0, half, 0.0, half], 2, 2),
-        &params,
-    )
-    .unwrap();
+    let tree =
+        beam_search(&NoNgram, &[7], TopkRows::new(&[10, 11, 20, 21], &[0.0, half, 0.0, half], 2, 2), &params).unwrap();
     let mut paths = token_paths(&tree);
     paths.sort();
     assert_eq!(paths, vec![vec![10], vec![10, 20], vec![11]]);
@@ -352,35 +296,18 @@ fn bad_input_is_an_error() {
     let ok_t = [1u32, 2];
     let ok_l = [-0.1f32, -2.0];
     assert!(beam_search(&m, &[0], TopkRows::new(&ok_t, &ok_l, 1, 2), &p).is_ok());
-    assert!(matches!(
-        beam_search(&m, &[0], TopkRows::new(&ok_t, &ok_l, 2, 2), &p),
-        Err(Error::Shape { .. })
-    ));
-    assert!(matches!(
-        beam_search(&m, &[0], TopkRows::new(&ok_t, &[-0.1], 1, 2), &p),
-        Err(Error::Shape { .. })
-    ));
+    assert!(matches!(beam_search(&m, &[0], TopkRows::new(&ok_t, &ok_l, 2, 2), &p), Err(Error::Shape { .. })));
+    assert!(matches!(beam_search(&m, &[0], TopkRows::new(&ok_t, &[-0.1], 1, 2), &p), Err(Error::Shape { .. })));
     assert!(matches!(
         beam_search(&m, &[0], TopkRows::new(&ok_t, &[f32::NAN, 0.0], 1, 2), &p),
         Err(Error::BadLogprob { .. })
     ));
     assert!(matches!(
-        beam_search(
-            &m,
-            &[0],
-            TopkRows::new(&ok_t, &[f32::INFINITY, 0.0], 1, 2),
-            &p
-        ),
+        beam_search(&m, &[0], TopkRows::new(&ok_t, &[f32::INFINITY, 0.0], 1, 2), &p),
         Err(Error::BadLogprob { .. })
     ));
-    assert!(matches!(
-        beam_search(&m, &[], TopkRows::new(&ok_t, &ok_l, 1, 2), &p),
-        Err(Error::EmptyContext)
-    ));
-    assert!(matches!(
-        beam_search(&m, &[9], TopkRows::new(&ok_t, &ok_l, 1, 2), &p),
-        Err(Error::TokenOutOfVocab { .. })
-    ));
+    assert!(matches!(beam_search(&m, &[], TopkRows::new(&ok_t, &ok_l, 1, 2), &p), Err(Error::EmptyContext)));
+    assert!(matches!(beam_search(&m, &[9], TopkRows::new(&ok_t, &ok_l, 1, 2), &p), Err(Error::TokenOutOfVocab { .. })));
     assert!(matches!(
         beam_search(&m, &[0], TopkRows::new(&[1, 4], &ok_l, 1, 2), &p),
         Err(Error::TokenOutOfVocab { .. })
@@ -389,48 +316,16 @@ fn bad_input_is_an_error() {
         beam_search(&m, &[0], TopkRows::new(&[1, 1], &ok_l, 1, 2), &p),
         Err(Error::DuplicateToken { .. })
     ));
-    let zero = SearchParams {
-        max_nodes: 0,
-        ..p.clone()
-    };
-    assert!(matches!(
-        beam_search(&m, &[0], TopkRows::new(&ok_t, &ok_l, 1, 2), &zero),
-        Err(Error::ZeroBudget { .. })
-    ));
-    let w0 = SearchParams {
-        beam_width: 0,
-        ..p.clone()
-    };
-    assert!(matches!(
-        beam_search(&m, &[0], TopkRows::new(&ok_t, &ok_l, 1, 2), &w0),
-        Err(Error::Param { .. })
-    ));
-    let nan = SearchParams {
-        eps: f64::NAN,
-        ..p.clone()
-    };
-    assert!(matches!(
-        beam_search(&m, &[0], TopkRows::new(&ok_t, &ok_l, 1, 2), &nan),
-        Err(Error::Param { .. })
-    ));
-    assert!(matches!(
-        ngram_tree(&m, &[], 3, 2, &p),
-        Err(Error::EmptyContext)
-    ));
+    let zero = SearchParams { max_nodes: 0, ..p.clone() };
+    assert!(matches!(beam_search(&m, &[0], TopkRows::new(&ok_t, &ok_l, 1, 2), &zero), Err(Error::ZeroBudget { .. })));
+    let w0 = SearchParams { beam_width: 0, ..p.clone() };
+    assert!(matches!(beam_search(&m, &[0], TopkRows::new(&ok_t, &ok_l, 1, 2), &w0), Err(Error::Param { .. })));
+    let nan = SearchParams { eps: f64::NAN, ..p.clone() };
+    assert!(matches!(beam_search(&m, &[0], TopkRows::new(&ok_t, &ok_l, 1, 2), &nan), Err(Error::Param { .. })));
+    assert!(matches!(ngram_tree(&m, &[], 3, 2, &p), Err(Error::EmptyContext)));
     // All −inf: nothing is possible, the tree is the root alone.
-    let t = beam_search(
-        &m,
-        &[0, 3],
-        TopkRows::new(&ok_t, &[f32::NEG_INFINITY; 2], 1, 2),
-        &p,
-    )
-    .unwrap();
+    let t = beam_search(&m, &[0, 3], TopkRows::new(&ok_t, &[f32::NEG_INFINITY; 2], 1, 2), &p).unwrap();
     assert_eq!(t.tokens, vec![3]);
     // d = 0: root only.
-    assert_eq!(
-        beam_search(&m, &[0], TopkRows::new(&[], &[], 0, 2), &p)
-            .unwrap()
-            .len(),
-        1
-    );
+    assert_eq!(beam_search(&m, &[0], TopkRows::new(&[], &[], 0, 2), &p).unwrap().len(), 1);
 }

@@ -36,38 +36,20 @@ fn all_expansions(
                 let v = toks[l * k + j];
                 let mut text = context.to_vec();
                 text.extend(&path0);
-                let mut delta =
-                    p.level_decay.powi(l as i32) * ((lp as f64).exp() + p.eps).ln() / div;
+                let mut delta = p.level_decay.powi(l as i32) * ((lp as f64).exp() + p.eps).ln() / div;
                 if p.ngram_weight != 0.0 && (l > 0 || p.ngram_first_level) {
-                    let g = g_scan(
-                        seq,
-                        &text[text.len().saturating_sub(2)..],
-                        v,
-                        p.unigram_backoff,
-                    );
+                    let g = g_scan(seq, &text[text.len().saturating_sub(2)..], v, p.unigram_backoff);
                     delta += p.ngram_weight / div * (g + p.eps).ln();
                 }
                 let mut path = path0.clone();
                 path.push(v);
-                nodes.push(RefNode {
-                    path,
-                    score: s0 + delta,
-                    level: l,
-                    parent: e,
-                });
+                nodes.push(RefNode { path, score: s0 + delta, level: l, parent: e });
             }
         }
         // next beam: the best w non-EOS expansions of this level (score desc, creation order)
-        let mut level: Vec<usize> = (start..nodes.len())
-            .filter(|&i| !p.eos.contains(nodes[i].path.last().unwrap()))
-            .collect();
-        level.sort_by(|&a, &b| {
-            nodes[b]
-                .score
-                .partial_cmp(&nodes[a].score)
-                .unwrap()
-                .then(a.cmp(&b))
-        });
+        let mut level: Vec<usize> =
+            (start..nodes.len()).filter(|&i| !p.eos.contains(nodes[i].path.last().unwrap())).collect();
+        level.sort_by(|&a, &b| nodes[b].score.partial_cmp(&nodes[a].score).unwrap().then(a.cmp(&b)));
         level.truncate(p.beam_width);
         beam = level.into_iter().map(Some).collect();
         if beam.is_empty() {
@@ -87,19 +69,14 @@ fn brute_force(
     p: &SearchParams,
 ) -> Vec<(Vec<u32>, f64)> {
     let nodes = all_expansions(seq, context, toks, lps, d, k, p);
-    let mut out: Vec<(Vec<u32>, f64)> = ref_select(&nodes, p.max_nodes)
-        .into_iter()
-        .map(|i| (nodes[i].path.clone(), nodes[i].score))
-        .collect();
+    let mut out: Vec<(Vec<u32>, f64)> =
+        ref_select(&nodes, p.max_nodes).into_iter().map(|i| (nodes[i].path.clone(), nodes[i].score)).collect();
     out.sort_by(|a, b| a.0.cmp(&b.0));
     out
 }
 
 fn got(t: &dart_tree::Tree) -> Vec<(Vec<u32>, f64)> {
-    let mut v: Vec<(Vec<u32>, f64)> = token_paths(t)
-        .into_iter()
-        .zip(t.scores[1..].iter().copied())
-        .collect();
+    let mut v: Vec<(Vec<u32>, f64)> = token_paths(t).into_iter().zip(t.scores[1..].iter().copied()).collect();
     v.sort_by(|a, b| a.0.cmp(&b.0));
     v
 }
@@ -132,30 +109,12 @@ fn case() -> impl Strategy<Value = Case> {
             prop::collection::vec(0..V, 1..5),
             prop::collection::vec(Just((0..V).collect::<Vec<u32>>()).prop_shuffle(), d),
             prop::collection::vec(logprob(), d * k),
-            (
-                1usize..5,
-                1usize..60,
-                prop_oneof![Just(0.0), Just(0.5), Just(1.0)],
-                any::<bool>(),
-                any::<bool>(),
-            ),
+            (1usize..5, 1usize..60, prop_oneof![Just(0.0), Just(0.5), Just(1.0)], any::<bool>(), any::<bool>()),
             prop::collection::vec(0..V, 0..3),
-            (
-                prop_oneof![Just(1e-10), Just(0.0)],
-                prop_oneof![Just(0.9), Just(1.0)],
-                prop_oneof![Just(0.7), Just(0.0)],
-            ),
+            (prop_oneof![Just(1e-10), Just(0.0)], prop_oneof![Just(0.9), Just(1.0)], prop_oneof![Just(0.7), Just(0.0)]),
         )
-            .prop_map(
-                move |(
-                    seq,
-                    context,
-                    perms,
-                    lps,
-                    (w, theta, nw, first, ub),
-                    eos,
-                    (eps, decay, expo),
-                )| Case {
+            .prop_map(move |(seq, context, perms, lps, (w, theta, nw, first, ub), eos, (eps, decay, expo))| {
+                Case {
                     seq,
                     context,
                     toks: perms.iter().flat_map(|p| p[..k].to_vec()).collect(),
@@ -174,8 +133,8 @@ fn case() -> impl Strategy<Value = Case> {
                         depth_exponent: expo,
                         candidates: Candidates::All,
                     },
-                },
-            )
+                }
+            })
     })
 }
 
@@ -223,14 +182,7 @@ fn k_above_w_puts_the_next_drafter_token_in_the_tree() {
     let lp = |p: f32| p.ln();
     // level 0: tokens 1, 2, 3 with p 0.5, 0.3, 0.2; level 1: token 9 with p 0.01 (and 8 ~ 0)
     let toks = [1, 2, 3, 9, 8, 7];
-    let lps = [
-        lp(0.5),
-        lp(0.3),
-        lp(0.2),
-        lp(0.01),
-        f32::NEG_INFINITY,
-        f32::NEG_INFINITY,
-    ];
+    let lps = [lp(0.5), lp(0.3), lp(0.2), lp(0.01), f32::NEG_INFINITY, f32::NEG_INFINITY];
     let base = SearchParams {
         beam_width: 2,
         max_nodes: 3,
@@ -243,10 +195,7 @@ fn k_above_w_puts_the_next_drafter_token_in_the_tree() {
         &NoNgram,
         &[0],
         TopkRows::new(&toks, &lps, 2, 3),
-        &SearchParams {
-            candidates: Candidates::All,
-            ..base.clone()
-        },
+        &SearchParams { candidates: Candidates::All, ..base.clone() },
     )
     .unwrap();
     let (pb, pa) = (token_paths(&beam), token_paths(&all));
@@ -259,14 +208,7 @@ fn k_above_w_puts_the_next_drafter_token_in_the_tree() {
 #[test]
 fn eos_is_a_candidate_but_not_expanded() {
     let toks = [5, 1, 2, 6, 7, 8];
-    let lps = [
-        (0.6f32).ln(),
-        (0.4f32).ln(),
-        f32::NEG_INFINITY,
-        0.0,
-        f32::NEG_INFINITY,
-        f32::NEG_INFINITY,
-    ];
+    let lps = [(0.6f32).ln(), (0.4f32).ln(), f32::NEG_INFINITY, 0.0, f32::NEG_INFINITY, f32::NEG_INFINITY];
     let p = SearchParams {
         beam_width: 1,
         max_nodes: 10,

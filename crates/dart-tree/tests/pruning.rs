@@ -57,16 +57,7 @@ fn case() -> impl Strategy<Value = Case> {
             any::<bool>(),
         )
             .prop_map(
-                move |(
-                    seq,
-                    context,
-                    perms,
-                    lps,
-                    (w, theta, nw, first, ub),
-                    eos,
-                    (eps, decay, expo),
-                    all,
-                )| Case {
+                move |(seq, context, perms, lps, (w, theta, nw, first, ub), eos, (eps, decay, expo), all)| Case {
                     seq,
                     context,
                     toks: perms.iter().flat_map(|p| p[..k].to_vec()).collect(),
@@ -83,11 +74,7 @@ fn case() -> impl Strategy<Value = Case> {
                         eps,
                         level_decay: decay,
                         depth_exponent: expo,
-                        candidates: if all {
-                            Candidates::All
-                        } else {
-                            Candidates::Beam
-                        },
+                        candidates: if all { Candidates::All } else { Candidates::Beam },
                     },
                 },
             )
@@ -114,12 +101,8 @@ proptest! {
 #[test]
 fn pruning_with_ties_at_every_level() {
     for (d, k, w, theta) in [(8, 6, 3, 10), (8, 12, 5, 59), (6, 4, 4, 7), (8, 3, 1, 5)] {
-        let toks: Vec<u32> = (0..d)
-            .flat_map(|l| (0..k as u32).map(move |j| (j * 7 + l as u32) % 40))
-            .collect();
-        let lps: Vec<f32> = (0..d * k)
-            .map(|i| [(0.5f32).ln(), (0.25f32).ln(), 0.0][i % 3])
-            .collect();
+        let toks: Vec<u32> = (0..d).flat_map(|l| (0..k as u32).map(move |j| (j * 7 + l as u32) % 40)).collect();
+        let lps: Vec<f32> = (0..d * k).map(|i| [(0.5f32).ln(), (0.25f32).ln(), 0.0][i % 3]).collect();
         for candidates in [Candidates::Beam, Candidates::All] {
             let p = SearchParams {
                 beam_width: w,
@@ -130,8 +113,7 @@ fn pruning_with_ties_at_every_level() {
                 ..SearchParams::default()
             };
             let a = beam_search(&NoNgram, &[0], TopkRows::new(&toks, &lps, d, k), &p).unwrap();
-            let b =
-                beam_search_unpruned(&NoNgram, &[0], TopkRows::new(&toks, &lps, d, k), &p).unwrap();
+            let b = beam_search_unpruned(&NoNgram, &[0], TopkRows::new(&toks, &lps, d, k), &p).unwrap();
             assert_eq!(a, b, "d {d} k {k} w {w} theta {theta} {candidates:?}");
             check_tree(&a, theta);
         }

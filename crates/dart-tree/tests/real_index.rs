@@ -3,9 +3,7 @@ mod common;
 
 use common::{check_tree, Model};
 use dart_ngram::{BuildOptions, Builder, Index};
-use dart_tree::{
-    beam_search, beam_search_batch, ngram_tree, Error, NgramScorer, SearchParams, TopkRows,
-};
+use dart_tree::{beam_search, beam_search_batch, ngram_tree, Error, NgramScorer, SearchParams, TopkRows};
 use proptest::prelude::*;
 
 const V: u32 = 12;
@@ -69,10 +67,7 @@ fn out_of_vocabulary_ids_are_errors() {
         beam_search(&index, &[1], TopkRows::new(&[V + 5], &[0.0], 1, 1), &p),
         Err(Error::TokenOutOfVocab { .. })
     ));
-    assert!(matches!(
-        ngram_tree(&index, &[V], 2, 2, &p),
-        Err(Error::TokenOutOfVocab { .. })
-    ));
+    assert!(matches!(ngram_tree(&index, &[V], 2, 2, &p), Err(Error::TokenOutOfVocab { .. })));
 }
 
 proptest! {

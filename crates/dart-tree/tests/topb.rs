@@ -6,16 +6,10 @@ use dart_tree::{ancestor_bits, best_first, top_b, Error, Tree};
 use proptest::prelude::*;
 
 /// A random supertree built depth by depth: parents, scores = parent + ln q + β·1.
-fn supertree(
-    max_n: usize,
-    beta: impl Strategy<Value = f64>,
-) -> impl Strategy<Value = (Vec<i64>, Vec<f64>)> {
+fn supertree(max_n: usize, beta: impl Strategy<Value = f64>) -> impl Strategy<Value = (Vec<i64>, Vec<f64>)> {
     (
         prop::collection::vec(
-            (
-                any::<prop::sample::Index>(),
-                prop_oneof![Just(1.0f64), Just(0.5), Just(0.25), 0.01f64..1.0],
-            ),
+            (any::<prop::sample::Index>(), prop_oneof![Just(1.0f64), Just(0.5), Just(0.25), 0.01f64..1.0]),
             1..max_n,
         ),
         beta,
@@ -42,11 +36,7 @@ fn heap_order(parents: &[i64], scores: &[f64], b: usize) -> Vec<usize> {
     let depth: Vec<usize> = {
         let mut d = vec![0; n];
         for i in 0..n {
-            d[i] = if parents[i] < 0 {
-                1
-            } else {
-                d[parents[i] as usize] + 1
-            };
+            d[i] = if parents[i] < 0 { 1 } else { d[parents[i] as usize] + 1 };
         }
         d
     };
@@ -58,9 +48,7 @@ fn heap_order(parents: &[i64], scores: &[f64], b: usize) -> Vec<usize> {
             if taken[i] || (parents[i] >= 0 && !taken[parents[i] as usize]) {
                 continue;
             }
-            if best.is_none_or(|j| {
-                scores[i] > scores[j] || (scores[i] == scores[j] && depth[i] < depth[j])
-            }) {
+            if best.is_none_or(|j| scores[i] > scores[j] || (scores[i] == scores[j] && depth[i] < depth[j])) {
                 best = Some(i);
             }
         }
@@ -72,8 +60,7 @@ fn heap_order(parents: &[i64], scores: &[f64], b: usize) -> Vec<usize> {
 }
 
 fn closed(parents: &[i64], sel: &[usize]) -> bool {
-    sel.iter()
-        .all(|&i| parents[i] < 0 || sel.contains(&(parents[i] as usize)))
+    sel.iter().all(|&i| parents[i] < 0 || sel.contains(&(parents[i] as usize)))
 }
 
 proptest! {
@@ -179,50 +166,20 @@ fn tree_paths_and_children() {
         scores: vec![0.0, -1.0, -2.0, -1.5, -1.7],
     };
     assert_eq!(t.paths(), vec![vec![0, 2], vec![0, 1, 3], vec![0, 1, 4]]);
-    assert_eq!(
-        t.children(),
-        vec![vec![1, 2], vec![3, 4], vec![], vec![], vec![]]
-    );
+    assert_eq!(t.children(), vec![vec![1, 2], vec![3, 4], vec![], vec![], vec![]]);
     assert_eq!(t.path(4), vec![0, 1, 4]);
 }
 
 #[test]
 fn bad_input_is_an_error() {
-    assert!(matches!(
-        top_b(&[-1, 0], &[0.0], 1),
-        Err(Error::Shape { .. })
-    ));
-    assert!(matches!(
-        top_b(&[-1, 0], &[0.0, -1.0], 0),
-        Err(Error::ZeroBudget { .. })
-    ));
-    assert!(matches!(
-        top_b(&[-1, 1], &[0.0, -1.0], 1),
-        Err(Error::BadParent { .. })
-    ));
-    assert!(matches!(
-        top_b(&[-1, -2], &[0.0, -1.0], 1),
-        Err(Error::BadParent { .. })
-    ));
-    assert!(matches!(
-        top_b(&[-1, 0], &[0.0, f64::NAN], 1),
-        Err(Error::NanScore { .. })
-    ));
+    assert!(matches!(top_b(&[-1, 0], &[0.0], 1), Err(Error::Shape { .. })));
+    assert!(matches!(top_b(&[-1, 0], &[0.0, -1.0], 0), Err(Error::ZeroBudget { .. })));
+    assert!(matches!(top_b(&[-1, 1], &[0.0, -1.0], 1), Err(Error::BadParent { .. })));
+    assert!(matches!(top_b(&[-1, -2], &[0.0, -1.0], 1), Err(Error::BadParent { .. })));
+    assert!(matches!(top_b(&[-1, 0], &[0.0, f64::NAN], 1), Err(Error::NanScore { .. })));
     assert_eq!(top_b(&[], &[], 3).unwrap(), Vec::<usize>::new());
-    assert!(matches!(
-        best_first(&[1, 2], &[0.0, -1.0], 1, 2, 0, 0),
-        Err(Error::ZeroBudget { .. })
-    ));
-    assert!(matches!(
-        best_first(&[1, 2], &[f32::NAN, -1.0], 1, 2, 0, 3),
-        Err(Error::BadLogprob { .. })
-    ));
-    assert!(matches!(
-        best_first(&[1, 1], &[0.0, -1.0], 1, 2, 0, 3),
-        Err(Error::DuplicateToken { .. })
-    ));
-    assert!(matches!(
-        best_first(&[1, 2, 3], &[0.0, -1.0], 1, 2, 0, 3),
-        Err(Error::Shape { .. })
-    ));
+    assert!(matches!(best_first(&[1, 2], &[0.0, -1.0], 1, 2, 0, 0), Err(Error::ZeroBudget { .. })));
+    assert!(matches!(best_first(&[1, 2], &[f32::NAN, -1.0], 1, 2, 0, 3), Err(Error::BadLogprob { .. })));
+    assert!(matches!(best_first(&[1, 1], &[0.0, -1.0], 1, 2, 0, 3), Err(Error::DuplicateToken { .. })));
+    assert!(matches!(best_first(&[1, 2, 3], &[0.0, -1.0], 1, 2, 0, 3), Err(Error::Shape { .. })));
 }

@@ -12,7 +12,10 @@ fn not_c(what: &str) -> PyErr {
 }
 
 /// The elements of a C-contiguous array; `what` names it in the error.
-pub(crate) fn c_slice<'a, T: numpy::Element, D: Dimension>(a: &'a PyReadonlyArray<'_, T, D>, what: &str) -> PyResult<&'a [T]> {
+pub(crate) fn c_slice<'a, T: numpy::Element, D: Dimension>(
+    a: &'a PyReadonlyArray<'_, T, D>,
+    what: &str,
+) -> PyResult<&'a [T]> {
     if !a.is_c_contiguous() {
         return Err(not_c(what));
     }
@@ -20,7 +23,10 @@ pub(crate) fn c_slice<'a, T: numpy::Element, D: Dimension>(a: &'a PyReadonlyArra
 }
 
 /// The elements of a writable C-contiguous array; `what` names it in the error.
-pub(crate) fn c_slice_mut<'a, T: numpy::Element, D: Dimension>(a: &'a mut PyReadwriteArray<'_, T, D>, what: &str) -> PyResult<&'a mut [T]> {
+pub(crate) fn c_slice_mut<'a, T: numpy::Element, D: Dimension>(
+    a: &'a mut PyReadwriteArray<'_, T, D>,
+    what: &str,
+) -> PyResult<&'a mut [T]> {
     if !a.is_c_contiguous() {
         return Err(not_c(what));
     }

@@ -4,9 +4,7 @@
 //! of the public API; both go through `errors::guard` like every other entry point.
 
 use dart_tree::TopkRows;
-use numpy::{
-    PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods,
-};
+use numpy::{PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -76,16 +74,10 @@ fn bench_beam_search<'py>(
             (s[0], s[1], s[2])
         };
         if topk_logprobs.shape() != topk_tokens.shape() {
-            return Err(errors::tree_msg(
-                "topk_tokens and topk_logprobs differ in shape",
-            ));
+            return Err(errors::tree_msg("topk_tokens and topk_logprobs differ in shape"));
         }
         let flat = ids(ctx_flat.as_array().iter(), "contexts")?;
-        let offs: Vec<usize> = ctx_offsets
-            .as_array()
-            .iter()
-            .map(|&o| o.max(0) as usize)
-            .collect();
+        let offs: Vec<usize> = ctx_offsets.as_array().iter().map(|&o| o.max(0) as usize).collect();
         if offs.len() != b + 1 || offs.windows(2).any(|w| w[1] < w[0]) || offs[b] != flat.len() {
             return Err(errors::tree_msg("context offsets do not match the batch"));
         }
@@ -94,13 +86,7 @@ fn bench_beam_search<'py>(
         let lps: Vec<f32> = topk_logprobs.as_array().iter().copied().collect();
         let t = py
             .detach(|| {
-                dart_tree::timing::time_beam_search(
-                    &*ix,
-                    &contexts,
-                    TopkRows::new(&toks, &lps, d, k),
-                    &p,
-                    batch,
-                )
+                dart_tree::timing::time_beam_search(&*ix, &contexts, TopkRows::new(&toks, &lps, d, k), &p, batch)
             })
             .map_err(errors::tree)?;
         let out = PyDict::new(py);
@@ -142,13 +128,15 @@ fn fork_join(lo: usize, hi: usize) -> usize {
 #[pyo3(signature = (message, in_pool = false))]
 fn panic(py: Python<'_>, message: String, in_pool: bool) -> PyResult<()> {
     guard("_testing.panic", || {
-        py.detach(|| {
-            if in_pool {
-                dart_ngram::pool::get().install(|| panic!("{message}"))
-            } else {
-                panic!("{message}")
-            }
-        })
+        py.detach(
+            || {
+                if in_pool {
+                    dart_ngram::pool::get().install(|| panic!("{message}"))
+                } else {
+                    panic!("{message}")
+                }
+            },
+        )
     })
 }
 
@@ -157,9 +145,7 @@ fn submodule<'py>(m: &Bound<'py, PyModule>, name: &str) -> PyResult<Bound<'py, P
     let py = m.py();
     let sub = PyModule::new(py, name)?;
     m.add_submodule(&sub)?;
-    py.import("sys")?
-        .getattr("modules")?
-        .set_item(format!("dartcore._native.{name}"), &sub)?;
+    py.import("sys")?.getattr("modules")?.set_item(format!("dartcore._native.{name}"), &sub)?;
     Ok(sub)
 }
 

@@ -31,9 +31,7 @@ fn convert_dart_trie<'py>(
             }
         };
         let s = py
-            .detach(|| {
-                dart_ngram::convert_dart_trie(&input, &output, &opts, metadata_json, &mut report)
-            })
+            .detach(|| dart_ngram::convert_dart_trie(&input, &output, &opts, metadata_json, &mut report))
             .map_err(errors::ngram)?;
         if let Some(e) = failed {
             return Err(e);

@@ -35,7 +35,8 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
-    const ALL: [Kind; 6] = [Kind::Dart, Kind::IndexFormat, Kind::IndexBuild, Kind::IndexPath, Kind::Tree, Kind::Internal];
+    const ALL: [Kind; 6] =
+        [Kind::Dart, Kind::IndexFormat, Kind::IndexBuild, Kind::IndexPath, Kind::Tree, Kind::Internal];
 
     fn class_name(self) -> &'static str {
         match self {

@@ -25,21 +25,14 @@ pub struct PyNgramIndex {
 }
 
 /// What `children` returns: (tokens, counts, total, order).
-type ChildrenArrays<'py> = (
-    Bound<'py, PyArray1<u32>>,
-    Bound<'py, PyArray1<u64>>,
-    u64,
-    u8,
-);
+type ChildrenArrays<'py> = (Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u64>>, u64, u8);
 
 /// Token ids of the argument `what`, each in `0..vocab`.
 fn ids_u32(ids: Vec<i64>, vocab: u32, what: &str) -> PyResult<Vec<u32>> {
     ids.into_iter()
         .map(|t| {
             if t < 0 || t >= vocab as i64 {
-                Err(errors::value(format!(
-                    "{what}: token id {t} is out of range for vocabulary size {vocab}"
-                )))
+                Err(errors::value(format!("{what}: token id {t} is out of range for vocabulary size {vocab}")))
             } else {
                 Ok(t as u32)
             }
@@ -51,30 +44,13 @@ fn ids_u32(ids: Vec<i64>, vocab: u32, what: &str) -> PyResult<Vec<u32>> {
 impl PyNgramIndex {
     #[new]
     #[pyo3(signature = (path, *, prefault = false, hugepages = false, verify = "header"))]
-    fn new(
-        py: Python<'_>,
-        path: PathBuf,
-        prefault: bool,
-        hugepages: bool,
-        verify: &str,
-    ) -> PyResult<Self> {
+    fn new(py: Python<'_>, path: PathBuf, prefault: bool, hugepages: bool, verify: &str) -> PyResult<Self> {
         guard("NgramIndex", || {
             let verify: Verify = verify.parse().map_err(errors::ngram)?;
             let idx = py
-                .detach(|| {
-                    Index::open_with(
-                        &path,
-                        OpenOptions {
-                            prefault,
-                            hugepages,
-                            verify,
-                        },
-                    )
-                })
+                .detach(|| Index::open_with(&path, OpenOptions { prefault, hugepages, verify }))
                 .map_err(errors::ngram)?;
-            Ok(PyNgramIndex {
-                inner: Arc::new(idx),
-            })
+            Ok(PyNgramIndex { inner: Arc::new(idx) })
         })
     }
 
@@ -100,25 +76,12 @@ impl PyNgramIndex {
 
     /// (tokens uint32[k'], counts uint64[k'], total, order); k' <= min(k, max_children)
     #[pyo3(signature = (context, k = 25))]
-    fn children<'py>(
-        &self,
-        py: Python<'py>,
-        context: Vec<i64>,
-        k: usize,
-    ) -> PyResult<ChildrenArrays<'py>> {
+    fn children<'py>(&self, py: Python<'py>, context: Vec<i64>, k: usize) -> PyResult<ChildrenArrays<'py>> {
         guard("NgramIndex.children", || {
             let ctx = ids_u32(context, self.inner.vocab_size(), "context")?;
             let mut ch = Children::with_capacity(k.min(self.inner.max_children()));
-            let m = self
-                .inner
-                .children(&ctx, k, &mut ch)
-                .map_err(errors::ngram)?;
-            Ok((
-                PyArray1::from_slice(py, ch.tokens()),
-                PyArray1::from_slice(py, ch.counts()),
-                m.total,
-                m.order,
-            ))
+            let m = self.inner.children(&ctx, k, &mut ch).map_err(errors::ngram)?;
+            Ok((PyArray1::from_slice(py, ch.tokens()), PyArray1::from_slice(py, ch.counts()), m.total, m.order))
         })
     }
 
@@ -130,12 +93,7 @@ impl PyNgramIndex {
         py: Python<'py>,
         contexts: PyReadonlyArray2<'py, u32>,
         k: usize,
-    ) -> PyResult<(
-        Bound<'py, PyAny>,
-        Bound<'py, PyAny>,
-        Bound<'py, PyArray1<u64>>,
-        Bound<'py, PyArray1<u8>>,
-    )> {
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<u8>>)> {
         guard("NgramIndex.children_batch", || {
             let ctx = pairs(&contexts)?;
             let n = ctx.len();
@@ -149,12 +107,7 @@ impl PyNgramIndex {
             let w = b.k;
             let tokens = PyArray1::from_vec(py, b.tokens).reshape([n, w])?.into_any();
             let counts = PyArray1::from_vec(py, b.counts).reshape([n, w])?.into_any();
-            Ok((
-                tokens,
-                counts,
-                PyArray1::from_vec(py, b.totals),
-                PyArray1::from_vec(py, b.orders),
-            ))
+            Ok((tokens, counts, PyArray1::from_vec(py, b.totals), PyArray1::from_vec(py, b.orders)))
         })
     }
 
@@ -193,10 +146,7 @@ impl PyNgramIndex {
             let v = self.inner.vocab_size();
             let ctx = ids_u32(context, v, "context")?;
             if ctx.len() > 2 {
-                return Err(errors::value(format!(
-                    "context: count() takes at most 2 tokens, got {}",
-                    ctx.len()
-                )));
+                return Err(errors::value(format!("context: count() takes at most 2 tokens, got {}", ctx.len())));
             }
             let t = ids_u32(vec![token], v, "token")?[0];
             Ok(self.inner.count(&ctx, t))
@@ -234,8 +184,7 @@ impl PyNgramIndex {
         guard("NgramIndex.verify", || {
             let level: Verify = level.parse().map_err(errors::ngram)?;
             let inner = &self.inner;
-            py.detach(|| inner.check_mapped(level))
-                .map_err(errors::ngram)
+            py.detach(|| inner.check_mapped(level)).map_err(errors::ngram)
         })
     }
 
@@ -243,10 +192,7 @@ impl PyNgramIndex {
         let s = self.inner.stats();
         format!(
             "NgramIndex(path={:?}, vocab_size={}, nodes={}, bytes={})",
-            self.inner
-                .path()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default(),
+            self.inner.path().map(|p| p.display().to_string()).unwrap_or_default(),
             s.vocab_size,
             s.nodes,
             s.bytes
@@ -255,13 +201,8 @@ impl PyNgramIndex {
 }
 
 /// The candidates of `cond_probs`: contiguous, ascending, each below the vocabulary size.
-pub(crate) fn sorted_candidates<'a>(
-    c: &'a PyReadonlyArray1<'_, u32>,
-    vocab: u32,
-) -> PyResult<&'a [u32]> {
-    let c = c
-        .as_slice()
-        .map_err(|_| errors::value("candidates_sorted must be contiguous"))?;
+pub(crate) fn sorted_candidates<'a>(c: &'a PyReadonlyArray1<'_, u32>, vocab: u32) -> PyResult<&'a [u32]> {
+    let c = c.as_slice().map_err(|_| errors::value("candidates_sorted must be contiguous"))?;
     if c.windows(2).any(|w| w[0] > w[1]) {
         return Err(errors::value("candidates_sorted must be sorted ascending"));
     }
@@ -313,15 +254,8 @@ pub(crate) struct BuildArgs {
 }
 
 impl BuildArgs {
-    const NAMES: [&'static str; 7] = [
-        "vocab_size",
-        "memory_limit",
-        "temp_dir",
-        "min_count",
-        "max_children",
-        "threads",
-        "token_bits",
-    ];
+    const NAMES: [&'static str; 7] =
+        ["vocab_size", "memory_limit", "temp_dir", "min_count", "max_children", "threads", "token_bits"];
 
     /// The options among a function's keyword arguments `kwargs` (plus `vocab_size` where it
     /// is positional). `without`: options the entry point does not take. An unknown or
@@ -338,9 +272,7 @@ impl BuildArgs {
             for (k, v) in kw.iter() {
                 let name: String = k.extract()?;
                 if !Self::NAMES.contains(&name.as_str()) || without.contains(&name.as_str()) {
-                    return Err(PyTypeError::new_err(format!(
-                        "{func}() got an unexpected keyword argument '{name}'"
-                    )));
+                    return Err(PyTypeError::new_err(format!("{func}() got an unexpected keyword argument '{name}'")));
                 }
                 d.set_item(k, v)?;
             }
@@ -348,9 +280,7 @@ impl BuildArgs {
         if let Some(v) = vocab_size {
             d.set_item("vocab_size", v)?;
         } else if !d.contains("vocab_size")? {
-            return Err(PyTypeError::new_err(format!(
-                "{func}() missing required keyword argument: 'vocab_size'"
-            )));
+            return Err(PyTypeError::new_err(format!("{func}() missing required keyword argument: 'vocab_size'")));
         }
         let a: BuildArgs = d.extract()?;
         Ok(BuildOptions {
@@ -373,9 +303,7 @@ pub struct PyIndexBuilder {
 
 impl PyIndexBuilder {
     fn slot(&self) -> PyResult<std::sync::MutexGuard<'_, Option<Builder>>> {
-        self.inner
-            .lock()
-            .map_err(|_| errors::new(Kind::IndexBuild, "builder poisoned by an earlier panic"))
+        self.inner.lock().map_err(|_| errors::new(Kind::IndexBuild, "builder poisoned by an earlier panic"))
     }
     fn finished() -> PyErr {
         errors::new(Kind::IndexBuild, "builder already finished")
@@ -399,18 +327,14 @@ impl PyIndexBuilder {
         guard("IndexBuilder", || {
             let opts = BuildArgs::options(py, "IndexBuilder", options, Some(vocab_size), &[])?;
             let b = Builder::new(opts).map_err(errors::ngram)?;
-            Ok(PyIndexBuilder {
-                inner: Mutex::new(Some(b)),
-            })
+            Ok(PyIndexBuilder { inner: Mutex::new(Some(b)) })
         })
     }
 
     /// Count one document (uint32 array).
     fn add(&self, py: Python<'_>, doc: PyReadonlyArray1<'_, u32>) -> PyResult<()> {
         guard("IndexBuilder.add", || {
-            let d = doc
-                .as_slice()
-                .map_err(|_| errors::value("document must be contiguous"))?;
+            let d = doc.as_slice().map_err(|_| errors::value("document must be contiguous"))?;
             py.detach(|| self.with(|b| b.add_document(d)))
         })
     }
@@ -420,10 +344,7 @@ impl PyIndexBuilder {
         guard("IndexBuilder.add_many", || {
             let slices: Vec<&[u32]> = docs
                 .iter()
-                .map(|d| {
-                    d.as_slice()
-                        .map_err(|_| errors::value("documents must be contiguous"))
-                })
+                .map(|d| d.as_slice().map_err(|_| errors::value("documents must be contiguous")))
                 .collect::<PyResult<_>>()?;
             py.detach(|| self.with(|b| b.add_documents(&slices)))
         })
@@ -444,17 +365,10 @@ impl PyIndexBuilder {
     }
 
     /// Write the index (temp file + rename); the builder is consumed.
-    fn finish<'py>(
-        &self,
-        py: Python<'py>,
-        output: PathBuf,
-        metadata_json: &str,
-    ) -> PyResult<Bound<'py, PyDict>> {
+    fn finish<'py>(&self, py: Python<'py>, output: PathBuf, metadata_json: &str) -> PyResult<Bound<'py, PyDict>> {
         guard("IndexBuilder.finish", || {
             let b = self.take()?;
-            let s = py
-                .detach(|| b.finish(&output, metadata_json))
-                .map_err(errors::ngram)?;
+            let s = py.detach(|| b.finish(&output, metadata_json)).map_err(errors::ngram)?;
             summary_dict(py, &s)
         })
     }
@@ -473,9 +387,7 @@ fn merge_runs<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     guard("merge_runs", || {
         let opts = BuildArgs::options(py, "merge_runs", options, None, &[])?;
-        let s = py
-            .detach(|| dart_ngram::merge_runs(&runs, &output, &opts, metadata_json))
-            .map_err(errors::ngram)?;
+        let s = py.detach(|| dart_ngram::merge_runs(&runs, &output, &opts, metadata_json)).map_err(errors::ngram)?;
         summary_dict(py, &s)
     })
 }
@@ -494,15 +406,9 @@ fn merge_run_range<'py>(
     memory_limit: u64,
 ) -> PyResult<Bound<'py, PyDict>> {
     guard("merge_run_range", || {
-        let opts = BuildOptions {
-            vocab_size,
-            memory_limit_bytes: memory_limit,
-            threads: Some(1),
-            ..BuildOptions::default()
-        };
-        let s = py
-            .detach(|| dart_ngram::merge_run_range(&runs, &output, &opts, lo, hi))
-            .map_err(errors::ngram)?;
+        let opts =
+            BuildOptions { vocab_size, memory_limit_bytes: memory_limit, threads: Some(1), ..BuildOptions::default() };
+        let s = py.detach(|| dart_ngram::merge_run_range(&runs, &output, &opts, lo, hi)).map_err(errors::ngram)?;
         summary_dict(py, &s)
     })
 }
@@ -510,9 +416,7 @@ fn merge_run_range<'py>(
 /// Size the shared dart-ngram pool (rebuilt on next use).
 #[pyfunction]
 fn set_num_threads(n: usize) -> PyResult<()> {
-    guard("set_num_threads", || {
-        dart_ngram::pool::set_num_threads(n).map_err(errors::ngram)
-    })
+    guard("set_num_threads", || dart_ngram::pool::set_num_threads(n).map_err(errors::ngram))
 }
 
 /// Threads of the shared pool (API setting, else DART_NUM_THREADS, else all CPUs).
@@ -527,10 +431,7 @@ fn num_threads() -> usize {
 fn numa_topology(sys_root: Option<PathBuf>) -> PyResult<Vec<(usize, Vec<usize>)>> {
     guard("numa_topology", || {
         let root = sys_root.unwrap_or_else(|| PathBuf::from("/sys"));
-        Ok(dart_ngram::pool::numa_topology(&root)
-            .into_iter()
-            .map(|n| (n.id, n.cpus))
-            .collect())
+        Ok(dart_ngram::pool::numa_topology(&root).into_iter().map(|n| (n.id, n.cpus)).collect())
     })
 }
 
@@ -550,13 +451,9 @@ fn pin_numa_node(node: Option<usize>) -> PyResult<()> {
 pub(crate) fn pairs(contexts: &PyReadonlyArray2<'_, u32>) -> PyResult<Vec<[u32; 2]>> {
     let shape = contexts.shape();
     if shape[1] != 2 {
-        return Err(errors::value(format!(
-            "contexts must have shape [n, 2], got {shape:?}"
-        )));
+        return Err(errors::value(format!("contexts must have shape [n, 2], got {shape:?}")));
     }
-    let flat = contexts
-        .as_slice()
-        .map_err(|_| errors::value("contexts must be C-contiguous"))?;
+    let flat = contexts.as_slice().map_err(|_| errors::value("contexts must be C-contiguous"))?;
     Ok(flat.chunks_exact(2).map(|c| [c[0], c[1]]).collect())
 }
 

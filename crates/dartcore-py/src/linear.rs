@@ -76,7 +76,12 @@ fn linear_rows(
                 interleaved_rows(blocks.shape()[0], n, "linear_rows")?;
             }
             if out.shape() != [rows, n] {
-                return Err(errors::value(format!("linear_rows: x {:?}, w {:?} ({format}), out {:?} do not fit out = x @ w.T", x.shape(), blocks.shape(), out.shape())));
+                return Err(errors::value(format!(
+                    "linear_rows: x {:?}, w {:?} ({format}), out {:?} do not fit out = x @ w.T",
+                    x.shape(),
+                    blocks.shape(),
+                    out.shape()
+                )));
             }
             let xs = c_slice(&x, "linear_rows: x")?;
             let bytes = c_slice(&blocks, "linear_rows: w")?;
@@ -87,7 +92,9 @@ fn linear_rows(
             };
             let bs = bias.as_ref().map(|b| c_slice(b, "linear_rows: bias")).transpose()?;
             let os = c_slice_mut(&mut out, "linear_rows: out")?;
-            return py.detach(|| dart_linear::linear(xs, rows, k, ws, n, bs, os, threads)).map_err(|e| errors::value(format!("linear_rows: {}", e.0)));
+            return py
+                .detach(|| dart_linear::linear(xs, rows, k, ws, n, bs, os, threads))
+                .map_err(|e| errors::value(format!("linear_rows: {}", e.0)));
         }
         let (w32, w16) = match format {
             "f32" => (Some(w.extract::<PyReadonlyArray2<'_, f32>>().map_err(|_| wrong_w(format))?), None),
@@ -128,9 +135,18 @@ fn linear_rows(
 /// rows packed by `pack_rows`; "q4_1_int8" etc.: rows interleaved by `interleave_rows` (`out`'s
 /// `n` rows of them).
 #[pyfunction]
-fn dequantize_rows(py: Python<'_>, w: PyReadonlyArray2<'_, u8>, mut out: PyReadwriteArray2<'_, f32>, format: &str) -> PyResult<()> {
+fn dequantize_rows(
+    py: Python<'_>,
+    w: PyReadonlyArray2<'_, u8>,
+    mut out: PyReadwriteArray2<'_, f32>,
+    format: &str,
+) -> PyResult<()> {
     guard("dequantize_rows", || {
-        let (fmt, layout) = block_format(format).ok_or_else(|| errors::value(format!("dequantize_rows: unknown block format {format:?} (q4_0, q4_1, q8_0, each with _packed or _int8)")))?;
+        let (fmt, layout) = block_format(format).ok_or_else(|| {
+            errors::value(format!(
+                "dequantize_rows: unknown block format {format:?} (q4_0, q4_1, q8_0, each with _packed or _int8)"
+            ))
+        })?;
         let (n, k) = (out.shape()[0], out.shape()[1]);
         if layout == Layout::Int8 {
             interleaved_rows(w.shape()[0], n, "dequantize_rows")?;
@@ -142,7 +158,8 @@ fn dequantize_rows(py: Python<'_>, w: PyReadonlyArray2<'_, u8>, mut out: PyReadw
         let run = |ws, os: &mut [f32]| match layout {
             Layout::File => dart_linear::quant::dequantize(fmt, ws, n, k, os),
             Layout::Packed => dart_linear::quant::dequantize_packed(fmt, ws, n, k, os),
-            Layout::Int8 => dart_linear::int8::deinterleave(fmt, ws, n, k).and_then(|file| dart_linear::quant::dequantize(fmt, &file, n, k, os)),
+            Layout::Int8 => dart_linear::int8::deinterleave(fmt, ws, n, k)
+                .and_then(|file| dart_linear::quant::dequantize(fmt, &file, n, k, os)),
         };
         py.detach(|| run(ws, os)).map_err(|e| errors::value(format!("dequantize_rows: {}", e.0)))
     })
@@ -152,9 +169,15 @@ fn dequantize_rows(py: Python<'_>, w: PyReadonlyArray2<'_, u8>, mut out: PyReadw
 /// ("q4_0", "q4_1", "q8_0", as the file stores them) in dart-linear's packed layout, which
 /// the kernel streams (format name + "_packed"): the same bytes, each row's scales first.
 #[pyfunction]
-fn pack_rows(py: Python<'_>, w: PyReadonlyArray2<'_, u8>, mut out: PyReadwriteArray2<'_, u8>, format: &str) -> PyResult<()> {
+fn pack_rows(
+    py: Python<'_>,
+    w: PyReadonlyArray2<'_, u8>,
+    mut out: PyReadwriteArray2<'_, u8>,
+    format: &str,
+) -> PyResult<()> {
     guard("pack_rows", || {
-        let fmt = Format::from_name(format).ok_or_else(|| errors::value(format!("pack_rows: unknown block format {format:?} (q4_0, q4_1, q8_0)")))?;
+        let fmt = Format::from_name(format)
+            .ok_or_else(|| errors::value(format!("pack_rows: unknown block format {format:?} (q4_0, q4_1, q8_0)")))?;
         let (n, bytes) = (w.shape()[0], w.shape()[1]);
         if out.shape() != w.shape() {
             return Err(errors::value(format!("pack_rows: w {:?}, out {:?}: the same shape", w.shape(), out.shape())));
@@ -165,7 +188,8 @@ fn pack_rows(py: Python<'_>, w: PyReadonlyArray2<'_, u8>, mut out: PyReadwriteAr
         let k = bytes / fmt.block_bytes() * dart_linear::quant::BLOCK_WEIGHTS;
         let ws = c_slice(&w, "pack_rows: w")?;
         let os = c_slice_mut(&mut out, "pack_rows: out")?;
-        py.detach(|| dart_linear::quant::pack(fmt, ws, n, k, os)).map_err(|e| errors::value(format!("pack_rows: {}", e.0)))
+        py.detach(|| dart_linear::quant::pack(fmt, ws, n, k, os))
+            .map_err(|e| errors::value(format!("pack_rows: {}", e.0)))
     })
 }
 
@@ -174,16 +198,24 @@ fn pack_rows(py: Python<'_>, w: PyReadonlyArray2<'_, u8>, mut out: PyReadwriteAr
 /// interleaved layout (format name + "_int8"): eight rows at a time, four bytes of each in
 /// turn, the last group padded with zero rows.
 #[pyfunction]
-fn interleave_rows<'py>(py: Python<'py>, w: PyReadonlyArray2<'py, u8>, format: &str) -> PyResult<Bound<'py, numpy::PyArray2<u8>>> {
+fn interleave_rows<'py>(
+    py: Python<'py>,
+    w: PyReadonlyArray2<'py, u8>,
+    format: &str,
+) -> PyResult<Bound<'py, numpy::PyArray2<u8>>> {
     guard("interleave_rows", || {
-        let fmt = Format::from_name(format).ok_or_else(|| errors::value(format!("interleave_rows: unknown block format {format:?} (q4_0, q4_1, q8_0)")))?;
+        let fmt = Format::from_name(format).ok_or_else(|| {
+            errors::value(format!("interleave_rows: unknown block format {format:?} (q4_0, q4_1, q8_0)"))
+        })?;
         let (n, bytes) = (w.shape()[0], w.shape()[1]);
         if bytes % fmt.block_bytes() != 0 || bytes == 0 {
             return Err(errors::value(format!("interleave_rows: rows of {bytes} bytes are not whole {format} blocks")));
         }
         let k = bytes / fmt.block_bytes() * dart_linear::quant::BLOCK_WEIGHTS;
         let ws = c_slice(&w, "interleave_rows: w")?;
-        let out = py.detach(|| dart_linear::int8::interleave(fmt, ws, n, k)).map_err(|e| errors::value(format!("interleave_rows: {}", e.0)))?;
+        let out = py
+            .detach(|| dart_linear::int8::interleave(fmt, ws, n, k))
+            .map_err(|e| errors::value(format!("interleave_rows: {}", e.0)))?;
         let rows = out.len() / bytes;
         numpy::PyArrayMethods::reshape(&numpy::PyArray1::from_vec(py, out), [rows, bytes])
     })
@@ -192,17 +224,28 @@ fn interleave_rows<'py>(py: Python<'py>, w: PyReadonlyArray2<'py, u8>, format: &
 /// deinterleave_rows(w uint8[ceil(n / 8) * 8, row bytes], n, format) -> uint8[n, row bytes]:
 /// rows interleaved by `interleave_rows` back as the file stores them.
 #[pyfunction]
-fn deinterleave_rows<'py>(py: Python<'py>, w: PyReadonlyArray2<'py, u8>, n: usize, format: &str) -> PyResult<Bound<'py, numpy::PyArray2<u8>>> {
+fn deinterleave_rows<'py>(
+    py: Python<'py>,
+    w: PyReadonlyArray2<'py, u8>,
+    n: usize,
+    format: &str,
+) -> PyResult<Bound<'py, numpy::PyArray2<u8>>> {
     guard("deinterleave_rows", || {
-        let fmt = Format::from_name(format).ok_or_else(|| errors::value(format!("deinterleave_rows: unknown block format {format:?} (q4_0, q4_1, q8_0)")))?;
+        let fmt = Format::from_name(format).ok_or_else(|| {
+            errors::value(format!("deinterleave_rows: unknown block format {format:?} (q4_0, q4_1, q8_0)"))
+        })?;
         let bytes = w.shape()[1];
         if bytes % fmt.block_bytes() != 0 || bytes == 0 {
-            return Err(errors::value(format!("deinterleave_rows: rows of {bytes} bytes are not whole {format} blocks")));
+            return Err(errors::value(format!(
+                "deinterleave_rows: rows of {bytes} bytes are not whole {format} blocks"
+            )));
         }
         interleaved_rows(w.shape()[0], n, "deinterleave_rows")?;
         let k = bytes / fmt.block_bytes() * dart_linear::quant::BLOCK_WEIGHTS;
         let ws = c_slice(&w, "deinterleave_rows: w")?;
-        let out = py.detach(|| dart_linear::int8::deinterleave(fmt, ws, n, k)).map_err(|e| errors::value(format!("deinterleave_rows: {}", e.0)))?;
+        let out = py
+            .detach(|| dart_linear::int8::deinterleave(fmt, ws, n, k))
+            .map_err(|e| errors::value(format!("deinterleave_rows: {}", e.0)))?;
         numpy::PyArrayMethods::reshape(&numpy::PyArray1::from_vec(py, out), [n, bytes])
     })
 }

@@ -84,7 +84,8 @@ fn block_attention(
         let vc = c_slice_mut(&mut v_cache, "v_cache")?;
         let o = c_slice_mut(&mut out, "out")?;
         let layout = ops::Heads { heads, kv_heads, head_dim };
-        py.detach(|| ops::block_attention(q, n, layout, norms, c, s, kc, vc, prefix, m, scale, o, threads.max(1))).map_err(|e| errors::value(e.0))
+        py.detach(|| ops::block_attention(q, n, layout, norms, c, s, kc, vc, prefix, m, scale, o, threads.max(1)))
+            .map_err(|e| errors::value(e.0))
     })
 }
 

@@ -7,7 +7,9 @@ use dart_linear::ops::Heads;
 use dart_linear::quant::Format;
 use dart_linear::stack::{self, Layer, Product, Segment, Shape};
 use dart_linear::Weights;
-use numpy::{Element, PyReadonlyArray2, PyReadonlyArrayDyn, PyReadwriteArray2, PyReadwriteArrayDyn, PyUntypedArrayMethods};
+use numpy::{
+    Element, PyReadonlyArray2, PyReadonlyArrayDyn, PyReadwriteArray2, PyReadwriteArrayDyn, PyUntypedArrayMethods,
+};
 use pyo3::prelude::*;
 
 use crate::arrays::{c_slice, c_slice_mut};
@@ -81,11 +83,21 @@ unsafe impl Send for PyLayerStack {}
 unsafe impl Sync for PyLayerStack {}
 
 /// One layer as the Python tuple gives it.
-type LayerArgs<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>, Option<Bound<'py, PyAny>>, Option<Bound<'py, PyAny>>, ProductArgs<'py>, ProductArgs<'py>, ProductArgs<'py>, ProductArgs<'py>);
+type LayerArgs<'py> = (
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Option<Bound<'py, PyAny>>,
+    Option<Bound<'py, PyAny>>,
+    ProductArgs<'py>,
+    ProductArgs<'py>,
+    ProductArgs<'py>,
+    ProductArgs<'py>,
+);
 type ProductArgs<'py> = (Bound<'py, PyAny>, String, Option<Bound<'py, PyAny>>);
 
 /// What a forward's segment is, from Python: (k_cache, v_cache, prefix, start, end, mask | None).
-type SegmentArgs<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>, usize, usize, usize, Option<PyReadonlyArray2<'py, bool>>);
+type SegmentArgs<'py> =
+    (Bound<'py, PyAny>, Bound<'py, PyAny>, usize, usize, usize, Option<PyReadonlyArray2<'py, bool>>);
 
 struct Holder {
     owners: Vec<Py<PyAny>>,
@@ -94,7 +106,9 @@ struct Holder {
 impl Holder {
     /// The span of a C-contiguous array of `T` (any dimensions), kept alive.
     fn hold<T: Element>(&mut self, a: &Bound<'_, PyAny>, what: &str, dtype: &str) -> PyResult<(Span<T>, Vec<usize>)> {
-        let arr = a.extract::<PyReadonlyArrayDyn<'_, T>>().map_err(|_| errors::value(format!("LayerStack: {what} must be a {dtype} array")))?;
+        let arr = a
+            .extract::<PyReadonlyArrayDyn<'_, T>>()
+            .map_err(|_| errors::value(format!("LayerStack: {what} must be a {dtype} array")))?;
         let s = c_slice(&arr, &format!("LayerStack: {what}"))?;
         let span = Span { ptr: s.as_ptr(), len: s.len() };
         self.owners.push(a.clone().unbind());
@@ -132,7 +146,9 @@ impl Holder {
                 let (s, shape) = self.hold::<u8>(w, what, "uint8 (block rows)")?;
                 let (n, bytes) = two_d(&shape)?;
                 if bytes % fmt.block_bytes() != 0 {
-                    return Err(errors::value(format!("LayerStack: {what}: rows of {bytes} bytes are not whole {name} blocks")));
+                    return Err(errors::value(format!(
+                        "LayerStack: {what}: rows of {bytes} bytes are not whole {name} blocks"
+                    )));
                 }
                 // (an _int8 weight's rows are padded to whole groups: `new` sets its `n`)
                 let held = match layout {
@@ -185,16 +201,33 @@ impl PyLayerStack {
     #[new]
     #[pyo3(signature = (layers, final_norm, heads, kv_heads, head_dim, inter, eps, scale, threads = 1))]
     #[allow(clippy::too_many_arguments)]
-    fn new(layers: Vec<LayerArgs<'_>>, final_norm: Bound<'_, PyAny>, heads: usize, kv_heads: usize, head_dim: usize, inter: usize, eps: f32, scale: f32, threads: usize) -> PyResult<Self> {
+    fn new(
+        layers: Vec<LayerArgs<'_>>,
+        final_norm: Bound<'_, PyAny>,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        inter: usize,
+        eps: f32,
+        scale: f32,
+        threads: usize,
+    ) -> PyResult<Self> {
         guard("LayerStack", || {
             let mut holder = Holder { owners: Vec::new() };
             let final_span = holder.vector(&final_norm, "final_norm")?;
             let mut held = Vec::with_capacity(layers.len());
             for (i, (input, post, q, k, qkv, o, gu, down)) in layers.iter().enumerate() {
                 let qk_norm = match (q, k) {
-                    (Some(q), Some(k)) => Some((holder.vector(q, &format!("layer {i} q_norm"))?, holder.vector(k, &format!("layer {i} k_norm"))?)),
+                    (Some(q), Some(k)) => Some((
+                        holder.vector(q, &format!("layer {i} q_norm"))?,
+                        holder.vector(k, &format!("layer {i} k_norm"))?,
+                    )),
                     (None, None) => None,
-                    _ => return Err(errors::value(format!("LayerStack: layer {i}: give both q_norm and k_norm, or neither"))),
+                    _ => {
+                        return Err(errors::value(format!(
+                            "LayerStack: layer {i}: give both q_norm and k_norm, or neither"
+                        )))
+                    }
                 };
                 held.push(HeldLayer {
                     input_norm: holder.vector(input, &format!("layer {i} input_norm"))?,
@@ -220,9 +253,16 @@ impl PyLayerStack {
                     }
                 }
             }
-            let stack = PyLayerStack { layers: held, final_norm: final_span, shape, threads: threads.max(1), _owners: holder.owners };
+            let stack = PyLayerStack {
+                layers: held,
+                final_norm: final_span,
+                shape,
+                threads: threads.max(1),
+                _owners: holder.owners,
+            };
             // SAFETY: held above.
-            stack::check_layers(&stack.layers(), &stack.shape, unsafe { stack.final_norm.get() }).map_err(|e| errors::value(e.0))?;
+            stack::check_layers(&stack.layers(), &stack.shape, unsafe { stack.final_norm.get() })
+                .map_err(|e| errors::value(e.0))?;
             Ok(stack)
         })
     }
@@ -252,8 +292,16 @@ impl PyLayerStack {
         guard("LayerStack.forward", || {
             let mut caches = Vec::with_capacity(segments.len());
             for (k, v, _, _, _, _) in &segments {
-                let k = k.extract::<PyReadwriteArrayDyn<'_, f32>>().map_err(|e| errors::value(format!("LayerStack.forward: k_cache: a writable float32 array not in use elsewhere ({e})")))?;
-                let v = v.extract::<PyReadwriteArrayDyn<'_, f32>>().map_err(|e| errors::value(format!("LayerStack.forward: v_cache: a writable float32 array not in use elsewhere ({e})")))?;
+                let k = k.extract::<PyReadwriteArrayDyn<'_, f32>>().map_err(|e| {
+                    errors::value(format!(
+                        "LayerStack.forward: k_cache: a writable float32 array not in use elsewhere ({e})"
+                    ))
+                })?;
+                let v = v.extract::<PyReadwriteArrayDyn<'_, f32>>().map_err(|e| {
+                    errors::value(format!(
+                        "LayerStack.forward: v_cache: a writable float32 array not in use elsewhere ({e})"
+                    ))
+                })?;
                 caches.push((k, v));
             }
             let mut masks = Vec::with_capacity(segments.len());
@@ -289,7 +337,22 @@ impl PyLayerStack {
             let layers = self.layers();
             // SAFETY: held by the stack.
             let final_norm = unsafe { self.final_norm.get() };
-            py.detach(|| stack::forward(&layers, &self.shape, final_norm, hs, c, s, &mut segs, &taps, taps_slice, os, self.threads)).map_err(|e| errors::value(e.0))
+            py.detach(|| {
+                stack::forward(
+                    &layers,
+                    &self.shape,
+                    final_norm,
+                    hs,
+                    c,
+                    s,
+                    &mut segs,
+                    &taps,
+                    taps_slice,
+                    os,
+                    self.threads,
+                )
+            })
+            .map_err(|e| errors::value(e.0))
         })
     }
 

@@ -10,8 +10,7 @@ use dart_ngram::{Index, Mmap};
 use dart_tree::{Candidates, NgramScorer, NoNgram, SearchParams, TopkRows, Tree};
 use numpy::ndarray::ArrayView2;
 use numpy::{
-    PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3,
-    PyUntypedArrayMethods,
+    PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -20,12 +19,8 @@ use crate::arrays::c_slice;
 use crate::errors::{self, guard};
 use crate::index::PyNgramIndex;
 
-type TreeArrays<'py> = (
-    Bound<'py, PyArray1<i64>>,
-    Bound<'py, PyArray1<i64>>,
-    Bound<'py, PyArray1<i64>>,
-    Bound<'py, PyArray1<f64>>,
-);
+type TreeArrays<'py> =
+    (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f64>>);
 
 fn tree_arrays(py: Python<'_>, t: Tree) -> TreeArrays<'_> {
     (
@@ -67,19 +62,13 @@ impl Params {
             ngram_first_level: self.ngram_first_level,
             unigram_backoff: self.unigram_backoff,
             // EOS ids outside u32 can never match a token: drop them.
-            eos: self
-                .eos_token_ids
-                .into_iter()
-                .filter_map(|t| u32::try_from(t).ok())
-                .collect(),
+            eos: self.eos_token_ids.into_iter().filter_map(|t| u32::try_from(t).ok()).collect(),
             candidates: match self.candidates.as_deref() {
                 None => SearchParams::default().candidates,
                 Some("beam") => Candidates::Beam,
                 Some("all") => Candidates::All,
                 Some(other) => {
-                    return Err(errors::tree_msg(format!(
-                        "candidates must be 'beam' or 'all', got {other:?}"
-                    )))
+                    return Err(errors::tree_msg(format!("candidates must be 'beam' or 'all', got {other:?}")))
                 }
             },
         })
@@ -111,26 +100,19 @@ fn params_dict(py: Python<'_>, p: SearchParams) -> PyResult<Bound<'_, PyDict>> {
 /// reads (written once, in dart-tree).
 #[pyfunction]
 fn search_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    guard("search_defaults", || {
-        params_dict(py, SearchParams::default())
-    })
+    guard("search_defaults", || params_dict(py, SearchParams::default()))
 }
 
 /// search_official() -> dict: `SearchParams::official()`, the official DART searcher's tree
 /// (`dartcore.tree.SearchParams.official()`).
 #[pyfunction]
 fn search_official(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    guard("search_official", || {
-        params_dict(py, SearchParams::official())
-    })
+    guard("search_official", || params_dict(py, SearchParams::official()))
 }
 
 fn id(t: i64, what: &str) -> PyResult<u32> {
-    u32::try_from(t).map_err(|_| {
-        errors::tree_msg(format!(
-            "token id {t} in {what} is not a valid token id (0 ..= 2^32-1)"
-        ))
-    })
+    u32::try_from(t)
+        .map_err(|_| errors::tree_msg(format!("token id {t} in {what} is not a valid token id (0 ..= 2^32-1)")))
 }
 
 pub(crate) fn ids<'a>(it: impl IntoIterator<Item = &'a i64>, what: &str) -> PyResult<Vec<u32>> {
@@ -149,10 +131,7 @@ fn rows2(a: ArrayView2<'_, i64>, what: &str) -> PyResult<Vec<u32>> {
 }
 
 /// Either the index or the absent model (only valid with ngram_weight = 0).
-fn scorer(
-    index: Option<&Bound<'_, PyNgramIndex>>,
-    p: &SearchParams,
-) -> PyResult<Option<Arc<Index<Mmap>>>> {
+fn scorer(index: Option<&Bound<'_, PyNgramIndex>>, p: &SearchParams) -> PyResult<Option<Arc<Index<Mmap>>>> {
     match index {
         Some(ix) => Ok(Some(ix.get().inner.clone())),
         None if p.ngram_weight == 0.0 => Ok(None),
@@ -187,20 +166,14 @@ fn beam_search<'py>(
         let ix = scorer(index.as_ref(), &p)?;
         let (ts, ls) = (topk_tokens.shape(), topk_logprobs.shape());
         if ts != ls {
-            return Err(errors::tree_msg(format!(
-                "topk_tokens has shape {ts:?} but topk_logprobs {ls:?}"
-            )));
+            return Err(errors::tree_msg(format!("topk_tokens has shape {ts:?} but topk_logprobs {ls:?}")));
         }
         let (d, k) = (ts[0], ts[1]);
         let ctx = context_tail(&context)?;
         let toks = rows2(topk_tokens.as_array(), "topk_tokens")?;
         let lps: Vec<f32> = topk_logprobs.as_array().iter().copied().collect();
         let t = py
-            .detach(|| {
-                run(&ix, |s| {
-                    dart_tree::beam_search(s, &ctx, TopkRows::new(&toks, &lps, d, k), &p)
-                })
-            })
+            .detach(|| run(&ix, |s| dart_tree::beam_search(s, &ctx, TopkRows::new(&toks, &lps, d, k), &p)))
             .map_err(errors::tree)?;
         Ok(tree_arrays(py, t))
     })
@@ -223,17 +196,12 @@ fn beam_search_batch<'py>(
         let ix = scorer(index.as_ref(), &p)?;
         let (ts, ls) = (topk_tokens.shape(), topk_logprobs.shape());
         if ts != ls {
-            return Err(errors::tree_msg(format!(
-                "topk_tokens has shape {ts:?} but topk_logprobs {ls:?}"
-            )));
+            return Err(errors::tree_msg(format!("topk_tokens has shape {ts:?} but topk_logprobs {ls:?}")));
         }
         let (b, d, k) = (ts[0], ts[1], ts[2]);
         let flat = ids(ctx_flat.as_array().iter(), "contexts")?;
         let offs: Vec<i64> = ctx_offsets.as_array().iter().copied().collect();
-        if offs.len() != b + 1
-            || offs[0] != 0
-            || offs.windows(2).any(|w| w[1] < w[0])
-            || offs[b] as usize != flat.len()
+        if offs.len() != b + 1 || offs[0] != 0 || offs.windows(2).any(|w| w[1] < w[0]) || offs[b] as usize != flat.len()
         {
             return Err(errors::tree_msg(format!(
                 "{} context offsets do not describe {b} contexts of {} tokens",
@@ -241,18 +209,11 @@ fn beam_search_batch<'py>(
                 flat.len()
             )));
         }
-        let contexts: Vec<&[u32]> = offs
-            .windows(2)
-            .map(|w| &flat[w[0] as usize..w[1] as usize])
-            .collect();
+        let contexts: Vec<&[u32]> = offs.windows(2).map(|w| &flat[w[0] as usize..w[1] as usize]).collect();
         let toks: Vec<u32> = ids(topk_tokens.as_array().iter(), "topk_tokens")?;
         let lps: Vec<f32> = topk_logprobs.as_array().iter().copied().collect();
         let trees = py
-            .detach(|| {
-                run(&ix, |s| {
-                    dart_tree::beam_search_batch(s, &contexts, TopkRows::new(&toks, &lps, d, k), &p)
-                })
-            })
+            .detach(|| run(&ix, |s| dart_tree::beam_search_batch(s, &contexts, TopkRows::new(&toks, &lps, d, k), &p)))
             .map_err(errors::tree)?;
         Ok(trees.into_iter().map(|t| tree_arrays(py, t)).collect())
     })
@@ -272,9 +233,7 @@ fn ngram_tree<'py>(
         let p = params.into_core()?;
         let ix = index.get().inner.clone();
         let ctx = context_tail(&context)?;
-        let t = py
-            .detach(|| dart_tree::ngram_tree(&*ix, &ctx, depth, k, &p))
-            .map_err(errors::tree)?;
+        let t = py.detach(|| dart_tree::ngram_tree(&*ix, &ctx, depth, k, &p)).map_err(errors::tree)?;
         Ok(tree_arrays(py, t))
     })
 }
@@ -290,13 +249,8 @@ fn top_b<'py>(
     guard("top_b", || {
         let par: Vec<i64> = parents.as_array().iter().copied().collect();
         let sc: Vec<f64> = scores.as_array().iter().copied().collect();
-        let sel = py
-            .detach(|| dart_tree::top_b(&par, &sc, b))
-            .map_err(errors::tree)?;
-        Ok(PyArray1::from_vec(
-            py,
-            sel.into_iter().map(|i| i as i64).collect(),
-        ))
+        let sel = py.detach(|| dart_tree::top_b(&par, &sc, b)).map_err(errors::tree)?;
+        Ok(PyArray1::from_vec(py, sel.into_iter().map(|i| i as i64).collect()))
     })
 }
 
@@ -312,17 +266,13 @@ fn best_first<'py>(
     guard("best_first", || {
         let (ts, ls) = (tokens.shape(), logprobs.shape());
         if ts != ls {
-            return Err(errors::tree_msg(format!(
-                "tokens has shape {ts:?} but logprobs {ls:?}"
-            )));
+            return Err(errors::tree_msg(format!("tokens has shape {ts:?} but logprobs {ls:?}")));
         }
         let (d, k) = (ts[0], ts[1]);
         let toks = rows2(tokens.as_array(), "tokens")?;
         let root = id(root, "root")?;
         let lps: Vec<f32> = logprobs.as_array().iter().copied().collect();
-        let t = py
-            .detach(|| dart_tree::best_first(&toks, &lps, d, k, root, b))
-            .map_err(errors::tree)?;
+        let t = py.detach(|| dart_tree::best_first(&toks, &lps, d, k, root, b)).map_err(errors::tree)?;
         Ok(tree_arrays(py, t))
     })
 }
@@ -355,26 +305,18 @@ fn topk_logprobs<'py>(
                 )));
             }
         }
-        let (ids, lps) = py
-            .detach(|| dart_tree::topk_logprobs(x, rows.max(1), k))
-            .map_err(errors::tree)?;
+        let (ids, lps) = py.detach(|| dart_tree::topk_logprobs(x, rows.max(1), k)).map_err(errors::tree)?;
         let ids: Vec<i64> = match map {
             Some(m) => ids.iter().map(|&i| m[i as usize]).collect(),
             None => ids.into_iter().map(i64::from).collect(),
         };
-        Ok((
-            PyArray1::from_vec(py, ids).reshape([rows, k])?,
-            PyArray1::from_vec(py, lps).reshape([rows, k])?,
-        ))
+        Ok((PyArray1::from_vec(py, ids).reshape([rows, k])?, PyArray1::from_vec(py, lps).reshape([rows, k])?))
     })
 }
 
 /// ancestor_bits(parents int64[n]) -> uint64[n, ceil(n/64)]; parents must be -1 (root) or earlier.
 #[pyfunction]
-fn ancestor_bits<'py>(
-    py: Python<'py>,
-    parents: PyReadonlyArray1<'py, i64>,
-) -> PyResult<Bound<'py, PyArray2<u64>>> {
+fn ancestor_bits<'py>(py: Python<'py>, parents: PyReadonlyArray1<'py, i64>) -> PyResult<Bound<'py, PyArray2<u64>>> {
     guard("ancestor_bits", || {
         let par: Vec<i32> = parents
             .as_array()
@@ -384,7 +326,9 @@ fn ancestor_bits<'py>(
                 if p == -1 || (p >= 0 && (p as usize) < i) {
                     Ok(p as i32)
                 } else {
-                    Err(errors::tree_msg(format!("parents[{i}] = {p}: must be -1 or the index of an earlier node (depth order)")))
+                    Err(errors::tree_msg(format!(
+                        "parents[{i}] = {p}: must be -1 or the index of an earlier node (depth order)"
+                    )))
                 }
             })
             .collect::<PyResult<_>>()?;

@@ -23,15 +23,28 @@ class BaselineResult:
 
 
 @torch.no_grad()
-def hf_generate(model, tokenizer, input_ids: list[int], *, max_new_tokens: int, temperature: float = 0.0,
-                top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
-                prompt_lookup: int | None = None) -> BaselineResult:
+def hf_generate(
+    model,
+    tokenizer,
+    input_ids: list[int],
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int | None = None,
+    prompt_lookup: int | None = None,
+) -> BaselineResult:
     """One ``model.generate`` call; ``prompt_lookup`` = n-gram draft length for
     Hugging Face's prompt-lookup decoding (None = plain decoding)."""
     ids = torch.tensor([input_ids], dtype=torch.long, device=model.device)
-    kwargs: dict = dict(max_new_tokens=max_new_tokens, attention_mask=torch.ones_like(ids),
-                        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None
-                        else tokenizer.eos_token_id)
+    kwargs: dict = dict(
+        max_new_tokens=max_new_tokens,
+        attention_mask=torch.ones_like(ids),
+        pad_token_id=tokenizer.pad_token_id
+        if tokenizer.pad_token_id is not None
+        else tokenizer.eos_token_id,
+    )
     if temperature > 0:
         kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k or None)
     else:
@@ -43,4 +56,4 @@ def hf_generate(model, tokenizer, input_ids: list[int], *, max_new_tokens: int, 
     start = time.perf_counter()
     out = model.generate(ids, **kwargs)
     seconds = time.perf_counter() - start
-    return BaselineResult(out[0, ids.shape[1]:].tolist(), seconds)
+    return BaselineResult(out[0, ids.shape[1] :].tolist(), seconds)

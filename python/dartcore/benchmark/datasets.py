@@ -74,24 +74,35 @@ def _file_prompts(path: Path) -> list[list[dict]]:
     out = []
     for i, r in enumerate(rows):
         msgs = r.get("messages") if isinstance(r, dict) else None
-        if isinstance(msgs, list) and msgs and all(isinstance(m, dict) and isinstance(m.get("content"), str)
-                                                   and m.get("role") in ("system", "user", "assistant")
-                                                   for m in msgs):
+        if (
+            isinstance(msgs, list)
+            and msgs
+            and all(
+                isinstance(m, dict)
+                and isinstance(m.get("content"), str)
+                and m.get("role") in ("system", "user", "assistant")
+                for m in msgs
+            )
+        ):
             last = max((i for i, m in enumerate(msgs) if m["role"] == "user"), default=-1)
-            msgs = [{"role": m["role"], "content": m["content"]} for m in msgs[:last + 1]]
+            msgs = [{"role": m["role"], "content": m["content"]} for m in msgs[: last + 1]]
         elif isinstance(r, dict) and isinstance(r.get("prompt"), str):
             msgs = [{"role": "user", "content": r["prompt"]}]
         else:
             msgs = None
         if not msgs or msgs[-1]["role"] != "user":
-            raise CorpusError(f"{path}:{i + 1}: expected {{\"messages\": [..., user]}} or {{\"prompt\": str}}")
+            raise CorpusError(
+                f'{path}:{i + 1}: expected {{"messages": [..., user]}} or {{"prompt": str}}'
+            )
         out.append(msgs)
     if not out:
         raise CorpusError(f"{path}: no prompts")
     return out
 
 
-def load_prompts(dataset: str, n: int, data_dir: str | os.PathLike[str] | None = None) -> list[list[dict]]:
+def load_prompts(
+    dataset: str, n: int, data_dir: str | os.PathLike[str] | None = None
+) -> list[list[dict]]:
     """The first ``n`` prompts of a dataset as chat messages (ending with the user's turn)."""
     if n <= 0:
         raise ValueError(f"n must be positive, got {n}")

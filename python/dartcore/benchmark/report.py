@@ -14,8 +14,10 @@ def _fmt(v, spec: str) -> str:
 
 
 def markdown_table(report: dict) -> str:
-    head = ("| dataset | method | T | τ | tok/s | speedup | draft ms | search ms | verify ms | other ms "
-            "| identical |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    head = (
+        "| dataset | method | T | τ | tok/s | speedup | draft ms | search ms | verify ms | other ms "
+        "| identical |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    )
     lines = [head]
     for r in report["results"]:
         ident = r.get("greedy_identical")
@@ -71,8 +73,13 @@ def plot_all(report: dict, out_dir: str | Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / max(1, len(methods))
     for j, m in enumerate(methods):
-        ys = [next((r.get("speedup") or 0.0 for r in rows if r["method"] == m and r["dataset"] == d), 0.0)
-              for d in datasets]
+        ys = [
+            next(
+                (r.get("speedup") or 0.0 for r in rows if r["method"] == m and r["dataset"] == d),
+                0.0,
+            )
+            for d in datasets
+        ]
         ax.bar([i + j * width for i in range(len(datasets))], ys, width=width, label=m)
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(datasets))], datasets)

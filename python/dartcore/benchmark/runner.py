@@ -23,11 +23,26 @@ import torch
 from dartcore.benchmark.baselines import hf_generate
 from dartcore.benchmark.datasets import load_prompts
 
-__all__ = ["BenchConfig", "HF_METHODS", "DEFAULT_METHODS", "run_benchmark", "machine_info", "torch_dtype"]
+__all__ = [
+    "BenchConfig",
+    "HF_METHODS",
+    "DEFAULT_METHODS",
+    "run_benchmark",
+    "machine_info",
+    "torch_dtype",
+]
 
 HF_METHODS = ("hf-generate", "hf-prompt-lookup")
-DEFAULT_METHODS = ("ar", "dart", "dart+ctx", "dart-no-ngram", "dart-chain", "ngram-only", "hf-generate",
-                   "hf-prompt-lookup")
+DEFAULT_METHODS = (
+    "ar",
+    "dart",
+    "dart+ctx",
+    "dart-no-ngram",
+    "dart-chain",
+    "ngram-only",
+    "hf-generate",
+    "hf-prompt-lookup",
+)
 STAGES = ("prefill", "draft", "search", "verify", "accept")
 
 
@@ -66,7 +81,9 @@ def machine_info() -> dict:
             return metadata.version(dist)
         except metadata.PackageNotFoundError:
             return None
+
     import os
+
     return {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
@@ -74,7 +91,9 @@ def machine_info() -> dict:
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "python": sys.version.split()[0],
-        "packages": {p: version(p) for p in ("dartcore", "torch", "transformers", "numpy", "tokenizers")},
+        "packages": {
+            p: version(p) for p in ("dartcore", "torch", "transformers", "numpy", "tokenizers")
+        },
     }
 
 
@@ -83,16 +102,38 @@ def _one(decoders, method, model, tok, ids, cfg, temperature, seed) -> dict:
     runs = []
     for _ in range(max(1, cfg.repeats)):
         if method in HF_METHODS:
-            res = hf_generate(model, tok, ids, max_new_tokens=cfg.max_new_tokens, temperature=temperature,
-                              seed=seed, prompt_lookup=cfg.prompt_lookup_tokens if method == "hf-prompt-lookup" else None)
-            runs.append({"tokens": res.tokens, "seconds": res.seconds, "rounds": None, "accept_hist": [],
-                         "stage_s": {}})
+            res = hf_generate(
+                model,
+                tok,
+                ids,
+                max_new_tokens=cfg.max_new_tokens,
+                temperature=temperature,
+                seed=seed,
+                prompt_lookup=cfg.prompt_lookup_tokens if method == "hf-prompt-lookup" else None,
+            )
+            runs.append(
+                {
+                    "tokens": res.tokens,
+                    "seconds": res.seconds,
+                    "rounds": None,
+                    "accept_hist": [],
+                    "stage_s": {},
+                }
+            )
         else:
-            out = decoders[method].generate(ids, max_new_tokens=cfg.max_new_tokens, temperature=temperature,
-                                            seed=seed)
+            out = decoders[method].generate(
+                ids, max_new_tokens=cfg.max_new_tokens, temperature=temperature, seed=seed
+            )
             s = out.stats
-            runs.append({"tokens": out.tokens, "seconds": s.total_s, "rounds": s.rounds,
-                         "accept_hist": list(s.accept_hist), "stage_s": dict(s.seconds)})
+            runs.append(
+                {
+                    "tokens": out.tokens,
+                    "seconds": s.total_s,
+                    "rounds": s.rounds,
+                    "accept_hist": list(s.accept_hist),
+                    "stage_s": dict(s.seconds),
+                }
+            )
     runs.sort(key=lambda r: r["seconds"])
     return runs[len(runs) // 2]
 
@@ -101,8 +142,12 @@ def _aggregate(records: list[dict], ar_rate: float | None) -> dict:
     tokens = sum(len(r["tokens"]) for r in records)
     seconds = sum(r["seconds"] for r in records)
     rounds = [r["rounds"] for r in records if r["rounds"] is not None]
-    row: dict = {"prompts": len(records), "new_tokens": tokens, "seconds": seconds,
-                 "tok_per_s": tokens / seconds if seconds > 0 else 0.0}
+    row: dict = {
+        "prompts": len(records),
+        "new_tokens": tokens,
+        "seconds": seconds,
+        "tok_per_s": tokens / seconds if seconds > 0 else 0.0,
+    }
     row["speedup"] = row["tok_per_s"] / ar_rate if ar_rate else None
     if rounds and sum(rounds) > 0:
         hist: list[int] = []
@@ -112,12 +157,15 @@ def _aggregate(records: list[dict], ar_rate: float | None) -> dict:
                 hist[a] += c
         total_rounds = sum(hist)
         row["rounds"] = total_rounds
-        row["tau"] = sum((a + 1) * c for a, c in enumerate(hist)) / total_rounds if total_rounds else None
+        row["tau"] = (
+            sum((a + 1) * c for a, c in enumerate(hist)) / total_rounds if total_rounds else None
+        )
         row["accept_hist"] = hist
         for st in STAGES:
             secs = sum(r["stage_s"].get(st, 0.0) for r in records)
             row[f"{st}_ms_per_round" if st != "prefill" else "prefill_ms"] = (
-                1e3 * secs / (total_rounds if st != "prefill" else len(records)))
+                1e3 * secs / (total_rounds if st != "prefill" else len(records))
+            )
     else:
         row["tau"] = None
         row["rounds"] = None
@@ -136,22 +184,38 @@ def run_benchmark(cfg: BenchConfig, progress=None) -> dict:
     needs_drafter = any(m not in HF_METHODS and m not in ("ar", "ngram-only") for m in cfg.methods)
     if cfg.drafter and needs_drafter:
         from dartcore.drafter import DartDrafter
+
         drafter = DartDrafter.from_pretrained(cfg.drafter, model)
     if cfg.index:
         from dartcore.index import NgramIndex
+
         index = NgramIndex(cfg.index)
     methods = ["ar", *[m for m in cfg.methods if m != "ar"]]  # AR first: the reference
-    decoders = {m: DartDecoder(model, tok, drafter, index, tree=m, **cfg.tree_params.get(m, {}))
-                for m in methods if m not in HF_METHODS}
+    decoders = {
+        m: DartDecoder(model, tok, drafter, index, tree=m, **cfg.tree_params.get(m, {}))
+        for m in methods
+        if m not in HF_METHODS
+    }
     # Warm-up: first calls pay for allocations and lazy initialisation.
     for m in methods:
-        _one(decoders, m, model, tok, tok("Hello")["input_ids"], BenchConfig(max_new_tokens=4), 0.0, 0)
+        _one(
+            decoders,
+            m,
+            model,
+            tok,
+            tok("Hello")["input_ids"],
+            BenchConfig(max_new_tokens=4),
+            0.0,
+            0,
+        )
 
     results, prompts_out = [], []
     identical = True
     for dataset in cfg.datasets:
         prompts = load_prompts(dataset, cfg.n, cfg.data_dir)
-        encoded = [tok.apply_chat_template(p, add_generation_prompt=True, tokenize=True) for p in prompts]
+        encoded = [
+            tok.apply_chat_template(p, add_generation_prompt=True, tokenize=True) for p in prompts
+        ]
         encoded = [list(e["input_ids"]) if hasattr(e, "keys") else list(e) for e in encoded]
         for temperature in cfg.temperatures:
             per_method: dict[str, list[dict]] = {m: [] for m in methods}
@@ -169,8 +233,14 @@ def run_benchmark(cfg: BenchConfig, progress=None) -> dict:
                     if progress:
                         progress(dataset, temperature, i, m, rec)
                 if temperature == 0.0:
-                    prompts_out.append({"dataset": dataset, "index": i, "prompt_tokens": len(ids),
-                                        "text": tok.decode(ref, skip_special_tokens=True)[:400]})
+                    prompts_out.append(
+                        {
+                            "dataset": dataset,
+                            "index": i,
+                            "prompt_tokens": len(ids),
+                            "text": tok.decode(ref, skip_special_tokens=True)[:400],
+                        }
+                    )
             ar_row = _aggregate(per_method["ar"], None)
             for m in methods:
                 row = _aggregate(per_method[m], ar_row["tok_per_s"])
@@ -181,8 +251,12 @@ def run_benchmark(cfg: BenchConfig, progress=None) -> dict:
                     row["greedy_identical"] = all(r.get("identical", False) for r in per_method[m])
                 results.append(row)
     return {
-        "config": {**asdict(cfg), "datasets": list(cfg.datasets), "methods": list(cfg.methods),
-                   "temperatures": list(cfg.temperatures)},
+        "config": {
+            **asdict(cfg),
+            "datasets": list(cfg.datasets),
+            "methods": list(cfg.methods),
+            "temperatures": list(cfg.temperatures),
+        },
         "machine": machine_info(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "results": results,

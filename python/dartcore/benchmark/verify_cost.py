@@ -37,12 +37,22 @@ def choose_budget(curve: list[dict], tau_at: dict[int, float] | None = None) -> 
 
         def tau(n: int) -> float:
             return float(np.interp(math.log(max(n, 1)), xs, ys))
+
         model = "measured"
     else:
+
         def tau(n: int) -> float:
             return 1.0 + 0.6 * math.log2(max(n, 1))
+
         model = "1 + 0.6 log2(n) (assumed)"
-    scored = [{"nodes": r["nodes"], "ms": r["ms"], "tau": tau(r["nodes"]),
-               "tok_per_s": 1e3 * tau(r["nodes"]) / r["ms"]} for r in curve]
+    scored = [
+        {
+            "nodes": r["nodes"],
+            "ms": r["ms"],
+            "tau": tau(r["nodes"]),
+            "tok_per_s": 1e3 * tau(r["nodes"]) / r["ms"],
+        }
+        for r in curve
+    ]
     best = max(scored, key=lambda r: r["tok_per_s"])
     return {"budget": best["nodes"], "tau_model": model, "curve": scored}

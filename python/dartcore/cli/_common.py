@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 from dartcore.cli._help import HelpFormatter
 from dartcore.errors import DartError, IndexFormatError, TokenizerMismatchError
@@ -68,7 +68,10 @@ def tree_param(text: str) -> tuple[str, object]:
 
 def deprecated(old: str, new: str) -> None:
     """The one-line notice an old spelling of a flag prints (it still works)."""
-    print(f"warning: {old} is deprecated, use {new} (the old spelling goes in the next release)", file=sys.stderr)
+    print(
+        f"warning: {old} is deprecated, use {new} (the old spelling goes in the next release)",
+        file=sys.stderr,
+    )
 
 
 def _node_count(flag: str, adaptive: bool):
@@ -84,24 +87,42 @@ def _node_count(flag: str, adaptive: bool):
         if value < 0:
             raise argparse.ArgumentTypeError(f"{flag} must be {what}, got {value}")
         return value
+
     return parse
 
 
-def add_max_nodes(parser: argparse.ArgumentParser, help: str, *, default=None, adaptive: bool = False,
-                  old: str | None = None) -> None:
+def add_max_nodes(
+    parser: argparse.ArgumentParser,
+    help: str,
+    *,
+    default=None,
+    adaptive: bool = False,
+    old: str | None = None,
+) -> None:
     """``--max-nodes``, the node budget (root excluded), spelled the same in every CLI; ``old``:
     a former spelling kept as a deprecated alias (it prints a one-line notice). ``adaptive``:
     the value may also be ``adaptive`` (the budget controller)."""
-    parser.add_argument("--max-nodes", dest="max_nodes", type=_node_count("--max-nodes", adaptive), default=default,
-                        help=help)
+    parser.add_argument(
+        "--max-nodes",
+        dest="max_nodes",
+        type=_node_count("--max-nodes", adaptive),
+        default=default,
+        help=help,
+    )
     if old is not None:
+
         class Alias(argparse.Action):
             def __call__(self, parser, namespace, values, option_string=None):
                 deprecated(old, "--max-nodes")
                 namespace.max_nodes = values
 
-        parser.add_argument(old, dest="max_nodes", action=Alias, type=_node_count(old, adaptive),
-                            help=argparse.SUPPRESS)
+        parser.add_argument(
+            old,
+            dest="max_nodes",
+            action=Alias,
+            type=_node_count(old, adaptive),
+            help=argparse.SUPPRESS,
+        )
 
 
 def sampling_params(args):
@@ -111,8 +132,14 @@ def sampling_params(args):
     from dartcore.sampling import SamplingParams
 
     try:
-        return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                              max_new_tokens=args.max_new_tokens, seed=args.seed, stop=args.stop)
+        return SamplingParams(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            max_new_tokens=args.max_new_tokens,
+            seed=args.seed,
+            stop=args.stop,
+        )
     except (TypeError, ValueError) as exc:
         name, _, rest = str(exc).partition(" ")
         raise UsageError(f"--{name.replace('_', '-')} {rest}") from None
@@ -127,7 +154,9 @@ def closest(word: str, choices: Iterable[str]) -> str:
 def check_choice(flag: str, value: str, choices: Iterable[str]) -> str:
     choices = list(choices)
     if value not in choices:
-        raise UsageError(f"{flag} {value!r} is not one of {', '.join(choices)}{closest(value, choices)}")
+        raise UsageError(
+            f"{flag} {value!r} is not one of {', '.join(choices)}{closest(value, choices)}"
+        )
     return value
 
 
@@ -137,8 +166,13 @@ def check_tree(value: str, flag: str = "--tree") -> str:
     return check_choice(flag, value, tree_builders())
 
 
-def check_index(path: str | None, *, needed_by: list[str], flag: str = "--index",
-                alternative: str = "--tree dart-no-ngram or ar"):
+def check_index(
+    path: str | None,
+    *,
+    needed_by: list[str],
+    flag: str = "--index",
+    alternative: str = "--tree dart-no-ngram or ar",
+):
     """Open the index (header and checksummed metadata only: O(1)) or say what to pass.
     Returns the opened :class:`~dartcore.NgramIndex`, or None when no tree needs one."""
     if path is None:
@@ -146,13 +180,16 @@ def check_index(path: str | None, *, needed_by: list[str], flag: str = "--index"
             raise UsageError(
                 f"{' and '.join(needed_by)} need{'s' if len(needed_by) == 1 else ''} an n-gram index: pass "
                 f"{flag} FILE (bash tools/demo.sh builds {DEMO_INDEX}; ngram-build --tokenizer smollm2 "
-                f"builds one), or use {alternative}")
+                f"builds one), or use {alternative}"
+            )
         return None
     p = Path(path).expanduser()
     if not p.is_file():
         what = "is a directory, not an index file" if p.is_dir() else "does not exist"
-        raise MissingFileError(f"{flag} {path} {what}: pass an index built by ngram-build "
-                               f"(bash tools/demo.sh builds {DEMO_INDEX})")
+        raise MissingFileError(
+            f"{flag} {path} {what}: pass an index built by ngram-build "
+            f"(bash tools/demo.sh builds {DEMO_INDEX})"
+        )
     from dartcore.index import NgramIndex
 
     try:
@@ -179,7 +216,8 @@ def check_index_tokenizer(index, target: str, flag: str = "--index") -> None:
         raise TokenizerMismatchError(
             f"{flag} {index.path} was built with the {name} tokenizer, but --target {target} uses the "
             f"{target.lower()} tokenizer: rebuild it with ngram-build --tokenizer {target.lower()} "
-            f"(or pass {DEMO_INDEX} after bash tools/demo.sh)")
+            f"(or pass {DEMO_INDEX} after bash tools/demo.sh)"
+        )
 
 
 def check_target(value: str, flag: str = "--target") -> str:
@@ -191,10 +229,13 @@ def check_target(value: str, flag: str = "--target") -> str:
     if not p.exists():
         raise MissingFileError(
             f"{flag} {value!r} is neither a built-in target ({', '.join(sorted(BUILTIN_TARGETS))}) nor an "
-            f"existing Hugging Face model directory or .gguf file{closest(value, BUILTIN_TARGETS)}")
+            f"existing Hugging Face model directory or .gguf file{closest(value, BUILTIN_TARGETS)}"
+        )
     if not ((p / "config.json").is_file() or (p.is_file() and p.suffix == ".gguf")):
-        raise UsageError(f"{flag} {value}: expected a Hugging Face model directory (with config.json) "
-                         f"or a .gguf file")
+        raise UsageError(
+            f"{flag} {value}: expected a Hugging Face model directory (with config.json) "
+            f"or a .gguf file"
+        )
     return value
 
 
@@ -205,10 +246,15 @@ def check_drafter(value: str, flag: str = "--drafter") -> str:
         return value
     p = Path(value).expanduser()
     if not ((p / CONFIG_NAME).is_file() and (p / WEIGHTS_NAME).is_file()):
-        what = "does not exist" if not p.exists() else f"holds no drafter ({CONFIG_NAME} + {WEIGHTS_NAME})"
+        what = (
+            "does not exist"
+            if not p.exists()
+            else f"holds no drafter ({CONFIG_NAME} + {WEIGHTS_NAME})"
+        )
         raise MissingFileError(
             f"{flag} {value} {what}: pass a built-in drafter ({', '.join(sorted(BUILTIN_DRAFTERS))}) or the "
-            f"drafter/ directory that dart-train writes{closest(value, BUILTIN_DRAFTERS)}")
+            f"drafter/ directory that dart-train writes{closest(value, BUILTIN_DRAFTERS)}"
+        )
     return value
 
 

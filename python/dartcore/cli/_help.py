@@ -12,7 +12,11 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if ("default" not in text and action.default not in (None, False, argparse.SUPPRESS)
-                and action.option_strings and action.nargs != 0):
+        if (
+            "default" not in text
+            and action.default not in (None, False, argparse.SUPPRESS)
+            and action.option_strings
+            and action.nargs != 0
+        ):
             text += " (default: %(default)s)"
         return text

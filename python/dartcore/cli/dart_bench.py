@@ -39,35 +39,72 @@ def _parser() -> argparse.ArgumentParser:
     from dartcore.trees import tree_builders
 
     p = ArgumentParser(prog="dart-bench", description=__doc__, formatter_class=HelpFormatter)
-    p.add_argument("--target", default="smollm2", help="target model: built-in name, HF model directory or .gguf")
-    p.add_argument("--drafter", default="smollm2", help="drafter directory (dart-train's drafter/) or built-in name")
-    p.add_argument("--index", help="n-gram index built with the target's tokenizer (ngram-build); "
-                                   "needed by the methods that read one")
-    p.add_argument("--datasets", default="humaneval,gsm8k,code_alpaca",
-                   help=f"comma-separated, from {', '.join(DATASETS)}, or .jsonl prompt files "
-                        "(one {\"messages\": [...]} or {\"prompt\": ...} per line)")
+    p.add_argument(
+        "--target",
+        default="smollm2",
+        help="target model: built-in name, HF model directory or .gguf",
+    )
+    p.add_argument(
+        "--drafter",
+        default="smollm2",
+        help="drafter directory (dart-train's drafter/) or built-in name",
+    )
+    p.add_argument(
+        "--index",
+        help="n-gram index built with the target's tokenizer (ngram-build); "
+        "needed by the methods that read one",
+    )
+    p.add_argument(
+        "--datasets",
+        default="humaneval,gsm8k,code_alpaca",
+        help=f"comma-separated, from {', '.join(DATASETS)}, or .jsonl prompt files "
+        '(one {"messages": [...]} or {"prompt": ...} per line)',
+    )
     p.add_argument("--n", type=int, default=5, help="prompts per dataset")
-    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
-                   help="comma-separated, from the tree builders " + ", ".join(tree_builders())
-                        + " and " + ", ".join(HF_METHODS))
+    p.add_argument(
+        "--methods",
+        default=",".join(DEFAULT_METHODS),
+        help="comma-separated, from the tree builders "
+        + ", ".join(tree_builders())
+        + " and "
+        + ", ".join(HF_METHODS),
+    )
     p.add_argument("--temperatures", default="0,1", help="comma-separated sampling temperatures")
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt")
-    p.add_argument("--repeats", type=int, default=1, help="runs per prompt; the median time is kept")
+    p.add_argument(
+        "--repeats", type=int, default=1, help="runs per prompt; the median time is kept"
+    )
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
     p.add_argument("--data-dir", help="data directory holding eval/ (default: $DARTCORE_DATA)")
-    add_max_nodes(p, "node budget per round, root excluded, for every tree method (default: the builder's)")
+    add_max_nodes(
+        p, "node budget per round, root excluded, for every tree method (default: the builder's)"
+    )
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
-                   help="target weights (default: float32)")
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        help="target weights (default: float32)",
+    )
     p.add_argument("--verify-cost", action="store_true", help="also measure the verify-cost curve")
-    p.add_argument("--verify-cost-only", action="store_true", help="only measure the verify-cost curve")
-    p.add_argument("--prefix-len", type=int, default=256, help="cached prefix of the verify-cost forwards")
-    p.add_argument("--budgets", default="",
-                   help="comma-separated node budgets at which to measure dart's T=0 tau on --budget-prompts "
-                        "prompts of the first dataset (feeds the budget choice), e.g. 4,8,16,24,32 (default: none)")
+    p.add_argument(
+        "--verify-cost-only", action="store_true", help="only measure the verify-cost curve"
+    )
+    p.add_argument(
+        "--prefix-len", type=int, default=256, help="cached prefix of the verify-cost forwards"
+    )
+    p.add_argument(
+        "--budgets",
+        default="",
+        help="comma-separated node budgets at which to measure dart's T=0 tau on --budget-prompts "
+        "prompts of the first dataset (feeds the budget choice), e.g. 4,8,16,24,32 (default: none)",
+    )
     p.add_argument("--budget-prompts", type=int, default=3, help="prompts per budget of --budgets")
-    p.add_argument("--out", default="artifacts/bench", help="output directory (bench.json, bench.md, PNG plots)")
+    p.add_argument(
+        "--out",
+        default="artifacts/bench",
+        help="output directory (bench.json, bench.md, PNG plots)",
+    )
     p.add_argument("--json", action="store_true", help="print the JSON result on stdout")
     p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
     return p
@@ -99,14 +136,20 @@ def _check(args) -> tuple[str, ...]:
     if args.n <= 0 or args.max_new_tokens <= 0 or args.repeats <= 0:
         raise UsageError("--n, --max-new-tokens and --repeats must be positive")
     if any(t < 0 for t in _floats("--temperatures", args.temperatures)):
-        raise UsageError(f"--temperatures {args.temperatures!r}: temperatures are 0 (greedy) or more")
+        raise UsageError(
+            f"--temperatures {args.temperatures!r}: temperatures are 0 (greedy) or more"
+        )
     try:
         [int(b) for b in args.budgets.split(",") if b.strip()]
     except ValueError:
-        raise UsageError(f"--budgets {args.budgets!r}: expected comma-separated integers, e.g. 4,8,16") from None
+        raise UsageError(
+            f"--budgets {args.budgets!r}: expected comma-separated integers, e.g. 4,8,16"
+        ) from None
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
-        raise UsageError(f"--data-dir {args.data_dir} is not a directory: pass the data directory "
-                         "(the one holding eval/)")
+        raise UsageError(
+            f"--data-dir {args.data_dir} is not a directory: pass the data directory "
+            "(the one holding eval/)"
+        )
     if not args.verify_cost_only:
         for d in datasets:
             try:
@@ -115,14 +158,24 @@ def _check(args) -> tuple[str, ...]:
                 raise CorpusError(f"--datasets {d}: {exc}") from None
     check_target(args.target)
     tree_methods = [m for m in methods if m not in HF_METHODS]
-    if any(getattr(make_tree_builder(m), "needs_drafter", False) for m in tree_methods) or args.budgets:
+    if (
+        any(getattr(make_tree_builder(m), "needs_drafter", False) for m in tree_methods)
+        or args.budgets
+    ):
         check_drafter(args.drafter)
     # Which methods read the index: the builders say so themselves (`needs_index`).
-    needed = [] if args.verify_cost_only else [m for m in tree_methods if make_tree_builder(m).needs_index]
+    needed = (
+        []
+        if args.verify_cost_only
+        else [m for m in tree_methods if make_tree_builder(m).needs_index]
+    )
     if args.budgets and "dart" not in needed:
         needed.append("--budgets (dart)")
-    index = check_index(args.index, needed_by=[f"--methods {', '.join(needed)}"] if needed else [],
-                        alternative="only methods without one (ar, dart-no-ngram, hf-generate)")
+    index = check_index(
+        args.index,
+        needed_by=[f"--methods {', '.join(needed)}"] if needed else [],
+        alternative="only methods without one (ar, dart-no-ngram, hf-generate)",
+    )
     if index is not None:
         check_index_tokenizer(index, args.target)
     return methods
@@ -153,16 +206,29 @@ def _run(args) -> int:
     if not args.verify_cost_only:
         tree_params = {}
         if args.max_nodes:
-            tree_params = {m: {"max_nodes": args.max_nodes} for m in methods
-                           if m not in HF_METHODS and m != "ar"}
+            tree_params = {
+                m: {"max_nodes": args.max_nodes}
+                for m in methods
+                if m not in HF_METHODS and m != "ar"
+            }
         cfg = BenchConfig(
-            target=args.target, drafter=args.drafter, index=args.index,
-            datasets=tuple(d.strip() for d in args.datasets.split(",") if d.strip()), n=args.n,
-            methods=methods, temperatures=tuple(float(t) for t in args.temperatures.split(",")),
-            max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed,
-            data_dir=args.data_dir, tree_params=tree_params, device=args.device, dtype=args.dtype,
+            target=args.target,
+            drafter=args.drafter,
+            index=args.index,
+            datasets=tuple(d.strip() for d in args.datasets.split(",") if d.strip()),
+            n=args.n,
+            methods=methods,
+            temperatures=tuple(float(t) for t in args.temperatures.split(",")),
+            max_new_tokens=args.max_new_tokens,
+            repeats=args.repeats,
+            seed=args.seed,
+            data_dir=args.data_dir,
+            tree_params=tree_params,
+            device=args.device,
+            dtype=args.dtype,
         )
         from tqdm import tqdm
+
         total = len(cfg.datasets) * len(cfg.temperatures) * cfg.n * len(set(methods) | {"ar"})
         bar = tqdm(total=total, desc="dart-bench", unit="run", file=sys.stderr)
 
@@ -174,7 +240,10 @@ def _run(args) -> int:
         bar.close()
     if report.get("results"):
         from dartcore.benchmark.runner import median_speedups
-        report["median_speedup"] = {f"T={t:g}": median_speedups(report, t) for t in cfg.temperatures}
+
+        report["median_speedup"] = {
+            f"T={t:g}": median_speedups(report, t) for t in cfg.temperatures
+        }
     if args.verify_cost or args.verify_cost_only:
         report["verify_cost"] = _verify_cost(args, report)
         report.setdefault("machine", machine_info())
@@ -221,7 +290,9 @@ def _verify_cost(args, report: dict) -> dict:
         if r["method"] == "dart" and r["temperature"] == 0.0 and r.get("tau"):
             taus.setdefault(r["max_nodes"], []).append(r["tau"])  # the budget the decoder used
     if args.budgets:
-        report["tau_by_budget"] = _tau_by_budget(args, model, [int(b) for b in args.budgets.split(",")])
+        report["tau_by_budget"] = _tau_by_budget(
+            args, model, [int(b) for b in args.budgets.split(",")]
+        )
         for row in report["tau_by_budget"]:
             taus.setdefault(row["max_nodes"], []).append(row["tau"])
     tau_at = {n: statistics.mean(v) for n, v in taus.items()}
@@ -256,9 +327,19 @@ def _tau_by_budget(args, model, budgets: list[int]) -> list[dict]:
             seconds += s.total_s
             rounds += s.rounds
             committed += sum((a + 1) * c for a, c in enumerate(s.accept_hist))
-        rows.append({"max_nodes": b, "dataset": dataset, "prompts": len(prompts),
-                     "tau": committed / max(rounds, 1), "tok_per_s": tokens / seconds if seconds else 0.0})
-        print(f"budget {b}: tau {rows[-1]['tau']:.2f}, {rows[-1]['tok_per_s']:.2f} tok/s", file=sys.stderr)
+        rows.append(
+            {
+                "max_nodes": b,
+                "dataset": dataset,
+                "prompts": len(prompts),
+                "tau": committed / max(rounds, 1),
+                "tok_per_s": tokens / seconds if seconds else 0.0,
+            }
+        )
+        print(
+            f"budget {b}: tau {rows[-1]['tau']:.2f}, {rows[-1]['tok_per_s']:.2f} tok/s",
+            file=sys.stderr,
+        )
     return rows
 
 

@@ -43,30 +43,75 @@ def _parser() -> argparse.ArgumentParser:
 
     p = ArgumentParser(prog="dart-generate", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("prompt", nargs="?", help="prompt text (default: read stdin)")
-    p.add_argument("--target", default="smollm2", help="target model: built-in name, HF model directory or .gguf")
-    p.add_argument("--drafter", default="smollm2", help="drafter directory (dart-train's drafter/) or built-in name")
-    p.add_argument("--index", help="n-gram index built with the target's tokenizer (ngram-build); "
-                                   "needed by the trees that read one (dart, ngram-only, ...)")
-    p.add_argument("--tree", default="dart", metavar="{" + ",".join(tree_builders()) + "}",
-                   help="tree builder, any registered one: " + ", ".join(tree_builders()))
-    add_max_nodes(p, "node budget per round, root excluded (default: the builder's; 4 on CPU, 59 on CUDA)")
-    p.add_argument("--tree-param", action="append", type=tree_param, default=[], metavar="KEY=VALUE",
-                   help="tree builder parameter, e.g. beam_width=20 (repeatable)")
-    p.add_argument("--chat", action="store_true", help="render the prompt as one user message with the chat template")
-    p.add_argument("--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens,
-                   help="stop after this many new tokens")
-    p.add_argument("--temperature", type=float, default=DEFAULTS.temperature,
-                   help="sampling temperature (default: 0, greedy)")
-    p.add_argument("--top-p", type=float, default=DEFAULTS.top_p, help="nucleus sampling mass (1 = off)")
-    p.add_argument("--top-k", type=int, default=DEFAULTS.top_k,
-                   help="sample among the k most likely tokens (default: 0, off)")
+    p.add_argument(
+        "--target",
+        default="smollm2",
+        help="target model: built-in name, HF model directory or .gguf",
+    )
+    p.add_argument(
+        "--drafter",
+        default="smollm2",
+        help="drafter directory (dart-train's drafter/) or built-in name",
+    )
+    p.add_argument(
+        "--index",
+        help="n-gram index built with the target's tokenizer (ngram-build); "
+        "needed by the trees that read one (dart, ngram-only, ...)",
+    )
+    p.add_argument(
+        "--tree",
+        default="dart",
+        metavar="{" + ",".join(tree_builders()) + "}",
+        help="tree builder, any registered one: " + ", ".join(tree_builders()),
+    )
+    add_max_nodes(
+        p, "node budget per round, root excluded (default: the builder's; 4 on CPU, 59 on CUDA)"
+    )
+    p.add_argument(
+        "--tree-param",
+        action="append",
+        type=tree_param,
+        default=[],
+        metavar="KEY=VALUE",
+        help="tree builder parameter, e.g. beam_width=20 (repeatable)",
+    )
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="render the prompt as one user message with the chat template",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=DEFAULTS.max_new_tokens,
+        help="stop after this many new tokens",
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=DEFAULTS.temperature,
+        help="sampling temperature (default: 0, greedy)",
+    )
+    p.add_argument(
+        "--top-p", type=float, default=DEFAULTS.top_p, help="nucleus sampling mass (1 = off)"
+    )
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=DEFAULTS.top_k,
+        help="sample among the k most likely tokens (default: 0, off)",
+    )
     p.add_argument("--seed", type=int, help="random seed for sampling (reproducible output)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="target weights")
+    p.add_argument(
+        "--dtype", choices=("float32", "bfloat16"), default="float32", help="target weights"
+    )
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     p.add_argument("--stats", action="store_true", help="print decoding statistics to stderr")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    p.add_argument(
+        "--json", action="store_true", help="print one JSON object instead of streaming text"
+    )
     return p
 
 
@@ -82,13 +127,20 @@ def format_stats(stats: dict) -> str:
     ]
     hist = stats.get("accept_hist") or []
     if hist:
-        lines.append("accepted    " + ", ".join(f"{a}: {c}" for a, c in enumerate(hist) if c)
-                     + "  (drafted tokens accepted: rounds)")
+        lines.append(
+            "accepted    "
+            + ", ".join(f"{a}: {c}" for a, c in enumerate(hist) if c)
+            + "  (drafted tokens accepted: rounds)"
+        )
     if sec:
+
         def dur(v: float) -> str:
             return f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s"
 
-        parts = [f"{k} {dur(v)} ({v / total * 100:.0f} %)" if total else f"{k} {dur(v)}" for k, v in sec.items()]
+        parts = [
+            f"{k} {dur(v)} ({v / total * 100:.0f} %)" if total else f"{k} {dur(v)}"
+            for k, v in sec.items()
+        ]
         lines.append("stages      " + ", ".join(parts))
     return "\n".join(lines)
 
@@ -105,8 +157,10 @@ def _run(args) -> int:
     if "max_nodes" in params:
         deprecated("--tree-param max_nodes=", "--max-nodes")
         if args.max_nodes is not None and args.max_nodes != params["max_nodes"]:
-            raise UsageError(f"--max-nodes {args.max_nodes} and --tree-param max_nodes={params['max_nodes']} "
-                             "disagree: give --max-nodes only")
+            raise UsageError(
+                f"--max-nodes {args.max_nodes} and --tree-param max_nodes={params['max_nodes']} "
+                "disagree: give --max-nodes only"
+            )
     if args.max_nodes is not None:
         params["max_nodes"] = args.max_nodes
     from dartcore.trees import make_tree_builder
@@ -120,7 +174,9 @@ def _run(args) -> int:
     needs_drafter = bool(getattr(builder, "needs_drafter", True))
     if needs_drafter:
         check_drafter(args.drafter)
-    index = check_index(args.index, needed_by=[f"--tree {args.tree}"] if builder.needs_index else [])
+    index = check_index(
+        args.index, needed_by=[f"--tree {args.tree}"] if builder.needs_index else []
+    )
     if index is not None:
         check_index_tokenizer(index, args.target)
     text = args.prompt if args.prompt is not None else sys.stdin.read()
@@ -136,18 +192,35 @@ def _run(args) -> int:
         torch.set_num_threads(args.threads)
     try:
         decoder = DartDecoder.from_pretrained(
-            args.target, args.drafter if needs_drafter else None, args.index, tree=args.tree,
-            device=args.device, dtype=getattr(torch, args.dtype), **params)
+            args.target,
+            args.drafter if needs_drafter else None,
+            args.index,
+            tree=args.tree,
+            device=args.device,
+            dtype=getattr(torch, args.dtype),
+            **params,
+        )
     except TokenizerMismatchError as exc:
         raise TokenizerMismatchError(
             f"--index {args.index} (tokenizer {index_tokenizer(index)!r}) does not fit --target "
-            f"{args.target}: {exc}") from None
+            f"{args.target}: {exc}"
+        ) from None
     prompt = [{"role": "user", "content": text}] if args.chat else text
-    kw = dict(max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-              top_k=sampling.top_k, stop=sampling.stop or None, seed=sampling.seed)
+    kw = dict(
+        max_new_tokens=sampling.max_new_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        stop=sampling.stop or None,
+        seed=sampling.seed,
+    )
     if args.json:
         result = decoder.generate(prompt, **kw)
-        print(json.dumps({"tokens": result.tokens, "text": result.text, "stats": result.stats.as_dict()}))
+        print(
+            json.dumps(
+                {"tokens": result.tokens, "text": result.text, "stats": result.stats.as_dict()}
+            )
+        )
     else:
         result = None
         try:

@@ -1,8 +1,8 @@
 """dart-index: install, verify and describe index files.
 
-    dart-index install NEW TARGET   check NEW, then replace TARGET by rename
-    dart-index verify PATH          full check of a file (checksums and structure)
-    dart-index info PATH            sizes, nodes and metadata
+dart-index install NEW TARGET   check NEW, then replace TARGET by rename
+dart-index verify PATH          full check of a file (checksums and structure)
+dart-index info PATH            sizes, nodes and metadata
 """
 
 from __future__ import annotations
@@ -45,8 +45,11 @@ def _open_checked(path: Path, what: str):
     from dartcore.index import NgramIndex
 
     if not path.exists():
-        raise FileNotFoundError(2, f"{what} {path} does not exist; give the path of an index built by ngram-build",
-                                str(path))
+        raise FileNotFoundError(
+            2,
+            f"{what} {path} does not exist; give the path of an index built by ngram-build",
+            str(path),
+        )
     mode = os.stat(path).st_mode
     if not stat.S_ISREG(mode):
         kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
@@ -56,7 +59,9 @@ def _open_checked(path: Path, what: str):
         idx.verify()
         meta = idx.metadata
     except (DartError, ValueError, OSError) as e:
-        raise IndexFormatError(f"{what} {path} is not a valid index ({e}); rebuild it with ngram-build") from None
+        raise IndexFormatError(
+            f"{what} {path} is not a valid index ({e}); rebuild it with ngram-build"
+        ) from None
     return idx, meta
 
 
@@ -64,8 +69,16 @@ def _copy(fin, fout, size: int) -> None:
     """Copy with a progress bar (rate, ETA) on stderr."""
     from tqdm import tqdm
 
-    with tqdm(total=size, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr, dynamic_ncols=True,
-              desc="dart-index install: copying", disable=size < 64 << 20) as bar:
+    with tqdm(
+        total=size,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        file=sys.stderr,
+        dynamic_ncols=True,
+        desc="dart-index install: copying",
+        disable=size < 64 << 20,
+    ) as bar:
         while chunk := fin.read(1 << 22):
             fout.write(chunk)
             bar.update(len(chunk))
@@ -79,24 +92,38 @@ def _fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
-def install(new: str | os.PathLike, target: str | os.PathLike, *, copy: bool = False, force: bool = False,
-            log=print) -> Path:
+def install(
+    new: str | os.PathLike,
+    target: str | os.PathLike,
+    *,
+    copy: bool = False,
+    force: bool = False,
+    log=print,
+) -> Path:
     """Verify ``new`` and make it ``target`` by rename (``copy``: copy it next to target
     first, so ``new`` stays and may be on another filesystem). Returns ``target``."""
     new, target = Path(new).expanduser(), Path(target).expanduser()
     parent = target.parent if str(target.parent) else Path(".")
     if target.is_dir():
-        raise IndexBuildError(f"TARGET {target} is a directory; give the index file to replace, "
-                              f"e.g. {target / new.name}")
+        raise IndexBuildError(
+            f"TARGET {target} is a directory; give the index file to replace, "
+            f"e.g. {target / new.name}"
+        )
     if not parent.is_dir():
         raise IndexBuildError(f"TARGET's directory {parent} does not exist; create it first")
     if new.exists() and target.exists() and os.path.samefile(new, target):
-        raise IndexBuildError(f"NEW {new} and TARGET {target} are the same file; nothing to install")
+        raise IndexBuildError(
+            f"NEW {new} and TARGET {target} are the same file; nothing to install"
+        )
     if target.exists() and not target.is_file():
-        raise IndexBuildError(f"TARGET {target} exists and is not a regular file; choose another path")
+        raise IndexBuildError(
+            f"TARGET {target} exists and is not a regular file; choose another path"
+        )
     if not copy and new.is_symlink():
-        raise IndexBuildError(f"NEW {new} is a symlink, and a rename would move the link, not the index: "
-                              "give the file itself, or pass --copy")
+        raise IndexBuildError(
+            f"NEW {new} is a symlink, and a rename would move the link, not the index: "
+            "give the file itself, or pass --copy"
+        )
     if not copy and new.exists() and os.stat(new).st_dev != os.stat(parent).st_dev:
         raise IndexBuildError(
             f"NEW {new} is on another filesystem than TARGET {target}, and a rename cannot cross "
@@ -156,32 +183,56 @@ def _info(path: Path, as_json: bool) -> None:
         print(json.dumps(s, default=str))
         return
     tok = s.get("metadata", {}).get("tokenizer", {})
-    print(f"index        {path}\n"
-          f"nodes        {s.get('nodes', 0):,} (unigram {s.get('unigram_nodes', 0):,}, bigram "
-          f"{s.get('bigram_nodes', 0):,}, trigram {s.get('trigram_nodes', 0):,})\n"
-          f"file size    {path.stat().st_size / 2**20:,.1f} MiB ({s.get('bytes_per_node') or 0:.2f} bytes/node)\n"
-          f"tokenizer    {tok.get('name')} (fingerprint {tok.get('fingerprint')}, vocab {s.get('vocab_size')})")
+    print(
+        f"index        {path}\n"
+        f"nodes        {s.get('nodes', 0):,} (unigram {s.get('unigram_nodes', 0):,}, bigram "
+        f"{s.get('bigram_nodes', 0):,}, trigram {s.get('trigram_nodes', 0):,})\n"
+        f"file size    {path.stat().st_size / 2**20:,.1f} MiB ({s.get('bytes_per_node') or 0:.2f} bytes/node)\n"
+        f"tokenizer    {tok.get('name')} (fingerprint {tok.get('fingerprint')}, vocab {s.get('vocab_size')})"
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="dart-index", description="Install, verify and describe trigram index files.",
-                                 formatter_class=HelpFormatter, epilog=INSTALL_HELP)
+    ap = argparse.ArgumentParser(
+        prog="dart-index",
+        description="Install, verify and describe trigram index files.",
+        formatter_class=HelpFormatter,
+        epilog=INSTALL_HELP,
+    )
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="{install,verify,info}")
-    p = sub.add_parser("install", help="verify NEW, then replace TARGET by rename (safe for running readers)",
-                       description="Verify NEW (opens, every checksum), then replace TARGET by rename so that "
-                                   "processes mapping the old TARGET keep running.",
-                       epilog=INSTALL_HELP, formatter_class=HelpFormatter)
+    p = sub.add_parser(
+        "install",
+        help="verify NEW, then replace TARGET by rename (safe for running readers)",
+        description="Verify NEW (opens, every checksum), then replace TARGET by rename so that "
+        "processes mapping the old TARGET keep running.",
+        epilog=INSTALL_HELP,
+        formatter_class=HelpFormatter,
+    )
     p.add_argument("new", metavar="NEW", type=Path, help="the new index file (moved unless --copy)")
-    p.add_argument("target", metavar="TARGET", type=Path, help="the index path to replace (or create)")
-    p.add_argument("--copy", action="store_true",
-                   help="copy NEW next to TARGET and rename the copy (NEW stays; works across filesystems)")
-    p.add_argument("--force", action="store_true", help="install even if NEW's tokenizer differs from TARGET's")
-    p = sub.add_parser("verify", help="full check of an index file (checksums and structure)",
-                       formatter_class=HelpFormatter)
+    p.add_argument(
+        "target", metavar="TARGET", type=Path, help="the index path to replace (or create)"
+    )
+    p.add_argument(
+        "--copy",
+        action="store_true",
+        help="copy NEW next to TARGET and rename the copy (NEW stays; works across filesystems)",
+    )
+    p.add_argument(
+        "--force", action="store_true", help="install even if NEW's tokenizer differs from TARGET's"
+    )
+    p = sub.add_parser(
+        "verify",
+        help="full check of an index file (checksums and structure)",
+        formatter_class=HelpFormatter,
+    )
     p.add_argument("path", metavar="PATH", type=Path, help="index file")
-    p = sub.add_parser("info", help="nodes, size and tokenizer of an index file", formatter_class=HelpFormatter)
+    p = sub.add_parser(
+        "info", help="nodes, size and tokenizer of an index file", formatter_class=HelpFormatter
+    )
     p.add_argument("path", metavar="PATH", type=Path, help="index file")
-    p.add_argument("--json", action="store_true", help="print every statistic and the metadata as JSON")
+    p.add_argument(
+        "--json", action="store_true", help="print every statistic and the metadata as JSON"
+    )
     return ap
 
 
@@ -193,7 +244,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "verify":
             t0 = time.monotonic()
             _open_checked(args.path, "PATH")
-            print(f"{args.path}: ok ({args.path.stat().st_size / 2**20:,.1f} MiB in {time.monotonic() - t0:.1f} s)")
+            print(
+                f"{args.path}: ok ({args.path.stat().st_size / 2**20:,.1f} MiB in {time.monotonic() - t0:.1f} s)"
+            )
         else:
             _info(args.path, args.json)
         return 0

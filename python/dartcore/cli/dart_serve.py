@@ -43,48 +43,108 @@ def _positive(name: str, minimum: int = 1):
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer >= {minimum}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"{name} must be an integer >= {minimum}, got {text!r}"
+            ) from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{name} must be an integer >= {minimum}, got {value}")
         return value
+
     return parse
 
 
 def _parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="dart-serve", description=__doc__, formatter_class=HelpFormatter)
-    p.add_argument("--target", default="smollm2", help="target model name or path (default: smollm2)")
-    p.add_argument("--drafter", default="smollm2", help="drafter directory or built-in name (default: smollm2)")
-    p.add_argument("--index", help="n-gram index built with the target's tokenizer (needed by --tree dart)")
-    p.add_argument("--tree", default="dart", help="tree builder (dart, dart-no-ngram, ngram-only, ar, ...)")
-    p.add_argument("--tree-param", action="append", type=tree_param, default=[], metavar="KEY=VALUE",
-                   help="tree builder parameter (repeatable)")
-    add_max_nodes(p, "node budget per sequence and step, root excluded: 'adaptive' (the controller, default) or "
-                     "a fixed count; 0 = speculation off (plain AR steps)", default="adaptive", adaptive=True,
-                  old="--budget")
-    p.add_argument("--workers", type=_positive("--workers"), default=1, help="worker processes (default 1)")
+    p.add_argument(
+        "--target", default="smollm2", help="target model name or path (default: smollm2)"
+    )
+    p.add_argument(
+        "--drafter", default="smollm2", help="drafter directory or built-in name (default: smollm2)"
+    )
+    p.add_argument(
+        "--index", help="n-gram index built with the target's tokenizer (needed by --tree dart)"
+    )
+    p.add_argument(
+        "--tree", default="dart", help="tree builder (dart, dart-no-ngram, ngram-only, ar, ...)"
+    )
+    p.add_argument(
+        "--tree-param",
+        action="append",
+        type=tree_param,
+        default=[],
+        metavar="KEY=VALUE",
+        help="tree builder parameter (repeatable)",
+    )
+    add_max_nodes(
+        p,
+        "node budget per sequence and step, root excluded: 'adaptive' (the controller, default) or "
+        "a fixed count; 0 = speculation off (plain AR steps)",
+        default="adaptive",
+        adaptive=True,
+        old="--budget",
+    )
+    p.add_argument(
+        "--workers", type=_positive("--workers"), default=1, help="worker processes (default 1)"
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=_positive("--port", 0), default=8000)
-    p.add_argument("--max-batch", type=_positive("--max-batch"), default=8,
-                   help="sequences each worker decodes together (default 8)")
-    p.add_argument("--max-seq-len", type=_positive("--max-seq-len", 2), default=2048,
-                   help="per-sequence KV capacity = the context requests are checked against (default 2048)")
-    p.add_argument("--max-queue", type=_positive("--max-queue", 0), default=16,
-                   help="requests held beyond the workers' batches before answering 429 (default 16)")
-    p.add_argument("--default-max-tokens", type=_positive("--default-max-tokens"),
-                   default=DEFAULTS.max_new_tokens,
-                   help=f"max_tokens of a chat request that gives none (default {DEFAULTS.max_new_tokens})")
-    p.add_argument("--served-model-name", action="append", default=[],
-                   help="model name clients send (repeatable; default: the --target name)")
-    p.add_argument("--threads", type=_positive("--threads"), default=1, help="torch threads per worker (default 1)")
+    p.add_argument(
+        "--max-batch",
+        type=_positive("--max-batch"),
+        default=8,
+        help="sequences each worker decodes together (default 8)",
+    )
+    p.add_argument(
+        "--max-seq-len",
+        type=_positive("--max-seq-len", 2),
+        default=2048,
+        help="per-sequence KV capacity = the context requests are checked against (default 2048)",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=_positive("--max-queue", 0),
+        default=16,
+        help="requests held beyond the workers' batches before answering 429 (default 16)",
+    )
+    p.add_argument(
+        "--default-max-tokens",
+        type=_positive("--default-max-tokens"),
+        default=DEFAULTS.max_new_tokens,
+        help=f"max_tokens of a chat request that gives none (default {DEFAULTS.max_new_tokens})",
+    )
+    p.add_argument(
+        "--served-model-name",
+        action="append",
+        default=[],
+        help="model name clients send (repeatable; default: the --target name)",
+    )
+    p.add_argument(
+        "--threads",
+        type=_positive("--threads"),
+        default=1,
+        help="torch threads per worker (default 1)",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    p.add_argument("--no-prefault-index", action="store_true",
-                   help="map the index lazily instead of faulting it in at start")
-    p.add_argument("--drain-timeout", type=float, default=60.0,
-                   help="seconds SIGTERM waits for requests in flight (default 60)")
-    p.add_argument("--engine-factory", default=DEFAULT_FACTORY,
-                   help="module:function that loads a worker's engine (default: the real model and Engine)")
-    p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
+    p.add_argument(
+        "--no-prefault-index",
+        action="store_true",
+        help="map the index lazily instead of faulting it in at start",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=60.0,
+        help="seconds SIGTERM waits for requests in flight (default 60)",
+    )
+    p.add_argument(
+        "--engine-factory",
+        default=DEFAULT_FACTORY,
+        help="module:function that loads a worker's engine (default: the real model and Engine)",
+    )
+    p.add_argument(
+        "--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug")
+    )
     return p
 
 
@@ -105,7 +165,9 @@ def _check(args) -> None:
     check_target(args.target)
     if builder.needs_drafter:
         check_drafter(args.drafter)
-    index = check_index(args.index, needed_by=[f"--tree {args.tree}"] if builder.needs_index else [])
+    index = check_index(
+        args.index, needed_by=[f"--tree {args.tree}"] if builder.needs_index else []
+    )
     if index is not None:
         check_index_tokenizer(index, args.target)
     # `index` goes out of scope here: the front keeps no mapping, only the workers share one.
@@ -119,16 +181,36 @@ def _run(args) -> int:
     from dartcore.serve import WorkerConfig, WorkerPool, WorkerStartError, create_app
 
     config = WorkerConfig(
-        target=args.target, drafter=args.drafter, index=args.index, tree=args.tree, budget=args.max_nodes,
-        max_batch=args.max_batch, max_seq_len=args.max_seq_len, threads=args.threads, device=args.device,
-        dtype=args.dtype, prefault_index=not args.no_prefault_index, default_max_tokens=args.default_max_tokens,
-        tree_params=dict(args.tree_param), engine_factory=args.engine_factory)
+        target=args.target,
+        drafter=args.drafter,
+        index=args.index,
+        tree=args.tree,
+        budget=args.max_nodes,
+        max_batch=args.max_batch,
+        max_seq_len=args.max_seq_len,
+        threads=args.threads,
+        device=args.device,
+        dtype=args.dtype,
+        prefault_index=not args.no_prefault_index,
+        default_max_tokens=args.default_max_tokens,
+        tree_params=dict(args.tree_param),
+        engine_factory=args.engine_factory,
+    )
     models = tuple(args.served_model_name) or (Path(args.target).name,)
     pool = WorkerPool(config, args.workers, max_queue=args.max_queue)
     app = create_app(pool, models, drain_timeout=args.drain_timeout)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, http="h11", lifespan="on",
-                                           log_level=args.log_level, timeout_graceful_shutdown=args.drain_timeout,
-                                           access_log=args.log_level in ("info", "debug")))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            http="h11",
+            lifespan="on",
+            log_level=args.log_level,
+            timeout_graceful_shutdown=args.drain_timeout,
+            access_log=args.log_level in ("info", "debug"),
+        )
+    )
     try:
         server.run()
     except WorkerStartError as exc:
@@ -138,7 +220,11 @@ def _run(args) -> int:
         if server.started:
             raise
     if not server.started:
-        why = f"a worker could not start: {pool.start_error}" if pool.start_error else "see the errors above"
+        why = (
+            f"a worker could not start: {pool.start_error}"
+            if pool.start_error
+            else "see the errors above"
+        )
         print(f"dart-serve: the server did not start ({why})", file=sys.stderr)
         return 1
     return 0

@@ -95,73 +95,143 @@ def _add_input_args(ap: argparse.ArgumentParser) -> None:
 
     g = ap.add_argument_group("input")
     g.add_argument("--corpus", default="dolma", help=f"corpus kind: {' | '.join(CORPUS_KINDS)}")
-    g.add_argument("--corpus-dir", help="corpus directory (dolma: the one holding documents/; default $DOLMA_DIR)")
-    g.add_argument("--files", action="append",
-                   help="glob of shard files (relative to --corpus-dir if given; ** recurses); repeatable")
-    g.add_argument("--text-field", default="text", help="JSON field with the text; dotted for nested")
-    g.add_argument("--token-dtype", choices=["uint16", "uint32"],
-                   help="npy: dtype of raw (headerless) token files (default: from the vocabulary size)")
-    g.add_argument("--tokenizer", default="qwen3",
-                   help="qwen3 | smollm2 | tokenizer.json | tokenizer/model directory | .gguf")
-    g.add_argument("--max-docs", type=_int_at_least("--max-docs", 1), help="stop after this many documents")
-    g.add_argument("--max-tokens", type=_int_at_least("--max-tokens", 1),
-                   help="stop after the document that reaches this many tokens")
-    g.add_argument("--strict", action="store_true",
-                   help="stop at the first damaged input (corrupt stream, malformed line, invalid UTF-8) "
-                        "instead of skipping and counting it")
+    g.add_argument(
+        "--corpus-dir",
+        help="corpus directory (dolma: the one holding documents/; default $DOLMA_DIR)",
+    )
+    g.add_argument(
+        "--files",
+        action="append",
+        help="glob of shard files (relative to --corpus-dir if given; ** recurses); repeatable",
+    )
+    g.add_argument(
+        "--text-field", default="text", help="JSON field with the text; dotted for nested"
+    )
+    g.add_argument(
+        "--token-dtype",
+        choices=["uint16", "uint32"],
+        help="npy: dtype of raw (headerless) token files (default: from the vocabulary size)",
+    )
+    g.add_argument(
+        "--tokenizer",
+        default="qwen3",
+        help="qwen3 | smollm2 | tokenizer.json | tokenizer/model directory | .gguf",
+    )
+    g.add_argument(
+        "--max-docs", type=_int_at_least("--max-docs", 1), help="stop after this many documents"
+    )
+    g.add_argument(
+        "--max-tokens",
+        type=_int_at_least("--max-tokens", 1),
+        help="stop after the document that reaches this many tokens",
+    )
+    g.add_argument(
+        "--strict",
+        action="store_true",
+        help="stop at the first damaged input (corrupt stream, malformed line, invalid UTF-8) "
+        "instead of skipping and counting it",
+    )
 
 
 def _add_resource_args(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("resources")
-    g.add_argument("--memory", type=_size("--memory"), default="8G",
-                   help="memory budget of the whole process, e.g. 8G, 512M")
-    g.add_argument("--threads", type=_int_at_least("--threads", 0, MAX_THREADS), default=0,
-                   help="threads for tokenising and counting (0: $DART_NUM_THREADS, else all CPUs)")
-    g.add_argument("--temp-dir", help="where spill runs go while a shard is counted (default: the work dir)")
+    g.add_argument(
+        "--memory",
+        type=_size("--memory"),
+        default="8G",
+        help="memory budget of the whole process, e.g. 8G, 512M",
+    )
+    g.add_argument(
+        "--threads",
+        type=_int_at_least("--threads", 0, MAX_THREADS),
+        default=0,
+        help="threads for tokenising and counting (0: $DART_NUM_THREADS, else all CPUs)",
+    )
+    g.add_argument(
+        "--temp-dir", help="where spill runs go while a shard is counted (default: the work dir)"
+    )
     g.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
     g.add_argument("--json", action="store_true", help="print the final summary as JSON")
 
 
 def _add_reduce_args(g) -> None:
-    g.add_argument("--min-count", type=_int_at_least("--min-count", 1), default=1,
-                   help="drop bigrams/trigrams seen fewer times")
-    g.add_argument("--max-children", type=_int_at_least("--max-children", 1, (1 << 32) - 1),
-                   help="keep at most this many children per context (default: all)")
+    g.add_argument(
+        "--min-count",
+        type=_int_at_least("--min-count", 1),
+        default=1,
+        help="drop bigrams/trigrams seen fewer times",
+    )
+    g.add_argument(
+        "--max-children",
+        type=_int_at_least("--max-children", 1, (1 << 32) - 1),
+        help="keep at most this many children per context (default: all)",
+    )
 
 
 def build_parser(prog: str = "ngram-build") -> argparse.ArgumentParser:
     """The one-command parser (inputs, resources, output)."""
     ap = argparse.ArgumentParser(
-        prog=prog, description="Build a trigram index from a corpus (tokenise, count in bounded memory, merge).",
-        epilog=EPILOG, formatter_class=HelpFormatter,
+        prog=prog,
+        description="Build a trigram index from a corpus (tokenise, count in bounded memory, merge).",
+        epilog=EPILOG,
+        formatter_class=HelpFormatter,
     )
     _add_input_args(ap)
-    ap.add_argument("--from-dart-trie", type=Path, help="convert this DART .trie instead of counting a corpus")
+    ap.add_argument(
+        "--from-dart-trie", type=Path, help="convert this DART .trie instead of counting a corpus"
+    )
     _add_resource_args(ap)
     g = ap.add_argument_group("output")
-    g.add_argument("-o", "--output", required=True, type=Path,
-                   help="index file to write (never one of the inputs; replaced by rename)")
+    g.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        type=Path,
+        help="index file to write (never one of the inputs; replaced by rename)",
+    )
     _add_reduce_args(g)
-    g.add_argument("--work-dir", type=Path, help="map work dir (default: OUTPUT.work next to the output)")
-    g.add_argument("--resume", action="store_true",
-                   help="continue an interrupted build from its work dir (changed shards are mapped again)")
-    g.add_argument("--keep-work", action="store_true", help="keep the run files after the index is written")
-    g.add_argument("--reduce-partitions", type=_int_at_least("--reduce-partitions", 0), default=0,
-                   help="merge this many first-token ranges at once, then those into the index (same bytes); "
-                        "0: local 1, ray the cluster's CPUs")
+    g.add_argument(
+        "--work-dir", type=Path, help="map work dir (default: OUTPUT.work next to the output)"
+    )
+    g.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted build from its work dir (changed shards are mapped again)",
+    )
+    g.add_argument(
+        "--keep-work", action="store_true", help="keep the run files after the index is written"
+    )
+    g.add_argument(
+        "--reduce-partitions",
+        type=_int_at_least("--reduce-partitions", 0),
+        default=0,
+        help="merge this many first-token ranges at once, then those into the index (same bytes); "
+        "0: local 1, ray the cluster's CPUs",
+    )
     e = ap.add_argument_group("engine")
-    e.add_argument("--engine", choices=["local", "ray"], default="local",
-                   help="local: this process; ray: one Ray task per shard and per reduce partition "
-                        "(pip install 'dartcore[ray]'; --memory is then per task)")
-    e.add_argument("--address", help="Ray cluster address (e.g. ray://head:10001 or auto); default: start a local Ray")
-    ap.add_argument("--stop-after-shards", type=int, help=argparse.SUPPRESS)  # test hook (simulated Ctrl-C)
+    e.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        default="local",
+        help="local: this process; ray: one Ray task per shard and per reduce partition "
+        "(pip install 'dartcore[ray]'; --memory is then per task)",
+    )
+    e.add_argument(
+        "--address",
+        help="Ray cluster address (e.g. ray://head:10001 or auto); default: start a local Ray",
+    )
+    # test hook (simulated Ctrl-C)
+    ap.add_argument("--stop-after-shards", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--batch-bytes", type=_size("--batch-bytes"), default=0, help=argparse.SUPPRESS)
     return ap
 
 
 def _map_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="ngram-build map", description="Map step: shards -> sorted runs + manifest.",
-                                 formatter_class=HelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="ngram-build map",
+        description="Map step: shards -> sorted runs + manifest.",
+        formatter_class=HelpFormatter,
+    )
     _add_input_args(ap)
     _add_resource_args(ap)
     ap.add_argument("--work-dir", type=Path, required=True, help="where runs and manifest.json go")
@@ -173,14 +243,26 @@ def _map_parser() -> argparse.ArgumentParser:
 
 
 def _reduce_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="ngram-build reduce", description="Reduce step: runs -> index.",
-                                 formatter_class=HelpFormatter)
-    ap.add_argument("--work-dir", type=Path, action="append", required=True,
-                    help="a mapped work dir (repeat to merge the parts of several machines)")
+    ap = argparse.ArgumentParser(
+        prog="ngram-build reduce",
+        description="Reduce step: runs -> index.",
+        formatter_class=HelpFormatter,
+    )
+    ap.add_argument(
+        "--work-dir",
+        type=Path,
+        action="append",
+        required=True,
+        help="a mapped work dir (repeat to merge the parts of several machines)",
+    )
     ap.add_argument("-o", "--output", type=Path, required=True, help="index file to write")
     _add_reduce_args(ap)
-    ap.add_argument("--reduce-partitions", type=_int_at_least("--reduce-partitions", 1), default=1,
-                    help="merge this many first-token ranges at once on the pool, then those (same bytes)")
+    ap.add_argument(
+        "--reduce-partitions",
+        type=_int_at_least("--reduce-partitions", 1),
+        default=1,
+        help="merge this many first-token ranges at once on the pool, then those (same bytes)",
+    )
     _add_resource_args(ap)
     return ap
 
@@ -209,11 +291,24 @@ def _files_arg(args: argparse.Namespace) -> str | list[str] | None:
 
 def _map_options(args: argparse.Namespace, work_dir: Path) -> MapOptions:
     opts = MapOptions(
-        corpus=args.corpus, corpus_dir=args.corpus_dir, files=_files_arg(args), text_field=args.text_field,
-        token_dtype=args.token_dtype, tokenizer=args.tokenizer, work_dir=work_dir, memory=args.memory,
-        threads=args.threads, temp_dir=args.temp_dir, max_docs=args.max_docs, max_tokens=args.max_tokens,
-        resume=args.resume, strict=args.strict, quiet=args.quiet, part=getattr(args, "part", (0, 1)),
-        batch_bytes=args.batch_bytes, stop_after_shards=args.stop_after_shards,
+        corpus=args.corpus,
+        corpus_dir=args.corpus_dir,
+        files=_files_arg(args),
+        text_field=args.text_field,
+        token_dtype=args.token_dtype,
+        tokenizer=args.tokenizer,
+        work_dir=work_dir,
+        memory=args.memory,
+        threads=args.threads,
+        temp_dir=args.temp_dir,
+        max_docs=args.max_docs,
+        max_tokens=args.max_tokens,
+        resume=args.resume,
+        strict=args.strict,
+        quiet=args.quiet,
+        part=getattr(args, "part", (0, 1)),
+        batch_bytes=args.batch_bytes,
+        stop_after_shards=args.stop_after_shards,
     )
     opts.check()
     return opts
@@ -228,19 +323,34 @@ def _main_map(argv: list[str]) -> int:
     manifest = run_map(_map_options(args, args.work_dir))
     shards = manifest["shards"].values()
     if not args.quiet:
-        print(f"mapped {len(manifest['shards'])} shards into {args.work_dir} "
-              f"({sum(s['documents'] for s in shards):,} documents, {sum(s['tokens'] for s in shards):,} tokens)")
+        print(
+            f"mapped {len(manifest['shards'])} shards into {args.work_dir} "
+            f"({sum(s['documents'] for s in shards):,} documents, {sum(s['tokens'] for s in shards):,} tokens)"
+        )
     if args.json:
-        print(json.dumps({k: v for k, v in manifest.items() if k != "shards"} | {"shards_mapped": len(manifest["shards"])}))
+        print(
+            json.dumps(
+                {k: v for k, v in manifest.items() if k != "shards"}
+                | {"shards_mapped": len(manifest["shards"])}
+            )
+        )
     return 0
 
 
 def _main_reduce(argv: list[str]) -> int:
     args = _reduce_parser().parse_args(argv)
     t0 = time.monotonic()
-    summary = run_reduce(args.work_dir, args.output, min_count=args.min_count, threads=args.threads,
-                         memory=args.memory, temp_dir=args.temp_dir, max_children=args.max_children,
-                         partitions=args.reduce_partitions, log=None if args.quiet else (lambda s: print(s, file=sys.stderr)))
+    summary = run_reduce(
+        args.work_dir,
+        args.output,
+        min_count=args.min_count,
+        threads=args.threads,
+        memory=args.memory,
+        temp_dir=args.temp_dir,
+        max_children=args.max_children,
+        partitions=args.reduce_partitions,
+        log=None if args.quiet else (lambda s: print(s, file=sys.stderr)),
+    )
     summary["wall_s"] = time.monotonic() - t0
     summary["peak_rss_bytes"] = peak_rss_bytes()
     if args.json:
@@ -263,13 +373,24 @@ def _main_build(argv: list[str]) -> int:
     if args.engine == "ray":
         from dartcore.ngram_build.ray_engine import build_ray
 
-        summary = build_ray(_map_options(args, work_dir), output, address=args.address, min_count=args.min_count,
-                            max_children=args.max_children, keep_work=args.keep_work,
-                            partitions=args.reduce_partitions)
+        summary = build_ray(
+            _map_options(args, work_dir),
+            output,
+            address=args.address,
+            min_count=args.min_count,
+            max_children=args.max_children,
+            keep_work=args.keep_work,
+            partitions=args.reduce_partitions,
+        )
     else:
-        summary = build(_map_options(args, work_dir), output, min_count=args.min_count,
-                        max_children=args.max_children, keep_work=args.keep_work,
-                        partitions=args.reduce_partitions or 1)
+        summary = build(
+            _map_options(args, work_dir),
+            output,
+            min_count=args.min_count,
+            max_children=args.max_children,
+            keep_work=args.keep_work,
+            partitions=args.reduce_partitions or 1,
+        )
     if args.json:
         print(json.dumps(summary))
     elif not args.quiet:
@@ -289,8 +410,11 @@ def main(argv: list[str] | None = None) -> int:
             return _main_reduce(argv[1:])
         return _main_build(argv)
     except KeyboardInterrupt:
-        print("\nngram-build: interrupted; temporary files removed. Finished shards are kept in the work "
-              "dir: rerun the same command with --resume to continue.", file=sys.stderr)
+        print(
+            "\nngram-build: interrupted; temporary files removed. Finished shards are kept in the work "
+            "dir: rerun the same command with --resume to continue.",
+            file=sys.stderr,
+        )
         return 130
     except (DartError, ValueError, OSError) as e:
         # CorpusError / TokenizerError / IndexBuildError / IndexFormatError, an option the

@@ -58,7 +58,8 @@ def resolve_head(head, drafter) -> CorrectionHead:
             raise DrafterMismatchError(
                 f"no built-in correction head fits this drafter (hidden {hidden_size}, embeddings "
                 f"{embed_dim}): train one with `dart-train --correction-head` and pass head=DIR, "
-                "or head='untrained'")
+                "or head='untrained'"
+            )
         obj = found[0]
     else:
         obj = CorrectionHead.from_pretrained(head)
@@ -71,9 +72,11 @@ def resolve_head(head, drafter) -> CorrectionHead:
         if have != want:
             # A head trained on another checkpoint of the same drafter still helps (it reads the
             # same kind of hidden state); a wrong-sized one cannot run and was rejected above.
-            warnings.warn(f"correction head was trained on drafter {want}, this drafter is {have}; "
-                          "retrain it with `dart-train --correction-head` for the best acceptance",
-                          stacklevel=3)
+            warnings.warn(
+                f"correction head was trained on drafter {want}, this drafter is {have}; "
+                "retrain it with `dart-train --correction-head` for the best acceptance",
+                stacklevel=3,
+            )
     return obj.eval()
 
 
@@ -98,8 +101,10 @@ class DartreeBuilder:
 
     def __post_init__(self):
         if self.k <= 0 or self.width <= 0 or (self.max_nodes is not None and self.max_nodes <= 0):
-            raise TreeError(f"k, width and max_nodes must be positive (k={self.k}, width={self.width}, "
-                            f"max_nodes={self.max_nodes})")
+            raise TreeError(
+                f"k, width and max_nodes must be positive (k={self.k}, width={self.width}, "
+                f"max_nodes={self.max_nodes})"
+            )
         if not self.beta <= 0:
             # Lemma 1 (deferred top-B = best-first heap order) needs scores that never increase
             # along a path; top_b stays ancestor-closed anyway, but the equivalence is lost.
@@ -117,8 +122,10 @@ class DartreeBuilder:
     def __call__(self, inputs: TreeInputs):
         root = int(inputs.context[-1])
         if inputs.logits is None or inputs.hidden is None or inputs.drafter is None:
-            raise TreeError("the DARTree builders need the drafter's logits and hidden states "
-                            "(DartDecoder(..., drafter=...))")
+            raise TreeError(
+                "the DARTree builders need the drafter's logits and hidden states "
+                "(DartDecoder(..., drafter=...))"
+            )
         depth = min(int(inputs.logits.shape[0]), int(inputs.max_depth))
         budget = inputs.budget()
         if depth <= 0:
@@ -126,16 +133,33 @@ class DartreeBuilder:
         ngram = None
         if self.ngram_weight > 0:
             if inputs.index is None:
-                raise TreeError("tree='hybrid' needs an n-gram index: pass index= to DartDecoder (--index for "
-                                "dart-generate), or use tree='dartree'")
-            ngram = NgramTerm(inputs.index, weight=self.ngram_weight, decay=self.ngram_decay,
-                              eps=self.ngram_eps, unigram_backoff=self.unigram_backoff)
+                raise TreeError(
+                    "tree='hybrid' needs an n-gram index: pass index= to DartDecoder (--index for "
+                    "dart-generate), or use tree='dartree'"
+                )
+            ngram = NgramTerm(
+                inputs.index,
+                weight=self.ngram_weight,
+                decay=self.ngram_decay,
+                eps=self.ngram_eps,
+                unigram_backoff=self.unigram_backoff,
+            )
         drafter = inputs.drafter
         st = build_supertree(
-            inputs.logits, inputs.hidden, root, self._head_of(drafter), drafter.embed,
-            k=self.k, width=self.width, beta=self.beta, to_target=drafter.to_target_ids,
-            eos_token_ids=tuple(inputs.eos_token_ids), ngram=ngram,
-            context=inputs.context[:-1], depth=depth)
+            inputs.logits,
+            inputs.hidden,
+            root,
+            self._head_of(drafter),
+            drafter.embed,
+            k=self.k,
+            width=self.width,
+            beta=self.beta,
+            to_target=drafter.to_target_ids,
+            eos_token_ids=tuple(inputs.eos_token_ids),
+            ngram=ngram,
+            context=inputs.context[:-1],
+            depth=depth,
+        )
         return select_top_b(st, budget)
 
 
@@ -152,7 +176,9 @@ class DDTreeBuilder:
 
     def __post_init__(self):
         if self.k <= 0 or (self.max_nodes is not None and self.max_nodes <= 0):
-            raise TreeError(f"k and max_nodes must be positive (k={self.k}, max_nodes={self.max_nodes})")
+            raise TreeError(
+                f"k and max_nodes must be positive (k={self.k}, max_nodes={self.max_nodes})"
+            )
 
     def __call__(self, inputs: TreeInputs):
         from dartcore.tree import best_first
@@ -168,10 +194,14 @@ class DDTreeBuilder:
 
 
 def _params(cls, params: dict[str, Any], fixed: dict[str, Any]):
-    known = {f for f in cls.__dataclass_fields__ if not f.startswith("_") and not f.startswith("needs_")}
+    known = {
+        f for f in cls.__dataclass_fields__ if not f.startswith("_") and not f.startswith("needs_")
+    }
     unknown = sorted(set(params) - known)
     if unknown:
-        raise ValueError(f"unknown tree parameters {unknown}; {cls.__name__} takes {sorted(known - set(fixed))}")
+        raise ValueError(
+            f"unknown tree parameters {unknown}; {cls.__name__} takes {sorted(known - set(fixed))}"
+        )
     return cls(**{**params, **fixed})
 
 
@@ -184,7 +214,9 @@ def _dartree(**params) -> DartreeBuilder:
 def _hybrid(**params) -> DartreeBuilder:
     params.setdefault("ngram_weight", 0.5)
     if params["ngram_weight"] <= 0:
-        raise ValueError("tree='hybrid' needs ngram_weight > 0 (use tree='dartree' without the n-gram term)")
+        raise ValueError(
+            "tree='hybrid' needs ngram_weight > 0 (use tree='dartree' without the n-gram term)"
+        )
     return _params(DartreeBuilder, params, {})
 
 

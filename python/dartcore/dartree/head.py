@@ -49,8 +49,14 @@ class CorrectionHead(nn.Module):
     the weights (target name, drafter fingerprint, training set-up).
     """
 
-    def __init__(self, hidden_size: int, embed_dim: int, rank: int = 256, eps: float = 1e-6,
-                 meta: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        hidden_size: int,
+        embed_dim: int,
+        rank: int = 256,
+        eps: float = 1e-6,
+        meta: dict[str, Any] | None = None,
+    ):
         super().__init__()
         if min(hidden_size, embed_dim, rank) <= 0:
             raise ValueError("hidden_size, embed_dim and rank must be positive")
@@ -87,11 +93,18 @@ class CorrectionHead(nn.Module):
     def parent_features(self, parent_emb: torch.Tensor) -> torch.Tensor:
         """``W_p · RMSNorm(emb(parent))`` for embeddings ``[..., E]`` -> ``[..., r]``."""
         if parent_emb.shape[-1] != self.embed_dim:
-            raise ValueError(f"parent_emb must be [..., {self.embed_dim}], got {tuple(parent_emb.shape)}")
-        return self._rms(parent_emb, self.parent_gain) @ self.up.weight[:, self.hidden_size:].T
+            raise ValueError(
+                f"parent_emb must be [..., {self.embed_dim}], got {tuple(parent_emb.shape)}"
+            )
+        return self._rms(parent_emb, self.parent_gain) @ self.up.weight[:, self.hidden_size :].T
 
-    def score(self, hidden_feat: torch.Tensor, parent_feat: torch.Tensor, cand_emb: torch.Tensor,
-              base_logits: torch.Tensor) -> torch.Tensor:
+    def score(
+        self,
+        hidden_feat: torch.Tensor,
+        parent_feat: torch.Tensor,
+        cand_emb: torch.Tensor,
+        base_logits: torch.Tensor,
+    ) -> torch.Tensor:
         """``ln q̃`` ``[n, K]`` from precomputed features: hidden_feat ``[n or 1, r]``,
         parent_feat ``[n, r]``, cand_emb ``[n or 1, K, E]`` or ``[K, E]``, base ``[n or 1, K]`` or ``[K]``."""
         u = self.down(F.silu(hidden_feat + parent_feat))  # [n, E]
@@ -103,21 +116,34 @@ class CorrectionHead(nn.Module):
         logits = self.base_scale * base_logits.float() + resid
         return torch.log_softmax(logits, dim=-1)
 
-    def forward(self, hidden: torch.Tensor, parent_emb: torch.Tensor, cand_emb: torch.Tensor,
-                base_logits: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        parent_emb: torch.Tensor,
+        cand_emb: torch.Tensor,
+        base_logits: torch.Tensor,
+    ) -> torch.Tensor:
         """Log-probabilities ``ln q̃`` over the candidates, fp32 ``[n, K]``.
 
         hidden ``[n, H]`` (or ``[H]``, shared by all rows), parent_emb ``[n, E]``,
         cand_emb ``[n, K, E]`` or ``[K, E]`` (shared), base_logits ``[n, K]`` or ``[K]``.
         """
         if parent_emb.dim() != 2 or parent_emb.shape[-1] != self.embed_dim:
-            raise ValueError(f"parent_emb must be [n, {self.embed_dim}], got {tuple(parent_emb.shape)}")
+            raise ValueError(
+                f"parent_emb must be [n, {self.embed_dim}], got {tuple(parent_emb.shape)}"
+            )
         n = parent_emb.shape[0]
         if hidden.dim() == 1:
             hidden = hidden.unsqueeze(0)
-        if hidden.dim() != 2 or hidden.shape[0] not in (1, n) or hidden.shape[1] != self.hidden_size:
+        if (
+            hidden.dim() != 2
+            or hidden.shape[0] not in (1, n)
+            or hidden.shape[1] != self.hidden_size
+        ):
             raise ValueError(f"hidden must be [{n}, {self.hidden_size}], got {tuple(hidden.shape)}")
-        return self.score(self.hidden_features(hidden), self.parent_features(parent_emb), cand_emb, base_logits)
+        return self.score(
+            self.hidden_features(hidden), self.parent_features(parent_emb), cand_emb, base_logits
+        )
 
     # -- persistence -------------------------------------------------------------------
 
@@ -143,7 +169,9 @@ class CorrectionHead(nn.Module):
         tmp = directory / (_WEIGHTS + ".tmp")
         save_file(state, str(tmp), metadata={"format": _FORMAT})
         tmp.replace(directory / _WEIGHTS)
-        (directory / _CONFIG).write_text(json.dumps(self.config_dict(), indent=2, sort_keys=True) + "\n")
+        (directory / _CONFIG).write_text(
+            json.dumps(self.config_dict(), indent=2, sort_keys=True) + "\n"
+        )
         return directory
 
     @classmethod
@@ -157,30 +185,43 @@ class CorrectionHead(nn.Module):
         except (OSError, json.JSONDecodeError) as exc:
             raise DartError(f"cannot read correction head config in {directory}: {exc}") from exc
         if config.get("format") != _FORMAT or config.get("format_version") != _FORMAT_VERSION:
-            raise DartError(f"{directory} is not a dartcore correction head (format "
-                            f"{config.get('format')!r} v{config.get('format_version')}); retrain it "
-                            "with `dart-train --correction-head`")
-        head = cls(config["hidden_size"], config["embed_dim"], config["rank"], config.get("eps", 1e-6),
-                   meta=config.get("meta"))
+            raise DartError(
+                f"{directory} is not a dartcore correction head (format "
+                f"{config.get('format')!r} v{config.get('format_version')}); retrain it "
+                "with `dart-train --correction-head`"
+            )
+        head = cls(
+            config["hidden_size"],
+            config["embed_dim"],
+            config["rank"],
+            config.get("eps", 1e-6),
+            meta=config.get("meta"),
+        )
         state = load_file(str(directory / _WEIGHTS))
         missing, unexpected = head.load_state_dict(state, strict=False)
         if missing or unexpected:
-            raise DartError(f"correction head weights in {directory} do not match its config "
-                            f"(missing {missing}, unexpected {unexpected})")
+            raise DartError(
+                f"correction head weights in {directory} do not match its config "
+                f"(missing {missing}, unexpected {unexpected})"
+            )
         return head.eval()
 
-    def check_compatible(self, hidden_size: int, embed_dim: int, fingerprint: str | None = None) -> None:
+    def check_compatible(
+        self, hidden_size: int, embed_dim: int, fingerprint: str | None = None
+    ) -> None:
         """Raise :class:`DrafterMismatchError` unless the head fits this drafter/target."""
         if (hidden_size, embed_dim) != (self.hidden_size, self.embed_dim):
             raise DrafterMismatchError(
                 f"correction head expects drafter hidden {self.hidden_size} and embeddings "
                 f"{self.embed_dim}, got {hidden_size} and {embed_dim}: train a head for this drafter "
-                "with `dart-train --correction-head`")
+                "with `dart-train --correction-head`"
+            )
         want = self.meta.get("drafter_fingerprint")
         if fingerprint is not None and want is not None and want != fingerprint:
             raise DrafterMismatchError(
                 f"correction head was trained on drafter {want}, this drafter is {fingerprint}: "
-                "retrain it with `dart-train --correction-head`")
+                "retrain it with `dart-train --correction-head`"
+            )
 
 
 def resolve_head_path(name_or_path: str | Path) -> Path:
@@ -191,5 +232,7 @@ def resolve_head_path(name_or_path: str | Path) -> Path:
     builtin = ASSET_DIR / str(name_or_path)
     if isinstance(name_or_path, str) and "/" not in name_or_path and builtin.is_dir():
         return builtin
-    raise FileNotFoundError(f"no correction head at {name_or_path!r} (built-in heads: "
-                            f"{sorted(p.name for p in ASSET_DIR.iterdir()) if ASSET_DIR.is_dir() else []})")
+    raise FileNotFoundError(
+        f"no correction head at {name_or_path!r} (built-in heads: "
+        f"{sorted(p.name for p in ASSET_DIR.iterdir()) if ASSET_DIR.is_dir() else []})"
+    )

@@ -66,8 +66,14 @@ class NgramTerm:
     object without it.
     """
 
-    def __init__(self, index, weight: float = 0.5, decay: float = 0.7, eps: float = 1e-10,
-                 unigram_backoff: bool = True):
+    def __init__(
+        self,
+        index,
+        weight: float = 0.5,
+        decay: float = 0.7,
+        eps: float = 1e-10,
+        unigram_backoff: bool = True,
+    ):
         if weight < 0 or decay < 0 or eps <= 0:
             raise TreeError("n-gram term needs weight ≥ 0, decay ≥ 0 and eps > 0")
         self.index = index
@@ -79,11 +85,17 @@ class NgramTerm:
     def _probs(self, context: Sequence[int], cand_sorted: np.ndarray) -> np.ndarray:
         fn = getattr(self.index, "cond_probs", None)
         if fn is not None:  # one native call per branch
-            return np.asarray(fn(list(context), cand_sorted, self.unigram_backoff), dtype=np.float64)
-        return np.array([self.index.prob(list(context), int(v), self.unigram_backoff) for v in cand_sorted],
-                        dtype=np.float64)
+            return np.asarray(
+                fn(list(context), cand_sorted, self.unigram_backoff), dtype=np.float64
+            )
+        return np.array(
+            [self.index.prob(list(context), int(v), self.unigram_backoff) for v in cand_sorted],
+            dtype=np.float64,
+        )
 
-    def __call__(self, level: int, contexts: Sequence[Sequence[int]], candidates: np.ndarray) -> np.ndarray:
+    def __call__(
+        self, level: int, contexts: Sequence[Sequence[int]], candidates: np.ndarray
+    ) -> np.ndarray:
         """``[len(contexts), K]`` float64 terms for the same ``candidates`` (target ids) after
         each context (at most the two last tokens, oldest first)."""
         order = np.argsort(candidates, kind="stable")
@@ -110,11 +122,22 @@ def candidates(base_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
 
 
 @torch.inference_mode()
-def build_supertree(base_logits: torch.Tensor, hidden: torch.Tensor, root_token: int, head,
-                    embed: EmbedFn, *, k: int = 64, width: int = 12, beta: float = -0.2,
-                    to_target: IdMapFn | None = None, eos_token_ids: Sequence[int] = (),
-                    ngram: NgramTerm | None = None, context: Sequence[int] = (),
-                    depth: int | None = None) -> Supertree:
+def build_supertree(
+    base_logits: torch.Tensor,
+    hidden: torch.Tensor,
+    root_token: int,
+    head,
+    embed: EmbedFn,
+    *,
+    k: int = 64,
+    width: int = 12,
+    beta: float = -0.2,
+    to_target: IdMapFn | None = None,
+    eos_token_ids: Sequence[int] = (),
+    ngram: NgramTerm | None = None,
+    context: Sequence[int] = (),
+    depth: int | None = None,
+) -> Supertree:
     """Depth-wise batched DARTree supertree.
 
     base_logits ``[d, V_draft]`` and hidden ``[d, H]``: the drafter's rows; root_token: the
@@ -129,7 +152,9 @@ def build_supertree(base_logits: torch.Tensor, hidden: torch.Tensor, root_token:
     if not np.isfinite(beta):
         raise TreeError(f"beta must be finite, got {beta}")
     if hidden.dim() != 2 or hidden.shape[0] != base_logits.shape[0]:
-        raise TreeError(f"hidden must be [d, H] with d = {base_logits.shape[0]}, got {tuple(hidden.shape)}")
+        raise TreeError(
+            f"hidden must be [d, H] with d = {base_logits.shape[0]}, got {tuple(hidden.shape)}"
+        )
     d = base_logits.shape[0] if depth is None else min(int(depth), base_logits.shape[0])
     cand_ids, cand_logits = candidates(base_logits[:d], k)
     cand_tgt = to_target(cand_ids) if to_target is not None else cand_ids
@@ -159,7 +184,7 @@ def build_supertree(base_logits: torch.Tensor, hidden: torch.Tensor, root_token:
             break
         rows = torch.as_tensor([emb_row[i] for i in active], dtype=torch.long)
         par_feat = head.parent_features(all_emb[rows])  # [n, r]
-        logq = head.score(hid_feat[t:t + 1], par_feat, cand_emb[t], cand_logits[t])  # [n, K]
+        logq = head.score(hid_feat[t : t + 1], par_feat, cand_emb[t], cand_logits[t])  # [n, K]
         calls += 1
         inc = logq.double().cpu().numpy() + beta
         if ngram is not None and ngram.weight > 0:
@@ -182,8 +207,13 @@ def build_supertree(base_logits: torch.Tensor, hidden: torch.Tensor, root_token:
             if tok not in eos:
                 new_active.append(len(tokens) - 1)
         active = np.asarray(new_active, dtype=np.int64)
-    return Supertree(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64),
-                     np.asarray(depths, dtype=np.int64), np.asarray(scores, dtype=np.float64), calls)
+    return Supertree(
+        np.asarray(tokens, dtype=np.int64),
+        np.asarray(parents, dtype=np.int64),
+        np.asarray(depths, dtype=np.int64),
+        np.asarray(scores, dtype=np.float64),
+        calls,
+    )
 
 
 def _top_w(flat: np.ndarray, width: int) -> np.ndarray:
@@ -211,13 +241,23 @@ def select_top_b(tree: Supertree, b: int):
     else:
         # top_b's supertree has an implicit root: node i here is node i + 1 of ours.
         sub_parents = np.ascontiguousarray(tree.parents[1:] - 1, dtype=np.int64)
-        picked = np.sort(np.asarray(top_b(sub_parents, np.ascontiguousarray(tree.scores[1:]), b),
-                                    dtype=np.int64)) + 1
+        picked = (
+            np.sort(
+                np.asarray(
+                    top_b(sub_parents, np.ascontiguousarray(tree.scores[1:]), b), dtype=np.int64
+                )
+            )
+            + 1
+        )
     keep = np.concatenate([[0], picked])  # supertree order is depth order, best first in a depth
     remap = np.full(len(tree), -1, dtype=np.int64)
     remap[keep] = np.arange(keep.size)
     parents = np.where(tree.parents[keep] >= 0, remap[np.maximum(tree.parents[keep], 0)], -1)
     if (parents[1:] < 0).any():
         raise TreeError("top_b returned a set that is not ancestor-closed")
-    return Tree(tokens=tree.tokens[keep], parents=parents, depths=tree.depths[keep],
-                scores=tree.scores[keep])
+    return Tree(
+        tokens=tree.tokens[keep],
+        parents=parents,
+        depths=tree.depths[keep],
+        scores=tree.scores[keep],
+    )

@@ -42,8 +42,15 @@ from dartcore.drafter import drafter_fingerprint
 from dartcore.errors import DartError
 from dartcore.training.schedule import warmup_cosine
 
-__all__ = ["HeadExamples", "HeadTrainConfig", "collect_examples", "train_head", "evaluate_head",
-           "drafter_fingerprint", "main"]
+__all__ = [
+    "HeadExamples",
+    "HeadTrainConfig",
+    "collect_examples",
+    "train_head",
+    "evaluate_head",
+    "drafter_fingerprint",
+    "main",
+]
 
 
 @dataclass
@@ -55,7 +62,8 @@ class HeadExamples:
     cand: torch.Tensor  # [n, K] int64 target ids, by base logit descending
     base: torch.Tensor  # [n, K] float32 base logits
     teacher: torch.Tensor  # [n, K] float32 target probabilities of the candidates
-    argmax_pos: torch.Tensor  # [n] int64: index of the target's argmax among the candidates, −1 if absent
+    # [n] int64: index of the target's argmax among the candidates, −1 if absent
+    argmax_pos: torch.Tensor
     depth: torch.Tensor  # [n] int64 (0 = row 0)
 
     def __len__(self) -> int:
@@ -69,13 +77,24 @@ class HeadExamples:
 
     @staticmethod
     def cat(parts: list[HeadExamples]) -> HeadExamples:
-        return HeadExamples(*(torch.cat([getattr(p, f) for p in parts]) for f in HeadExamples.__dataclass_fields__))
+        return HeadExamples(
+            *(torch.cat([getattr(p, f) for p in parts]) for f in HeadExamples.__dataclass_fields__)
+        )
 
 
 @torch.no_grad()
-def collect_examples(target, drafter, documents, *, k: int = 64, stride: int = 1, max_len: int = 512,
-                     max_examples: int | None = None, deadline: float | None = None,
-                     progress: bool = False) -> HeadExamples:
+def collect_examples(
+    target,
+    drafter,
+    documents,
+    *,
+    k: int = 64,
+    stride: int = 1,
+    max_len: int = 512,
+    max_examples: int | None = None,
+    deadline: float | None = None,
+    progress: bool = False,
+) -> HeadExamples:
     """Run the frozen target + drafter over tokenised ``documents`` (``(ids, respond)``
     pairs, see :func:`dartcore.training.data.tokenize_document`) and cache head examples.
 
@@ -89,7 +108,9 @@ def collect_examples(target, drafter, documents, *, k: int = 64, stride: int = 1
     d = drafter.d
     parts: list[HeadExamples] = []
     total = 0
-    bar = tqdm(total=max_examples, disable=not progress, desc="collect", unit="ex", dynamic_ncols=True)
+    bar = tqdm(
+        total=max_examples, disable=not progress, desc="collect", unit="ex", dynamic_ncols=True
+    )
     for ids, respond in documents:
         ids = torch.as_tensor(np.asarray(ids)[:max_len], dtype=torch.long)
         respond = np.asarray(respond)[:max_len]
@@ -104,9 +125,19 @@ def collect_examples(target, drafter, documents, *, k: int = 64, stride: int = 1
         state = drafter.new_state(n)
         nxt = ids[1:]
         done = 0
-        rows_h, rows_parent, rows_cand, rows_base, rows_teach, rows_argpos, rows_depth = [], [], [], [], [], [], []
+        rows_h, rows_parent, rows_cand, rows_base, rows_teach, rows_argpos, rows_depth = (
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+        )
         for p in anchors:
-            logits, hidden = drafter.draft(state, taps[done:p + 1], nxt[done:p + 1], return_hidden=True)
+            logits, hidden = drafter.draft(
+                state, taps[done : p + 1], nxt[done : p + 1], return_hidden=True
+            )
             done = p + 1
             rows = min(d, n - 1 - p)  # teacher at position p+1+k must exist
             vals, cidx = torch.topk(logits[:rows].float(), min(k, logits.shape[-1]), dim=-1)
@@ -118,15 +149,25 @@ def collect_examples(target, drafter, documents, *, k: int = 64, stride: int = 1
             rows_base.append(vals)
             rows_teach.append(torch.gather(teacher[pos], 1, cand))
             hit = cand == t_arg[pos][:, None]
-            rows_argpos.append(torch.where(hit.any(1), hit.float().argmax(1), torch.full((rows,), -1)))
+            rows_argpos.append(
+                torch.where(hit.any(1), hit.float().argmax(1), torch.full((rows,), -1))
+            )
             rows_depth.append(torch.arange(rows))
-        part = HeadExamples(torch.cat(rows_h), torch.cat(rows_parent), torch.cat(rows_cand), torch.cat(rows_base),
-                            torch.cat(rows_teach), torch.cat(rows_argpos),
-                            torch.cat(rows_depth))
+        part = HeadExamples(
+            torch.cat(rows_h),
+            torch.cat(rows_parent),
+            torch.cat(rows_cand),
+            torch.cat(rows_base),
+            torch.cat(rows_teach),
+            torch.cat(rows_argpos),
+            torch.cat(rows_depth),
+        )
         parts.append(part)
         total += len(part)
         bar.update(len(part))
-        if (max_examples is not None and total >= max_examples) or (deadline is not None and time.monotonic() > deadline):
+        if (max_examples is not None and total >= max_examples) or (
+            deadline is not None and time.monotonic() > deadline
+        ):
             break
     bar.close()
     if not parts:
@@ -150,7 +191,9 @@ class HeadTrainConfig:
     seed: int = 0
 
 
-def _loss(head: CorrectionHead, embed, ex: HeadExamples, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _loss(
+    head: CorrectionHead, embed, ex: HeadExamples, gamma: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     logq = head(ex.hidden.float(), embed(ex.parent), embed(ex.cand), ex.base)
     ce = -(ex.teacher * logq).sum(-1)  # [n]
     w = gamma ** ex.depth.float()
@@ -158,7 +201,9 @@ def _loss(head: CorrectionHead, embed, ex: HeadExamples, gamma: float) -> tuple[
 
 
 @torch.no_grad()
-def evaluate_head(head: CorrectionHead, embed, ex: HeadExamples, d: int, *, batch: int = 1024) -> dict:
+def evaluate_head(
+    head: CorrectionHead, embed, ex: HeadExamples, d: int, *, batch: int = 1024
+) -> dict:
     """Per depth: hit@1 of the base marginal and of the head, candidate cross-entropies."""
     hit_base = torch.zeros(d)
     hit_head = torch.zeros(d)
@@ -170,10 +215,12 @@ def evaluate_head(head: CorrectionHead, embed, ex: HeadExamples, d: int, *, batc
         logq = head(part.hidden.float(), embed(part.parent), embed(part.cand), part.base)
         base = torch.log_softmax(part.base.float(), -1)
         pick = logq.argmax(-1)
-        for name, acc, val in (("hb", hit_base, (part.argmax_pos == 0).float()),
-                               ("hh", hit_head, (pick == part.argmax_pos).float()),
-                               ("cb", ce_base, -(part.teacher * base).sum(-1)),
-                               ("ch", ce_head, -(part.teacher * logq).sum(-1))):
+        for _name, acc, val in (
+            ("hb", hit_base, (part.argmax_pos == 0).float()),
+            ("hh", hit_head, (pick == part.argmax_pos).float()),
+            ("cb", ce_base, -(part.teacher * base).sum(-1)),
+            ("ch", ce_head, -(part.teacher * logq).sum(-1)),
+        ):
             acc.index_add_(0, part.depth, val)
         count.index_add_(0, part.depth, torch.ones(len(part)))
     c = count.clamp(min=1)
@@ -188,8 +235,17 @@ def evaluate_head(head: CorrectionHead, embed, ex: HeadExamples, d: int, *, batc
     }
 
 
-def train_head(head: CorrectionHead, embed, train: HeadExamples, cfg: HeadTrainConfig, *,
-               valid: HeadExamples | None = None, d: int = 8, progress: bool = False, log=None) -> dict:
+def train_head(
+    head: CorrectionHead,
+    embed,
+    train: HeadExamples,
+    cfg: HeadTrainConfig,
+    *,
+    valid: HeadExamples | None = None,
+    d: int = 8,
+    progress: bool = False,
+    log=None,
+) -> dict:
     """Train ``head`` in place on cached examples; returns the last validation metrics."""
     from tqdm import tqdm
 
@@ -198,7 +254,9 @@ def train_head(head: CorrectionHead, embed, train: HeadExamples, cfg: HeadTrainC
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     def lr_at(step: int) -> float:
-        return warmup_cosine(step, warmup_steps=cfg.warmup_steps, max_steps=cfg.max_steps, min_ratio=0.1)
+        return warmup_cosine(
+            step, warmup_steps=cfg.warmup_steps, max_steps=cfg.max_steps, min_ratio=0.1
+        )
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -215,11 +273,16 @@ def train_head(head: CorrectionHead, embed, train: HeadExamples, cfg: HeadTrainC
         sched.step()
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.4f}")
-        last = step + 1 == cfg.max_steps or (cfg.max_minutes is not None
-                                              and time.monotonic() - start > 60 * cfg.max_minutes)
+        last = step + 1 == cfg.max_steps or (
+            cfg.max_minutes is not None and time.monotonic() - start > 60 * cfg.max_minutes
+        )
         if valid is not None and ((step + 1) % cfg.eval_every == 0 or last):
             head.eval()
-            metrics = {"step": step + 1, "loss": loss.item(), **evaluate_head(head, embed, valid, d)}
+            metrics = {
+                "step": step + 1,
+                "loss": loss.item(),
+                **evaluate_head(head, embed, valid, d),
+            }
             head.train()
             if log is not None:
                 log(metrics)
@@ -231,17 +294,32 @@ def train_head(head: CorrectionHead, embed, train: HeadExamples, cfg: HeadTrainC
 
 
 def _parse(argv) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="dart-train --correction-head",
-                                 description="Train the DARTree correction head on a frozen DART drafter.")
-    ap.add_argument("--target", default="smollm2", help="target model name or path (dartcore.models.hub)")
+    ap = argparse.ArgumentParser(
+        prog="dart-train --correction-head",
+        description="Train the DARTree correction head on a frozen DART drafter.",
+    )
+    ap.add_argument(
+        "--target", default="smollm2", help="target model name or path (dartcore.models.hub)"
+    )
     ap.add_argument("--drafter", required=True, help="trained drafter directory or built-in name")
-    ap.add_argument("--data", nargs="+", required=True, help="training files / directories (the drafter's data)")
-    ap.add_argument("--out", required=True, help="output directory (config.json + model.safetensors)")
+    ap.add_argument(
+        "--data", nargs="+", required=True, help="training files / directories (the drafter's data)"
+    )
+    ap.add_argument(
+        "--out", required=True, help="output directory (config.json + model.safetensors)"
+    )
     ap.add_argument("--k", type=int, default=64, help="candidates per depth (K)")
     ap.add_argument("--rank", type=int, default=256, help="bottleneck width of the head")
     ap.add_argument("--stride", type=int, default=2, help="use every stride-th response anchor")
-    ap.add_argument("--max-len", type=int, default=512, help="truncate documents to this many tokens")
-    ap.add_argument("--collect-minutes", type=float, default=8.0, help="time budget for the frozen forward passes")
+    ap.add_argument(
+        "--max-len", type=int, default=512, help="truncate documents to this many tokens"
+    )
+    ap.add_argument(
+        "--collect-minutes",
+        type=float,
+        default=8.0,
+        help="time budget for the frozen forward passes",
+    )
     ap.add_argument("--max-examples", type=int, default=200_000)
     ap.add_argument("--valid-docs", type=int, default=16, help="held-out documents for the metrics")
     ap.add_argument("--train-minutes", type=float, default=4.0)
@@ -252,9 +330,12 @@ def _parse(argv) -> argparse.Namespace:
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    ap.add_argument("--cache", default=None,
-                    help="save the collected examples here, or load them if the file exists "
-                         "(retrain without re-running the frozen models; must match --drafter)")
+    ap.add_argument(
+        "--cache",
+        default=None,
+        help="save the collected examples here, or load them if the file exists "
+        "(retrain without re-running the frozen models; must match --drafter)",
+    )
     ap.add_argument("--quiet", action="store_true")
     return ap.parse_args(argv)
 
@@ -283,7 +364,7 @@ def _run(args: argparse.Namespace) -> int:
         p.requires_grad_(False)
     docs = [doc for doc in read_documents(args.data) if doc.has_response]
     random.Random(args.seed).shuffle(docs)
-    valid_docs, train_docs = docs[: args.valid_docs], docs[args.valid_docs:]
+    valid_docs, train_docs = docs[: args.valid_docs], docs[args.valid_docs :]
 
     def tokenised(ds):
         for doc in ds:
@@ -296,26 +377,56 @@ def _run(args: argparse.Namespace) -> int:
     if cache is not None and cache.is_file():
         saved = torch.load(cache, weights_only=False)
         if saved.get("drafter_fingerprint") != fingerprint:
-            raise DartError(f"{cache} was collected with drafter {saved.get('drafter_fingerprint')}, "
-                            f"not {fingerprint}: delete it or pass another --cache")
+            raise DartError(
+                f"{cache} was collected with drafter {saved.get('drafter_fingerprint')}, "
+                f"not {fingerprint}: delete it or pass another --cache"
+            )
         valid, train = HeadExamples(**saved["valid"]), HeadExamples(**saved["train"])
     else:
-        valid = collect_examples(model, drafter, tokenised(valid_docs), k=args.k, stride=args.stride,
-                                 max_len=args.max_len, progress=progress)
-        train = collect_examples(model, drafter, tokenised(train_docs), k=args.k, stride=args.stride,
-                                 max_len=args.max_len, max_examples=args.max_examples,
-                                 deadline=t0 + 60 * args.collect_minutes, progress=progress)
+        valid = collect_examples(
+            model,
+            drafter,
+            tokenised(valid_docs),
+            k=args.k,
+            stride=args.stride,
+            max_len=args.max_len,
+            progress=progress,
+        )
+        train = collect_examples(
+            model,
+            drafter,
+            tokenised(train_docs),
+            k=args.k,
+            stride=args.stride,
+            max_len=args.max_len,
+            max_examples=args.max_examples,
+            deadline=t0 + 60 * args.collect_minutes,
+            progress=progress,
+        )
         if cache is not None:
             cache.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"drafter_fingerprint": fingerprint, "valid": valid.tensors(), "train": train.tensors()},
-                       cache)
+            torch.save(
+                {
+                    "drafter_fingerprint": fingerprint,
+                    "valid": valid.tensors(),
+                    "train": train.tensors(),
+                },
+                cache,
+            )
     collect_s = time.monotonic() - t0
     embed = drafter.embed
     hidden_size = int(train.hidden.shape[1])
     embed_dim = int(model.get_input_embeddings().weight.shape[1])
-    cfg = HeadTrainConfig(rank=args.rank, lr=args.lr, batch_size=args.batch_size, max_steps=args.steps,
-                          max_minutes=args.train_minutes, gamma=args.gamma, eval_every=args.eval_every,
-                          seed=args.seed)
+    cfg = HeadTrainConfig(
+        rank=args.rank,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        max_steps=args.steps,
+        max_minutes=args.train_minutes,
+        gamma=args.gamma,
+        eval_every=args.eval_every,
+        seed=args.seed,
+    )
     meta = {
         "target": args.target,
         "drafter": str(args.drafter),
@@ -340,13 +451,30 @@ def _run(args: argparse.Namespace) -> int:
             f.write(json.dumps(m) + "\n")
 
     log({"step": 0, **before})
-    metrics = train_head(head, embed, train, cfg, valid=valid, d=drafter.d, progress=progress, log=log)
-    head.meta["valid_metrics"] = {k: metrics[k] for k in ("hit1_base_mean", "hit1_head_mean", "hit1_base",
-                                                            "hit1_head", "ce_base", "ce_head") if k in metrics}
+    metrics = train_head(
+        head, embed, train, cfg, valid=valid, d=drafter.d, progress=progress, log=log
+    )
+    head.meta["valid_metrics"] = {
+        k: metrics[k]
+        for k in (
+            "hit1_base_mean",
+            "hit1_head_mean",
+            "hit1_base",
+            "hit1_head",
+            "ce_base",
+            "ce_head",
+        )
+        if k in metrics
+    }
     head.meta["train_s"] = round(time.monotonic() - t0 - collect_s, 1)
     head.save(out)
-    summary = {"out": str(out), "parameters": head.num_parameters(), **head.meta["valid_metrics"],
-               "train_examples": len(train), "valid_examples": len(valid)}
+    summary = {
+        "out": str(out),
+        "parameters": head.num_parameters(),
+        **head.meta["valid_metrics"],
+        "train_examples": len(train),
+        "valid_examples": len(valid),
+    }
     print(json.dumps(summary, indent=2))
     return 0
 

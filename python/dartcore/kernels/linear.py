@@ -56,8 +56,25 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["BLOCK_FORMATS", "BlockWeight", "NUMERICS", "int8_kernel", "interleave_blocks", "LINEAR_THREADS", "MAX_ROWS", "NativeWeight", "dequantize_blocks", "exact_narrow", "pack_blocks", "linear_threads", "native_linear_available",
-           "native_linear_isa", "native_linears_", "small_linear", "torch_threads"]
+__all__ = [
+    "BLOCK_FORMATS",
+    "BlockWeight",
+    "NUMERICS",
+    "int8_kernel",
+    "interleave_blocks",
+    "LINEAR_THREADS",
+    "MAX_ROWS",
+    "NativeWeight",
+    "dequantize_blocks",
+    "exact_narrow",
+    "pack_blocks",
+    "linear_threads",
+    "native_linear_available",
+    "native_linear_isa",
+    "native_linears_",
+    "small_linear",
+    "torch_threads",
+]
 
 MAX_ROWS = 16  # crates/dart-linear's MAX_ROWS
 
@@ -133,8 +150,14 @@ def torch_threads(n: int) -> Iterator[None]:
             torch.set_num_threads(prev)
 
 
-def _product(x: torch.Tensor, w: np.ndarray, b: np.ndarray | None, threads: int, fmt: str = "f32",
-             n: int | None = None) -> torch.Tensor:
+def _product(
+    x: torch.Tensor,
+    w: np.ndarray,
+    b: np.ndarray | None,
+    threads: int,
+    fmt: str = "f32",
+    n: int | None = None,
+) -> torch.Tensor:
     """The native call: ``x @ w.T + b`` into a new float32 tensor (``w`` float32, or uint16
     bit patterns or block rows of format ``fmt``; ``n`` output columns, default ``w``'s rows)."""
     from dartcore import _native
@@ -191,22 +214,37 @@ class NativeWeight:
 
     __slots__ = ("weight", "bias", "ptr", "format", "threads", "_w", "_b")
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, narrow: bool = False,
-                 threads: int | None = None):
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        narrow: bool = False,
+        threads: int | None = None,
+    ):
         self.weight, self.bias = weight, bias
         self.threads = threads or linear_threads()
         self.ptr = weight.data_ptr()  # the storage the views were made of
         usable = _AVAILABLE and _fits(weight)
         packed = exact_narrow(weight) if usable and narrow else None
-        self._w, self.format = packed if packed is not None else (weight.detach().numpy() if usable else None, "f32")
-        self._b = None if bias is None or self._w is None else np.ascontiguousarray(bias.detach().numpy())
+        self._w, self.format = (
+            packed if packed is not None else (weight.detach().numpy() if usable else None, "f32")
+        )
+        self._b = (
+            None if bias is None or self._w is None else np.ascontiguousarray(bias.detach().numpy())
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``F.linear(x, weight, bias)``, natively for 1..MAX_ROWS float32 CPU rows (see the
         module docs)."""
-        if (self._w is None or x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS
-                or x.dtype != torch.float32 or x.device.type != "cpu"
-                or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
+        if (
+            self._w is None
+            or x.dim() != 2
+            or not 1 <= x.shape[0] <= MAX_ROWS
+            or x.dtype != torch.float32
+            or x.device.type != "cpu"
+            or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
+        ):
             return F.linear(x, self.weight, self.bias)
         return _product(x, self._w, self._b, self.threads, self.format)
 
@@ -217,21 +255,33 @@ class NativeWeight:
 
 
 def _fits(weight: torch.Tensor) -> bool:
-    return (weight.dim() == 2 and weight.dtype == torch.float32 and weight.device.type == "cpu"
-            and weight.is_contiguous())
+    return (
+        weight.dim() == 2
+        and weight.dtype == torch.float32
+        and weight.device.type == "cpu"
+        and weight.is_contiguous()
+    )
 
 
-def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def small_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """``x @ weight.T + bias`` (``F.linear``), natively for a few float32 rows on the CPU.
     (Prefer a :class:`NativeWeight` for a weight used many times.)"""
     return NativeWeight(weight, bias)(x)
 
 
-def native_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def native_rows(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """The native kernel itself for 1..MAX_ROWS rows (no fallback): tests and benchmarks."""
     if not (_AVAILABLE and _fits(weight)):
-        raise RuntimeError("the native kernel needs AVX-512F or AVX2 + FMA + F16C and a contiguous float32 CPU weight")
-    return _product(x, weight.detach().numpy(), None if bias is None else bias.detach().contiguous().numpy(), 1)
+        raise RuntimeError(
+            "the native kernel needs AVX-512F or AVX2 + FMA + F16C and a contiguous float32 CPU weight"
+        )
+    return _product(
+        x, weight.detach().numpy(), None if bias is None else bias.detach().contiguous().numpy(), 1
+    )
 
 
 class _NativeLinear(torch.nn.Linear):
@@ -243,14 +293,25 @@ class _NativeLinear(torch.nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         native, version = self.__dict__.get("_native_weight", (None, -1))
         w = self.weight
-        if native is None or native.weight is not w or native.ptr != w.data_ptr() or version != w._version:
-            native = NativeWeight(w, self.bias, narrow=self.__dict__.get("_narrow", False),
-                                  threads=self.__dict__.get("_threads"))
+        if (
+            native is None
+            or native.weight is not w
+            or native.ptr != w.data_ptr()
+            or version != w._version
+        ):
+            native = NativeWeight(
+                w,
+                self.bias,
+                narrow=self.__dict__.get("_narrow", False),
+                threads=self.__dict__.get("_threads"),
+            )
             self.__dict__["_native_weight"] = (native, w._version)
         return native(x) if x.dim() == 2 else F.linear(x, self.weight, self.bias)
 
 
-def native_linears_(module: torch.nn.Module, *, narrow: bool = False, threads: int | None = None) -> torch.nn.Module:
+def native_linears_(
+    module: torch.nn.Module, *, narrow: bool = False, threads: int | None = None
+) -> torch.nn.Module:
     """Run the float32 CPU ``nn.Linear`` layers of ``module`` (in place) through the native
     kernel for 2-D inputs of at most :data:`MAX_ROWS` rows; other inputs, autograd and other
     devices / dtypes take ``F.linear`` as before. The DART drafter forwards a handful of rows
@@ -276,23 +337,43 @@ def _block_row_bytes(fmt: str, k: int) -> int:
     from dartcore.errors import WeightFormatError
 
     if fmt not in BLOCK_FORMATS:
-        raise WeightFormatError(f"fmt: unknown block format {fmt!r}, expected one of {sorted(BLOCK_FORMATS)}")
+        raise WeightFormatError(
+            f"fmt: unknown block format {fmt!r}, expected one of {sorted(BLOCK_FORMATS)}"
+        )
     if k <= 0 or k % 32:
-        raise WeightFormatError(f"k: {fmt} rows of {k} weights are not a whole number of 32-weight blocks")
+        raise WeightFormatError(
+            f"k: {fmt} rows of {k} weights are not a whole number of 32-weight blocks"
+        )
     return k // 32 * BLOCK_FORMATS[fmt]
 
 
 def _check_rows(data, k: int, fmt: str) -> None:
     row = _block_row_bytes(fmt, k)
-    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != row:
+    if (
+        not isinstance(data, np.ndarray)
+        or data.dtype != np.uint8
+        or data.ndim != 2
+        or data.shape[1] != row
+    ):
         from dartcore.errors import WeightFormatError
 
-        got = f"{data.dtype} {list(data.shape)}" if isinstance(data, np.ndarray) else type(data).__name__
+        got = (
+            f"{data.dtype} {list(data.shape)}"
+            if isinstance(data, np.ndarray)
+            else type(data).__name__
+        )
         raise WeightFormatError(f"data: {fmt} rows of {k} weights are uint8 [n, {row}], got {got}")
 
 
-def dequantize_blocks(data: np.ndarray, k: int, fmt: str, *, packed: bool = False, rows: int | None = None,
-                      layout: str | None = None) -> torch.Tensor:
+def dequantize_blocks(
+    data: np.ndarray,
+    k: int,
+    fmt: str,
+    *,
+    packed: bool = False,
+    rows: int | None = None,
+    layout: str | None = None,
+) -> torch.Tensor:
     """The float32 values ``[n, k]`` of ``n`` rows of GGML blocks (``data`` uint8 ``[n, k / 32
     * block bytes]``, as the file stores them, or ``packed`` by :func:`pack_blocks`; or
     ``layout="int8"``: interleaved by :func:`interleave_blocks`, ``rows`` of them), natively,
@@ -303,7 +384,9 @@ def dequantize_blocks(data: np.ndarray, k: int, fmt: str, *, packed: bool = Fals
     layout = layout or ("packed" if packed else "file")
     n = data.shape[0] if rows is None else int(rows)
     out = torch.empty(n, k)
-    _native.dequantize_rows(np.ascontiguousarray(data), out.numpy(), fmt if layout == "file" else f"{fmt}_{layout}")
+    _native.dequantize_rows(
+        np.ascontiguousarray(data), out.numpy(), fmt if layout == "file" else f"{fmt}_{layout}"
+    )
     return out
 
 
@@ -322,8 +405,8 @@ def _unpack(data: np.ndarray, k: int, fmt: str) -> np.ndarray:
     """Packed rows (:func:`pack_blocks`) back as the file stores them."""
     n, nb, bb = data.shape[0], k // 32, BLOCK_FORMATS[fmt]
     sb = 4 if fmt == "q4_1" else 2
-    scales = data[:, :nb * sb].reshape(n, nb, sb)
-    quants = data[:, nb * sb:].reshape(n, nb, bb - sb)
+    scales = data[:, : nb * sb].reshape(n, nb, sb)
+    quants = data[:, nb * sb :].reshape(n, nb, bb - sb)
     return np.ascontiguousarray(np.concatenate([scales, quants], axis=2).reshape(n, nb * bb))
 
 
@@ -353,16 +436,27 @@ class BlockWeight:
 
     __slots__ = ("data", "format", "shape", "bias", "threads", "numerics", "adopted", "_b")
 
-    def __init__(self, data: np.ndarray, k: int, fmt: str, bias: torch.Tensor | None = None, *,
-                 threads: int | None = None, packed: bool = False, numerics: str = "exact"):
+    def __init__(
+        self,
+        data: np.ndarray,
+        k: int,
+        fmt: str,
+        bias: torch.Tensor | None = None,
+        *,
+        threads: int | None = None,
+        packed: bool = False,
+        numerics: str = "exact",
+    ):
         from dartcore.errors import WeightFormatError
 
         _check_rows(data, k, fmt)
         if numerics not in NUMERICS:
             raise WeightFormatError(f"numerics: {numerics!r}, expected one of {NUMERICS}")
         if numerics == "int8" and _INT8 is None:
-            raise WeightFormatError("numerics='int8' needs the integer kernels (AVX2 + FMA + F16C, the native "
-                                    "kernels on): use numerics='exact'")
+            raise WeightFormatError(
+                "numerics='int8' needs the integer kernels (AVX2 + FMA + F16C, the native "
+                "kernels on): use numerics='exact'"
+            )
         self.format, self.shape, self.numerics = fmt, (int(data.shape[0]), int(k)), numerics
         if numerics == "int8":
             self.data = interleave_blocks(_unpack(data, k, fmt) if packed else data, k, fmt)
@@ -374,24 +468,33 @@ class BlockWeight:
         self._b = None if bias is None else np.ascontiguousarray(bias.detach().numpy())
 
     @classmethod
-    def rows_of(cls, whole: "BlockWeight", start: int, n: int) -> "BlockWeight":
+    def rows_of(cls, whole: BlockWeight, start: int, n: int) -> BlockWeight:
         """Rows ``start .. start + n`` of a weight as a weight of their own (no bias) sharing
         its bytes (int8: ``start`` and ``n`` whole groups of 8)."""
         if whole.numerics == "int8" and (start % 8 or n % 8):
-            raise ValueError(f"rows {start}..{start + n} of an int8 weight are not whole groups of 8")
+            raise ValueError(
+                f"rows {start}..{start + n} of an int8 weight are not whole groups of 8"
+            )
         self = cls.__new__(cls)
-        self.data = whole.data[start:start + n]
+        self.data = whole.data[start : start + n]
         self.format, self.shape, self.numerics = whole.format, (n, whole.shape[1]), whole.numerics
         self.bias, self.threads, self.adopted, self._b = None, whole.threads, False, None
         return self
 
-    def with_numerics(self, numerics: str, *, copy: bool = False) -> "BlockWeight":
+    def with_numerics(self, numerics: str, *, copy: bool = False) -> BlockWeight:
         """This weight laid out for ``numerics`` (the same values): re-laid out in place, or
         with ``copy`` a new weight (this one unchanged)."""
         if numerics == self.numerics and not copy:
             return self
         bias = self.bias
-        new = BlockWeight(self.file_rows(), self.shape[1], self.format, bias, threads=self.threads, numerics=numerics)
+        new = BlockWeight(
+            self.file_rows(),
+            self.shape[1],
+            self.format,
+            bias,
+            threads=self.threads,
+            numerics=numerics,
+        )
         if copy:
             return new
         self.data, self.numerics = new.data, numerics
@@ -414,7 +517,9 @@ class BlockWeight:
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weight ``[n, k]`` (a new tensor)."""
-        return dequantize_blocks(self.data, self.shape[1], self.format, rows=self.shape[0], layout=self._layout())
+        return dequantize_blocks(
+            self.data, self.shape[1], self.format, rows=self.shape[0], layout=self._layout()
+        )
 
     def dequantize_rows(self, rows: np.ndarray) -> torch.Tensor:
         """The float32 rows ``rows`` (indices) of the weight, ``[len(rows), k]``."""
@@ -424,20 +529,38 @@ class BlockWeight:
         rows = np.asarray(rows, dtype=np.int64)
         groups = np.unique(rows // 8)
         take = (groups[:, None] * 8 + np.arange(8)[None, :]).reshape(-1)
-        values = dequantize_blocks(self.data[take], self.shape[1], self.format, rows=take.size, layout="int8")
+        values = dequantize_blocks(
+            self.data[take], self.shape[1], self.format, rows=take.size, layout="int8"
+        )
         return values[torch.from_numpy(np.searchsorted(groups, rows // 8) * 8 + rows % 8)]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if (_AVAILABLE and x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu"
-                and not (torch.is_grad_enabled() and x.requires_grad)):
+        if (
+            _AVAILABLE
+            and x.dim() == 2
+            and x.dtype == torch.float32
+            and x.device.type == "cpu"
+            and not (torch.is_grad_enabled() and x.requires_grad)
+        ):
             fmt = f"{self.format}_{self._layout()}"
             if 1 <= x.shape[0] <= MAX_ROWS:
                 return _product(x, self.data, self._b, self.threads, fmt, self.shape[0])
             if self.numerics == "int8" and x.shape[0] > 0:
                 # the integer path at any number of rows, MAX_ROWS at a time (each row's
                 # result is the same whatever the others)
-                return torch.cat([_product(x[i:i + MAX_ROWS], self.data, self._b, self.threads, fmt, self.shape[0])
-                                  for i in range(0, x.shape[0], MAX_ROWS)])
+                return torch.cat(
+                    [
+                        _product(
+                            x[i : i + MAX_ROWS],
+                            self.data,
+                            self._b,
+                            self.threads,
+                            fmt,
+                            self.shape[0],
+                        )
+                        for i in range(0, x.shape[0], MAX_ROWS)
+                    ]
+                )
         return F.linear(x, self.dequantize().to(x.device, x.dtype), self.bias)
 
     def native_parts(self) -> tuple[np.ndarray, str, np.ndarray | None] | None:

@@ -18,7 +18,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dartcore.kernels.linear import MAX_ROWS, NativeWeight, linear_threads, native_linear_available, native_linears_
+from dartcore.kernels.linear import (
+    MAX_ROWS,
+    NativeWeight,
+    linear_threads,
+    native_linear_available,
+    native_linears_,
+)
 
 __all__ = ["NativeDraft"]
 
@@ -48,13 +54,22 @@ class NativeDraft:
         return cls(drafter, threads=threads)
 
     @torch.no_grad()
-    def draft(self, state, taps: torch.Tensor, next_tokens: torch.Tensor, *, return_hidden: bool = False,
-              rows: int | None = None):
+    def draft(
+        self,
+        state,
+        taps: torch.Tensor,
+        next_tokens: torch.Tensor,
+        *,
+        return_hidden: bool = False,
+        rows: int | None = None,
+    ):
         """:meth:`DartDrafter.draft`, natively where the block fits."""
         nq = self.drafter.check_draft(taps, next_tokens, rows)
         out = self.block(state, taps, next_tokens, nq)
         if out is None:
-            return self.drafter.draft(state, taps, next_tokens, return_hidden=return_hidden, rows=nq)
+            return self.drafter.draft(
+                state, taps, next_tokens, return_hidden=return_hidden, rows=nq
+            )
         logits, h = out
         return (logits, h) if return_hidden else logits
 
@@ -78,24 +93,36 @@ class NativeDraft:
             b = None if projs[0].bias is None else torch.cat([p.bias.detach() for p in projs])
             return self.product(w, b)
 
-        return self._cached(name, [t for p in projs for t in (p.weight, p.bias) if t is not None], build)
+        return self._cached(
+            name, [t for p in projs for t in (p.weight, p.bias) if t is not None], build
+        )
 
     def _mask_inputs(self) -> torch.Tensor:
         """The MASK rows' layer inputs ``[d - 1, 2H]`` (constant between weight updates)."""
         dr = self.drafter
-        return self._cached("mask_x", (dr.mask_emb, dr.mask_hidden, dr.emb_norm.weight, dr.hidden_norm.weight),
-                            lambda: dr.mask_rows()[0].detach().float().contiguous())
+        return self._cached(
+            "mask_x",
+            (dr.mask_emb, dr.mask_hidden, dr.emb_norm.weight, dr.hidden_norm.weight),
+            lambda: dr.mask_rows()[0].detach().float().contiguous(),
+        )
 
     def _rope_rows(self, start: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """cos, sin ``[rows, head_dim]`` of positions ``start..start + rows`` from a table of
         every position so far (grown by doubling): one slice instead of ~7 small ops a draft."""
         table = self._rope_table
-        if table is None or table[0] is not self.drafter.inv_freq or table[1].shape[0] < start + rows:
+        if (
+            table is None
+            or table[0] is not self.drafter.inv_freq
+            or table[1].shape[0] < start + rows
+        ):
             n = max(256, 2 * (start + rows))
             cos, sin = self.drafter.rope(torch.arange(n))
-            table = self._rope_table = (self.drafter.inv_freq, cos.float().contiguous().numpy(),
-                                        sin.float().contiguous().numpy())
-        return table[1][start:start + rows], table[2][start:start + rows]
+            table = self._rope_table = (
+                self.drafter.inv_freq,
+                cos.float().contiguous().numpy(),
+                sin.float().contiguous().numpy(),
+            )
+        return table[1][start : start + rows], table[2][start : start + rows]
 
     # -- the block ---------------------------------------------------------------------
 
@@ -119,14 +146,23 @@ class NativeDraft:
 
         def norm(x: torch.Tensor, module, delta: torch.Tensor | None = None) -> torch.Tensor:
             out = torch.empty_like(x)
-            _native.add_rms_norm(x.numpy(), None if delta is None else delta.numpy(),
-                                 module.weight.detach().numpy(), eps, out.numpy())
+            _native.add_rms_norm(
+                x.numpy(),
+                None if delta is None else delta.numpy(),
+                module.weight.detach().numpy(),
+                eps,
+                out.numpy(),
+            )
             return out
 
         g = dr.fc(taps.to(torch.float32).contiguous())
         emb = dr.embed(next_tokens).contiguous()
-        x = torch.cat((torch.cat((norm(emb, dr.emb_norm), norm(g, dr.hidden_norm)), dim=-1),
-                       self._mask_inputs()[:nq - 1]))
+        x = torch.cat(
+            (
+                torch.cat((norm(emb, dr.emb_norm), norm(g, dr.hidden_norm)), dim=-1),
+                self._mask_inputs()[: nq - 1],
+            )
+        )
         start = state.length
         cos, sin = self._rope_rows(start, rows)
         att = torch.empty(rows, layer.nh * layer.hd)
@@ -134,12 +170,29 @@ class NativeDraft:
         if layer.qk_norm:
             qn, kn = layer.q_norm.weight.detach().numpy(), layer.k_norm.weight.detach().numpy()
         qkv = self._fused("qkv", (layer.q_proj, layer.k_proj, layer.v_proj))(x)
-        _native.block_attention(qkv.numpy(), layer.nh, layer.nkv, cos, sin, state.k.numpy(), state.v.numpy(), start,
-                                None, layer.hd ** -0.5, att.numpy(), qn, kn, eps, self.threads)
+        _native.block_attention(
+            qkv.numpy(),
+            layer.nh,
+            layer.nkv,
+            cos,
+            sin,
+            state.k.numpy(),
+            state.v.numpy(),
+            start,
+            None,
+            layer.hd**-0.5,
+            att.numpy(),
+            qn,
+            kn,
+            eps,
+            self.threads,
+        )
         state.length += n  # the real rows' keys and values are in place
-        h = torch.cat((g[-1:], dr.mask_hidden.detach()[:nq - 1]))  # the residual streams
-        x = norm(h, layer.post_attention_layernorm, layer.o_proj(att[n - 1:]))  # h += attention
-        gate, up = self._fused("gate_up", (layer.gate_proj, layer.up_proj))(x).split(layer.gate_proj.out_features, -1)
+        h = torch.cat((g[-1:], dr.mask_hidden.detach()[: nq - 1]))  # the residual streams
+        x = norm(h, layer.post_attention_layernorm, layer.o_proj(att[n - 1 :]))  # h += attention
+        gate, up = self._fused("gate_up", (layer.gate_proj, layer.up_proj))(x).split(
+            layer.gate_proj.out_features, -1
+        )
         mlp = layer.down_proj(F.silu(gate) * up)
         return dr.lm_head(norm(h, dr.norm, mlp)), h  # h += mlp; logits of norm(h)
 
@@ -152,8 +205,10 @@ class NativeDraft:
         dr = self.drafter
         nqs = [dr.check_draft(t, x, r) for t, x, r in zip(taps, next_tokens, rows)]
         ns = [int(t.shape[0]) for t in taps]
-        if (torch.is_grad_enabled() or any(n + nq - 1 > MAX_ROWS or s.length + n + nq - 1 > s.max_len
-                                           or s.k.dtype != torch.float32 for s, n, nq in zip(states, ns, nqs))):
+        if torch.is_grad_enabled() or any(
+            n + nq - 1 > MAX_ROWS or s.length + n + nq - 1 > s.max_len or s.k.dtype != torch.float32
+            for s, n, nq in zip(states, ns, nqs)
+        ):
             return dr.draft_batch(states, taps, next_tokens, rows, return_hidden=return_hidden)
         from dartcore import _native
 
@@ -161,8 +216,13 @@ class NativeDraft:
 
         def norm(x: torch.Tensor, module, delta: torch.Tensor | None = None) -> torch.Tensor:
             out = torch.empty_like(x)
-            _native.add_rms_norm(x.numpy(), None if delta is None else delta.numpy(),
-                                 module.weight.detach().numpy(), eps, out.numpy())
+            _native.add_rms_norm(
+                x.numpy(),
+                None if delta is None else delta.numpy(),
+                module.weight.detach().numpy(),
+                eps,
+                out.numpy(),
+            )
             return out
 
         g = dr.fc(torch.cat(taps).to(torch.float32).contiguous())
@@ -172,8 +232,8 @@ class NativeDraft:
         blocks, resid, outs = [], [], []
         off = 0
         for n, nq in zip(ns, nqs):
-            blocks += [real[off:off + n], masks[:nq - 1]]
-            resid += [g[off + n - 1:off + n], dr.mask_hidden.detach()[:nq - 1]]
+            blocks += [real[off : off + n], masks[: nq - 1]]
+            resid += [g[off + n - 1 : off + n], dr.mask_hidden.detach()[: nq - 1]]
             off += n
         x = torch.cat(blocks)
         qkv = self._fused("qkv", (layer.q_proj, layer.k_proj, layer.v_proj))(x).contiguous().numpy()
@@ -187,19 +247,39 @@ class NativeDraft:
             m = n + nq - 1
             start = state.length
             cos, sin = self._rope_rows(start, m)
-            _native.block_attention(qkv[off:off + m], layer.nh, layer.nkv, cos, sin, state.k.numpy(),
-                                    state.v.numpy(), start, None, layer.hd ** -0.5, an[off:off + m], qn, kn, eps,
-                                    self.threads)
+            _native.block_attention(
+                qkv[off : off + m],
+                layer.nh,
+                layer.nkv,
+                cos,
+                sin,
+                state.k.numpy(),
+                state.v.numpy(),
+                start,
+                None,
+                layer.hd**-0.5,
+                an[off : off + m],
+                qn,
+                kn,
+                eps,
+                self.threads,
+            )
             state.length += n  # the real rows' keys and values are in place
-            outs.append(att[off + n - 1:off + m])  # the last real row and the MASK rows
+            outs.append(att[off + n - 1 : off + m])  # the last real row and the MASK rows
             off += m
         h = torch.cat(resid)
         x = norm(h, layer.post_attention_layernorm, layer.o_proj(torch.cat(outs)))  # h += attention
-        gate, up = self._fused("gate_up", (layer.gate_proj, layer.up_proj))(x).split(layer.gate_proj.out_features, -1)
+        gate, up = self._fused("gate_up", (layer.gate_proj, layer.up_proj))(x).split(
+            layer.gate_proj.out_features, -1
+        )
         mlp = layer.down_proj(F.silu(gate) * up)
         logits = dr.lm_head(norm(h, dr.norm, mlp))
         result, off = [], 0
         for nq in nqs:
-            result.append((logits[off:off + nq], h[off:off + nq]) if return_hidden else logits[off:off + nq])
+            result.append(
+                (logits[off : off + nq], h[off : off + nq])
+                if return_hidden
+                else logits[off : off + nq]
+            )
             off += nq
         return result

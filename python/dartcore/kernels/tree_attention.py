@@ -24,7 +24,13 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-__all__ = ["tree_attention", "tree_attention_reference", "pack_block_mask", "force_backend", "backend_for"]
+__all__ = [
+    "tree_attention",
+    "tree_attention_reference",
+    "pack_block_mask",
+    "force_backend",
+    "backend_for",
+]
 
 _FORCE: str | None = None  # None = automatic; "reference" | "triton"
 
@@ -58,8 +64,15 @@ def backend_for(device: torch.device) -> str:
     return "triton" if device.type == "cuda" and _triton_usable(device) else "reference"
 
 
-def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int,
-                   block_mask: torch.Tensor | None, *, scale: float) -> torch.Tensor:
+def tree_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    prefix_len: int,
+    block_mask: torch.Tensor | None,
+    *,
+    scale: float,
+) -> torch.Tensor:
     """Attention of a block of new rows over prefix + block.
 
     q: ``[heads, n, D]``; k, v: ``[kv_heads, prefix_len + n, D]`` (the block's
@@ -72,8 +85,9 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len
     if block_mask is None and prefix_len == 0 and n >= _SDPA_CAUSAL_MIN:
         # Long causal prefill: SDPA's fused causal kernel never builds the
         # [n, n] scores (an 8k-token prompt would need GBs for them).
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
-                                              enable_gqa=q.shape[0] != k.shape[0])
+        return F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=scale, enable_gqa=q.shape[0] != k.shape[0]
+        )
     if block_mask is None:
         block_mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril_()
     if backend_for(q.device) == "triton":
@@ -103,8 +117,15 @@ def _packed(block_mask: torch.Tensor) -> torch.Tensor:
 _SDPA_CAUSAL_MIN = 256
 
 
-def tree_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int,
-                             block_mask: torch.Tensor, *, scale: float) -> torch.Tensor:
+def tree_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    prefix_len: int,
+    block_mask: torch.Tensor,
+    *,
+    scale: float,
+) -> torch.Tensor:
     # Plain matmul / masked softmax (fp32) rather than F.scaled_dot_product_attention:
     # at batch 1 with a handful of rows SDPA's CPU kernel costs ~1 ms of dispatch
     # and thread start-up per call (0.03 ms for this on 4 heads x 40 keys, measured
@@ -131,7 +152,8 @@ def pack_block_mask(block_mask: torch.Tensor) -> torch.Tensor:
     padded = torch.zeros(n, words * 64, dtype=torch.int64, device=block_mask.device)
     padded[:, :n] = block_mask.to(torch.int64)
     weights = torch.ones(64, dtype=torch.int64, device=block_mask.device) << torch.arange(
-        64, dtype=torch.int64, device=block_mask.device)
+        64, dtype=torch.int64, device=block_mask.device
+    )
     # Distinct powers of two: the wrapping int64 sum is a bitwise OR (bit 63
     # makes the word negative, which is the right two's-complement pattern).
     return (padded.view(n, words, 64) * weights).sum(-1)

@@ -32,10 +32,29 @@ __all__ = ["PackedAttention", "tree_attention_triton"]
 
 @triton.jit
 def _tree_attn_kernel(
-    q_ptr, k_ptr, v_ptr, bits_ptr, out_ptr, table_ptr, seg_ptr,
-    group, scale, layer_k, layer_v,
-    sq_h, sq_n, sk_h, sk_s, sv_h, sv_s, so_h, so_n,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    bits_ptr,
+    out_ptr,
+    table_ptr,
+    seg_ptr,
+    group,
+    scale,
+    layer_k,
+    layer_v,
+    sq_h,
+    sq_n,
+    sk_h,
+    sk_s,
+    sv_h,
+    sv_s,
+    so_h,
+    so_n,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     # table[p] = (segment, first row of the block inside it); seg[s] = (first packed row,
@@ -57,8 +76,11 @@ def _tree_attn_kernel(
     row_ok = rows < n
     dim_ok = dims < HEAD_DIM
 
-    q = tl.load(q_ptr + head * sq_h + (row0 + rows)[:, None] * sq_n + dims[None, :],
-                mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + head * sq_h + (row0 + rows)[:, None] * sq_n + dims[None, :],
+        mask=row_ok[:, None] & dim_ok[None, :],
+        other=0.0,
+    )
     m_i = tl.full([BLOCK_M], -1.0e38, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -68,17 +90,25 @@ def _tree_attn_kernel(
     for start in range(0, prefix_len, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
         key_ok = keys < prefix_len
-        k = tl.load(k_base + kv_head * sk_h + keys[:, None] * sk_s + dims[None, :],
-                    mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
-        v = tl.load(v_base + kv_head * sv_h + keys[:, None] * sv_s + dims[None, :],
-                    mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
+        k = tl.load(
+            k_base + kv_head * sk_h + keys[:, None] * sk_s + dims[None, :],
+            mask=key_ok[:, None] & dim_ok[None, :],
+            other=0.0,
+        )
+        v = tl.load(
+            v_base + kv_head * sv_h + keys[:, None] * sv_s + dims[None, :],
+            mask=key_ok[:, None] & dim_ok[None, :],
+            other=0.0,
+        )
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale
         s = tl.where(key_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(
+            tl.float32
+        )
         m_i = m_new
 
     # Tree block: key j (0-based inside the block) is visible to row i iff
@@ -87,50 +117,109 @@ def _tree_attn_kernel(
         keys = start + tl.arange(0, BLOCK_N)
         key_ok = keys < total
         j = keys - prefix_len
-        word = tl.load(bits_base + rows[:, None] * words + (j // 64)[None, :],
-                       mask=row_ok[:, None] & key_ok[None, :], other=0)
+        word = tl.load(
+            bits_base + rows[:, None] * words + (j // 64)[None, :],
+            mask=row_ok[:, None] & key_ok[None, :],
+            other=0,
+        )
         visible = ((word >> (j % 64).to(tl.int64)[None, :]) & 1) != 0
-        k = tl.load(k_base + kv_head * sk_h + keys[:, None] * sk_s + dims[None, :],
-                    mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
-        v = tl.load(v_base + kv_head * sv_h + keys[:, None] * sv_s + dims[None, :],
-                    mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
+        k = tl.load(
+            k_base + kv_head * sk_h + keys[:, None] * sk_s + dims[None, :],
+            mask=key_ok[:, None] & dim_ok[None, :],
+            other=0.0,
+        )
+        v = tl.load(
+            v_base + kv_head * sv_h + keys[:, None] * sv_s + dims[None, :],
+            mask=key_ok[:, None] & dim_ok[None, :],
+            other=0.0,
+        )
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale
         s = tl.where(visible & key_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(
+            tl.float32
+        )
         m_i = m_new
 
     l_i = tl.where(l_i == 0.0, 1.0, l_i)  # padding rows only; real rows see themselves
     out = acc / l_i[:, None]
-    tl.store(out_ptr + head * so_h + (row0 + rows)[:, None] * so_n + dims[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
+    tl.store(
+        out_ptr + head * so_h + (row0 + rows)[:, None] * so_n + dims[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & dim_ok[None, :],
+    )
 
 
-def _tables(sizes, prefix_lens, key_offsets, value_offsets, word_offsets, words, block_m: int, device):
+def _tables(
+    sizes, prefix_lens, key_offsets, value_offsets, word_offsets, words, block_m: int, device
+):
     """The kernel's int64 program table and segment table (see the kernel)."""
     table, seg, row0 = [], [], 0
     for i, n in enumerate(sizes):
         table += [x for m0 in range(0, n, block_m) for x in (i, m0)]
-        seg += [row0, n, prefix_lens[i], key_offsets[i], value_offsets[i], word_offsets[i], words[i]]
+        seg += [
+            row0,
+            n,
+            prefix_lens[i],
+            key_offsets[i],
+            value_offsets[i],
+            word_offsets[i],
+            words[i],
+        ]
         row0 += n
     as_t = functools.partial(torch.tensor, dtype=torch.int64, device=device)
     return as_t(table).view(-1, 2), as_t(seg)
 
 
-def _launch(q, k, v, bits, table, seg, out, *, group: int, scale: float, layer_k: int = 0, layer_v: int = 0,
-            sk=None, sv=None, block_m: int, block_n: int) -> torch.Tensor:
+def _launch(
+    q,
+    k,
+    v,
+    bits,
+    table,
+    seg,
+    out,
+    *,
+    group: int,
+    scale: float,
+    layer_k: int = 0,
+    layer_v: int = 0,
+    sk=None,
+    sv=None,
+    block_m: int,
+    block_n: int,
+) -> torch.Tensor:
     heads, _, head_dim = q.shape
     sk = sk or (k.stride(-3), k.stride(-2))
     sv = sv or (v.stride(-3), v.stride(-2))
     block_d = max(16, triton.next_power_of_2(head_dim))
     _tree_attn_kernel[(table.shape[0], heads)](
-        q, k, v, bits, out, table, seg,
-        group, float(scale), layer_k, layer_v,
-        q.stride(0), q.stride(1), sk[0], sk[1], sv[0], sv[1], out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        q,
+        k,
+        v,
+        bits,
+        out,
+        table,
+        seg,
+        group,
+        float(scale),
+        layer_k,
+        layer_v,
+        q.stride(0),
+        q.stride(1),
+        sk[0],
+        sk[1],
+        sv[0],
+        sv[1],
+        out.stride(0),
+        out.stride(1),
+        HEAD_DIM=head_dim,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
         # fp32 stays fp32 (Triton's default for a float32 dot is TF32, ~1e-3 relative
         # error, enough to flip a greedy argmax against the target's own fp32 forward).
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
@@ -138,9 +227,17 @@ def _launch(q, k, v, bits, table, seg, out, *, group: int, scale: float, layer_k
     return out
 
 
-def tree_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int,
-                          bits: torch.Tensor, *, scale: float, block_m: int = 16,
-                          block_n: int = 32) -> torch.Tensor:
+def tree_attention_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    prefix_len: int,
+    bits: torch.Tensor,
+    *,
+    scale: float,
+    block_m: int = 16,
+    block_n: int = 32,
+) -> torch.Tensor:
     """q ``[heads, n, D]``, k/v ``[kv_heads, prefix_len + n, D]`` (last dim
     contiguous), bits int64 ``[n, ceil(n / 64)]``. Returns ``[heads, n, D]``."""
     heads, n, head_dim = q.shape
@@ -159,8 +256,19 @@ def tree_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pre
         v = v.contiguous()
     bits = bits.contiguous()
     table, seg = _tables([n], [prefix_len], [0], [0], [0], [words], block_m, q.device)
-    return _launch(q, k, v, bits, table, seg, torch.empty_like(q), group=heads // kv_heads, scale=scale,
-                   block_m=block_m, block_n=block_n)
+    return _launch(
+        q,
+        k,
+        v,
+        bits,
+        table,
+        seg,
+        torch.empty_like(q),
+        group=heads // kv_heads,
+        scale=scale,
+        block_m=block_m,
+        block_n=block_n,
+    )
 
 
 class PackedAttention:
@@ -174,7 +282,9 @@ class PackedAttention:
 
     def __init__(self, caches, sizes, bits, *, block_m: int = 16, block_n: int = 32):
         if not self.supports(caches):
-            raise ValueError("packed attention needs caches that are views of one pool (same storage and strides)")
+            raise ValueError(
+                "packed attention needs caches that are views of one pool (same storage and strides)"
+            )
         self.k0, self.v0 = caches[0].k, caches[0].v
         es = self.k0.element_size()
         koff = [(c.k.data_ptr() - self.k0.data_ptr()) // es for c in caches]
@@ -184,8 +294,16 @@ class PackedAttention:
         for b in bits[:-1]:
             word_off.append(word_off[-1] + b.numel())
         self.bits = torch.cat([b.reshape(-1) for b in bits]).contiguous()
-        self.table, self.seg = _tables([int(s) for s in sizes], [int(c.length) for c in caches], koff, voff,
-                                       word_off, words, block_m, self.k0.device)
+        self.table, self.seg = _tables(
+            [int(s) for s in sizes],
+            [int(c.length) for c in caches],
+            koff,
+            voff,
+            word_off,
+            words,
+            block_m,
+            self.k0.device,
+        )
         self.block_m, self.block_n = block_m, block_n
 
     @staticmethod
@@ -196,8 +314,13 @@ class PackedAttention:
         if k0.stride(-1) != 1 or v0.stride(-1) != 1:
             return False
         ks, vs = k0.untyped_storage().data_ptr(), v0.untyped_storage().data_ptr()
-        return all(c.k.untyped_storage().data_ptr() == ks and c.v.untyped_storage().data_ptr() == vs
-                   and c.k.stride() == k0.stride() and c.v.stride() == v0.stride() for c in caches)
+        return all(
+            c.k.untyped_storage().data_ptr() == ks
+            and c.v.untyped_storage().data_ptr() == vs
+            and c.k.stride() == k0.stride()
+            and c.v.stride() == v0.stride()
+            for c in caches
+        )
 
     def __call__(self, q: torch.Tensor, layer: int, *, scale: float) -> torch.Tensor:
         """q ``[heads, N, D]`` (every sequence's rows, packed) -> ``[heads, N, D]``."""
@@ -206,7 +329,20 @@ class PackedAttention:
         if heads % kv_heads:
             raise ValueError(f"{heads} query heads are not a multiple of {kv_heads} KV heads")
         q = q.contiguous()
-        return _launch(q, self.k0, self.v0, self.bits, self.table, self.seg, torch.empty_like(q),
-                       group=heads // kv_heads, scale=scale, layer_k=layer * self.k0.stride(0),
-                       layer_v=layer * self.v0.stride(0), sk=(self.k0.stride(1), self.k0.stride(2)),
-                       sv=(self.v0.stride(1), self.v0.stride(2)), block_m=self.block_m, block_n=self.block_n)
+        return _launch(
+            q,
+            self.k0,
+            self.v0,
+            self.bits,
+            self.table,
+            self.seg,
+            torch.empty_like(q),
+            group=heads // kv_heads,
+            scale=scale,
+            layer_k=layer * self.k0.stride(0),
+            layer_v=layer * self.v0.stride(0),
+            sk=(self.k0.stride(1), self.k0.stride(2)),
+            sv=(self.v0.stride(1), self.v0.stride(2)),
+            block_m=self.block_m,
+            block_n=self.block_n,
+        )

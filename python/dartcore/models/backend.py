@@ -41,7 +41,9 @@ class LazyLogits:
     about ``(accepted + 2) // 2`` products, where the whole tree would cost
     several."""
 
-    def __init__(self, target: TargetModel, hidden: torch.Tensor, parents: np.ndarray | None = None):
+    def __init__(
+        self, target: TargetModel, hidden: torch.Tensor, parents: np.ndarray | None = None
+    ):
         self.target = target
         self.hidden = hidden
         self.rows: dict[int, torch.Tensor] = {}
@@ -58,7 +60,7 @@ class LazyLogits:
                 both = self.target.logits(self.hidden[[i, c]])
                 row, self.rows[c] = both[0], both[1]
             else:
-                row = self.target.logits(self.hidden[i:i + 1])[0]
+                row = self.target.logits(self.hidden[i : i + 1])[0]
             self.rows[i] = row
         return row
 
@@ -83,8 +85,16 @@ class TorchBackend:
                 column_major_linears_(drafter)  # 2x faster d-row drafting with MKL
         return drafter
 
-    def draft(self, drafter, state, taps: torch.Tensor, next_tokens: torch.Tensor, *, rows: int,
-              return_hidden: bool):
+    def draft(
+        self,
+        drafter,
+        state,
+        taps: torch.Tensor,
+        next_tokens: torch.Tensor,
+        *,
+        rows: int,
+        return_hidden: bool,
+    ):
         """``drafter.draft(...)`` on this backend."""
         return drafter.draft(state, taps, next_tokens, return_hidden=return_hidden, rows=rows)
 
@@ -92,10 +102,21 @@ class TorchBackend:
         """One drafter pass for several sequences (``drafter.draft_batch``); one sequence
         takes :meth:`draft`."""
         if len(states) == 1:
-            return [self.draft(drafter, states[0], taps[0], next_tokens[0], rows=rows[0], return_hidden=return_hidden)]
+            return [
+                self.draft(
+                    drafter,
+                    states[0],
+                    taps[0],
+                    next_tokens[0],
+                    rows=rows[0],
+                    return_hidden=return_hidden,
+                )
+            ]
         if not hasattr(drafter, "draft_batch"):  # a custom drafter: one call per sequence
-            return [self.draft(drafter, s, t, x, rows=r, return_hidden=return_hidden)
-                    for s, t, x, r in zip(states, taps, next_tokens, rows)]
+            return [
+                self.draft(drafter, s, t, x, rows=r, return_hidden=return_hidden)
+                for s, t, x, r in zip(states, taps, next_tokens, rows)
+            ]
         return drafter.draft_batch(states, taps, next_tokens, rows, return_hidden=return_hidden)
 
     def round_scope(self):
@@ -115,7 +136,6 @@ class TorchBackend:
         """Row i = the target's logits after tree node i (indexable by node)."""
         return LazyLogits(self.target, out.hidden, parents) if self.lazy_logits else out.logits
 
-
     def tree_logits_batch(self, outs: list[ForwardOutput], trees: list) -> list:
         """:meth:`tree_logits` for every sequence of a packed verify. Lazily, the rows every
         walk reads first -- each tree's root and its first child -- come from one LM-head
@@ -124,8 +144,11 @@ class TorchBackend:
         if not self.lazy_logits or len(outs) == 1:
             return [self.tree_logits(o, t.parents) for o, t in zip(outs, trees)]
         lazies = [LazyLogits(self.target, o.hidden, t.parents) for o, t in zip(outs, trees)]
-        where = [(k, i) for k, lz in enumerate(lazies)
-                 for i in ([0, lz.first_child[0]] if 0 in lz.first_child else [0])]
+        where = [
+            (k, i)
+            for k, lz in enumerate(lazies)
+            for i in ([0, lz.first_child[0]] if 0 in lz.first_child else [0])
+        ]
         logits = self.target.logits(torch.stack([lazies[k].hidden[i] for k, i in where]))
         for (k, i), row in zip(where, logits):
             lazies[k].rows[i] = row
@@ -147,25 +170,40 @@ class NativeCpuBackend(TorchBackend):
             # weights streamed once for the d rows, fp16 where they are fp16-exact (the shipped
             # drafters are stored in fp16: same drafts, half the bytes); a DartDrafter's layer
             # ops native too
-            native = NativeDraft.adopt(drafter, threads=self.target.threads) if isinstance(drafter, DartDrafter) \
+            native = (
+                NativeDraft.adopt(drafter, threads=self.target.threads)
+                if isinstance(drafter, DartDrafter)
                 else None
+            )
             if native is not None:
                 self.native_drafts[id(drafter)] = native
             else:
                 native_linears_(drafter, narrow=True, threads=self.target.threads)
         return drafter
 
-    def draft(self, drafter, state, taps: torch.Tensor, next_tokens: torch.Tensor, *, rows: int,
-              return_hidden: bool):
+    def draft(
+        self,
+        drafter,
+        state,
+        taps: torch.Tensor,
+        next_tokens: torch.Tensor,
+        *,
+        rows: int,
+        return_hidden: bool,
+    ):
         native = self.native_drafts.get(id(drafter))
         if native is None or native.drafter is not drafter:
-            return super().draft(drafter, state, taps, next_tokens, rows=rows, return_hidden=return_hidden)
+            return super().draft(
+                drafter, state, taps, next_tokens, rows=rows, return_hidden=return_hidden
+            )
         return native.draft(state, taps, next_tokens, return_hidden=return_hidden, rows=rows)
 
     def draft_batch(self, drafter, states, taps, next_tokens, *, rows, return_hidden: bool) -> list:
         native = self.native_drafts.get(id(drafter))
         if len(states) == 1 or native is None or native.drafter is not drafter:
-            return super().draft_batch(drafter, states, taps, next_tokens, rows=rows, return_hidden=return_hidden)
+            return super().draft_batch(
+                drafter, states, taps, next_tokens, rows=rows, return_hidden=return_hidden
+            )
         return native.draft_batch(states, taps, next_tokens, rows, return_hidden=return_hidden)
 
     def round_scope(self):

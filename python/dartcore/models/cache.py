@@ -22,8 +22,16 @@ __all__ = ["KVCache"]
 
 
 class KVCache:
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int, *,
-                 dtype: torch.dtype, device: torch.device | str):
+    def __init__(
+        self,
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ):
         if capacity <= 0:
             raise ValueError(f"KV cache capacity must be positive, got {capacity}")
         shape = (layers, kv_heads, capacity, head_dim)
@@ -33,12 +41,14 @@ class KVCache:
         self.length = 0  # committed slots
 
     @classmethod
-    def over(cls, k: torch.Tensor, v: torch.Tensor) -> "KVCache":
+    def over(cls, k: torch.Tensor, v: torch.Tensor) -> KVCache:
         """A cache on existing storage ``[layers, kv_heads, capacity, head_dim]`` (contiguous),
         empty: a slot of a :class:`~dartcore.models.kv_pool.KVPool`. Nothing is allocated."""
         if k.shape != v.shape or k.dim() != 4 or not (k.is_contiguous() and v.is_contiguous()):
-            raise ValueError(f"KV storage must be two contiguous [layers, kv_heads, capacity, head_dim] tensors, "
-                             f"got {tuple(k.shape)} and {tuple(v.shape)}")
+            raise ValueError(
+                f"KV storage must be two contiguous [layers, kv_heads, capacity, head_dim] tensors, "
+                f"got {tuple(k.shape)} and {tuple(v.shape)}"
+            )
         cache = cls.__new__(cls)
         cache.k, cache.v = k, v
         cache.capacity = int(k.shape[2])
@@ -61,8 +71,8 @@ class KVCache:
         end = self.length + n
         if end > self.capacity:  # check_block ran first; this is the last line of defence
             raise ContextLengthError(f"KV write to slot {end - 1} past capacity {self.capacity}")
-        self.k[layer, :, self.length:end] = k
-        self.v[layer, :, self.length:end] = v
+        self.k[layer, :, self.length : end] = k
+        self.v[layer, :, self.length : end] = v
 
     def view(self, layer: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of the committed prefix plus the current block of ``n``."""
@@ -79,7 +89,9 @@ class KVCache:
         """Keep only rows ``block_rows`` (indices into the block just written,
         strictly increasing, e.g. an accepted tree path), moved to contiguous
         slots right after the prefix; everything after them is garbage."""
-        if isinstance(block_rows, (list, tuple)) and list(block_rows) == list(range(len(block_rows))):
+        if isinstance(block_rows, (list, tuple)) and list(block_rows) == list(
+            range(len(block_rows))
+        ):
             self.commit(len(block_rows))  # rows 0..m-1 are already in place (a plain step, a chain)
             return
         rows = torch.as_tensor(block_rows, dtype=torch.long, device=self.k.device)

@@ -32,7 +32,14 @@ from torch import nn
 from dartcore.errors import DartError, WeightFormatError
 from dartcore.kernels.linear import BlockWeight, dequantize_blocks
 
-__all__ = ["BlockEmbedding", "BlockLinear", "block_bytes", "check_gguf", "load_gguf_model", "read_gguf"]
+__all__ = [
+    "BlockEmbedding",
+    "BlockLinear",
+    "block_bytes",
+    "check_gguf",
+    "load_gguf_model",
+    "read_gguf",
+]
 
 _LAYER = {
     "attn_norm": "input_layernorm",
@@ -65,7 +72,9 @@ def _hf_name(name: str) -> str:
 def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
     """Undo llama.cpp's rotary permutation of q/k rows (rows of floats or of blocks)."""
     rows = w.shape[0]
-    return np.ascontiguousarray(w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape))
+    return np.ascontiguousarray(
+        w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    )
 
 
 class _Blocks:
@@ -120,7 +129,7 @@ class _Header:
                 nonlocal pos
                 n = take("<Q")
                 need(n)
-                text = bytes(buf[pos:pos + n])
+                text = bytes(buf[pos : pos + n])
                 pos += n
                 return text.decode("utf-8", "replace")
 
@@ -148,7 +157,9 @@ class _Header:
             pos = 4
             version = take("<I")
             if version not in _GGUF_VERSIONS:
-                raise WeightFormatError(f"{path}: GGUF version {version}, dartcore reads {_GGUF_VERSIONS}")
+                raise WeightFormatError(
+                    f"{path}: GGUF version {version}, dartcore reads {_GGUF_VERSIONS}"
+                )
             n_tensors, n_kv = take("<QQ")
             alignment = 32
             for _ in range(n_kv):
@@ -179,16 +190,22 @@ class _Header:
             try:
                 block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
             except (ValueError, KeyError):
-                raise WeightFormatError(f"{self.path}: tensor {name} has GGML type {ggml_type}, which dartcore "
-                                        f"does not read") from None
+                raise WeightFormatError(
+                    f"{self.path}: tensor {name} has GGML type {ggml_type}, which dartcore "
+                    f"does not read"
+                ) from None
             count = int(np.prod([int(x) for x in dims], dtype=object)) if dims else 1
             if dims and int(dims[0]) % block:
-                raise WeightFormatError(f"{self.path}: tensor {name} has rows of {dims[0]} elements, not whole "
-                                        f"blocks of {block}")
+                raise WeightFormatError(
+                    f"{self.path}: tensor {name} has rows of {dims[0]} elements, not whole "
+                    f"blocks of {block}"
+                )
             end = offset + count // block * type_size
             if end > self.size:
-                raise WeightFormatError(f"{self.path}: tensor {name} is truncated: its data ends at byte {end}, "
-                                        f"the file has {self.size}")
+                raise WeightFormatError(
+                    f"{self.path}: tensor {name} is truncated: its data ends at byte {end}, "
+                    f"the file has {self.size}"
+                )
 
 
 def check_gguf(path: str | Path) -> None:
@@ -219,7 +236,9 @@ def read_gguf(path: str | Path, config) -> dict[str, np.ndarray | _Blocks]:
             f.seek(offset)
             raw = np.fromfile(f, dtype=np.uint8, count=count)
             if raw.size != count:
-                raise WeightFormatError(f"{path}: tensor {gguf_name} is truncated ({raw.size} of {count} bytes)")
+                raise WeightFormatError(
+                    f"{path}: tensor {gguf_name} is truncated ({raw.size} of {count} bytes)"
+                )
             fmt = _BLOCKS.get(qtype.name)
             if fmt is not None and len(shape) == 2:
                 w = raw.reshape(shape[0], -1)
@@ -278,7 +297,9 @@ class BlockEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1).cpu().numpy()
         if flat.size and (flat.min() < 0 or flat.max() >= self.num_embeddings):
-            raise IndexError(f"token id out of range for an embedding of {self.num_embeddings} rows")
+            raise IndexError(
+                f"token id out of range for an embedding of {self.num_embeddings} rows"
+            )
         rows = self.block.dequantize_rows(flat)
         return rows.reshape(*ids.shape, self.embedding_dim).to(ids.device)
 
@@ -293,7 +314,10 @@ def block_bytes(model: nn.Module) -> int:
 
 
 # Projections fused by TargetModel: a group's block rows are stacked, so they need one format.
-_GROUPS = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gate_proj", "mlp.up_proj"))
+_GROUPS = (
+    ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    ("mlp.gate_proj", "mlp.up_proj"),
+)
 
 
 def load_gguf_model(gguf_path: str | Path, hf_dir: str | Path, *, numerics: str = "exact"):
@@ -313,8 +337,10 @@ def load_gguf_model(gguf_path: str | Path, hf_dir: str | Path, *, numerics: str 
 
     config = AutoConfig.from_pretrained(hf_dir)
     if getattr(config, "model_type", None) not in ("llama", "mistral", "qwen2"):
-        raise DartError(f"{gguf_path}: block weights are read for Llama-family GGUF files, not "
-                        f"{getattr(config, 'model_type', None)!r}")
+        raise DartError(
+            f"{gguf_path}: block weights are read for Llama-family GGUF files, not "
+            f"{getattr(config, 'model_type', None)!r}"
+        )
     tensors = read_gguf(gguf_path, config)
     # A fused group of mixed formats is dequantised (one format per stacked matrix).
     for i in range(config.num_hidden_layers):
@@ -335,7 +361,9 @@ def load_gguf_model(gguf_path: str | Path, hf_dir: str | Path, *, numerics: str 
     with torch.no_grad():
         # The block modules first, then the float parameters (a bias lands on its block module).
         for name, block in blocks.items():
-            module = BlockEmbedding(block) if name == "model.embed_tokens.weight" else BlockLinear(block)
+            module = (
+                BlockEmbedding(block) if name == "model.embed_tokens.weight" else BlockLinear(block)
+            )
             _replace(model, name.rsplit(".", 1)[0], module)
         for name, value in tensors.items():
             if not isinstance(value, _Blocks):
@@ -343,13 +371,20 @@ def load_gguf_model(gguf_path: str | Path, hf_dir: str | Path, *, numerics: str 
                 setattr(owner, attr, nn.Parameter(torch.from_numpy(value), requires_grad=False))
         if "lm_head.weight" not in tensors:
             if not getattr(config, "tie_word_embeddings", False):
-                raise DartError(f"{gguf_path} has no output weight and the config does not tie it to the embedding")
+                raise DartError(
+                    f"{gguf_path} has no output weight and the config does not tie it to the embedding"
+                )
             emb = tensors["model.embed_tokens.weight"]
-            model.lm_head = (BlockLinear(blocks["model.embed_tokens.weight"]) if isinstance(emb, _Blocks)
-                             else _tied_linear(model.model.embed_tokens.weight))
+            model.lm_head = (
+                BlockLinear(blocks["model.embed_tokens.weight"])
+                if isinstance(emb, _Blocks)
+                else _tied_linear(model.model.embed_tokens.weight)
+            )
     left = [n for n, p in model.named_parameters() if p.device.type == "meta"]
     if left:
-        raise DartError(f"{gguf_path} lacks tensors for {left[:4]}{' ...' if len(left) > 4 else ''}")
+        raise DartError(
+            f"{gguf_path} lacks tensors for {left[:4]}{' ...' if len(left) > 4 else ''}"
+        )
     model.config.tie_word_embeddings = False  # the head holds its own reference to the blocks
     model.dartcore_numerics = numerics
     return model.eval()

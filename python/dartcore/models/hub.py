@@ -28,8 +28,15 @@ from pathlib import Path
 from dartcore.errors import DartError, WeightFormatError
 from dartcore.paths import cache_root
 
-__all__ = ["BUILTIN_TARGETS", "cache_dir", "converted_dir", "gguf_source", "resolve_target", "load_target",
-           "load_hf_tokenizer"]
+__all__ = [
+    "BUILTIN_TARGETS",
+    "cache_dir",
+    "converted_dir",
+    "gguf_source",
+    "resolve_target",
+    "load_target",
+    "load_hf_tokenizer",
+]
 
 
 @dataclass(frozen=True)
@@ -77,7 +84,8 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
 
     from dartcore.models.gguf import check_gguf
 
-    check_gguf(gguf_path)  # a truncated or foreign file: a clear error, before transformers reads it
+    # a truncated or foreign file: a clear error, before transformers reads it
+    check_gguf(gguf_path)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".tmp-", dir=out_dir.parent))
     try:
@@ -87,8 +95,10 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
                 gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
             )
         except (ValueError, KeyError, TypeError, IndexError, struct.error) as e:
-            raise WeightFormatError(f"{gguf_path}: transformers cannot convert this GGUF to a model "
-                                    f"({type(e).__name__}: {e})") from e
+            raise WeightFormatError(
+                f"{gguf_path}: transformers cannot convert this GGUF to a model "
+                f"({type(e).__name__}: {e})"
+            ) from e
         # transformers refuses to save a GGUF-quantised model, so rebuild a plain
         # float model from the config (minus the quantisation entry) and copy the
         # de-quantised weights over.
@@ -143,7 +153,9 @@ def resolve_target(name_or_path: str | os.PathLike[str]) -> Path:
         out = converted_dir(path)
         return out if _is_hf_dir(out) else _convert_gguf(path, out)
     if path.exists():
-        raise DartError(f"{path} is neither a Hugging Face model directory (config.json) nor a .gguf file")
+        raise DartError(
+            f"{path} is neither a Hugging Face model directory (config.json) nor a .gguf file"
+        )
     raise FileNotFoundError(
         f"no target model {text!r}: give a local Hugging Face model directory, a .gguf file, "
         f"or one of the built-in names {sorted(BUILTIN_TARGETS)} (this tool never downloads)"
@@ -170,8 +182,14 @@ def load_hf_tokenizer(name_or_path: str | os.PathLike[str]):
     return AutoTokenizer.from_pretrained(resolve_target(name_or_path))
 
 
-def load_target(name_or_path: str | os.PathLike[str], *, dtype=None, device: str = "cpu",
-                quantized: bool = False, numerics: str = "exact"):
+def load_target(
+    name_or_path: str | os.PathLike[str],
+    *,
+    dtype=None,
+    device: str = "cpu",
+    quantized: bool = False,
+    numerics: str = "exact",
+):
     """Load (model, tokenizer) as Hugging Face objects, in eval mode. ``quantized``: a GGUF
     target keeps its block tensors as blocks (float32 CPU only; see the module docs); an error
     for a target that is not a GGUF. ``numerics`` (block weights only): ``"exact"`` (the
@@ -184,15 +202,21 @@ def load_target(name_or_path: str | os.PathLike[str], *, dtype=None, device: str
     if quantized:
         source = gguf_source(name_or_path)
         if source is None:
-            raise DartError(f"quantized=True needs a GGUF target (a .gguf file or {sorted(BUILTIN_TARGETS)}), "
-                            f"not {str(name_or_path)!r}")
+            raise DartError(
+                f"quantized=True needs a GGUF target (a .gguf file or {sorted(BUILTIN_TARGETS)}), "
+                f"not {str(name_or_path)!r}"
+            )
         if device != "cpu" or dtype not in (None, torch.float32):
-            raise DartError("quantized=True runs on the CPU in float32: pass device='cpu' and no dtype")
+            raise DartError(
+                "quantized=True runs on the CPU in float32: pass device='cpu' and no dtype"
+            )
         from dartcore.models.gguf import load_gguf_model
 
         return load_gguf_model(source, path, numerics=numerics), AutoTokenizer.from_pretrained(path)
     if numerics != "exact":
-        raise DartError(f"numerics={numerics!r} is for GGML block weights: pass quantized=True with a GGUF target")
+        raise DartError(
+            f"numerics={numerics!r} is for GGML block weights: pass quantized=True with a GGUF target"
+        )
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
     model.to(device).eval()
     tok = AutoTokenizer.from_pretrained(path)

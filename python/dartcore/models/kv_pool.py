@@ -34,10 +34,22 @@ class KVPool:
     """``slots`` sequences of up to ``capacity`` tokens each (see the module docs).
     ``drafter_shape``: ``(nkv, head_dim, dtype)`` of the drafter's KV, or None."""
 
-    def __init__(self, *, slots: int, capacity: int, layers: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str, drafter_shape: tuple | None = None):
+    def __init__(
+        self,
+        *,
+        slots: int,
+        capacity: int,
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        drafter_shape: tuple | None = None,
+    ):
         if slots < 1 or capacity < 2:
-            raise ValueError(f"a KV pool needs at least one slot of two tokens, got {slots} x {capacity}")
+            raise ValueError(
+                f"a KV pool needs at least one slot of two tokens, got {slots} x {capacity}"
+            )
         self.slots, self.capacity = int(slots), int(capacity)
         shape = (slots, layers, kv_heads, capacity, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
@@ -50,7 +62,7 @@ class KVPool:
         self._free = list(range(slots - 1, -1, -1))  # pop() hands out slot 0 first
 
     @classmethod
-    def for_target(cls, target, drafter, *, slots: int, capacity: int) -> "KVPool":
+    def for_target(cls, target, drafter, *, slots: int, capacity: int) -> KVPool:
         """A pool for ``target`` (a :class:`~dartcore.models.transformer.TargetModel`) and
         ``drafter`` (or None)."""
         if target.max_positions is not None:
@@ -59,8 +71,16 @@ class KVPool:
         if drafter is not None:
             p = drafter.fc.weight
             dshape = (drafter.config.num_key_value_heads, drafter.config.head_dim, p.dtype)
-        return cls(slots=slots, capacity=capacity, layers=target.num_layers, kv_heads=target.num_kv_heads,
-                   head_dim=target.head_dim, dtype=target.dtype, device=target.device, drafter_shape=dshape)
+        return cls(
+            slots=slots,
+            capacity=capacity,
+            layers=target.num_layers,
+            kv_heads=target.num_kv_heads,
+            head_dim=target.head_dim,
+            dtype=target.dtype,
+            device=target.device,
+            drafter_shape=dshape,
+        )
 
     @property
     def free(self) -> int:
@@ -68,7 +88,11 @@ class KVPool:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.dk, self.dv) if t is not None)
+        return sum(
+            t.numel() * t.element_size()
+            for t in (self.k, self.v, self.dk, self.dv)
+            if t is not None
+        )
 
     def acquire(self) -> tuple[int, KVCache, object]:
         """(slot, target cache, drafter state or None), both empty views of a free slot."""

@@ -103,19 +103,27 @@ def _config(raw: dict, target_model, path: Path) -> DrafterConfig:
     tc = target_model.config
     H = int(raw["hidden_size"])
     problems = []
-    for what, mine, theirs in (("hidden size", int(raw["target_hidden_size"]), tc.hidden_size),
-                               ("vocabulary size", int(raw["vocab_size"]), tc.vocab_size)):
+    for what, mine, theirs in (
+        ("hidden size", int(raw["target_hidden_size"]), tc.hidden_size),
+        ("vocabulary size", int(raw["vocab_size"]), tc.vocab_size),
+    ):
         if mine != theirs:
             problems.append(f"{what} {mine} vs target {theirs}")
     if problems:
         raise DrafterMismatchError(
-            f"the released DART drafter at {path} was made for another target: " + "; ".join(problems)
-            + ". Use the drafter released for this target (fvliang/qwen<size>-dart) or train one with dart-train.")
+            f"the released DART drafter at {path} was made for another target: "
+            + "; ".join(problems)
+            + ". Use the drafter released for this target (fvliang/qwen<size>-dart) or train one with dart-train."
+        )
     if H != tc.hidden_size:
-        raise DartError(f"the drafter at {path} has hidden size {H}, its target {tc.hidden_size}: dartcore's drafter "
-                        "shares the target's embedding and needs them equal")
+        raise DartError(
+            f"the drafter at {path} has hidden size {H}, its target {tc.hidden_size}: dartcore's drafter "
+            "shares the target's embedding and needs them equal"
+        )
     if raw.get("hidden_act", "silu") != "silu":
-        raise DartError(f"the drafter at {path} has hidden_act={raw['hidden_act']!r}; dartcore's layer is SwiGLU (silu)")
+        raise DartError(
+            f"the drafter at {path} has hidden_act={raw['hidden_act']!r}; dartcore's layer is SwiGLU (silu)"
+        )
     heads = int(raw["num_attention_heads"])
     rope = dict(raw.get("rope_scaling") or {})
     rope.setdefault("rope_type", rope.get("type", "default"))
@@ -125,7 +133,9 @@ def _config(raw: dict, target_model, path: Path) -> DrafterConfig:
         target_name=getattr(tc, "name_or_path", None) or None,
         # the target's family, which the decoder checks; the layer itself is a Llama layer
         # whatever the target (OfficialDartDrafter drops the q/k norm a Qwen3 layer has)
-        family=getattr(tc, "model_type", None) if getattr(tc, "model_type", None) in ("llama", "qwen3") else "llama",
+        family=getattr(tc, "model_type", None)
+        if getattr(tc, "model_type", None) in ("llama", "qwen3")
+        else "llama",
         num_target_layers=L,
         hidden_size=H,
         vocab_size=int(raw["vocab_size"]),
@@ -157,20 +167,28 @@ def load_official_drafter(path, target_model) -> OfficialDartDrafter:
         raw = json.loads((path / CONFIG_NAME).read_text())
         cfg = _config(raw, target_model, path)
     except (KeyError, TypeError, ValueError) as exc:
-        raise DartError(f"{path / CONFIG_NAME} is not a valid released DART drafter config: {exc}") from exc
+        raise DartError(
+            f"{path / CONFIG_NAME} is not a valid released DART drafter config: {exc}"
+        ) from exc
     state = load_file(str(path / WEIGHTS_NAME))
     missing = [k for k in (*_RENAMES, "midlayer.mask_rep", "d2t") if k not in state]
     if missing:
-        raise DartError(f"{path / WEIGHTS_NAME} lacks {missing}: not a released DART drafter checkpoint")
+        raise DartError(
+            f"{path / WEIGHTS_NAME} lacks {missing}: not a released DART drafter checkpoint"
+        )
     H, masks = cfg.hidden_size, cfg.d - 1
     mask_rep = state["midlayer.mask_rep"].float()
     d2t = state["d2t"].long()
     if mask_rep.shape != (2 * H,) or d2t.shape != (cfg.draft_vocab_size,):
-        raise DartError(f"{path / WEIGHTS_NAME}: mask_rep {tuple(mask_rep.shape)} (expected ({2 * H},)), "
-                        f"d2t {tuple(d2t.shape)} (expected ({cfg.draft_vocab_size},))")
+        raise DartError(
+            f"{path / WEIGHTS_NAME}: mask_rep {tuple(mask_rep.shape)} (expected ({2 * H},)), "
+            f"d2t {tuple(d2t.shape)} (expected ({cfg.draft_vocab_size},))"
+        )
     draft_to_target = torch.arange(cfg.draft_vocab_size) + d2t
     if draft_to_target.min() < 0 or draft_to_target.max() >= cfg.vocab_size:
-        raise DartError(f"{path / WEIGHTS_NAME}: d2t maps draft ids outside the target vocabulary [0, {cfg.vocab_size})")
+        raise DartError(
+            f"{path / WEIGHTS_NAME}: d2t maps draft ids outside the target vocabulary [0, {cfg.vocab_size})"
+        )
     ours = {new: state[old].float() for old, new in _RENAMES.items()}
     ours["mask_emb"] = mask_rep.expand(masks, 2 * H).clone()
     ours["mask_hidden"] = mask_rep[:H].expand(masks, H).clone()
@@ -182,5 +200,7 @@ def load_official_drafter(path, target_model) -> OfficialDartDrafter:
     except RuntimeError as exc:  # a tensor of the wrong shape
         raise DartError(f"drafter weights at {path} do not match its config: {exc}") from exc
     if missing or unexpected:
-        raise DartError(f"drafter weights at {path} do not match its config: missing {missing}, unexpected {unexpected}")
+        raise DartError(
+            f"drafter weights at {path} do not match its config: missing {missing}, unexpected {unexpected}"
+        )
     return model.eval()

@@ -28,9 +28,16 @@ import numpy as np
 import torch
 
 from dartcore.errors import DartError
-from dartcore.kernels.linear import (MAX_ROWS, NUMERICS, BlockWeight, NativeWeight, int8_kernel, linear_threads,
-                                     native_linear_available,
-                                     torch_threads)
+from dartcore.kernels.linear import (
+    MAX_ROWS,
+    NUMERICS,
+    BlockWeight,
+    NativeWeight,
+    int8_kernel,
+    linear_threads,
+    native_linear_available,
+    torch_threads,
+)
 from dartcore.kernels.tree_attention import backend_for, pack_block_mask, tree_attention
 from dartcore.models.cache import KVCache
 
@@ -97,8 +104,14 @@ class TargetModel:
     tools/bench_verify_layout.py.
     """
 
-    def __init__(self, hf_model, *, fuse_cpu_weights: bool | None = None, native_linear: bool | None = None,
-                 numerics: str | None = None):
+    def __init__(
+        self,
+        hf_model,
+        *,
+        fuse_cpu_weights: bool | None = None,
+        native_linear: bool | None = None,
+        numerics: str | None = None,
+    ):
         config = hf_model.config
         family = getattr(config, "model_type", None)
         if family not in SUPPORTED_FAMILIES:
@@ -107,8 +120,12 @@ class TargetModel:
                 f"{sorted(SUPPORTED_FAMILIES)}"
             )
         layer_types = getattr(config, "layer_types", None) or []
-        if any(t != "full_attention" for t in layer_types) or getattr(config, "use_sliding_window", False):
-            raise DartError("sliding-window attention layers are not supported by dartcore's forward")
+        if any(t != "full_attention" for t in layer_types) or getattr(
+            config, "use_sliding_window", False
+        ):
+            raise DartError(
+                "sliding-window attention layers are not supported by dartcore's forward"
+            )
         self.hf = hf_model
         self.config = config
         self.family = family
@@ -123,26 +140,36 @@ class TargetModel:
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or self.hidden_size // self.num_heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.vocab_size = self.lm_head.weight.shape[0]
         self.max_positions = int(getattr(config, "max_position_embeddings", 0) or 0) or None
         rotary = inner.rotary_emb
         rope_type = getattr(rotary, "rope_type", "default")
         if rope_type not in _STATIC_ROPE:
-            raise DartError(f"RoPE type {rope_type!r} is not supported (position-dependent rescaling)")
+            raise DartError(
+                f"RoPE type {rope_type!r} is not supported (position-dependent rescaling)"
+            )
         self._inv_freq = rotary.inv_freq.detach().float()
         self._rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
         self._fused: list[_FusedLayer] | None = None
         # The native kernel's threads: torch's now (or DARTCORE_LINEAR_THREADS).
         self.threads = linear_threads()
-        self.blocks = any(isinstance(getattr(m, "block", None), BlockWeight) for m in hf_model.modules())
+        self.blocks = any(
+            isinstance(getattr(m, "block", None), BlockWeight) for m in hf_model.modules()
+        )
         if self.blocks:
             if self.device.type != "cpu" or self.dtype != torch.float32:
-                raise DartError("a model with GGML block weights runs on the CPU in float32 (load the float32 "
-                                "conversion for another device or dtype)")
-            numerics = _block_numerics(numerics or getattr(hf_model, "dartcore_numerics", None) or "exact")
-            self._fused = [_FusedLayer.adopt_blocks(layer, threads=self.threads, numerics=numerics)
-                           for layer in self.layers]
+                raise DartError(
+                    "a model with GGML block weights runs on the CPU in float32 (load the float32 "
+                    "conversion for another device or dtype)"
+                )
+            numerics = _block_numerics(
+                numerics or getattr(hf_model, "dartcore_numerics", None) or "exact"
+            )
+            self._fused = [
+                _FusedLayer.adopt_blocks(layer, threads=self.threads, numerics=numerics)
+                for layer in self.layers
+            ]
             head = getattr(self.lm_head, "block", None)
             if isinstance(head, BlockWeight) and head.numerics != numerics:
                 # re-laid out in place (a tied embedding reads either layout), unless a model
@@ -151,29 +178,47 @@ class TargetModel:
             if isinstance(head, BlockWeight):
                 head.adopted = True
             if numerics == "int8":
-                exact = sum(not isinstance(p, BlockWeight) for f in self._fused for p in (f.qkv, f.o, f.gu, f.down))
+                exact = sum(
+                    not isinstance(p, BlockWeight)
+                    for f in self._fused
+                    for p in (f.qkv, f.o, f.gu, f.down)
+                )
                 exact += not isinstance(head, BlockWeight)
                 if exact:
-                    warnings.warn(f"numerics='int8': {exact} products have no integer kernel (their GGUF tensor "
-                                  "types are read as float32) and run exact", stacklevel=2)
+                    warnings.warn(
+                        f"numerics='int8': {exact} products have no integer kernel (their GGUF tensor "
+                        "types are read as float32) and run exact",
+                        stacklevel=2,
+                    )
             self.numerics = numerics
-            self._head = head if isinstance(head, BlockWeight) else NativeWeight(self.lm_head.weight, self.lm_head.bias,
-                                                                                  threads=self.threads)
+            self._head = (
+                head
+                if isinstance(head, BlockWeight)
+                else NativeWeight(self.lm_head.weight, self.lm_head.bias, threads=self.threads)
+            )
             self._ops = NativeLayerOps.adopt(self) if native_linear_available() else None
             _return_freed_heap()
             return
         if numerics not in (None, "exact"):
-            raise DartError(f"numerics={numerics!r} is for a model with GGML block weights (load_target(..., "
-                            "quantized=True)); this model's weights are floats: numerics='exact'")
+            raise DartError(
+                f"numerics={numerics!r} is for a model with GGML block weights (load_target(..., "
+                "quantized=True)); this model's weights are floats: numerics='exact'"
+            )
         self.numerics = "exact"
         if fuse_cpu_weights if fuse_cpu_weights is not None else self.device.type == "cpu":
             # Row-major ([out, in]) for the native small-batch kernel, column-major for MKL.
             # Default: native wherever it runs (see the class docs for the measurements).
             want = True if native_linear is None else bool(native_linear)
             rows = self.dtype == torch.float32 and native_linear_available() and want
-            self._fused = [_FusedLayer.adopt(layer, row_major=rows, threads=self.threads) for layer in self.layers]
-        self._head = (NativeWeight(self.lm_head.weight, self.lm_head.bias, threads=self.threads)
-                      if self._fused is not None and self._fused[0].row_major else None)
+            self._fused = [
+                _FusedLayer.adopt(layer, row_major=rows, threads=self.threads)
+                for layer in self.layers
+            ]
+        self._head = (
+            NativeWeight(self.lm_head.weight, self.lm_head.bias, threads=self.threads)
+            if self._fused is not None and self._fused[0].row_major
+            else None
+        )
         # With the native products, the rest of each layer runs natively too (NativeLayerOps).
         self._ops = NativeLayerOps.adopt(self) if self._head is not None else None
 
@@ -193,8 +238,14 @@ class TargetModel:
     def new_cache(self, capacity: int) -> KVCache:
         if self.max_positions is not None:
             capacity = min(capacity, self.max_positions)
-        return KVCache(self.num_layers, self.num_kv_heads, self.head_dim, capacity,
-                       dtype=self.dtype, device=self.device)
+        return KVCache(
+            self.num_layers,
+            self.num_kv_heads,
+            self.head_dim,
+            capacity,
+            dtype=self.dtype,
+            device=self.device,
+        )
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[:, None].float() * self._inv_freq.to(positions.device)[None, :]
@@ -211,9 +262,16 @@ class TargetModel:
         return x * cos + rotated * sin
 
     @torch.inference_mode()
-    def forward(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
-                block_mask: torch.Tensor | None = None, *, taps: Sequence[int] = (),
-                logits_rows: torch.Tensor | slice | None = None) -> ForwardOutput:
+    def forward(
+        self,
+        cache: KVCache,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        block_mask: torch.Tensor | None = None,
+        *,
+        taps: Sequence[int] = (),
+        logits_rows: torch.Tensor | slice | None = None,
+    ) -> ForwardOutput:
         """Run ``n`` new tokens after the ``cache.length`` cached ones.
 
         tokens, positions: int64 ``[n]``. block_mask: bool ``[n, n]``, row i may
@@ -226,13 +284,28 @@ class TargetModel:
         logits (default all; prefill passes ``slice(-1, None)``, lazy
         verification ``slice(0, 0)`` and calls :meth:`logits` per row later).
         """
-        return self.forward_batch([cache], [int(tokens.shape[0])], tokens, positions, [block_mask], taps=taps,
-                                  logits_rows=logits_rows)
+        return self.forward_batch(
+            [cache],
+            [int(tokens.shape[0])],
+            tokens,
+            positions,
+            [block_mask],
+            taps=taps,
+            logits_rows=logits_rows,
+        )
 
     @torch.inference_mode()
-    def forward_batch(self, caches: Sequence[KVCache], sizes: Sequence[int], tokens: torch.Tensor,
-                      positions: torch.Tensor, block_masks: Sequence[torch.Tensor | None], *,
-                      taps: Sequence[int] = (), logits_rows: torch.Tensor | slice | None = None) -> ForwardOutput:
+    def forward_batch(
+        self,
+        caches: Sequence[KVCache],
+        sizes: Sequence[int],
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        block_masks: Sequence[torch.Tensor | None],
+        *,
+        taps: Sequence[int] = (),
+        logits_rows: torch.Tensor | slice | None = None,
+    ) -> ForwardOutput:
         """:meth:`forward` for several sequences in one pass: ``tokens`` / ``positions`` are
         the sequences' blocks packed one after the other (``sizes[i]`` rows for ``caches[i]``),
         ``block_masks[i]`` the ``[sizes[i], sizes[i]]`` mask of block i (None = causal).
@@ -241,20 +314,26 @@ class TargetModel:
         per sequence on its own cache. Outputs are packed the same way."""
         n = int(tokens.shape[0])
         if len(caches) != len(sizes) or len(caches) != len(block_masks) or sum(sizes) != n:
-            raise ValueError(f"forward_batch: {len(caches)} caches, {len(sizes)} sizes summing to {sum(sizes)}, "
-                             f"{len(block_masks)} masks for {n} rows")
+            raise ValueError(
+                f"forward_batch: {len(caches)} caches, {len(sizes)} sizes summing to {sum(sizes)}, "
+                f"{len(block_masks)} masks for {n} rows"
+            )
         for cache, size in zip(caches, sizes):
             cache.check_block(int(size))
         if self.max_positions is not None and int(positions.max()) >= self.max_positions:
-            raise DartError(f"position {int(positions.max())} is past the model's context of {self.max_positions}")
+            raise DartError(
+                f"position {int(positions.max())} is past the model's context of {self.max_positions}"
+            )
         dev = self.device
         tokens = tokens.to(dev)
         positions = positions.to(dev)
         starts = [0]
         for size in sizes:
             starts.append(starts[-1] + int(size))
-        segments = [(cache, starts[i], starts[i + 1], None if m is None else m.to(dev))
-                    for i, (cache, m) in enumerate(zip(caches, block_masks))]
+        segments = [
+            (cache, starts[i], starts[i + 1], None if m is None else m.to(dev))
+            for i, (cache, m) in enumerate(zip(caches, block_masks))
+        ]
         tap_set = {int(t) for t in taps}
         for t in tap_set:
             if not 0 <= t <= self.num_layers:
@@ -262,16 +341,21 @@ class TargetModel:
         # The native layer stack takes at most MAX_ROWS rows per call (the products' register
         # blocking); a bigger packed block takes the torch path for this forward.
         native = self._ops is not None and (
-            n <= MAX_ROWS or (self.blocks and len(segments) == 1 and segments[0][3] is None))
+            n <= MAX_ROWS or (self.blocks and len(segments) == 1 and segments[0][3] is None)
+        )
         if not native:
-            return self._forward_rows(segments, tokens, positions, tap_set, taps, logits_rows, False)
+            return self._forward_rows(
+                segments, tokens, positions, tap_set, taps, logits_rows, False
+            )
         # The kernel's helpers spin between its calls (the head follows the layers, the next
         # forward the decoder's bookkeeping): torch's small ops here (RoPE tables, embedding
         # rows, slicing) run on one thread so they never wait for a core the helpers hold.
         with torch_threads(1):
             return self._forward_rows(segments, tokens, positions, tap_set, taps, logits_rows, True)
 
-    def _forward_rows(self, segments, tokens, positions, tap_set, taps, logits_rows, native: bool) -> ForwardOutput:
+    def _forward_rows(
+        self, segments, tokens, positions, tap_set, taps, logits_rows, native: bool
+    ) -> ForwardOutput:
         n = int(tokens.shape[0])
         cos, sin = self._rope(positions)
         captured: dict[int, torch.Tensor] = {}
@@ -285,7 +369,9 @@ class TargetModel:
             for i, layer in enumerate(self.layers):
                 if i in tap_set:
                     captured[i] = h
-                h = h + self._attention(layer.self_attn, i, layer.input_layernorm(h), cos, sin, segments, packed)
+                h = h + self._attention(
+                    layer.self_attn, i, layer.input_layernorm(h), cos, sin, segments, packed
+                )
                 h = h + self._mlp(i, layer.mlp, layer.post_attention_layernorm(h))
             h = self.norm(h)
         if self.num_layers in tap_set:
@@ -304,8 +390,18 @@ class TargetModel:
         for c0 in range(0, n, MAX_ROWS):
             c1 = min(n, c0 + MAX_ROWS)
             got: dict[int, torch.Tensor] = {}
-            hs.append(self._ops.layers(self, [(cache, 0, c1 - c0, None)], tokens[c0:c1], cos[c0:c1], sin[c0:c1],
-                                       tap_set, got, prefix=cache.length + c0))
+            hs.append(
+                self._ops.layers(
+                    self,
+                    [(cache, 0, c1 - c0, None)],
+                    tokens[c0:c1],
+                    cos[c0:c1],
+                    sin[c0:c1],
+                    tap_set,
+                    got,
+                    prefix=cache.length + c0,
+                )
+            )
             for t, v in got.items():
                 parts.setdefault(t, []).append(v)
         captured.update({t: torch.cat(v) for t, v in parts.items()})
@@ -319,7 +415,7 @@ class TargetModel:
         if self._head is None:
             return self.lm_head(hidden).float()
         # The native kernel takes MAX_ROWS rows at a time (each pass streams the head once).
-        parts = [self._head(hidden[i:i + MAX_ROWS]) for i in range(0, hidden.shape[0], MAX_ROWS)]
+        parts = [self._head(hidden[i : i + MAX_ROWS]) for i in range(0, hidden.shape[0], MAX_ROWS)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _packed_attention(self, segments):
@@ -340,7 +436,9 @@ class TargetModel:
             bits.append(pack_block_mask(m))
         return PackedAttention(caches, [b - a for _, a, b, _ in segments], bits)
 
-    def _attention(self, attn, layer_idx: int, x: torch.Tensor, cos, sin, segments, packed=None) -> torch.Tensor:
+    def _attention(
+        self, attn, layer_idx: int, x: torch.Tensor, cos, sin, segments, packed=None
+    ) -> torch.Tensor:
         n = x.shape[0]
         fused = self._fused[layer_idx] if self._fused is not None else None
         if fused is not None:
@@ -367,7 +465,11 @@ class TargetModel:
             for cache, a, b, block_mask in segments:  # each sequence's rows over its own cache
                 cache.write(layer_idx, k[:, a:b], v[:, a:b])
                 keys, values = cache.view(layer_idx, b - a)
-                outs.append(tree_attention(q[:, a:b], keys, values, cache.length, block_mask, scale=self.scale))
+                outs.append(
+                    tree_attention(
+                        q[:, a:b], keys, values, cache.length, block_mask, scale=self.scale
+                    )
+                )
             out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         out = out.transpose(0, 1).reshape(n, self.num_heads * self.head_dim)
         return fused.o(out) if fused is not None else attn.o_proj(out)
@@ -403,11 +505,14 @@ class _FusedLayer:
     (:class:`dartcore.kernels.linear.NativeWeight`; ``F.linear`` for more rows); column-major
     (``[in, out]``) where that kernel does not run (MKL's small-M fast path)."""
 
-    def __init__(self, qkv, qkv_b, splits, o, o_b, gu, inter, down, down_b, act, row_major, threads=None):
+    def __init__(
+        self, qkv, qkv_b, splits, o, o_b, gu, inter, down, down_b, act, row_major, threads=None
+    ):
         # One product per fused matrix, chosen once for its layout.
         product = functools.partial(NativeWeight, threads=threads) if row_major else _ColumnMajor
-        self.qkv, self.o, self.gu, self.down = (product(w, b) for w, b in
-                                                 ((qkv, qkv_b), (o, o_b), (gu, None), (down, down_b)))
+        self.qkv, self.o, self.gu, self.down = (
+            product(w, b) for w, b in ((qkv, qkv_b), (o, o_b), (gu, None), (down, down_b))
+        )
         self.splits, self.inter, self.act = splits, inter, act
         self.row_major = row_major
 
@@ -421,12 +526,23 @@ class _FusedLayer:
             start = 0
             for m in linears:
                 out = m.weight.shape[0]
-                m.weight.data = fused[start:start + out] if row_major else fused[:, start:start + out].t()
+                m.weight.data = (
+                    fused[start : start + out] if row_major else fused[:, start : start + out].t()
+                )
                 start += out
         biases = [m.bias for m in linears]
-        bias = None if all(b is None for b in biases) else torch.cat(
-            [b.detach() if b is not None else torch.zeros(m.weight.shape[0], dtype=fused.dtype, device=fused.device)
-             for b, m in zip(biases, linears)])
+        bias = (
+            None
+            if all(b is None for b in biases)
+            else torch.cat(
+                [
+                    b.detach()
+                    if b is not None
+                    else torch.zeros(m.weight.shape[0], dtype=fused.dtype, device=fused.device)
+                    for b, m in zip(biases, linears)
+                ]
+            )
+        )
         return fused, bias
 
     @staticmethod
@@ -436,14 +552,31 @@ class _FusedLayer:
         where its rows are whole groups of eight, else the module keeps its own rows)."""
         blocks = [m.block for m in linears]
         if len({(b.format, b.shape[1]) for b in blocks}) != 1:
-            raise DartError(f"fused projections of formats {[b.format for b in blocks]}: one format per group")
+            raise DartError(
+                f"fused projections of formats {[b.format for b in blocks]}: one format per group"
+            )
         packed = all(b.numerics == "exact" for b in blocks)
         data = np.concatenate([b.data if packed else b.file_rows() for b in blocks])
         biases = [m.bias for m in linears]
-        bias = None if all(b is None for b in biases) else torch.cat(
-            [b.detach() if b is not None else torch.zeros(m.out_features) for b, m in zip(biases, linears)])
-        fused = BlockWeight(data, blocks[0].shape[1], blocks[0].format, bias, threads=threads, packed=packed,
-                            numerics=numerics)
+        bias = (
+            None
+            if all(b is None for b in biases)
+            else torch.cat(
+                [
+                    b.detach() if b is not None else torch.zeros(m.out_features)
+                    for b, m in zip(biases, linears)
+                ]
+            )
+        )
+        fused = BlockWeight(
+            data,
+            blocks[0].shape[1],
+            blocks[0].format,
+            bias,
+            threads=threads,
+            packed=packed,
+            numerics=numerics,
+        )
         start = 0
         for m, b in zip(linears, blocks):
             n = b.shape[0]
@@ -453,13 +586,17 @@ class _FusedLayer:
         return fused
 
     @classmethod
-    def adopt_blocks(cls, layer, *, threads: int | None = None, numerics: str = "exact") -> "_FusedLayer":
+    def adopt_blocks(
+        cls, layer, *, threads: int | None = None, numerics: str = "exact"
+    ) -> _FusedLayer:
         """:meth:`adopt` for a layer whose projections are GGML blocks (``BlockLinear``):
         each fused group stacked as block rows; a group of float32 ``nn.Linear`` fused as
         :meth:`adopt` fuses it (row-major)."""
         attn, mlp = layer.self_attn, layer.mlp
         if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
-            raise DartError(f"unsupported MLP layout {type(mlp).__name__}: expected gate/up/down projections")
+            raise DartError(
+                f"unsupported MLP layout {type(mlp).__name__}: expected gate/up/down projections"
+            )
 
         def group(linears):
             if all(isinstance(getattr(m, "block", None), BlockWeight) for m in linears):
@@ -476,10 +613,12 @@ class _FusedLayer:
         return self
 
     @classmethod
-    def adopt(cls, layer, *, row_major: bool = False, threads: int | None = None) -> "_FusedLayer":
+    def adopt(cls, layer, *, row_major: bool = False, threads: int | None = None) -> _FusedLayer:
         attn, mlp = layer.self_attn, layer.mlp
         if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
-            raise DartError(f"unsupported MLP layout {type(mlp).__name__}: expected gate/up/down projections")
+            raise DartError(
+                f"unsupported MLP layout {type(mlp).__name__}: expected gate/up/down projections"
+            )
         projs = (attn.q_proj, attn.k_proj, attn.v_proj)
         qkv, qkv_b = cls._fuse(projs, row_major)
         o, o_b = cls._fuse((attn.o_proj,), row_major)
@@ -487,8 +626,20 @@ class _FusedLayer:
         if mlp.gate_proj.bias is not None or mlp.up_proj.bias is not None:
             raise DartError("MLP projections with biases are not supported")
         down, down_b = cls._fuse((mlp.down_proj,), row_major)
-        return cls(qkv, qkv_b, [p.weight.shape[0] for p in projs], o, o_b, gu,
-                   mlp.gate_proj.weight.shape[0], down, down_b, mlp.act_fn, row_major, threads)
+        return cls(
+            qkv,
+            qkv_b,
+            [p.weight.shape[0] for p in projs],
+            o,
+            o_b,
+            gu,
+            mlp.gate_proj.weight.shape[0],
+            down,
+            down_b,
+            mlp.act_fn,
+            row_major,
+            threads,
+        )
 
     def qkv_proj(self, x):
         return self.qkv(x).split(self.splits, dim=-1)
@@ -516,24 +667,37 @@ class NativeLayerOps:
         self.stack = stack
 
     @classmethod
-    def adopt(cls, model: "TargetModel") -> "NativeLayerOps | None":
+    def adopt(cls, model: TargetModel) -> NativeLayerOps | None:
         try:
             from dartcore import _native
 
             _native.LayerStack  # noqa: B018 -- an older build lacks the stack
         except (ImportError, AttributeError):
             return None
-        norms = [m for layer in model.layers for m in (layer.input_layernorm, layer.post_attention_layernorm)]
+        norms = [
+            m
+            for layer in model.layers
+            for m in (layer.input_layernorm, layer.post_attention_layernorm)
+        ]
         norms.append(model.norm)
         if model.qk_norm:
-            norms += [m for layer in model.layers for m in (layer.self_attn.q_norm, layer.self_attn.k_norm)]
-        if not all(_plain_rms_norm(m) for m in norms) or len({float(m.variance_epsilon) for m in norms}) != 1:
+            norms += [
+                m
+                for layer in model.layers
+                for m in (layer.self_attn.q_norm, layer.self_attn.k_norm)
+            ]
+        if (
+            not all(_plain_rms_norm(m) for m in norms)
+            or len({float(m.variance_epsilon) for m in norms}) != 1
+        ):
             return None
         if not all(type(layer.mlp.act_fn).__name__ in _SILU for layer in model.layers):
             return None
         # the products as the native kernel reads them (a column-major one has none)
-        parts = [[getattr(p, "native_parts", lambda: None)() for p in (f.qkv, f.o, f.gu, f.down)]
-                 for f in model._fused or ()]
+        parts = [
+            [getattr(p, "native_parts", lambda: None)() for p in (f.qkv, f.o, f.gu, f.down)]
+            for f in model._fused or ()
+        ]
         if not parts or any(p is None for layer in parts for p in layer):
             return None
 
@@ -544,13 +708,40 @@ class NativeLayerOps:
         for layer, products in zip(model.layers, parts):
             attn = layer.self_attn
             qn, kn = (view(attn.q_norm), view(attn.k_norm)) if model.qk_norm else (None, None)
-            layers.append((view(layer.input_layernorm), view(layer.post_attention_layernorm), qn, kn, *products))
+            layers.append(
+                (
+                    view(layer.input_layernorm),
+                    view(layer.post_attention_layernorm),
+                    qn,
+                    kn,
+                    *products,
+                )
+            )
         inter = model._fused[0].inter
-        stack = _native.LayerStack(layers, view(model.norm), model.num_heads, model.num_kv_heads, model.head_dim, inter,
-                                   float(model.norm.variance_epsilon), float(model.scale), model.threads)
+        stack = _native.LayerStack(
+            layers,
+            view(model.norm),
+            model.num_heads,
+            model.num_kv_heads,
+            model.head_dim,
+            inter,
+            float(model.norm.variance_epsilon),
+            float(model.scale),
+            model.threads,
+        )
         return cls(stack)
 
-    def layers(self, model: "TargetModel", segments, tokens, cos, sin, tap_set, captured, prefix: int | None = None):
+    def layers(
+        self,
+        model: TargetModel,
+        segments,
+        tokens,
+        cos,
+        sin,
+        tap_set,
+        captured,
+        prefix: int | None = None,
+    ):
         """Embedding -> every layer -> final norm for n <= MAX_ROWS packed rows (``segments``:
         ``(cache, start, end, block_mask)`` per sequence, see ``TargetModel.forward_batch``);
         the final normed states ``[n, H]``, taps in ``captured``. ``prefix``: the cached rows
@@ -560,10 +751,26 @@ class NativeLayerOps:
         out = torch.empty_like(h)
         taps = sorted(t for t in tap_set if t < model.num_layers)
         tap_out = torch.empty(len(taps), n, h.shape[1]) if taps else None
-        segs = [(cache.k.numpy(), cache.v.numpy(), cache.length if prefix is None else prefix, a, b,
-                 None if m is None else m.contiguous().numpy()) for cache, a, b, m in segments]
-        self.stack.forward(h.numpy(), cos.contiguous().numpy(), sin.contiguous().numpy(), segs, taps,
-                           None if tap_out is None else tap_out.numpy(), out.numpy())
+        segs = [
+            (
+                cache.k.numpy(),
+                cache.v.numpy(),
+                cache.length if prefix is None else prefix,
+                a,
+                b,
+                None if m is None else m.contiguous().numpy(),
+            )
+            for cache, a, b, m in segments
+        ]
+        self.stack.forward(
+            h.numpy(),
+            cos.contiguous().numpy(),
+            sin.contiguous().numpy(),
+            segs,
+            taps,
+            None if tap_out is None else tap_out.numpy(),
+            out.numpy(),
+        )
         for j, t in enumerate(taps):
             captured[t] = tap_out[j]
         return out
@@ -575,8 +782,11 @@ def _block_numerics(numerics: str) -> str:
     if numerics not in NUMERICS:
         raise DartError(f"numerics={numerics!r}: expected one of {NUMERICS}")
     if numerics == "int8" and int8_kernel() is None:
-        warnings.warn("numerics='int8' needs the integer kernels (AVX2 + FMA + F16C, the native kernels on): "
-                      "running numerics='exact'", stacklevel=3)
+        warnings.warn(
+            "numerics='int8' needs the integer kernels (AVX2 + FMA + F16C, the native kernels on): "
+            "running numerics='exact'",
+            stacklevel=3,
+        )
         return "exact"
     return numerics
 
@@ -606,9 +816,15 @@ def _plain_rms_norm(module) -> bool:
     """Whether ``module`` is a Hugging Face Llama-style RMSNorm (x · rsqrt(mean(x²) + eps) ·
     weight, float32 CPU weight), the one the native ops implement."""
     w = getattr(module, "weight", None)
-    return (type(module).__name__ in ("LlamaRMSNorm", "Qwen3RMSNorm", "Qwen2RMSNorm", "MistralRMSNorm")
-            and hasattr(module, "variance_epsilon") and w is not None and w.dtype == torch.float32
-            and w.device.type == "cpu" and w.dim() == 1 and w.is_contiguous())
+    return (
+        type(module).__name__ in ("LlamaRMSNorm", "Qwen3RMSNorm", "Qwen2RMSNorm", "MistralRMSNorm")
+        and hasattr(module, "variance_epsilon")
+        and w is not None
+        and w.dtype == torch.float32
+        and w.device.type == "cpu"
+        and w.dim() == 1
+        and w.is_contiguous()
+    )
 
 
 class _ColumnMajor:

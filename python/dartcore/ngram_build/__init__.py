@@ -57,12 +57,30 @@ from dartcore.ngram_build.reduce import (
 )
 from dartcore.ngram_build.workdir import WorkDirLock, read_manifest, remove_work
 
-__all__ = ["MapOptions", "build", "run_map", "run_reduce", "open_inputs", "check_output", "check_not_an_input",
-           "shard_stamp", "print_summary", "peak_rss_bytes"]
+__all__ = [
+    "MapOptions",
+    "build",
+    "run_map",
+    "run_reduce",
+    "open_inputs",
+    "check_output",
+    "check_not_an_input",
+    "shard_stamp",
+    "print_summary",
+    "peak_rss_bytes",
+]
 
 
-def build(opts: MapOptions, output: str | os.PathLike, *, min_count: int = 1, max_children: int | None = None,
-          keep_work: bool = False, partitions: int = 1, log=print) -> dict:
+def build(
+    opts: MapOptions,
+    output: str | os.PathLike,
+    *,
+    min_count: int = 1,
+    max_children: int | None = None,
+    keep_work: bool = False,
+    partitions: int = 1,
+    log=print,
+) -> dict:
     """map + reduce; returns the summary (see ``build_summary``).
 
     Everything that can be checked is checked before the map starts: the options, the
@@ -77,8 +95,10 @@ def build(opts: MapOptions, output: str | os.PathLike, *, min_count: int = 1, ma
     files, dirs = corpus_inputs(corpus, opts.tokenizer)
     check_not_an_input(output, files, dirs)
     if is_inside(real_path(output), real_path(work)):
-        raise IndexBuildError(f"--output {output} lies inside --work-dir {work}, whose files the build removes; "
-                              "write the index elsewhere or choose another --work-dir")
+        raise IndexBuildError(
+            f"--output {output} lies inside --work-dir {work}, whose files the build removes; "
+            "write the index elsewhere or choose another --work-dir"
+        )
     t0 = time.monotonic()
     try:
         manifest = run_map(opts, log=log, inputs=(tok, corpus))
@@ -97,21 +117,35 @@ def build(opts: MapOptions, output: str | os.PathLike, *, min_count: int = 1, ma
             except (IndexBuildError, OSError):
                 pass  # cleaning up must not hide the error itself
         elif isinstance(e, (IndexBuildError, CorpusError)) and n and "--resume" not in str(e):
-            e.args = (f"{e} ({n} finished shards are kept in {work}: fix the problem and rerun with "
-                      "--resume, or remove that directory)",)
+            e.args = (
+                f"{e} ({n} finished shards are kept in {work}: fix the problem and rerun with "
+                "--resume, or remove that directory)",
+            )
         raise
     if not manifest["complete"]:
         raise IndexBuildError("map did not finish every shard")
     t1 = time.monotonic()
     try:
-        reduce = run_reduce([opts.work_dir], output, min_count=min_count, threads=opts.threads,
-                            memory=opts.memory, temp_dir=opts.temp_dir, max_children=max_children,
-                            partitions=partitions, log=None if opts.quiet else (lambda s: log(s, file=sys.stderr)))
+        reduce = run_reduce(
+            [opts.work_dir],
+            output,
+            min_count=min_count,
+            threads=opts.threads,
+            memory=opts.memory,
+            temp_dir=opts.temp_dir,
+            max_children=max_children,
+            partitions=partitions,
+            log=None if opts.quiet else (lambda s: log(s, file=sys.stderr)),
+        )
     except (DartError, ValueError) as e:
-        e.args = (f"{e} (the mapped shards are kept in {work}: rerun with --resume to retry the reduce)",)
+        e.args = (
+            f"{e} (the mapped shards are kept in {work}: rerun with --resume to retry the reduce)",
+        )
         raise
     t2 = time.monotonic()
-    summary = build_summary(output, manifest, reduce, wall=t2 - t0, map_s=t1 - t0, reduce_s=t2 - t1, opts=opts)
+    summary = build_summary(
+        output, manifest, reduce, wall=t2 - t0, map_s=t1 - t0, reduce_s=t2 - t1, opts=opts
+    )
     if not keep_work:
         remove_work(work)
     return summary

@@ -8,9 +8,9 @@ import hashlib
 import os
 import sys
 import tempfile
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
 
 from dartcore.errors import IndexBuildError
 
@@ -27,28 +27,43 @@ def check_output(output: str | os.PathLike, *, flag: str = "--output") -> Path:
     """Fail before any work when the index cannot be written at ``output``."""
     output = Path(output).expanduser()
     if output.is_dir():
-        raise IndexBuildError(f"{flag} {output} is a directory; give a file path such as {output / 'corpus.idx'}")
+        raise IndexBuildError(
+            f"{flag} {output} is a directory; give a file path such as {output / 'corpus.idx'}"
+        )
     parent = output.parent if str(output.parent) else Path(".")
     if not parent.is_dir():
-        raise IndexBuildError(f"cannot write {output}: directory {parent} does not exist; create it "
-                              f"(mkdir -p {parent}) or choose another {flag}")
+        raise IndexBuildError(
+            f"cannot write {output}: directory {parent} does not exist; create it "
+            f"(mkdir -p {parent}) or choose another {flag}"
+        )
     if output.exists() and not output.is_file():
-        raise IndexBuildError(f"{flag} {output} exists and is not a regular file; choose another path")
+        raise IndexBuildError(
+            f"{flag} {output} exists and is not a regular file; choose another path"
+        )
     try:
         fd, probe = tempfile.mkstemp(prefix=f".{output.name}.probe-", dir=parent)
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise IndexBuildError(f"cannot write {output}: {parent} is not writable ({e.strerror or e}); "
-                              f"choose another {flag}") from None
+        raise IndexBuildError(
+            f"cannot write {output}: {parent} is not writable ({e.strerror or e}); "
+            f"choose another {flag}"
+        ) from None
     if output.exists() and not os.access(output, os.W_OK):
-        raise IndexBuildError(f"cannot write {output}: the existing file is read-only; choose another {flag}")
+        raise IndexBuildError(
+            f"cannot write {output}: the existing file is read-only; choose another {flag}"
+        )
     return output
 
 
-def check_not_an_input(path: str | os.PathLike, inputs: Sequence[str | os.PathLike],
-                       input_dirs: Sequence[str | os.PathLike] = (), *, flag: str = "--output",
-                       is_dir: bool = False) -> None:
+def check_not_an_input(
+    path: str | os.PathLike,
+    inputs: Sequence[str | os.PathLike],
+    input_dirs: Sequence[str | os.PathLike] = (),
+    *,
+    flag: str = "--output",
+    is_dir: bool = False,
+) -> None:
     """Refuse to write ``path`` when it is an input file (also through a symlink, a hard
     link or a relative path), lies inside an input directory, or (``is_dir``: a work dir)
     holds an input."""
@@ -68,17 +83,25 @@ def check_not_an_input(path: str | os.PathLike, inputs: Sequence[str | os.PathLi
             except OSError:
                 pass
         if same:
-            raise IndexBuildError(f"{flag} {path} is the input {p}: the build would overwrite it; "
-                                  f"write to another path")
+            raise IndexBuildError(
+                f"{flag} {path} is the input {p}: the build would overwrite it; "
+                f"write to another path"
+            )
         if is_dir and is_inside(rp, real):
-            raise IndexBuildError(f"{flag} {path} holds the input {p}; choose a directory outside the corpus")
+            raise IndexBuildError(
+                f"{flag} {path} holds the input {p}; choose a directory outside the corpus"
+            )
     for d in input_dirs:
         rd = real_path(d)
         if is_inside(real, rd):
-            raise IndexBuildError(f"{flag} {path} lies inside the input directory {d}, which the build reads; "
-                                  f"write it outside that directory")
+            raise IndexBuildError(
+                f"{flag} {path} lies inside the input directory {d}, which the build reads; "
+                f"write it outside that directory"
+            )
         if is_dir and is_inside(rd, real):
-            raise IndexBuildError(f"{flag} {path} holds the input directory {d}; choose another directory")
+            raise IndexBuildError(
+                f"{flag} {path} holds the input directory {d}; choose another directory"
+            )
 
 
 def corpus_inputs(corpus, tokenizer: str) -> tuple[list[Path], list[Path]]:
@@ -130,10 +153,19 @@ def changed_shards(done: dict, corpus, threads: int, quiet: bool, log) -> list[s
         if not quiet:
             from tqdm import tqdm
 
-            bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
-                       dynamic_ncols=True, desc="ngram-build resume: hashing finished shards")
+            bar = tqdm(
+                total=total,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                file=sys.stderr,
+                dynamic_ncols=True,
+                desc="ngram-build resume: hashing finished shards",
+            )
         with ThreadPoolExecutor(max(1, min(threads, len(to_hash)))) as ex:
-            for k, stamp in zip(to_hash, ex.map(lambda k: shard_stamp(corpus.shards[int(k)]), to_hash)):
+            for k, stamp in zip(
+                to_hash, ex.map(lambda k: shard_stamp(corpus.shards[int(k)]), to_hash)
+            ):
                 if stamp["sha256"] != done[k]["input"]["sha256"]:
                     changed.append(k)
                 if bar is not None:

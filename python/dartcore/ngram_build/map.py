@@ -11,9 +11,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -95,21 +96,33 @@ class MapOptions:
         from dartcore.index import MAX_THREADS
 
         if self.corpus not in CORPUS_KINDS:
-            raise CorpusError(f"unknown corpus kind {self.corpus!r} (--corpus): valid kinds are "
-                              f"{', '.join(CORPUS_KINDS)}")
+            raise CorpusError(
+                f"unknown corpus kind {self.corpus!r} (--corpus): valid kinds are "
+                f"{', '.join(CORPUS_KINDS)}"
+            )
         for flag, v in (("--max-docs", self.max_docs), ("--max-tokens", self.max_tokens)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise IndexBuildError(f"{flag} must be an integer of at least 1, got {v!r}")
-        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or not 0 <= self.threads <= MAX_THREADS:
-            raise IndexBuildError(f"--threads must be in 0..={MAX_THREADS} (0: all CPUs or DART_NUM_THREADS), "
-                                  f"got {self.threads!r}")
+        if (
+            isinstance(self.threads, bool)
+            or not isinstance(self.threads, int)
+            or not 0 <= self.threads <= MAX_THREADS
+        ):
+            raise IndexBuildError(
+                f"--threads must be in 0..={MAX_THREADS} (0: all CPUs or DART_NUM_THREADS), "
+                f"got {self.threads!r}"
+            )
         i, n = self.part
         if not (n >= 1 and 0 <= i < n):
             raise IndexBuildError(f"--part {i}/{n}: need 0 <= I < N")
         if n > 1 and (self.max_docs or self.max_tokens):
-            raise IndexBuildError("--max-docs/--max-tokens cannot be combined with --part (the limit is global)")
+            raise IndexBuildError(
+                "--max-docs/--max-tokens cannot be combined with --part (the limit is global)"
+            )
         if self.temp_dir is not None and not Path(self.temp_dir).expanduser().is_dir():
-            raise IndexBuildError(f"--temp-dir {self.temp_dir}: no such directory; create it or leave it out")
+            raise IndexBuildError(
+                f"--temp-dir {self.temp_dir}: no such directory; create it or leave it out"
+            )
 
 
 class _Interrupted(KeyboardInterrupt):
@@ -199,8 +212,14 @@ class _Progress:
         else:
             self.mode, total, unit = "bytes", corpus.stats.bytes_total, "B"
         self.bar = tqdm(
-            total=total, unit=unit, unit_scale=True, unit_divisor=1024 if unit == "B" else 1000,
-            file=sys.stderr, dynamic_ncols=True, smoothing=0.1, desc="ngram-build map",
+            total=total,
+            unit=unit,
+            unit_scale=True,
+            unit_divisor=1024 if unit == "B" else 1000,
+            file=sys.stderr,
+            dynamic_ncols=True,
+            smoothing=0.1,
+            desc="ngram-build map",
         )
         self._pos = 0
         self.update(done_docs, done_tokens)
@@ -219,8 +238,7 @@ class _Progress:
         self.bar.set_postfix_str(
             f"{(docs - self.docs0) / dt:,.0f} docs/s, {(tokens - self.tokens0) / dt / 1e6:.2f} Mtok/s, "
             f"{_mib(s.bytes_read)}/{_mib(s.bytes_total)} MiB read, "
-            f"shard {s.files_done}/{s.files}"
-            + (f", {s.problems()} bad" if s.problems() else ""),
+            f"shard {s.files_done}/{s.files}" + (f", {s.problems()} bad" if s.problems() else ""),
             refresh=False,
         )
 
@@ -232,8 +250,12 @@ class _Progress:
 def _config(opts: MapOptions, tok, corpus) -> dict:
     """What must match between runs of map that share a work dir (and across parts)."""
     return {
-        "tokenizer": {"name": tok.name, "fingerprint": tok.fingerprint, "vocab_size": tok.vocab_size,
-                      "eos_id": tok.eos_id},
+        "tokenizer": {
+            "name": tok.name,
+            "fingerprint": tok.fingerprint,
+            "vocab_size": tok.vocab_size,
+            "eos_id": tok.eos_id,
+        },
         "corpus": corpus.description(),
         "max_docs": opts.max_docs,
         "max_tokens": opts.max_tokens,
@@ -264,8 +286,14 @@ def open_inputs(opts: MapOptions):
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     tok = load_tokenizer(opts.tokenizer, threads=min(opts.threads, cpus) if opts.threads else None)
     corpus = open_corpus(
-        opts.corpus, corpus_dir=opts.corpus_dir, files=opts.files, text_field=opts.text_field,
-        strict=opts.strict, eos_id=tok.eos_id, vocab_size=tok.vocab_size, token_dtype=opts.token_dtype,
+        opts.corpus,
+        corpus_dir=opts.corpus_dir,
+        files=opts.files,
+        text_field=opts.text_field,
+        strict=opts.strict,
+        eos_id=tok.eos_id,
+        vocab_size=tok.vocab_size,
+        token_dtype=opts.token_dtype,
     )
     corpus.check_headers()
     return tok, corpus
@@ -287,7 +315,9 @@ def run_map(opts: MapOptions, *, log=print, inputs=None) -> dict:
     if opts.temp_dir:
         check_not_an_input(opts.temp_dir, files, dirs, flag="--temp-dir", is_dir=True)
     if work.exists() and not work.is_dir():
-        raise IndexBuildError(f"--work-dir {work} exists and is not a directory; choose another path")
+        raise IndexBuildError(
+            f"--work-dir {work} exists and is not a directory; choose another path"
+        )
     work.mkdir(parents=True, exist_ok=True)
     config = _config(opts, tok, corpus)
 
@@ -311,18 +341,34 @@ def run_map(opts: MapOptions, *, log=print, inputs=None) -> dict:
                 # With --max-docs/--max-tokens the later shards' counts depend on this one's
                 # documents: they are mapped again too.
                 first = int(changed[0])
-                drop = [k for k in done if int(k) >= first] if (opts.max_docs or opts.max_tokens) else changed
-                names = ", ".join(str(corpus.shards[int(k)].name) for k in changed[:5] if int(k) < len(corpus.shards))
-                log(f"ngram-build: {len(changed)} finished shard(s) changed since they were mapped ({names}"
-                    f"{', ...' if len(changed) > 5 else ''}); mapping {len(drop)} shard(s) again", file=sys.stderr)
+                drop = (
+                    [k for k in done if int(k) >= first]
+                    if (opts.max_docs or opts.max_tokens)
+                    else changed
+                )
+                names = ", ".join(
+                    str(corpus.shards[int(k)].name)
+                    for k in changed[:5]
+                    if int(k) < len(corpus.shards)
+                )
+                log(
+                    f"ngram-build: {len(changed)} finished shard(s) changed since they were mapped ({names}"
+                    f"{', ...' if len(changed) > 5 else ''}); mapping {len(drop)} shard(s) again",
+                    file=sys.stderr,
+                )
                 for k in drop:
                     shutil.rmtree(work / f"shard-{int(k):05d}", ignore_errors=True)
                     del done[k]
             manifest["config"] = config  # the corpus's size as it is now
             manifest["complete"] = False
         if manifest is None or not manifest.get("shards"):
-            manifest = {"format": MANIFEST_FORMAT, "config": config, "part": [part, parts], "shards": {},
-                        "complete": False}
+            manifest = {
+                "format": MANIFEST_FORMAT,
+                "config": config,
+                "part": [part, parts],
+                "shards": {},
+                "complete": False,
+            }
         remove_leftovers(work)
         write_manifest(work, manifest)
 
@@ -371,8 +417,12 @@ def run_map(opts: MapOptions, *, log=print, inputs=None) -> dict:
                 shard_docs = shard_tokens = 0
                 reader = _Prefetch(_batches(corpus, i, batch_bytes, 16384))
                 try:
-                    builder = IndexBuilder(tok.vocab_size, memory_limit=builder_bytes, temp_dir=str(spill),
-                                           threads=threads)
+                    builder = IndexBuilder(
+                        tok.vocab_size,
+                        memory_limit=builder_bytes,
+                        temp_dir=str(spill),
+                        threads=threads,
+                    )
                     t_wait = time.perf_counter()
                     for batch in reader:
                         t0 = time.perf_counter()
@@ -389,7 +439,8 @@ def run_map(opts: MapOptions, *, log=print, inputs=None) -> dict:
                             limit_hit = True
                         if opts.max_tokens is not None:
                             lengths = np.cumsum([len(d) for d in docs]) + tokens_total
-                            over = int(np.searchsorted(lengths, opts.max_tokens))  # first doc reaching it
+                            # first doc reaching it
+                            over = int(np.searchsorted(lengths, opts.max_tokens))
                             if over < len(docs):
                                 docs = docs[: over + 1]
                                 limit_hit = True
@@ -415,11 +466,15 @@ def run_map(opts: MapOptions, *, log=print, inputs=None) -> dict:
                 times["write_runs_s"] += time.perf_counter() - t3
                 st = os.stat(path)
                 if (st.st_size, st.st_mtime_ns) != (stamp["size"], stamp["mtime_ns"]):
-                    raise CorpusError(f"{path} changed while it was being read; rerun with --resume "
-                                      "once nothing writes to the corpus")
+                    raise CorpusError(
+                        f"{path} changed while it was being read; rerun with --resume "
+                        "once nothing writes to the corpus"
+                    )
                 after = corpus.stats.as_dict()
-                delta = {k: after[k] - before[k] for k in ("bad_lines", "invalid_utf8", "corrupt_streams",
-                                                           "split_documents")}
+                delta = {
+                    k: after[k] - before[k]
+                    for k in ("bad_lines", "invalid_utf8", "corrupt_streams", "split_documents")
+                }
                 done[str(i)] = {
                     "file": str(path),
                     "input": stamp,

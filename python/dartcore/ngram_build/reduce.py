@@ -41,9 +41,19 @@ def _check_unchanged(shard: dict, work: Path) -> None:
         )
 
 
-def run_reduce(work_dirs: list[Path], output: Path, *, min_count: int = 1, threads: int = 0,
-               memory: int = 8 << 30, temp_dir: str | None = None, max_children: int | None = None,
-               log=None, partitions: int = 1, run_partitions=None) -> dict:
+def run_reduce(
+    work_dirs: list[Path],
+    output: Path,
+    *,
+    min_count: int = 1,
+    threads: int = 0,
+    memory: int = 8 << 30,
+    temp_dir: str | None = None,
+    max_children: int | None = None,
+    log=None,
+    partitions: int = 1,
+    run_partitions=None,
+) -> dict:
     """Merge the runs of one or more complete work dirs into the index at ``output``.
 
     ``partitions`` > 1: the partitioned reduce. The key space is cut into that many ranges
@@ -63,9 +73,14 @@ def run_reduce(work_dirs: list[Path], output: Path, *, min_count: int = 1, threa
         map_threads(threads)
     if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
         raise IndexBuildError(f"--min-count must be an integer of at least 1, got {min_count!r}")
-    if max_children is not None and (isinstance(max_children, bool) or not isinstance(max_children, int)
-                                     or not 1 <= max_children < 1 << 32):
-        raise IndexBuildError(f"--max-children must be an integer in 1..{(1 << 32) - 1}, got {max_children!r}")
+    if max_children is not None and (
+        isinstance(max_children, bool)
+        or not isinstance(max_children, int)
+        or not 1 <= max_children < 1 << 32
+    ):
+        raise IndexBuildError(
+            f"--max-children must be an integer in 1..{(1 << 32) - 1}, got {max_children!r}"
+        )
     for w in work_dirs:
         check_not_an_input(output, [Path(w) / MANIFEST], [w])
 
@@ -78,7 +93,9 @@ def run_reduce(work_dirs: list[Path], output: Path, *, min_count: int = 1, threa
     config = manifests[0][1]["config"]
     for w, m in manifests[1:]:
         if m["config"] != config:
-            raise IndexBuildError(f"{w} was mapped with other settings than {manifests[0][0]}; cannot merge them")
+            raise IndexBuildError(
+                f"{w} was mapped with other settings than {manifests[0][0]}; cannot merge them"
+            )
     shards: dict[str, tuple[Path, dict]] = {}
     limit = False
     for w, m in manifests:
@@ -105,7 +122,9 @@ def run_reduce(work_dirs: list[Path], output: Path, *, min_count: int = 1, threa
             damage[d] += s.get(d, 0)
     for r in runs:
         if not Path(r).is_file():
-            raise IndexBuildError(f"run file {r} listed in the manifest is missing; map that shard again")
+            raise IndexBuildError(
+                f"run file {r} listed in the manifest is missing; map that shard again"
+            )
     check_not_an_input(output, runs)
     # Deterministic metadata only (no times, hosts or paths of work dirs): a resumed
     # build must produce the same bytes as an uninterrupted one.
@@ -126,8 +145,11 @@ def run_reduce(work_dirs: list[Path], output: Path, *, min_count: int = 1, threa
             "max_tokens": config["max_tokens"],
         },
     }
-    kwargs: dict[str, Any] = {"vocab_size": config["tokenizer"]["vocab_size"], "metadata": metadata,
-                              "min_count": min_count}
+    kwargs: dict[str, Any] = {
+        "vocab_size": config["tokenizer"]["vocab_size"],
+        "metadata": metadata,
+        "min_count": min_count,
+    }
     if max_children is not None:
         kwargs["max_children"] = max_children
     if threads:
@@ -139,7 +161,9 @@ def run_reduce(work_dirs: list[Path], output: Path, *, min_count: int = 1, threa
         size = sum(os.path.getsize(r) for r in runs)
         log(f"ngram-build reduce: merging {len(runs)} runs ({size / 2**20:,.1f} MiB) into {output}")
     if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
-        raise IndexBuildError(f"--reduce-partitions must be an integer of at least 1, got {partitions!r}")
+        raise IndexBuildError(
+            f"--reduce-partitions must be an integer of at least 1, got {partitions!r}"
+        )
     t0 = time.monotonic()
     parts: list[dict] = []
     if partitions == 1:
@@ -148,13 +172,23 @@ def run_reduce(work_dirs: list[Path], output: Path, *, min_count: int = 1, threa
         bounds = partition_bounds(runs, partitions)
         pdir = Path(tempfile.mkdtemp(prefix=PARTITION_PREFIX, dir=temp_dir or Path(work_dirs[0])))
         try:
-            jobs = [(runs, str(pdir / f"partition-{i:05d}.dartrun"), config["tokenizer"]["vocab_size"], lo, hi,
-                     memory // max(1, min(partitions, threads or map_threads(0))))
-                    for i, (lo, hi) in enumerate(zip(bounds, bounds[1:]))]
+            jobs = [
+                (
+                    runs,
+                    str(pdir / f"partition-{i:05d}.dartrun"),
+                    config["tokenizer"]["vocab_size"],
+                    lo,
+                    hi,
+                    memory // max(1, min(partitions, threads or map_threads(0))),
+                )
+                for i, (lo, hi) in enumerate(zip(bounds, bounds[1:]))
+            ]
             if run_partitions is None:
                 from concurrent.futures import ThreadPoolExecutor
 
-                with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), threads or map_threads(0)))) as ex:
+                with ThreadPoolExecutor(
+                    max_workers=max(1, min(len(jobs), threads or map_threads(0)))
+                ) as ex:
                     parts = list(ex.map(lambda j: merge_partition(*j), jobs))
             else:
                 parts = list(run_partitions(jobs))
@@ -193,7 +227,10 @@ def partition_bounds(runs: list[str], partitions: int, samples: int = 1024) -> l
             continue
         k = max(1, min(n, round(want * n / total)))
         keys = np.memmap(r, dtype="<u8", mode="r", offset=_RUN_HEADER, shape=(2 * n,))[0::2]
-        firsts.append(np.asarray(keys[np.linspace(0, n - 1, k).astype(np.int64)]) >> np.uint64(_KEY_TOKEN_SHIFT))
+        firsts.append(
+            np.asarray(keys[np.linspace(0, n - 1, k).astype(np.int64)])
+            >> np.uint64(_KEY_TOKEN_SHIFT)
+        )
         del keys
     a = np.sort(np.concatenate(firsts))
     cuts = {int(a[min(len(a) - 1, (len(a) * j) // partitions)]) for j in range(1, partitions)}
@@ -201,14 +238,24 @@ def partition_bounds(runs: list[str], partitions: int, samples: int = 1024) -> l
     return [0] + [c << _KEY_TOKEN_SHIFT for c in sorted(cuts)] + [U64_MAX]
 
 
-def merge_partition(runs: list[str], output: str, vocab_size: int, lo: int, hi: int, memory: int) -> dict:
+def merge_partition(
+    runs: list[str], output: str, vocab_size: int, lo: int, hi: int, memory: int
+) -> dict:
     """One partition of the partitioned reduce (one home for both engines): the entries
     with ``lo <= key < hi`` of every run, merged into one sorted run at ``output``."""
     from dartcore import _native
 
     t0 = time.monotonic()
-    s = dict(_native.merge_run_range(list(runs), output, vocab_size=vocab_size, lo=lo, hi=hi,
-                                     memory_limit=max(memory, 64 << 20)))
+    s = dict(
+        _native.merge_run_range(
+            list(runs),
+            output,
+            vocab_size=vocab_size,
+            lo=lo,
+            hi=hi,
+            memory_limit=max(memory, 64 << 20),
+        )
+    )
     s["seconds"] = time.monotonic() - t0
     s["peak_rss_bytes"] = peak_rss_bytes()
     return s
@@ -230,8 +277,16 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
-def build_summary(output: Path, manifest: dict, reduce: dict, *, wall: float, map_s: float, reduce_s: float,
-             opts: MapOptions) -> dict:
+def build_summary(
+    output: Path,
+    manifest: dict,
+    reduce: dict,
+    *,
+    wall: float,
+    map_s: float,
+    reduce_s: float,
+    opts: MapOptions,
+) -> dict:
     from dartcore.index import NgramIndex
 
     stats = NgramIndex(str(output)).stats()
@@ -261,8 +316,10 @@ def build_summary(output: Path, manifest: dict, reduce: dict, *, wall: float, ma
         "memory_limit_bytes": opts.memory,
         "builder_memory_bytes": ms.get("builder_memory_bytes"),
         "peak_rss_bytes": peak_rss_bytes(),
-        "corpus_problems": {k: sum(s.get(k, 0) for s in manifest["shards"].values())
-                            for k in ("bad_lines", "invalid_utf8", "corrupt_streams", "split_documents")},
+        "corpus_problems": {
+            k: sum(s.get(k, 0) for s in manifest["shards"].values())
+            for k in ("bad_lines", "invalid_utf8", "corrupt_streams", "split_documents")
+        },
         "tokenizer": manifest["config"]["tokenizer"],
     }
 
@@ -283,5 +340,7 @@ def print_summary(s: dict, file=None) -> None:
     ]
     p = s["corpus_problems"]
     if any(p.values()):
-        lines.append("skipped      " + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in p.items() if v))
+        lines.append(
+            "skipped      " + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in p.items() if v)
+        )
     print("\n".join(lines), file=file or sys.stdout)

@@ -25,9 +25,13 @@ def read_manifest(work_dir: Path) -> dict | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise IndexBuildError(f"{path}: unreadable manifest ({e}); remove the work dir and map again") from None
+        raise IndexBuildError(
+            f"{path}: unreadable manifest ({e}); remove the work dir and map again"
+        ) from None
     if data.get("format") != MANIFEST_FORMAT:
-        raise IndexBuildError(f"{path}: not a {MANIFEST_FORMAT} manifest; remove it or use another --work-dir")
+        raise IndexBuildError(
+            f"{path}: not a {MANIFEST_FORMAT} manifest; remove it or use another --work-dir"
+        )
     return data
 
 
@@ -49,7 +53,7 @@ class WorkDirLock:
         self.path = work_dir / LOCK
         self.fd: int | None = None
 
-    def __enter__(self) -> "WorkDirLock":
+    def __enter__(self) -> WorkDirLock:
         fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -24,8 +24,15 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dartcore.serve.pool import Stream, WorkerPool
-from dartcore.serve.protocol import APIError, GenRequest, chunk_body, completion_body, error_body, parse_chat, \
-    parse_completion
+from dartcore.serve.protocol import (
+    APIError,
+    GenRequest,
+    chunk_body,
+    completion_body,
+    error_body,
+    parse_chat,
+    parse_completion,
+)
 
 __all__ = ["create_app"]
 
@@ -42,13 +49,21 @@ def _error_response(exc: APIError) -> JSONResponse:
 def _dart(req: GenRequest, stream: Stream, item: dict) -> dict | None:
     if not req.want_stats:
         return None
-    return {"worker": stream.worker, "stats": item.get("stats") or {},
-            "ttft_s": (stream.first_token - stream.submitted) if stream.first_token else None,
-            "latency_s": time.perf_counter() - stream.submitted}
+    return {
+        "worker": stream.worker,
+        "stats": item.get("stats") or {},
+        "ttft_s": (stream.first_token - stream.submitted) if stream.first_token else None,
+        "latency_s": time.perf_counter() - stream.submitted,
+    }
 
 
-def create_app(pool: WorkerPool, models: tuple[str, ...], *, drain_timeout: float = 60.0,
-               owned_by: str = "dartcore") -> FastAPI:
+def create_app(
+    pool: WorkerPool,
+    models: tuple[str, ...],
+    *,
+    drain_timeout: float = 60.0,
+    owned_by: str = "dartcore",
+) -> FastAPI:
     """The app; its lifespan starts the pool and, on shutdown (SIGTERM), drains it and stops the workers."""
 
     @contextlib.asynccontextmanager
@@ -60,14 +75,18 @@ def create_app(pool: WorkerPool, models: tuple[str, ...], *, drain_timeout: floa
             await pool.drain(drain_timeout)
             await pool.close()
 
-    app = FastAPI(title="dart-serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="dart-serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.state.pool = pool
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
         kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(f"{request.method} {request.url.path}: {exc.detail}", type=kind),
-                            status_code=exc.status_code)
+        return JSONResponse(
+            error_body(f"{request.method} {request.url.path}: {exc.detail}", type=kind),
+            status_code=exc.status_code,
+        )
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
@@ -75,23 +94,34 @@ def create_app(pool: WorkerPool, models: tuple[str, ...], *, drain_timeout: floa
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
-        return JSONResponse(error_body(f"internal server error: {type(exc).__name__}: {exc}", type="server_error"),
-                            status_code=500)
+        return JSONResponse(
+            error_body(f"internal server error: {type(exc).__name__}: {exc}", type="server_error"),
+            status_code=500,
+        )
 
     async def _body(request: Request):
         if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
-            raise APIError(f"the request body is larger than {MAX_BODY_BYTES >> 20} MiB", status=413,
-                           code="request_too_large")
+            raise APIError(
+                f"the request body is larger than {MAX_BODY_BYTES >> 20} MiB",
+                status=413,
+                code="request_too_large",
+            )
         raw = await request.body()
         if len(raw) > MAX_BODY_BYTES:
-            raise APIError(f"the request body is larger than {MAX_BODY_BYTES >> 20} MiB", status=413,
-                           code="request_too_large")
+            raise APIError(
+                f"the request body is larger than {MAX_BODY_BYTES >> 20} MiB",
+                status=413,
+                code="request_too_large",
+            )
         try:
             return json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise APIError(f"We could not parse the JSON body of your request ({exc}). The OpenAI API expects a "
-                           "JSON payload: send a JSON object with Content-Type: application/json", param=None,
-                           code="invalid_json") from None
+            raise APIError(
+                f"We could not parse the JSON body of your request ({exc}). The OpenAI API expects a "
+                "JSON payload: send a JSON object with Content-Type: application/json",
+                param=None,
+                code="invalid_json",
+            ) from None
 
     def _header_stats(request: Request) -> bool:
         return request.headers.get(STATS_HEADER, "").strip().lower() in ("1", "true", "yes", "on")
@@ -140,8 +170,11 @@ def create_app(pool: WorkerPool, models: tuple[str, ...], *, drain_timeout: floa
         if first[0] == "error":
             return _error_response(first[1])
         if req.stream:
-            return StreamingResponse(_sse(stream, first), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return StreamingResponse(
+                _sse(stream, first),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
         # Non-streaming: gather the text; the disconnect watcher aborts a request nobody waits for.
         event = first
         while True:
@@ -152,8 +185,16 @@ def create_app(pool: WorkerPool, models: tuple[str, ...], *, drain_timeout: floa
                 return _error_response(event[1])
             item = event[1]
             if item["finished"]:
-                return JSONResponse(completion_body(req, item["text"], _finish_reason(item), item["prompt_tokens"],
-                                                    item["completion_tokens"], _dart(req, stream, item)))
+                return JSONResponse(
+                    completion_body(
+                        req,
+                        item["text"],
+                        _finish_reason(item),
+                        item["prompt_tokens"],
+                        item["completion_tokens"],
+                        _dart(req, stream, item),
+                    )
+                )
             event = await _next(stream, request)
 
     async def _sse(stream: Stream, first) -> AsyncIterator[str]:
@@ -171,7 +212,11 @@ def create_app(pool: WorkerPool, models: tuple[str, ...], *, drain_timeout: floa
                 if item["finished"]:
                     usage = (item["prompt_tokens"], item["completion_tokens"])
                     dart = _dart(req, stream, item)
-                    yield ("data: " + json.dumps(chunk_body(req, None, _finish_reason(item), dart=dart)) + "\n\n")
+                    yield (
+                        "data: "
+                        + json.dumps(chunk_body(req, None, _finish_reason(item), dart=dart))
+                        + "\n\n"
+                    )
                     if req.include_usage:
                         yield f"data: {json.dumps(chunk_body(req, None, None, usage=usage, no_choice=True))}\n\n"
                     yield "data: [DONE]\n\n"
@@ -182,13 +227,22 @@ def create_app(pool: WorkerPool, models: tuple[str, ...], *, drain_timeout: floa
 
     @app.get("/v1/models")
     async def list_models():
-        return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": owned_by}
-                                           for m in models]}
+        return {
+            "object": "list",
+            "data": [
+                {"id": m, "object": "model", "created": 0, "owned_by": owned_by} for m in models
+            ],
+        }
 
     @app.get("/v1/models/{model}")
     async def get_model(model: str):
         if model not in models:
-            raise APIError(f"The model {model!r} does not exist", status=404, param="model", code="model_not_found")
+            raise APIError(
+                f"The model {model!r} does not exist",
+                status=404,
+                param="model",
+                code="model_not_found",
+            )
         return {"id": model, "object": "model", "created": 0, "owned_by": owned_by}
 
     @app.get("/health")
@@ -201,7 +255,9 @@ def create_app(pool: WorkerPool, models: tuple[str, ...], *, drain_timeout: floa
     @app.get("/metrics")
     async def metrics():
         inflight = {h.index: len(h.inflight) for h in pool.handles}
-        return PlainTextResponse(pool.metrics.render(inflight), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(
+            pool.metrics.render(inflight), media_type="text/plain; version=0.0.4"
+        )
 
     return app
 

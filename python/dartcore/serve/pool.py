@@ -68,7 +68,14 @@ class _Handle:
 
 
 class WorkerPool:
-    def __init__(self, config: WorkerConfig, workers: int = 1, *, max_queue: int = 16, start_timeout: float = 600.0):
+    def __init__(
+        self,
+        config: WorkerConfig,
+        workers: int = 1,
+        *,
+        max_queue: int = 16,
+        start_timeout: float = 600.0,
+    ):
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         if max_queue < 0:
@@ -106,14 +113,22 @@ class WorkerPool:
     def _spawn(self, h: _Handle) -> None:
         parent, child = self._ctx.Pipe(duplex=True)
         h.generation += 1
-        proc = self._ctx.Process(target=run_worker, args=(child, self.config, h.index),
-                                 name=f"dart-serve-worker-{h.index}", daemon=True)
+        proc = self._ctx.Process(
+            target=run_worker,
+            args=(child, self.config, h.index),
+            name=f"dart-serve-worker-{h.index}",
+            daemon=True,
+        )
         proc.start()
         child.close()  # the parent keeps only its end, so the worker's death reads as EOF
         h.process, h.conn, h.pid = proc, parent, proc.pid
         h.ready, h.alive, h.started_at = False, True, time.monotonic()
-        threading.Thread(target=self._reader, args=(h, parent, h.generation), daemon=True,
-                         name=f"dart-serve-reader-{h.index}").start()
+        threading.Thread(
+            target=self._reader,
+            args=(h, parent, h.generation),
+            daemon=True,
+            name=f"dart-serve-reader-{h.index}",
+        ).start()
 
     def _reader(self, h: _Handle, conn, generation: int) -> None:
         loop = self._loop
@@ -181,7 +196,9 @@ class WorkerPool:
             if s is not None:
                 self._finish(h, s)
                 kind = "invalid_request_error" if status < 500 else "server_error"
-                s.queue.put_nowait(("error", APIError(message, status=status, param=param, code=code, type=kind)))
+                s.queue.put_nowait(
+                    ("error", APIError(message, status=status, param=param, code=code, type=kind))
+                )
         elif kind == "ready":
             info = msg[1]
             h.ready, h.pid, h.context_length = True, info["pid"], info["context_length"]
@@ -206,23 +223,36 @@ class WorkerPool:
                 proc.kill()
                 proc.join(timeout=1)
         code = proc.exitcode if proc is not None else None
-        how = (f"was killed by signal {-code}" if code is not None and code < 0
-               else f"exited with status {code}")
+        how = (
+            f"was killed by signal {-code}"
+            if code is not None and code < 0
+            else f"exited with status {code}"
+        )
         failed = list(h.inflight.values())
         h.inflight.clear()
         for s in failed:
             s.done = True
-            s.queue.put_nowait(("error", APIError(
-                f"worker {h.index} (pid {h.pid}) {how} while generating this request; the server is restarting "
-                "it and the other workers are unaffected: retry the request", status=503, type="server_error",
-                code="worker_died")))
+            s.queue.put_nowait(
+                (
+                    "error",
+                    APIError(
+                        f"worker {h.index} (pid {h.pid}) {how} while generating this request; the server is restarting "
+                        "it and the other workers are unaffected: retry the request",
+                        status=503,
+                        type="server_error",
+                        code="worker_died",
+                    ),
+                )
+            )
             self.metrics.request_failed(h.index, s.req.kind, 503)
         if self.closed or self.start_error is not None:
             return
         self.metrics.worker_restarted(h.index)
         h.restarts += 1
         # A worker that dies while loading is retried after a pause (not in a tight loop).
-        delay = 0.0 if time.monotonic() - h.started_at > 30 else min(30.0, 2.0 ** min(h.restarts, 5))
+        delay = (
+            0.0 if time.monotonic() - h.started_at > 30 else min(30.0, 2.0 ** min(h.restarts, 5))
+        )
         self._loop.call_later(delay, self._restart, h, h.generation)
 
     def _restart(self, h: _Handle, generation: int) -> None:
@@ -251,16 +281,28 @@ class WorkerPool:
     def submit(self, req: GenRequest) -> Stream:
         """Hand ``req`` to the least-loaded ready worker; 429 past the queue, 503 with no worker."""
         if self.draining or self.closed:
-            raise APIError("the server is shutting down", status=503, type="server_error", code="shutting_down")
+            raise APIError(
+                "the server is shutting down", status=503, type="server_error", code="shutting_down"
+            )
         ready = [h for h in self.handles if h.ready and h.alive]
         if not ready:
-            raise APIError("no worker is ready (a worker is restarting); retry shortly", status=503,
-                           type="server_error", code="no_worker", headers={"Retry-After": "5"})
+            raise APIError(
+                "no worker is ready (a worker is restarting); retry shortly",
+                status=503,
+                type="server_error",
+                code="no_worker",
+                headers={"Retry-After": "5"},
+            )
         if self.inflight() >= self.capacity():
             self.metrics.rejected()
-            raise APIError(f"the server is at capacity ({self.inflight()} requests in flight, queue of "
-                           f"{self.max_queue}); retry later", status=429, type="rate_limit_error",
-                           code="rate_limit_exceeded", headers={"Retry-After": self._retry_after()})
+            raise APIError(
+                f"the server is at capacity ({self.inflight()} requests in flight, queue of "
+                f"{self.max_queue}); retry later",
+                status=429,
+                type="rate_limit_error",
+                code="rate_limit_exceeded",
+                headers={"Retry-After": self._retry_after()},
+            )
         h = min(ready, key=lambda w: (len(w.inflight), w.index))
         s = Stream(req=req, worker=h.index)
         h.inflight[req.id] = s
@@ -268,8 +310,13 @@ class WorkerPool:
             h.conn.send(("add", req.id, req.to_worker()))
         except OSError:
             h.inflight.pop(req.id, None)
-            raise APIError(f"worker {h.index} is restarting; retry", status=503, type="server_error",
-                           code="worker_died", headers={"Retry-After": "1"}) from None
+            raise APIError(
+                f"worker {h.index} is restarting; retry",
+                status=503,
+                type="server_error",
+                code="worker_died",
+                headers={"Retry-After": "1"},
+            ) from None
         self.metrics.request_started(h.index)
         return s
 
@@ -291,9 +338,21 @@ class WorkerPool:
         return [h.pid if h.alive else None for h in self.handles]
 
     def status(self) -> dict:
-        return {"workers": [{"worker": h.index, "pid": h.pid, "ready": h.ready, "alive": h.alive,
-                             "inflight": len(h.inflight), "restarts": h.restarts,
-                             "waiting": h.snapshot.get("waiting", 0), "running": h.snapshot.get("running", 0)}
-                            for h in self.handles],
-                "inflight": self.inflight(), "capacity": self.capacity(), "draining": self.draining}
-
+        return {
+            "workers": [
+                {
+                    "worker": h.index,
+                    "pid": h.pid,
+                    "ready": h.ready,
+                    "alive": h.alive,
+                    "inflight": len(h.inflight),
+                    "restarts": h.restarts,
+                    "waiting": h.snapshot.get("waiting", 0),
+                    "running": h.snapshot.get("running", 0),
+                }
+                for h in self.handles
+            ],
+            "inflight": self.inflight(),
+            "capacity": self.capacity(),
+            "draining": self.draining,
+        }

@@ -23,8 +23,16 @@ from typing import Any
 
 from dartcore.sampling import SamplingParams
 
-__all__ = ["APIError", "GenRequest", "parse_chat", "parse_completion", "error_body",
-           "MAX_STOP", "completion_body", "chunk_body"]
+__all__ = [
+    "APIError",
+    "GenRequest",
+    "parse_chat",
+    "parse_completion",
+    "error_body",
+    "MAX_STOP",
+    "completion_body",
+    "chunk_body",
+]
 
 MAX_STOP = 4  # the OpenAI API's limit on stop sequences
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -33,18 +41,37 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 class APIError(Exception):
     """A request the server refuses; ``body()`` is the OpenAI error object."""
 
-    def __init__(self, message: str, *, status: int = 400, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
-        self.message, self.status, self.type, self.param, self.code = message, status, type, param, code
+        self.message, self.status, self.type, self.param, self.code = (
+            message,
+            status,
+            type,
+            param,
+            code,
+        )
         self.headers = headers or {}
 
     def body(self) -> dict:
         return error_body(self.message, type=self.type, param=self.param, code=self.code)
 
 
-def error_body(message: str, *, type: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict:
+def error_body(
+    message: str,
+    *,
+    type: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+) -> dict:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
@@ -55,8 +82,10 @@ class GenRequest:
     kind: str  # "chat" | "completion"
     model: str
     prompt: Any  # chat: list of {"role", "content": str}; completion: str or list[int]
-    max_tokens: int | None  # None: as many as the context allows (chat), capped by the server default
-    params: SamplingParams = field(default_factory=SamplingParams)  # max_new_tokens = max_tokens once known
+    # None: as many as the context allows (chat), capped by the server default
+    max_tokens: int | None
+    # max_new_tokens = max_tokens once known
+    params: SamplingParams = field(default_factory=SamplingParams)
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage
     want_stats: bool = False
@@ -65,8 +94,13 @@ class GenRequest:
     created: int = field(default_factory=lambda: int(time.time()))
 
     def to_worker(self) -> dict:
-        return {"kind": self.kind, "prompt": self.prompt, "max_tokens": self.max_tokens, "params": self.params,
-                "echo": self.echo}
+        return {
+            "kind": self.kind,
+            "prompt": self.prompt,
+            "max_tokens": self.max_tokens,
+            "params": self.params,
+            "echo": self.echo,
+        }
 
 
 # Fields of the OpenAI API this server implements, and those it accepts only at a neutral value
@@ -103,7 +137,17 @@ _NEUTRAL_COMPLETION = {
     "best_of": lambda v: v is None or v == 1,
     "suffix": lambda v: v is None or v == "",
 }
-_COMMON = ("model", "max_tokens", "temperature", "top_p", "stop", "seed", "stream", "stream_options", "dart")
+_COMMON = (
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+    "stream",
+    "stream_options",
+    "dart",
+)
 _CHAT_FIELDS = frozenset(_COMMON) | {"messages", "max_completion_tokens"} | set(_NEUTRAL_CHAT)
 _COMPLETION_FIELDS = frozenset(_COMMON) | {"prompt", "echo"} | set(_NEUTRAL_COMPLETION)
 
@@ -114,14 +158,22 @@ def _invalid(message: str, param: str | None, code: str | None = None) -> APIErr
 
 def _check_fields(body: Any, allowed: frozenset[str], neutral: dict) -> None:
     if not isinstance(body, dict):
-        raise _invalid(f"the request body must be a JSON object, got a JSON {type(body).__name__}", None)
+        raise _invalid(
+            f"the request body must be a JSON object, got a JSON {type(body).__name__}", None
+        )
     for key in body:
         if key not in allowed:
-            raise _invalid(f"Unrecognized request argument supplied: {key}", key, "unknown_parameter")
+            raise _invalid(
+                f"Unrecognized request argument supplied: {key}", key, "unknown_parameter"
+            )
     for key, ok in neutral.items():
         if key in body and not ok(body[key]):
-            raise _invalid(f"{key} = {body[key]!r} is not supported by this server (dart-serve generates one "
-                           f"plain-text choice per request); leave {key} out", key, "unsupported_parameter")
+            raise _invalid(
+                f"{key} = {body[key]!r} is not supported by this server (dart-serve generates one "
+                f"plain-text choice per request); leave {key} out",
+                key,
+                "unsupported_parameter",
+            )
 
 
 def _is_int(v) -> bool:
@@ -140,25 +192,36 @@ def _sampling(body: dict, req: dict, default_temperature: float) -> None:
     if t is None:
         t = default_temperature
     if _is_number(t) and t > 2:
-        raise _invalid(f"temperature must be a number in [0, 2] (0 = greedy), got {t!r}", "temperature",
-                       "invalid_value")
+        raise _invalid(
+            f"temperature must be a number in [0, 2] (0 = greedy), got {t!r}",
+            "temperature",
+            "invalid_value",
+        )
     p = body.get("top_p")
     stop = body.get("stop")
     stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or len(stops) > MAX_STOP:
-        raise _invalid(f"stop must be a non-empty string or a list of at most {MAX_STOP} non-empty strings, "
-                       f"got {stop!r}", "stop", "invalid_value")
+        raise _invalid(
+            f"stop must be a non-empty string or a list of at most {MAX_STOP} non-empty strings, "
+            f"got {stop!r}",
+            "stop",
+            "invalid_value",
+        )
     seed = body.get("seed")
     if seed is not None and (not _is_int(seed) or not -(2**63) <= seed < 2**64):
         raise _invalid(f"seed must be an integer, got {seed!r}", "seed", "invalid_value")
     if seed is not None and seed < 0:
-        seed %= 2**64  # the OpenAI API takes signed 64-bit seeds; the sampler's generator reads unsigned
+        # the OpenAI API takes signed 64-bit seeds; the sampler's generator reads unsigned
+        seed %= 2**64
     try:
         params = SamplingParams(temperature=t, top_p=1.0 if p is None else p, seed=seed, stop=stops)
     except (TypeError, ValueError) as exc:
         name = str(exc).split(" ", 1)[0]
-        raise _invalid(str(exc), name if name in ("temperature", "top_p", "stop", "seed") else None,
-                       "invalid_value") from None
+        raise _invalid(
+            str(exc),
+            name if name in ("temperature", "top_p", "stop", "seed") else None,
+            "invalid_value",
+        ) from None
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise _invalid(f"stream must be a boolean, got {stream!r}", "stream", "invalid_type")
@@ -166,17 +229,33 @@ def _sampling(body: dict, req: dict, default_temperature: float) -> None:
     include_usage = False
     if opts is not None:
         if not isinstance(opts, dict) or set(opts) - {"include_usage", "include_obfuscation"}:
-            raise _invalid(f"stream_options must be an object with include_usage, got {opts!r}", "stream_options",
-                           "invalid_value")
+            raise _invalid(
+                f"stream_options must be an object with include_usage, got {opts!r}",
+                "stream_options",
+                "invalid_value",
+            )
         if not stream:
-            raise _invalid("stream_options is only allowed when stream is true", "stream_options", "invalid_value")
+            raise _invalid(
+                "stream_options is only allowed when stream is true",
+                "stream_options",
+                "invalid_value",
+            )
         include_usage = bool(opts.get("include_usage", False))
     dart = body.get("dart")
-    if dart is not None and (not isinstance(dart, dict) or set(dart) - {"stats"}
-                             or not isinstance(dart.get("stats", False), bool)):
-        raise _invalid(f'dart must be an object {{"stats": true|false}}, got {dart!r}', "dart", "invalid_value")
-    req.update(params=params, stream=bool(stream), include_usage=include_usage,
-               want_stats=bool((dart or {}).get("stats", False)))
+    if dart is not None and (
+        not isinstance(dart, dict)
+        or set(dart) - {"stats"}
+        or not isinstance(dart.get("stats", False), bool)
+    ):
+        raise _invalid(
+            f'dart must be an object {{"stats": true|false}}, got {dart!r}', "dart", "invalid_value"
+        )
+    req.update(
+        params=params,
+        stream=bool(stream),
+        include_usage=include_usage,
+        want_stats=bool((dart or {}).get("stats", False)),
+    )
 
 
 def _max_tokens(body: dict, names: tuple[str, ...]) -> int | None:
@@ -193,11 +272,17 @@ def _max_tokens(body: dict, names: tuple[str, ...]) -> int | None:
 def _model(body: dict, models: tuple[str, ...]) -> str:
     m = body.get("model")
     if not isinstance(m, str) or not m:
-        raise _invalid("you must provide a model parameter (GET /v1/models lists them)", "model",
-                       "missing_required_parameter")
+        raise _invalid(
+            "you must provide a model parameter (GET /v1/models lists them)",
+            "model",
+            "missing_required_parameter",
+        )
     if m not in models:
-        raise _invalid(f"The model {m!r} does not exist: this server serves {list(models)}", "model",
-                       "model_not_found")
+        raise _invalid(
+            f"The model {m!r} does not exist: this server serves {list(models)}",
+            "model",
+            "model_not_found",
+        )
     return m
 
 
@@ -208,15 +293,26 @@ def _content(content: Any, i: int) -> str:
     if isinstance(content, list):
         parts = []
         for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise _invalid(f"{param}[{j}] must be a text part {{'type': 'text', 'text': ...}} (this server takes "
-                               "text only)", f"{param}[{j}]", "invalid_value")
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
+                raise _invalid(
+                    f"{param}[{j}] must be a text part {{'type': 'text', 'text': ...}} (this server takes "
+                    "text only)",
+                    f"{param}[{j}]",
+                    "invalid_value",
+                )
             parts.append(part["text"])
         return "".join(parts)
     if content is None:
         return ""
-    raise _invalid(f"{param} must be a string or a list of text parts, got {type(content).__name__}", param,
-                   "invalid_type")
+    raise _invalid(
+        f"{param} must be a string or a list of text parts, got {type(content).__name__}",
+        param,
+        "invalid_type",
+    )
 
 
 def parse_chat(body: Any, models: tuple[str, ...], *, header_stats: bool = False) -> GenRequest:
@@ -224,21 +320,34 @@ def parse_chat(body: Any, models: tuple[str, ...], *, header_stats: bool = False
     model = _model(body, models)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise _invalid("messages must be a non-empty list of {'role', 'content'} objects", "messages",
-                       "missing_required_parameter" if messages is None else "invalid_value")
+        raise _invalid(
+            "messages must be a non-empty list of {'role', 'content'} objects",
+            "messages",
+            "missing_required_parameter" if messages is None else "invalid_value",
+        )
     rendered = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
-            raise _invalid(f"messages[{i}] must be an object with role and content", f"messages[{i}]", "invalid_type")
+            raise _invalid(
+                f"messages[{i}] must be an object with role and content",
+                f"messages[{i}]",
+                "invalid_type",
+            )
         role = m.get("role")
         if role not in ROLES:
-            raise _invalid(f"messages[{i}].role must be one of {list(ROLES)}, got {role!r}", f"messages[{i}].role",
-                           "invalid_value")
+            raise _invalid(
+                f"messages[{i}].role must be one of {list(ROLES)}, got {role!r}",
+                f"messages[{i}].role",
+                "invalid_value",
+            )
         extra = set(m) - {"role", "content", "name"}
         if extra:
             key = sorted(extra)[0]
-            raise _invalid(f"Unrecognized argument in messages[{i}]: {key}", f"messages[{i}].{key}",
-                           "unknown_parameter")
+            raise _invalid(
+                f"Unrecognized argument in messages[{i}]: {key}",
+                f"messages[{i}].{key}",
+                "unknown_parameter",
+            )
         rendered.append({"role": role, "content": _content(m.get("content"), i)})
     req: dict = {}
     _sampling(body, req, 1.0)
@@ -249,7 +358,9 @@ def parse_chat(body: Any, models: tuple[str, ...], *, header_stats: bool = False
     return GenRequest(kind="chat", model=model, prompt=rendered, max_tokens=max_tokens, **req)
 
 
-def parse_completion(body: Any, models: tuple[str, ...], *, header_stats: bool = False) -> GenRequest:
+def parse_completion(
+    body: Any, models: tuple[str, ...], *, header_stats: bool = False
+) -> GenRequest:
     _check_fields(body, _COMPLETION_FIELDS, _NEUTRAL_COMPLETION)
     model = _model(body, models)
     prompt = body.get("prompt")
@@ -259,11 +370,18 @@ def parse_completion(body: Any, models: tuple[str, ...], *, header_stats: bool =
         if any(t < 0 for t in prompt):
             raise _invalid("prompt token ids must be >= 0", "prompt", "invalid_value")
     elif isinstance(prompt, list) and len(prompt) > 1:
-        raise _invalid("prompt: a batch of several prompts is not supported by this server; send one request per "
-                       "prompt", "prompt", "unsupported_parameter")
+        raise _invalid(
+            "prompt: a batch of several prompts is not supported by this server; send one request per "
+            "prompt",
+            "prompt",
+            "unsupported_parameter",
+        )
     elif not isinstance(prompt, str) or not prompt:
-        raise _invalid("prompt must be a non-empty string or a list of token ids", "prompt",
-                       "missing_required_parameter" if prompt is None else "invalid_value")
+        raise _invalid(
+            "prompt must be a non-empty string or a list of token ids",
+            "prompt",
+            "missing_required_parameter" if prompt is None else "invalid_value",
+        )
     echo = body.get("echo")
     if echo is not None and not isinstance(echo, bool):
         raise _invalid(f"echo must be a boolean, got {echo!r}", "echo", "invalid_type")
@@ -273,33 +391,62 @@ def parse_completion(body: Any, models: tuple[str, ...], *, header_stats: bool =
     max_tokens = _max_tokens(body, ("max_tokens",))
     max_tokens = 16 if max_tokens is None else max_tokens  # the OpenAI completions API's default
     req["params"] = replace(req["params"], max_new_tokens=max_tokens)
-    return GenRequest(kind="completion", model=model, prompt=prompt, max_tokens=max_tokens, echo=bool(echo), **req)
+    return GenRequest(
+        kind="completion", model=model, prompt=prompt, max_tokens=max_tokens, echo=bool(echo), **req
+    )
 
 
 # -- response bodies -----------------------------------------------------------------------------
 
+
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
-def completion_body(req: GenRequest, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int,
-                    dart: dict | None) -> dict:
+def completion_body(
+    req: GenRequest,
+    text: str,
+    finish_reason: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    dart: dict | None,
+) -> dict:
     if req.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                  "finish_reason": finish_reason}
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
         out = {"id": f"chatcmpl-{req.id}", "object": "chat.completion"}
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         out = {"id": f"cmpl-{req.id}", "object": "text_completion"}
-    out.update(created=req.created, model=req.model, choices=[choice], usage=_usage(prompt_tokens, completion_tokens))
+    out.update(
+        created=req.created,
+        model=req.model,
+        choices=[choice],
+        usage=_usage(prompt_tokens, completion_tokens),
+    )
     if dart is not None:
         out["dart"] = dart
     return out
 
 
-def chunk_body(req: GenRequest, text: str | None, finish_reason: str | None, *, first: bool = False,
-               usage: tuple[int, int] | None = None, dart: dict | None = None, no_choice: bool = False) -> dict:
+def chunk_body(
+    req: GenRequest,
+    text: str | None,
+    finish_reason: str | None,
+    *,
+    first: bool = False,
+    usage: tuple[int, int] | None = None,
+    dart: dict | None = None,
+    no_choice: bool = False,
+) -> dict:
     """One SSE chunk; ``no_choice`` makes the trailing usage-only chunk of stream_options.include_usage."""
     if req.kind == "chat":
         out = {"id": f"chatcmpl-{req.id}", "object": "chat.completion.chunk"}

@@ -45,11 +45,13 @@ class WorkerConfig:
     tree: str = "dart"
     budget: str | int = "adaptive"  # the engine's: "adaptive" or a fixed node count (0 = AR)
     max_batch: int = 8
-    max_seq_len: int | None = 2048  # per-sequence KV capacity (the context requests are checked against)
+    # per-sequence KV capacity (the context requests are checked against)
+    max_seq_len: int | None = 2048
     threads: int = 1
     device: str = "cpu"
     dtype: str = "float32"
-    prefault_index: bool = True  # fault the whole index in at start, so every worker maps one resident copy
+    # fault the whole index in at start, so every worker maps one resident copy
+    prefault_index: bool = True
     default_max_tokens: int = DEFAULTS.max_new_tokens  # chat requests without max_tokens
     tree_params: dict = field(default_factory=dict)
     # "module:function" returning a Loaded; the default loads the real model and Engine.
@@ -72,7 +74,9 @@ def load_engine(config: WorkerConfig) -> Loaded:
     from dartcore.models.hub import load_target
 
     torch.set_num_threads(config.threads)
-    model, tok = load_target(config.target, dtype=getattr(torch, config.dtype), device=config.device)
+    model, tok = load_target(
+        config.target, dtype=getattr(torch, config.dtype), device=config.device
+    )
     drafter = None
     if config.drafter is not None and config.tree not in ("ar", "ngram-only"):
         from dartcore.drafter import DartDrafter
@@ -83,9 +87,12 @@ def load_engine(config: WorkerConfig) -> Loaded:
         from dartcore.index import NgramIndex
 
         index = NgramIndex(config.index, prefault=config.prefault_index)
-    decoder = DartDecoder(model, tok, drafter, index, tree=config.tree, device=config.device,
-                          **config.tree_params)
-    engine = Engine(decoder, max_batch=config.max_batch, max_seq_len=config.max_seq_len, budget=config.budget)
+    decoder = DartDecoder(
+        model, tok, drafter, index, tree=config.tree, device=config.device, **config.tree_params
+    )
+    engine = Engine(
+        decoder, max_batch=config.max_batch, max_seq_len=config.max_seq_len, budget=config.budget
+    )
     context = decoder.context_length
     if config.max_seq_len is not None:
         context = min(context, config.max_seq_len)
@@ -98,7 +105,9 @@ def _factory(spec: str):
 
 
 class _RequestError(Exception):
-    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400):
+    def __init__(
+        self, message: str, param: str | None = None, code: str | None = None, status: int = 400
+    ):
         super().__init__(message)
         self.message, self.param, self.code, self.status = message, param, code, status
 
@@ -135,41 +144,63 @@ class _Worker:
             try:
                 ids = chat_ids(self.tok, prompt)
             except Exception as exc:  # noqa: BLE001 - a template that refuses these messages (jinja raise_exception)
-                raise _RequestError(f"messages: the model's chat template refused them: {exc}", "messages",
-                                    "invalid_value") from exc
+                raise _RequestError(
+                    f"messages: the model's chat template refused them: {exc}",
+                    "messages",
+                    "invalid_value",
+                ) from exc
             echo = ""
         elif isinstance(prompt, str):
             ids, echo = text_ids(self.tok, prompt), prompt if req.get("echo") else ""
         else:
-            ids, echo = list(prompt), decode(self.tok, prompt, skip_special=False) if req.get("echo") else ""
+            ids, echo = (
+                list(prompt),
+                decode(self.tok, prompt, skip_special=False) if req.get("echo") else "",
+            )
         try:
             return check_ids(ids, self.vocab, what), echo
         except ValueError as exc:
-            raise _RequestError(str(exc).replace("empty prompt: ", ""), what, "invalid_value") from None
+            raise _RequestError(
+                str(exc).replace("empty prompt: ", ""), what, "invalid_value"
+            ) from None
 
     def add(self, rid: str, req: dict) -> None:
         if self.draining:
-            raise _RequestError("the server is shutting down; retry on another instance", None, "shutting_down", 503)
+            raise _RequestError(
+                "the server is shutting down; retry on another instance", None, "shutting_down", 503
+            )
         ids, prefix = self._prompt_ids(req)
         what = "messages" if req["kind"] == "chat" else "prompt"
         if len(ids) >= self.context:
-            raise _RequestError(f"This model's maximum context length is {self.context} tokens. However, your "
-                                f"{what} is {len(ids)} tokens, which leaves no room for the completion. Please "
-                                f"reduce the length of the {what}.", what, "context_length_exceeded")
+            raise _RequestError(
+                f"This model's maximum context length is {self.context} tokens. However, your "
+                f"{what} is {len(ids)} tokens, which leaves no room for the completion. Please "
+                f"reduce the length of the {what}.",
+                what,
+                "context_length_exceeded",
+            )
         params = req["params"]
         max_tokens = req["max_tokens"]
         if max_tokens is None:
             max_tokens = min(self.config.default_max_tokens, self.context - len(ids))
         if len(ids) + max_tokens > self.context:
-            raise _RequestError(f"This model's maximum context length is {self.context} tokens. However, you "
-                                f"requested {len(ids) + max_tokens} tokens ({len(ids)} in the {what}, {max_tokens} "
-                                f"in the completion). Please reduce the length of the {what} or the completion "
-                                "(max_tokens).", "max_tokens", "context_length_exceeded")
+            raise _RequestError(
+                f"This model's maximum context length is {self.context} tokens. However, you "
+                f"requested {len(ids) + max_tokens} tokens ({len(ids)} in the {what}, {max_tokens} "
+                f"in the completion). Please reduce the length of the {what} or the completion "
+                "(max_tokens).",
+                "max_tokens",
+                "context_length_exceeded",
+            )
         if params.max_new_tokens != max_tokens:
             params = replace(params, max_new_tokens=max_tokens)
         self.engine.add_request(ids, params, request_id=rid)
-        self.live[rid] = _Live(prompt_tokens=len(ids), echo=prefix, prefix_text=prefix,
-                               text=TextStream(self.tok, params.stop))
+        self.live[rid] = _Live(
+            prompt_tokens=len(ids),
+            echo=prefix,
+            prefix_text=prefix,
+            text=TextStream(self.tok, params.stop),
+        )
 
     def abort(self, rid: str) -> None:
         if self.live.pop(rid, None) is None:
@@ -191,10 +222,13 @@ class _Worker:
                 self.add(rid, msg[2])
             except _RequestError as exc:
                 self.conn.send(("error", rid, exc.status, exc.message, exc.param, exc.code))
-            except (DartError, ValueError, TypeError) as exc:  # the engine's own checks (e.g. ContextLengthError)
+            # the engine's own checks (e.g. ContextLengthError)
+            except (DartError, ValueError, TypeError) as exc:
                 self.conn.send(("error", rid, 400, str(exc), None, "invalid_value"))
             except Exception as exc:  # noqa: BLE001 - one request must not take the worker down
-                self.conn.send(("error", rid, 500, f"{type(exc).__name__}: {exc}", None, "engine_error"))
+                self.conn.send(
+                    ("error", rid, 500, f"{type(exc).__name__}: {exc}", None, "engine_error")
+                )
         elif kind == "abort":
             self.abort(msg[1])
         elif kind == "exit":
@@ -219,12 +253,19 @@ class _Worker:
                     text = decode(self.tok, out.tokens)
                 delta = live.text.finish(text)
             else:
-                delta = live.text.update(out.tokens)  # held back: a partial character, a stop string's start
+                # held back: a partial character, a stop string's start
+                delta = live.text.update(out.tokens)
             if live.prefix_text:
                 delta, live.prefix_text = live.prefix_text + delta, ""
-            item = {"rid": out.request_id, "delta": delta, "new": len(out.new_tokens), "finished": bool(out.finished),
-                    "finish_reason": out.finish_reason, "prompt_tokens": live.prompt_tokens,
-                    "completion_tokens": len(out.tokens)}
+            item = {
+                "rid": out.request_id,
+                "delta": delta,
+                "new": len(out.new_tokens),
+                "finished": bool(out.finished),
+                "finish_reason": out.finish_reason,
+                "prompt_tokens": live.prompt_tokens,
+                "completion_tokens": len(out.tokens),
+            }
             if out.finished:
                 item["text"] = live.echo + text
                 item["stats"] = _plain(getattr(out, "stats", {}) or {})
@@ -234,8 +275,12 @@ class _Worker:
         self.conn.send(("step", sent, self.snapshot()))
 
     def snapshot(self) -> dict:
-        return {"waiting": int(self.engine.num_waiting()), "running": int(self.engine.num_running()),
-                "counters": _plain(self.counters), "engine": _engine_totals(self.engine)}
+        return {
+            "waiting": int(self.engine.num_waiting()),
+            "running": int(self.engine.num_running()),
+            "counters": _plain(self.counters),
+            "engine": _engine_totals(self.engine),
+        }
 
     def run(self) -> None:
         conn = self.conn
@@ -294,7 +339,8 @@ def _plain(value):
 
 def run_worker(conn, config: WorkerConfig, worker_id: int) -> None:
     """Process entry point (multiprocessing, spawn)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the front decides
+    # Ctrl-C reaches the whole group: the front decides
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     worker: _Worker | None = None
 
@@ -309,7 +355,12 @@ def run_worker(conn, config: WorkerConfig, worker_id: int) -> None:
         conn.send(("fatal", f"{type(exc).__name__}: {exc}"))
         return
     worker = _Worker(conn, config, loaded)
-    conn.send(("ready", {"pid": os.getpid(), "worker": worker_id, "context_length": loaded.context_length}))
+    conn.send(
+        (
+            "ready",
+            {"pid": os.getpid(), "worker": worker_id, "context_length": loaded.context_length},
+        )
+    )
     try:
         worker.run()
     except (EOFError, OSError, BrokenPipeError):

@@ -1,6 +1,6 @@
 """Training curve of a dart-train run (``OUT/log.jsonl``) as a PNG.
 
-    python -m dartcore.training.curve artifacts/run/log.jsonl curve.png
+python -m dartcore.training.curve artifacts/run/log.jsonl curve.png
 """
 
 from __future__ import annotations
@@ -47,7 +47,12 @@ def plot_curve(log_path, png_path, *, title: str = "dart-train") -> None:
     ax1.plot(x, _smooth([r["loss"] for r in steps], 20), color="C0", label="loss (20-step mean)")
     d = len(steps[0]["kl"]) if steps else 0
     for k in (0, d // 2, d - 1) if d else ():
-        ax1.plot(x, _smooth([r["kl"][k] for r in steps], 20), lw=1, label=f"KL position {k + 1} (20-step mean)")
+        ax1.plot(
+            x,
+            _smooth([r["kl"][k] for r in steps], 20),
+            lw=1,
+            label=f"KL position {k + 1} (20-step mean)",
+        )
     ax1.set_xlabel("training tokens (thousands)")
     ax1.set_ylabel("nats")
     ax1.set_yscale("log")
@@ -57,7 +62,13 @@ def plot_curve(log_path, png_path, *, title: str = "dart-train") -> None:
         tok_at = {r["step"]: r["tokens"] / 1e3 for r in steps}
         ex = [tok_at.get(e["step"], 0) for e in evals]
         for k in range(len(evals[0]["hit1"])):
-            ax2.plot(ex, [100 * e["hit1"][k] for e in evals], marker="o", ms=3, label=f"hit@1 pos {k + 1}")
+            ax2.plot(
+                ex,
+                [100 * e["hit1"][k] for e in evals],
+                marker="o",
+                ms=3,
+                label=f"hit@1 pos {k + 1}",
+            )
         ax2.plot(ex, [100 * e["top10"][0] for e in evals], ls="--", color="k", label="top-10 pos 1")
         ax2.set_xlabel("training tokens (thousands)")
         ax2.set_ylabel("% of held-out positions")

@@ -36,7 +36,9 @@ class Document:
 
     @property
     def has_response(self) -> bool:
-        return self.text is not None or (bool(self.messages) and self.messages[-1]["role"] == "assistant")
+        return self.text is not None or (
+            bool(self.messages) and self.messages[-1]["role"] == "assistant"
+        )
 
 
 def _open_text(path: Path):
@@ -46,7 +48,9 @@ def _open_text(path: Path):
     if name.endswith(".zst"):
         import zstandard
 
-        return io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(open(path, "rb")), encoding="utf-8")
+        return io.TextIOWrapper(
+            zstandard.ZstdDecompressor().stream_reader(open(path, "rb")), encoding="utf-8"
+        )
     return open(path, encoding="utf-8")
 
 
@@ -86,7 +90,9 @@ def _record_to_document(rec: dict, where: str) -> Document:
         return Document(messages=msgs)
     if "text" in rec:
         return Document(text=rec["text"])
-    raise CorpusError(f"{where}: no known fields (messages, question/answer, instruction/output, prompt, text) in {sorted(rec)}")
+    raise CorpusError(
+        f"{where}: no known fields (messages, question/answer, instruction/output, prompt, text) in {sorted(rec)}"
+    )
 
 
 def _read_file(path: Path) -> list[Document]:
@@ -118,7 +124,9 @@ def _read_file(path: Path) -> list[Document]:
                 raise CorpusError(f"{path}:{i + 1}: invalid JSON line: {exc}") from exc
             docs.append(_record_to_document(rec, f"{path}:{i + 1}"))
         return docs
-    raise CorpusError(f"{path}: unknown file type (expected .json, .jsonl, Dolma .json.gz/.zst, .txt, .md)")
+    raise CorpusError(
+        f"{path}: unknown file type (expected .json, .jsonl, Dolma .json.gz/.zst, .txt, .md)"
+    )
 
 
 def read_documents(paths) -> list[Document]:
@@ -157,14 +165,18 @@ def tokenize_document(doc: Document, tokenizer) -> tuple[np.ndarray, np.ndarray]
     full = _chat_ids(tokenizer, msgs, add_generation_prompt=False)
     prompt = _chat_ids(tokenizer, msgs[:-1], add_generation_prompt=True)
     if not np.array_equal(full[: len(prompt)], prompt):
-        raise CorpusError("chat template: the prompt's tokens are not a prefix of the full conversation's")
+        raise CorpusError(
+            "chat template: the prompt's tokens are not a prefix of the full conversation's"
+        )
     respond = np.zeros(len(full), dtype=bool)
-    respond[len(prompt):] = True
+    respond[len(prompt) :] = True
     return full, respond
 
 
 def _chat_ids(tokenizer, messages, *, add_generation_prompt: bool) -> np.ndarray:
-    out = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt)
+    out = tokenizer.apply_chat_template(
+        messages, tokenize=True, add_generation_prompt=add_generation_prompt
+    )
     if isinstance(out, dict) or hasattr(out, "keys"):
         out = out["input_ids"]
     return np.asarray(out, dtype=np.int64)
@@ -179,8 +191,13 @@ class PackedSequence:
     doc_end: np.ndarray  # [N] index of the last token of t's document
 
 
-def pack_documents(tokenized: list[tuple[np.ndarray, np.ndarray]], ctx_len: int, *, pad_id: int = 0,
-                   seed: int | None = None) -> list[PackedSequence]:
+def pack_documents(
+    tokenized: list[tuple[np.ndarray, np.ndarray]],
+    ctx_len: int,
+    *,
+    pad_id: int = 0,
+    seed: int | None = None,
+) -> list[PackedSequence]:
     """Greedy packing into sequences of exactly ``ctx_len`` tokens (documents longer than
     ``ctx_len`` are truncated to it; the tail of each sequence is padding)."""
     order = list(range(len(tokenized)))
@@ -202,11 +219,11 @@ def pack_documents(tokenized: list[tuple[np.ndarray, np.ndarray]], ctx_len: int,
         o = 0
         for di, (t, r) in enumerate(cur):
             n = len(t)
-            ids[o:o + n] = t
-            pos[o:o + n] = np.arange(n)
-            doc[o:o + n] = di
-            ok[o:o + n - 1] = r[1:]
-            end[o:o + n] = o + n - 1
+            ids[o : o + n] = t
+            pos[o : o + n] = np.arange(n)
+            doc[o : o + n] = di
+            ok[o : o + n - 1] = r[1:]
+            end[o : o + n] = o + n - 1
             o += n
         if o < ctx_len:
             pos[o:] = np.arange(ctx_len - o)

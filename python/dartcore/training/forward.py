@@ -13,9 +13,16 @@ from dartcore.training.mask import build_layout, prefix_shared_attention
 __all__ = ["train_forward"]
 
 
-def train_forward(drafter: DartDrafter, taps: torch.Tensor, next_tokens: torch.Tensor, anchors: torch.Tensor,
-                  *, doc_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-                  backend: str = "auto") -> torch.Tensor:
+def train_forward(
+    drafter: DartDrafter,
+    taps: torch.Tensor,
+    next_tokens: torch.Tensor,
+    anchors: torch.Tensor,
+    *,
+    doc_ids: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
     """Prefix-shared training forward over packed clean sequences.
 
     taps [B, N, 3H]; next_tokens [B, N] (x_{i+1} of clean row i); anchors [B, A] (clean
@@ -33,7 +40,13 @@ def train_forward(drafter: DartDrafter, taps: torch.Tensor, next_tokens: torch.T
     layout = build_layout(anchors, doc_ids, position_ids, D)
     rows, g = drafter.real_rows(taps, next_tokens)  # [B, N, 2H], [B, N, H]
     m_rows, m_res = drafter.mask_rows()  # [D-1, 2H]
-    all_rows = torch.cat((rows, m_rows.unsqueeze(0).unsqueeze(0).expand(B, A, D - 1, -1).reshape(B, A * (D - 1), -1)), 1)
+    all_rows = torch.cat(
+        (
+            rows,
+            m_rows.unsqueeze(0).unsqueeze(0).expand(B, A, D - 1, -1).reshape(B, A * (D - 1), -1),
+        ),
+        1,
+    )
     cos, sin = drafter.rope(layout.positions)  # [B, R, hd]
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     k, v = drafter.layer.kv(all_rows, cos, sin)  # [B, nkv, R, hd]
@@ -41,11 +54,18 @@ def train_forward(drafter: DartDrafter, taps: torch.Tensor, next_tokens: torch.T
     # means other clean rows contribute keys/values only.
     qidx = layout.query_rows  # [B, A*D] indices into the R rows, group-major
     q_rows = torch.gather(all_rows, 1, qidx[..., None].expand(-1, -1, all_rows.shape[-1]))
-    qcos = torch.gather(cos.squeeze(1), 1, qidx[..., None].expand(-1, -1, cos.shape[-1])).unsqueeze(1)
-    qsin = torch.gather(sin.squeeze(1), 1, qidx[..., None].expand(-1, -1, sin.shape[-1])).unsqueeze(1)
+    qcos = torch.gather(cos.squeeze(1), 1, qidx[..., None].expand(-1, -1, cos.shape[-1])).unsqueeze(
+        1
+    )
+    qsin = torch.gather(sin.squeeze(1), 1, qidx[..., None].expand(-1, -1, sin.shape[-1])).unsqueeze(
+        1
+    )
     q = drafter.layer.q(q_rows, qcos, qsin)  # [B, nh, A*D, hd]
     attn = prefix_shared_attention(drafter.layer, q, k, v, layout, backend=backend)
-    anchor_res = torch.gather(g, 1, anchors.clamp(min=0)[..., None].expand(-1, -1, g.shape[-1]))  # [B, A, H]
-    resid = torch.cat((anchor_res.unsqueeze(2), m_res.expand(B, A, D - 1, -1)), 2).reshape(B, A * D, -1)
+    # [B, A, H]
+    anchor_res = torch.gather(g, 1, anchors.clamp(min=0)[..., None].expand(-1, -1, g.shape[-1]))
+    resid = torch.cat((anchor_res.unsqueeze(2), m_res.expand(B, A, D - 1, -1)), 2).reshape(
+        B, A * D, -1
+    )
     h = drafter.layer.mlp_block(resid + attn)
     return drafter.head(h).view(B, A, D, -1)

@@ -16,7 +16,9 @@ __all__ = ["teacher_logprobs", "gamma_kl_loss", "DEFAULT_GAMMA"]
 DEFAULT_GAMMA = 0.6
 
 
-def teacher_logprobs(target_logits: torch.Tensor, draft_to_target: torch.Tensor | None = None) -> torch.Tensor:
+def teacher_logprobs(
+    target_logits: torch.Tensor, draft_to_target: torch.Tensor | None = None
+) -> torch.Tensor:
     """log q over the draft vocabulary: the target's logits gathered at the draft ids and
     renormalised (the mass outside the draft vocabulary is dropped)."""
     if draft_to_target is not None:
@@ -24,8 +26,14 @@ def teacher_logprobs(target_logits: torch.Tensor, draft_to_target: torch.Tensor 
     return F.log_softmax(target_logits.float(), dim=-1)
 
 
-def gamma_kl_loss(draft_logits: torch.Tensor, teacher_logq: torch.Tensor, valid: torch.Tensor,
-                  *, gamma: float = DEFAULT_GAMMA, reduction: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
+def gamma_kl_loss(
+    draft_logits: torch.Tensor,
+    teacher_logq: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    gamma: float = DEFAULT_GAMMA,
+    reduction: str = "mean",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """draft_logits, teacher_logq: [..., d, V]; valid: [..., d] bool (False = padding or no
     teacher there). Returns (loss, per-position mean KL [d]).
 

@@ -48,7 +48,9 @@ class Layout:
     k_j: torch.Tensor  # [B, R] (0 for clean rows)
 
 
-def build_layout(anchors: torch.Tensor, doc_ids: torch.Tensor, position_ids: torch.Tensor, d: int) -> Layout:
+def build_layout(
+    anchors: torch.Tensor, doc_ids: torch.Tensor, position_ids: torch.Tensor, d: int
+) -> Layout:
     """anchors [B, A] (clean row index, -1 = padding group, treated as anchor 0 and to be
     excluded from the loss), doc_ids / position_ids [B, N]."""
     B, N = doc_ids.shape
@@ -59,10 +61,17 @@ def build_layout(anchors: torch.Tensor, doc_ids: torch.Tensor, position_ids: tor
     mpos = torch.gather(position_ids, 1, t)[..., None] + j  # [B, A, d-1]
     positions = torch.cat((position_ids, mpos.reshape(B, -1)), 1)
     mdoc = torch.gather(doc_ids, 1, t)  # [B, A]
-    k_doc = torch.cat((doc_ids, torch.full((B, A * (d - 1)), -1, device=dev, dtype=doc_ids.dtype)), 1)
+    k_doc = torch.cat(
+        (doc_ids, torch.full((B, A * (d - 1)), -1, device=dev, dtype=doc_ids.dtype)), 1
+    )
     groups = torch.arange(A, device=dev)
-    k_group = torch.cat((torch.full((B, N), -1, device=dev, dtype=torch.long),
-                         groups.repeat_interleave(d - 1).expand(B, -1)), 1)
+    k_group = torch.cat(
+        (
+            torch.full((B, N), -1, device=dev, dtype=torch.long),
+            groups.repeat_interleave(d - 1).expand(B, -1),
+        ),
+        1,
+    )
     k_j = torch.cat((torch.zeros(B, N, device=dev, dtype=torch.long), j.repeat(A).expand(B, -1)), 1)
     mask_row = N + groups[:, None] * (d - 1) + (j - 1)  # [A, d-1]
     query_rows = torch.cat((t[..., None], mask_row.expand(B, A, d - 1)), 2).reshape(B, A * d)
@@ -113,7 +122,12 @@ def _flex_block_mask(layout: Layout, n_heads: int):
     def mask_mod(b, h, q, k):
         is_clean = k < n_clean
         clean = is_clean & (k <= q_limit[b, q]) & (k_doc[b, k] == q_doc[b, q])
-        group = ~is_clean & (q_j[b, q] > 0) & (k_group[b, k] == q_group[b, q]) & (k_j[b, k] <= q_j[b, q])
+        group = (
+            ~is_clean
+            & (q_j[b, q] > 0)
+            & (k_group[b, k] == q_group[b, q])
+            & (k_j[b, k] <= q_j[b, q])
+        )
         return clean | group
 
     B, Q = q_limit.shape
@@ -121,8 +135,15 @@ def _flex_block_mask(layout: Layout, n_heads: int):
     return create_block_mask(mask_mod, B, None, Q, R, device=q_limit.device)
 
 
-def prefix_shared_attention(layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout,
-                            *, backend: str = "auto") -> torch.Tensor:
+def prefix_shared_attention(
+    layer,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: Layout,
+    *,
+    backend: str = "auto",
+) -> torch.Tensor:
     """Attention of the query rows under the prefix-shared mask. q [B, nh, Q, hd], k/v
     [B, nkv, R, hd] -> [B, Q, H] (after o_proj). backend: "auto" (flex on CUDA, dense
     otherwise), "flex", "dense"."""
@@ -130,7 +151,9 @@ def prefix_shared_attention(layer, q: torch.Tensor, k: torch.Tensor, v: torch.Te
         backend = "flex" if q.is_cuda else "dense"
     if backend == "flex":
         if not q.is_cuda:
-            raise RuntimeError("the FlexAttention path needs a CUDA device; use backend='dense' on CPU")
+            raise RuntimeError(
+                "the FlexAttention path needs a CUDA device; use backend='dense' on CPU"
+            )
         return layer.attend(q, k, v, None, flex_block_mask=_flex_block_mask(layout, q.shape[1]))
     if backend != "dense":
         raise ValueError(f"unknown attention backend {backend!r}")

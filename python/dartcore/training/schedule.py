@@ -8,8 +8,9 @@ import math
 __all__ = ["warmup_cosine"]
 
 
-def warmup_cosine(step: int, *, warmup_steps: int, max_steps: int, min_ratio: float,
-                  progress: float | None = None) -> float:
+def warmup_cosine(
+    step: int, *, warmup_steps: int, max_steps: int, min_ratio: float, progress: float | None = None
+) -> float:
     """The learning-rate factor at ``step``: ``(step + 1) / warmup_steps`` during the
     warm-up, then ``min_ratio + (1 - min_ratio) · (1 + cos(π · p)) / 2`` with ``p`` the
     fraction of the post-warm-up steps done (or ``progress``, when larger: a time-budgeted run

@@ -76,27 +76,43 @@ class Batch:
 
 def make_batch(seqs: list[PackedSequence], device="cpu") -> Batch:
     def stack(name, dtype):
-        return torch.as_tensor(np.stack([getattr(s, name) for s in seqs]), dtype=dtype, device=device)
+        return torch.as_tensor(
+            np.stack([getattr(s, name) for s in seqs]), dtype=dtype, device=device
+        )
 
-    return Batch(stack("input_ids", torch.long), stack("position_ids", torch.long), stack("doc_ids", torch.long),
-                 stack("anchor_ok", torch.bool), stack("doc_end", torch.long))
+    return Batch(
+        stack("input_ids", torch.long),
+        stack("position_ids", torch.long),
+        stack("doc_ids", torch.long),
+        stack("anchor_ok", torch.bool),
+        stack("doc_end", torch.long),
+    )
 
 
 @torch.no_grad()
-def teacher_forward(target, batch: Batch, taps: tuple[int, int, int], head_ids: torch.Tensor | None = None):
+def teacher_forward(
+    target, batch: Batch, taps: tuple[int, int, int], head_ids: torch.Tensor | None = None
+):
     """(taps [B, N, 3H], logits [B, N, V]) of the target on the clean packed sequence.
     Documents are isolated by passing per-document position ids and no attention mask
     (transformers then builds a packed-sequence causal mask). With ``head_ids`` only those
     columns of the target's LM head are computed (its final normed hidden state times the
     head rows of the draft vocabulary): on CPU the full 49k-wide head is ~20 % of a SmolLM2
     forward and the other columns are thrown away by the reduced-vocabulary loss anyway."""
-    kw = dict(input_ids=batch.input_ids, position_ids=batch.position_ids, output_hidden_states=True, use_cache=False)
+    kw = dict(
+        input_ids=batch.input_ids,
+        position_ids=batch.position_ids,
+        output_hidden_states=True,
+        use_cache=False,
+    )
     if head_ids is None:
         out = target(**kw)
         logits = out.logits
     else:
         out = target.model(**kw)
-        w = target.get_output_embeddings().weight.index_select(0, head_ids.to(out.last_hidden_state.device))
+        w = target.get_output_embeddings().weight.index_select(
+            0, head_ids.to(out.last_hidden_state.device)
+        )
         logits = out.last_hidden_state @ w.T
     hs = out.hidden_states
     return torch.cat([hs[t] for t in taps], dim=-1).float(), logits.float()
@@ -111,7 +127,9 @@ def next_tokens_of(batch: Batch) -> torch.Tensor:
     return torch.where(same, nxt, torch.zeros_like(nxt))
 
 
-def sample_anchors(anchor_ok: torch.Tensor, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_anchors(
+    anchor_ok: torch.Tensor, n: int, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """[B, A] anchor rows drawn without replacement among valid ones, sorted; -1 pads.
     n = 0 takes every valid anchor."""
     rows = []
@@ -164,10 +182,14 @@ def build_draft_vocab(token_arrays, size: int, vocab_size: int, always=()) -> to
     return torch.as_tensor(sorted(chosen), dtype=torch.long)
 
 
-def train_step(drafter: DartDrafter, target, batch: Batch, cfg: TrainConfig, generator=None, backend="auto"):
+def train_step(
+    drafter: DartDrafter, target, batch: Batch, cfg: TrainConfig, generator=None, backend="auto"
+):
     """One forward/backward (no optimizer step). Returns (loss, per-position KL, anchors used)."""
     reduced = _reduced(drafter)
-    taps, logits = teacher_forward(target, batch, drafter.taps, drafter.draft_to_target if reduced else None)
+    taps, logits = teacher_forward(
+        target, batch, drafter.taps, drafter.draft_to_target if reduced else None
+    )
     anchors = sample_anchors(batch.anchor_ok, cfg.anchors_per_seq, generator)
     pos, valid = group_targets(anchors, batch.doc_end, drafter.d)
     logq = teacher_logprobs(logits)  # already restricted to the draft vocabulary
@@ -176,8 +198,15 @@ def train_step(drafter: DartDrafter, target, batch: Batch, cfg: TrainConfig, gen
     # bf16 autocast on GPU (the loss itself is computed in fp32); fp32 on CPU.
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if taps.is_cuda else contextlib.nullcontext()
     with amp:
-        out = train_forward(drafter, taps, next_tokens_of(batch), anchors, doc_ids=batch.doc_ids,
-                                     position_ids=batch.position_ids, backend=backend)
+        out = train_forward(
+            drafter,
+            taps,
+            next_tokens_of(batch),
+            anchors,
+            doc_ids=batch.doc_ids,
+            position_ids=batch.position_ids,
+            backend=backend,
+        )
     loss, per_pos = gamma_kl_loss(out, logq, valid, gamma=cfg.gamma)
     loss.backward()
     return float(loss.detach()), per_pos, int((anchors >= 0).sum())
@@ -185,22 +214,25 @@ def train_step(drafter: DartDrafter, target, batch: Batch, cfg: TrainConfig, gen
 
 def _reduced(drafter: DartDrafter) -> bool:
     m = drafter.draft_to_target
-    return m.numel() != drafter.config.vocab_size or not torch.equal(m, torch.arange(m.numel(), device=m.device))
+    return m.numel() != drafter.config.vocab_size or not torch.equal(
+        m, torch.arange(m.numel(), device=m.device)
+    )
 
 
 @dataclass
 class EvalSet:
     """Held-out packed sequences with the teacher's taps and greedy tokens cached."""
+
     batches: list[Batch]
     taps: list[torch.Tensor]
     argmax: list[torch.Tensor]  # [B, N] the target's argmax at every clean position
 
     @classmethod
-    def build(cls, target, seqs: list[PackedSequence], taps, batch_size: int = 2) -> "EvalSet":
+    def build(cls, target, seqs: list[PackedSequence], taps, batch_size: int = 2) -> EvalSet:
         batches, tap_list, am = [], [], []
         device = next(target.parameters()).device
         for i in range(0, len(seqs), batch_size):
-            b = make_batch(seqs[i:i + batch_size], device=device)
+            b = make_batch(seqs[i : i + batch_size], device=device)
             t, logits = teacher_forward(target, b, taps)
             batches.append(b)
             tap_list.append(t.half())  # halves the memory; taps are cast back to fp32
@@ -222,10 +254,17 @@ def evaluate(drafter: DartDrafter, evalset: EvalSet, *, topk: int = 10, backend=
         anchors = sample_anchors(b.anchor_ok, 0)
         pos, valid = group_targets(anchors, b.doc_end, d)
         for s in range(0, anchors.shape[1], 256):  # bounded memory
-            a = anchors[:, s:s + 256]
-            p, v = pos[:, s:s + 256], valid[:, s:s + 256]
-            logits = train_forward(drafter, taps.float(), next_tokens_of(b), a, doc_ids=b.doc_ids,
-                                            position_ids=b.position_ids, backend=backend)
+            a = anchors[:, s : s + 256]
+            p, v = pos[:, s : s + 256], valid[:, s : s + 256]
+            logits = train_forward(
+                drafter,
+                taps.float(),
+                next_tokens_of(b),
+                a,
+                doc_ids=b.doc_ids,
+                position_ids=b.position_ids,
+                backend=backend,
+            )
             top = drafter.to_target_ids(logits.float().topk(topk, dim=-1).indices)  # [B, A, d, k]
             want = _gather_rows(am, p)  # [B, A, d]
             hit += ((top[..., 0] == want) & v).sum((0, 1)).float()
@@ -241,8 +280,13 @@ def lr_factor(cfg: TrainConfig, step: int, elapsed_s: float = 0.0) -> float:
     is the larger of steps / max_steps and elapsed / max_minutes, so a time-budgeted run
     (``max_minutes``) still ends its cosine at the minimum whatever the machine's speed."""
     progress = elapsed_s / (cfg.max_minutes * 60) if cfg.max_minutes else None
-    return warmup_cosine(step, warmup_steps=cfg.warmup_steps, max_steps=cfg.max_steps,
-                         min_ratio=cfg.min_lr_ratio, progress=progress)
+    return warmup_cosine(
+        step,
+        warmup_steps=cfg.warmup_steps,
+        max_steps=cfg.max_steps,
+        min_ratio=cfg.min_lr_ratio,
+        progress=progress,
+    )
 
 
 class Trainer:
@@ -250,8 +294,18 @@ class Trainer:
     (one line per step / eval) and ``out_dir/drafter/`` (the latest weights, loadable with
     DartDrafter.from_pretrained)."""
 
-    def __init__(self, drafter: DartDrafter, target, train_seqs: list[PackedSequence], cfg: TrainConfig,
-                 out_dir, *, evalset: EvalSet | None = None, backend: str = "auto", progress: bool = True):
+    def __init__(
+        self,
+        drafter: DartDrafter,
+        target,
+        train_seqs: list[PackedSequence],
+        cfg: TrainConfig,
+        out_dir,
+        *,
+        evalset: EvalSet | None = None,
+        backend: str = "auto",
+        progress: bool = True,
+    ):
         self.drafter, self.target, self.seqs, self.cfg = drafter, target, train_seqs, cfg
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -259,8 +313,12 @@ class Trainer:
         self.device = next(drafter.parameters()).device
         for p in target.parameters():
             p.requires_grad_(False)
-        self.opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr,
-                                     betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+        self.opt = torch.optim.AdamW(
+            [p for p in drafter.parameters() if p.requires_grad],
+            lr=cfg.lr,
+            betas=tuple(cfg.betas),
+            weight_decay=cfg.weight_decay,
+        )
         self.step = 0
         self.cursor = 0  # index into the (per-epoch shuffled) training sequences
         self.tokens = 0
@@ -268,7 +326,9 @@ class Trainer:
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self.interrupted: str | None = None
         if not train_seqs:
-            raise DartError("no training sequences (is the data empty or all prompts without responses?)")
+            raise DartError(
+                "no training sequences (is the data empty or all prompts without responses?)"
+            )
 
     # -- checkpoints -------------------------------------------------------------------
 
@@ -292,7 +352,8 @@ class Trainer:
             from dartcore.training.curve import plot_curve
 
             plot_curve(self.out / "log.jsonl", self.out / "curve.png")
-        except (ImportError, ValueError, KeyError, OSError):  # a picture is never worth a failed run
+        # a picture is never worth a failed run
+        except (ImportError, ValueError, KeyError, OSError):
             pass
 
     def load_checkpoint(self, path=None) -> None:
@@ -301,7 +362,9 @@ class Trainer:
             raise FileNotFoundError(f"no checkpoint at {path}")
         state = torch.load(path, map_location="cpu", weights_only=False)
         if "draft_to_target" in state["drafter"]:
-            self.drafter.register_buffer("draft_to_target", self.drafter.draft_to_target, persistent=True)
+            self.drafter.register_buffer(
+                "draft_to_target", self.drafter.draft_to_target, persistent=True
+            )
         self.drafter.load_state_dict(state["drafter"])
         self.opt.load_state_dict(state["opt"])
         self.step, self.cursor, self.tokens = state["step"], state["cursor"], state["tokens"]
@@ -353,8 +416,13 @@ class Trainer:
 
         cfg = self.cfg
         self.drafter.train()
-        bar = tqdm(total=cfg.max_steps, initial=self.step, disable=not self.progress, dynamic_ncols=True,
-                   desc="dart-train")
+        bar = tqdm(
+            total=cfg.max_steps,
+            initial=self.step,
+            disable=not self.progress,
+            dynamic_ncols=True,
+            desc="dart-train",
+        )
         start = time.time() - self.elapsed
         last_ckpt = time.time()
         last_eval = None
@@ -371,7 +439,9 @@ class Trainer:
             lr = cfg.lr * lr_factor(cfg, self.step, time.time() - start)
             for group in self.opt.param_groups:
                 group["lr"] = lr
-            loss, per_pos, n_anchors = train_step(self.drafter, self.target, batch, cfg, self.gen, self.backend)
+            loss, per_pos, n_anchors = train_step(
+                self.drafter, self.target, batch, cfg, self.gen, self.backend
+            )
             gnorm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), cfg.grad_clip)
             self.opt.step()
             dt = time.time() - t0
@@ -380,13 +450,25 @@ class Trainer:
             self.tokens += batch.tokens
             self.elapsed = time.time() - start
             ema = loss if ema is None else 0.95 * ema + 0.05 * loss
-            rec = {"step": self.step, "loss": loss, "kl": per_pos.tolist(), "grad_norm": float(gnorm),
-                   "lr": lr, "tokens": self.tokens, "anchors": n_anchors,
-                   "step_s": dt, "tok_s": batch.tokens / dt, "elapsed_s": self.elapsed}
+            rec = {
+                "step": self.step,
+                "loss": loss,
+                "kl": per_pos.tolist(),
+                "grad_norm": float(gnorm),
+                "lr": lr,
+                "tokens": self.tokens,
+                "anchors": n_anchors,
+                "step_s": dt,
+                "tok_s": batch.tokens / dt,
+                "elapsed_s": self.elapsed,
+            }
             self._log(rec)
             bar.update(1)
-            bar.set_postfix(loss=f"{ema:.3f}", tok_s=f"{self.tokens / max(self.elapsed, 1e-9):.0f}",
-                            lr=f"{rec['lr']:.1e}")
+            bar.set_postfix(
+                loss=f"{ema:.3f}",
+                tok_s=f"{self.tokens / max(self.elapsed, 1e-9):.0f}",
+                lr=f"{rec['lr']:.1e}",
+            )
             if self.evalset is not None and cfg.eval_every and self.step % cfg.eval_every == 0:
                 last_eval = self.run_eval()
             if time.time() - last_ckpt > cfg.checkpoint_every_minutes * 60:
@@ -395,11 +477,21 @@ class Trainer:
         bar.close()
         self.save_checkpoint()
         if self.interrupted:
-            return {"step": self.step, "tokens": self.tokens, "elapsed_s": self.elapsed, "eval": last_eval,
-                    "interrupted": self.interrupted}
+            return {
+                "step": self.step,
+                "tokens": self.tokens,
+                "elapsed_s": self.elapsed,
+                "eval": last_eval,
+                "interrupted": self.interrupted,
+            }
         if self.evalset is not None and (last_eval is None or last_eval["step"] != self.step):
             last_eval = self.run_eval()
-        return {"step": self.step, "tokens": self.tokens, "elapsed_s": self.elapsed, "eval": last_eval}
+        return {
+            "step": self.step,
+            "tokens": self.tokens,
+            "elapsed_s": self.elapsed,
+            "eval": last_eval,
+        }
 
     def run_eval(self) -> dict:
         res = evaluate(self.drafter, self.evalset, backend=self.backend)

@@ -79,10 +79,7 @@ impl Builder {
     fn check_doc(&self, doc: &[u32]) -> Result<()> {
         let v = self.opts.vocab_size;
         match doc.iter().find(|&&t| t >= v) {
-            Some(&t) => Err(Error::TokenOutOfRange {
-                token: t,
-                vocab_size: v,
-            }),
+            Some(&t) => Err(Error::TokenOutOfRange { token: t, vocab_size: v }),
             None => Ok(()),
         }
     }
@@ -141,11 +138,7 @@ impl Builder {
                 rest = tail;
             }
             if take >= 1 << 15 {
-                pool.install(|| {
-                    slices
-                        .into_par_iter()
-                        .for_each(|(o, d, f)| fill_keys(d, f, o))
-                });
+                pool.install(|| slices.into_par_iter().for_each(|(o, d, f)| fill_keys(d, f, o)));
             } else {
                 slices.into_iter().for_each(|(o, d, f)| fill_keys(d, f, o));
             }
@@ -161,9 +154,7 @@ impl Builder {
         let t = Instant::now();
         let (keys, scratch) = (&mut self.keys, &mut self.scratch);
         let threads = self.pool.current_num_threads();
-        let b = self
-            .pool
-            .install(|| crate::radix::sort_chunks(keys, scratch, threads));
+        let b = self.pool.install(|| crate::radix::sort_chunks(keys, scratch, threads));
         // the scratch buffer is only needed while sorting
         *scratch = Vec::new();
         self.sort_s += t.elapsed().as_secs_f64();
@@ -172,21 +163,13 @@ impl Builder {
 
     fn spill_dir(&mut self) -> Result<PathBuf> {
         if self.spill_dir.is_none() {
-            let base = self
-                .opts
-                .temp_dir
-                .clone()
-                .unwrap_or_else(std::env::temp_dir);
+            let base = self.opts.temp_dir.clone().unwrap_or_else(std::env::temp_dir);
             stale::sweep(&base);
             let (d, lock) = stale::locked_tempdir(&base, RUNS_PREFIX)?;
             self.spill_dir = Some(d);
             self.spill_lock = Some(lock);
         }
-        Ok(self
-            .spill_dir
-            .as_ref()
-            .map(|d| d.path().to_path_buf())
-            .unwrap_or_default())
+        Ok(self.spill_dir.as_ref().map(|d| d.path().to_path_buf()).unwrap_or_default())
     }
 
     /// Sort the buffer and write it as a run file in the spill directory.
@@ -198,12 +181,7 @@ impl Builder {
         let path = dir.join(format!("run-{:05}.dartrun", self.runs.len()));
         let bounds = self.sort_keys();
         let t = Instant::now();
-        write_run(
-            &path,
-            self.opts.vocab_size,
-            self.docs_unspilled,
-            MergeChunks::new(&self.keys, &bounds),
-        )?;
+        write_run(&path, self.opts.vocab_size, self.docs_unspilled, MergeChunks::new(&self.keys, &bounds))?;
         self.sort_s += t.elapsed().as_secs_f64();
         self.keys.clear();
         self.docs_unspilled = 0;
@@ -217,15 +195,10 @@ impl Builder {
     pub fn write_runs(mut self, dir: &Path) -> Result<Vec<PathBuf>> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         self.spill()?;
-        let stamp = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
+        let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         let mut out = Vec::new();
         for (i, r) in self.runs.iter().enumerate() {
-            let dst = dir.join(format!(
-                "run-{}-{stamp:x}-{i:05}.dartrun",
-                std::process::id()
-            ));
+            let dst = dir.join(format!("run-{}-{stamp:x}-{i:05}.dartrun", std::process::id()));
             let tmp = dst.with_extension("dartrun.tmp");
             if std::fs::rename(r, &tmp).is_err() {
                 std::fs::copy(r, &tmp).map_err(|e| Error::io(&tmp, e))?;

@@ -63,14 +63,8 @@ pub(super) mod stale {
     /// A fresh temp dir `base/<prefix>XXXX` holding a locked `.lock`. The lock file is made
     /// under another name, locked, then renamed to `.lock`, so a `.lock` is never seen
     /// unlocked while its builder lives.
-    pub(in crate::builder) fn locked_tempdir(
-        base: &Path,
-        prefix: &str,
-    ) -> Result<(tempfile::TempDir, File)> {
-        let dir = tempfile::Builder::new()
-            .prefix(prefix)
-            .tempdir_in(base)
-            .map_err(|e| Error::io(base, e))?;
+    pub(in crate::builder) fn locked_tempdir(base: &Path, prefix: &str) -> Result<(tempfile::TempDir, File)> {
+        let dir = tempfile::Builder::new().prefix(prefix).tempdir_in(base).map_err(|e| Error::io(base, e))?;
         let tmp = dir.path().join(".lock.new");
         let f = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
         try_lock(&f);
@@ -91,8 +85,7 @@ pub(super) mod stale {
             let Ok(meta) = std::fs::symlink_metadata(&path) else {
                 continue;
             };
-            if meta.is_dir() && (name.starts_with(SECTIONS_PREFIX) || name.starts_with(RUNS_PREFIX))
-            {
+            if meta.is_dir() && (name.starts_with(SECTIONS_PREFIX) || name.starts_with(RUNS_PREFIX)) {
                 // A dir without `.lock` is still being set up by a live builder (a
                 // microsecond window), unless it is old.
                 let lock = path.join(LOCK);
@@ -103,10 +96,7 @@ pub(super) mod stale {
                 if stale {
                     let _ = std::fs::remove_dir_all(&path);
                 }
-            } else if meta.is_file()
-                && name.starts_with(PARTIAL_PREFIX)
-                && name.ends_with(".partial")
-            {
+            } else if meta.is_file() && name.starts_with(PARTIAL_PREFIX) && name.ends_with(".partial") {
                 // Locked right after creation; the age check covers that window.
                 if older_than(&meta, 2) && File::open(&path).is_ok_and(|f| try_lock(&f)) {
                     let _ = std::fs::remove_file(&path);
@@ -116,10 +106,7 @@ pub(super) mod stale {
     }
 
     fn older_than(meta: &std::fs::Metadata, secs: u64) -> bool {
-        meta.modified()
-            .ok()
-            .and_then(|t| t.elapsed().ok())
-            .is_some_and(|d| d.as_secs() >= secs)
+        meta.modified().ok().and_then(|t| t.elapsed().ok()).is_some_and(|d| d.as_secs() >= secs)
     }
 }
 

@@ -29,19 +29,12 @@ pub fn merge_run_range(
     let started = Instant::now();
     options.check()?;
     if lo >= hi {
-        return Err(Error::Run {
-            path: output.to_path_buf(),
-            reason: format!("empty key range {lo}..{hi}"),
-        });
+        return Err(Error::Run { path: output.to_path_buf(), reason: format!("empty key range {lo}..{hi}") });
     }
     if runs.iter().any(|r| r == output) {
-        return Err(Error::Run {
-            path: output.to_path_buf(),
-            reason: "the output is one of the input runs".into(),
-        });
+        return Err(Error::Run { path: output.to_path_buf(), reason: "the output is one of the input runs".into() });
     }
-    let buf = ((options.memory_limit_bytes / 4) / runs.len().max(1) as u64).clamp(64 << 10, 1 << 20)
-        as usize;
+    let buf = ((options.memory_limit_bytes / 4) / runs.len().max(1) as u64).clamp(64 << 10, 1 << 20) as usize;
     let mut readers = Vec::with_capacity(runs.len());
     let mut documents = 0u64;
     for p in runs {
@@ -75,10 +68,7 @@ pub fn merge_run_range(
             }
             heap.pop();
             if prev_key_of[i].is_some_and(|p| p >= k) {
-                err = Some(Error::Run {
-                    path: runs[i].clone(),
-                    reason: "keys are not sorted".into(),
-                });
+                err = Some(Error::Run { path: runs[i].clone(), reason: "keys are not sorted".into() });
                 return None;
             }
             prev_key_of[i] = Some(k);
@@ -103,9 +93,7 @@ pub fn merge_run_range(
         let _ = std::fs::remove_file(output);
         return Err(e);
     }
-    let bytes = std::fs::metadata(output)
-        .map_err(|e| Error::io(output, e))?
-        .len();
+    let bytes = std::fs::metadata(output).map_err(|e| Error::io(output, e))?.len();
     let seconds = started.elapsed().as_secs_f64();
     Ok(BuildSummary {
         output: output.to_path_buf(),
@@ -134,8 +122,7 @@ pub fn merge_runs(
     let mut documents = 0u64;
     // Read buffers share a quarter of the memory limit (64 KiB .. 1 MiB each), so the merge
     // stays within the limit for any number of runs.
-    let buf = ((options.memory_limit_bytes / 4) / runs.len().max(1) as u64).clamp(64 << 10, 1 << 20)
-        as usize;
+    let buf = ((options.memory_limit_bytes / 4) / runs.len().max(1) as u64).clamp(64 << 10, 1 << 20) as usize;
     for p in runs {
         let r = RunReader::open(p, buf)?;
         r.check_vocab(p, options.vocab_size)?;
@@ -154,10 +141,7 @@ pub fn merge_runs(
     let mut prev_key_of: Vec<Option<u64>> = vec![None; readers.len()];
     while let Some(Reverse((k, i, c))) = heap.pop() {
         if prev_key_of[i].is_some_and(|p| p >= k) {
-            return Err(Error::Run {
-                path: runs[i].clone(),
-                reason: "keys are not sorted".into(),
-            });
+            return Err(Error::Run { path: runs[i].clone(), reason: "keys are not sorted".into() });
         }
         prev_key_of[i] = Some(k);
         match &mut cur {
@@ -177,10 +161,7 @@ pub fn merge_runs(
         w.push(ck, cc)?;
     }
     if w.tokens != expect_tokens {
-        return Err(Error::Run {
-            path: runs[0].clone(),
-            reason: "token totals disagree with the run headers".into(),
-        });
+        return Err(Error::Run { path: runs[0].clone(), reason: "token totals disagree with the run headers".into() });
     }
     let mut s = w.finish(output, metadata_json, documents)?;
     s.runs = runs.len();

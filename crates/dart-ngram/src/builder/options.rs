@@ -67,9 +67,7 @@ impl BuildOptions {
             return Err(Error::InvalidOption("min_count must be at least 1".into()));
         }
         if self.max_children_per_context == Some(0) {
-            return Err(Error::InvalidOption(
-                "max_children_per_context must be at least 1".into(),
-            ));
+            return Err(Error::InvalidOption("max_children_per_context must be at least 1".into()));
         }
         if let Some(n) = self.threads {
             crate::pool::check_threads(n, "threads")?;
@@ -92,9 +90,7 @@ impl BuildOptions {
             // contend (rayon's idle workers spin). Measured on 2 CPUs, a 100-token build:
             // 2 threads 0.02 s, 4096 threads 70 s. So an explicit count is capped there.
             Some(n) => rayon::ThreadPoolBuilder::new()
-                .num_threads(
-                    crate::pool::check_threads(n, "threads")?.min(crate::pool::available_cpus()),
-                )
+                .num_threads(crate::pool::check_threads(n, "threads")?.min(crate::pool::available_cpus()))
                 .thread_name(|i| format!("dart-ngram-{i}"))
                 .build()
                 .map(Arc::new)

@@ -45,9 +45,7 @@ pub(crate) fn write_run(
     }
     let crc = crc.finalize();
     w.write_all(&crc.to_le_bytes()).map_err(io)?;
-    let mut f = w
-        .into_inner()
-        .map_err(|e| Error::io(path, e.into_error()))?;
+    let mut f = w.into_inner().map_err(|e| Error::io(path, e.into_error()))?;
     let mut h = [0u8; RUN_HEADER];
     h[..8].copy_from_slice(&RUN_MAGIC);
     format::put32(&mut h, 8, RUN_VERSION);
@@ -84,25 +82,18 @@ impl RunReader {
         if self.vocab != vocab_size {
             return Err(Error::Run {
                 path: path.to_path_buf(),
-                reason: format!(
-                    "built for vocab_size {}, this merge uses {}",
-                    self.vocab, vocab_size
-                ),
+                reason: format!("built for vocab_size {}, this merge uses {}", self.vocab, vocab_size),
             });
         }
         Ok(())
     }
     pub(super) fn open(path: &Path, buf: usize) -> Result<Self> {
-        let bad = |reason: String| Error::Run {
-            path: path.to_path_buf(),
-            reason,
-        };
+        let bad = |reason: String| Error::Run { path: path.to_path_buf(), reason };
         let f = File::open(path).map_err(|e| Error::io(path, e))?;
         let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
         let mut r = BufReader::with_capacity(buf, f);
         let mut h = [0u8; RUN_HEADER];
-        r.read_exact(&mut h)
-            .map_err(|_| bad("truncated header".into()))?;
+        r.read_exact(&mut h).map_err(|_| bad("truncated header".into()))?;
         if h[..8] != RUN_MAGIC {
             return Err(bad("not a dart-ngram run file (wrong magic)".into()));
         }
@@ -119,10 +110,7 @@ impl RunReader {
             )));
         }
         let n = g64(24);
-        if n.checked_mul(16)
-            .and_then(|b| b.checked_add(RUN_HEADER as u64 + 4))
-            != Some(len)
-        {
+        if n.checked_mul(16).and_then(|b| b.checked_add(RUN_HEADER as u64 + 4)) != Some(len) {
             return Err(bad(format!("truncated: {len} bytes for {n} entries")));
         }
         Ok(RunReader {
@@ -138,30 +126,20 @@ impl RunReader {
     }
 
     pub(super) fn next(&mut self) -> Result<Option<(u64, u64)>> {
-        let bad = |p: &Path, reason: &str| Error::Run {
-            path: p.to_path_buf(),
-            reason: reason.into(),
-        };
+        let bad = |p: &Path, reason: &str| Error::Run { path: p.to_path_buf(), reason: reason.into() };
         if self.left == 0 && self.ranged {
             return Ok(None);
         }
         if self.left == 0 {
             let mut t = [0u8; 4];
-            self.r
-                .read_exact(&mut t)
-                .map_err(|_| bad(&self.path, "truncated checksum"))?;
+            self.r.read_exact(&mut t).map_err(|_| bad(&self.path, "truncated checksum"))?;
             if u32::from_le_bytes(t) != self.crc.clone().finalize() {
-                return Err(bad(
-                    &self.path,
-                    "checksum mismatch: the run file is corrupt",
-                ));
+                return Err(bad(&self.path, "checksum mismatch: the run file is corrupt"));
             }
             return Ok(None);
         }
         let mut b = [0u8; 16];
-        self.r
-            .read_exact(&mut b)
-            .map_err(|_| bad(&self.path, "truncated"))?;
+        self.r.read_exact(&mut b).map_err(|_| bad(&self.path, "truncated"))?;
         self.crc.update(&b);
         self.left -= 1;
         let k = u64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8]));
@@ -181,8 +159,7 @@ impl RunReader {
         let f = r.r.get_mut();
         let key_at = |f: &mut File, i: u64| -> Result<u64> {
             let mut b = [0u8; 8];
-            f.seek(SeekFrom::Start(RUN_HEADER as u64 + 16 * i))
-                .map_err(|e| Error::io(path, e))?;
+            f.seek(SeekFrom::Start(RUN_HEADER as u64 + 16 * i)).map_err(|e| Error::io(path, e))?;
             f.read_exact(&mut b).map_err(|e| Error::io(path, e))?;
             Ok(u64::from_le_bytes(b))
         };
@@ -199,13 +176,8 @@ impl RunReader {
             Ok(a)
         };
         let first = lower_bound(f, lo)?;
-        let end = if hi == u64::MAX {
-            n
-        } else {
-            lower_bound(f, hi)?.max(first)
-        };
-        r.r.seek(SeekFrom::Start(RUN_HEADER as u64 + 16 * first))
-            .map_err(|e| Error::io(path, e))?;
+        let end = if hi == u64::MAX { n } else { lower_bound(f, hi)?.max(first) };
+        r.r.seek(SeekFrom::Start(RUN_HEADER as u64 + 16 * first)).map_err(|e| Error::io(path, e))?;
         r.left = end - first;
         r.ranged = true;
         Ok(r)

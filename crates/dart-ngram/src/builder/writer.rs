@@ -9,9 +9,7 @@ use crate::builder::files::{parent_dir, stale, PARTIAL_PREFIX, SECTIONS_PREFIX};
 use crate::builder::options::{BuildOptions, BuildSummary};
 use crate::builder::runs::{END, F, FMASK};
 use crate::error::{Error, Result};
-use crate::format::{
-    self, Header, Sec, Section, BLOCK, HEADER_LEN, SECTIONS, SECTION_ENTRY_LEN, TOPK_K,
-};
+use crate::format::{self, Header, Sec, Section, BLOCK, HEADER_LEN, SECTIONS, SECTION_ENTRY_LEN, TOPK_K};
 
 /// One section being written to its own temporary file. Writes are gathered in a 64 KiB
 /// buffer and checksummed per buffer: per-word `write_all` + CRC cost ~30 % of a build.
@@ -24,12 +22,7 @@ struct SecFile {
 
 impl SecFile {
     pub(super) fn new(f: File) -> Self {
-        SecFile {
-            f,
-            buf: Vec::with_capacity(1 << 16),
-            len: 0,
-            crc: crc32fast::Hasher::new(),
-        }
+        SecFile { f, buf: Vec::with_capacity(1 << 16), len: 0, crc: crc32fast::Hasher::new() }
     }
     #[inline]
     fn put(&mut self, b: &[u8]) -> std::io::Result<()> {
@@ -138,12 +131,7 @@ impl IndexWriter {
         let mut files: Vec<Option<SecFile>> = (0..SECTIONS.len()).map(|_| None).collect();
         for &s in STREAMED {
             let p = dir.path().join(s.name());
-            let f = File::options()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(&p)
-                .map_err(|e| Error::io(&p, e))?;
+            let f = File::options().read(true).write(true).create_new(true).open(&p).map_err(|e| Error::io(&p, e))?;
             files[s as usize - 1] = Some(SecFile::new(f));
         }
         let v = opts.vocab_size as usize;
@@ -191,9 +179,7 @@ impl IndexWriter {
 
     #[inline]
     fn f(&mut self, s: Sec) -> &mut SecFile {
-        self.files[s as usize - 1]
-            .as_mut()
-            .expect("streamed section")
+        self.files[s as usize - 1].as_mut().expect("streamed section")
     }
 
     fn ioerr(&self, s: Sec, e: std::io::Error) -> Error {
@@ -203,9 +189,7 @@ impl IndexWriter {
     /// One aggregated (key, count) pair, keys strictly increasing.
     pub(super) fn push(&mut self, key: u64, count: u64) -> Result<()> {
         if self.last_key.is_some_and(|k| k >= key) {
-            return Err(Error::format(
-                "builder input is not sorted (internal error)",
-            ));
+            return Err(Error::format("builder input is not sorted (internal error)"));
         }
         self.last_key = Some(key);
         let a = (key >> (2 * F)) as u32;
@@ -216,10 +200,7 @@ impl IndexWriter {
             || (c != END && c >= self.vocab as u64)
             || (b == END && c != END)
         {
-            return Err(Error::format(format!(
-                "run key {key:#x} is out of range for vocab_size {}",
-                self.vocab
-            )));
+            return Err(Error::format(format!("run key {key:#x} is out of range for vocab_size {}", self.vocab)));
         }
         if self.cur_a != Some(a) {
             self.end_a()?;
@@ -234,10 +215,7 @@ impl IndexWriter {
         if self.acc.as_ref().is_some_and(|x| x.b != b) {
             self.end_b()?;
         }
-        let acc = self.acc.get_or_insert_with(|| BigramAcc {
-            b,
-            ..Default::default()
-        });
+        let acc = self.acc.get_or_insert_with(|| BigramAcc { b, ..Default::default() });
         acc.count += count;
         if c != END {
             acc.total += count;
@@ -331,15 +309,11 @@ impl IndexWriter {
             let (code, esc) = self.code(c);
             format::put32(&mut row, 8 + 4 * i, (t << self.cb) | code);
             if esc {
-                self.f(Sec::TopKEsc)
-                    .u64(c)
-                    .map_err(|e| Error::io(PathBuf::from("TOPK_ESC"), e))?;
+                self.f(Sec::TopKEsc).u64(c).map_err(|e| Error::io(PathBuf::from("TOPK_ESC"), e))?;
                 self.n_topk_esc += 1;
             }
         }
-        self.f(sec)
-            .put(&row)
-            .map_err(|e| Error::io(PathBuf::from(sec.name()), e))
+        self.f(sec).put(&row).map_err(|e| Error::io(PathBuf::from(sec.name()), e))
     }
 
     fn code(&self, count: u64) -> (u32, bool) {
@@ -362,9 +336,7 @@ impl IndexWriter {
             self.blk_large_rank = self.n_large2;
             self.blk_ends_rank = self.n_ends;
             let r = self.n_esc2;
-            self.f(Sec::L2EscRank)
-                .u64(r)
-                .map_err(|e| self.ioerr(Sec::L2EscRank, e))?;
+            self.f(Sec::L2EscRank).u64(r).map_err(|e| self.ioerr(Sec::L2EscRank, e))?;
         }
         let bit = 1u64 << (j % BLOCK as u64);
         let (code, esc) = self.code(count);
@@ -442,9 +414,7 @@ impl IndexWriter {
             w
         } else {
             for d in &deltas {
-                self.f(Sec::L3Delta)
-                    .put(&(*d as u16).to_le_bytes())
-                    .map_err(io)?;
+                self.f(Sec::L3Delta).put(&(*d as u16).to_le_bytes()).map_err(io)?;
             }
             u64::MAX
         };
@@ -457,17 +427,10 @@ impl IndexWriter {
         format::put64(&mut rec, 24, self.blk_ends);
         format::put64(&mut rec, 32, self.blk_ends_rank);
         format::put64(&mut rec, 40, wide);
-        self.f(Sec::L3Blocks)
-            .put(&rec)
-            .map_err(|e| Error::io(PathBuf::from("L3_BLOCKS"), e))
+        self.f(Sec::L3Blocks).put(&rec).map_err(|e| Error::io(PathBuf::from("L3_BLOCKS"), e))
     }
 
-    pub(super) fn finish(
-        mut self,
-        output: &Path,
-        metadata_json: &str,
-        documents: u64,
-    ) -> Result<BuildSummary> {
+    pub(super) fn finish(mut self, output: &Path, metadata_json: &str, documents: u64) -> Result<BuildSummary> {
         self.end_a()?;
         let v = self.vocab as usize;
         for x in self.next_a as usize..=v {
@@ -489,26 +452,13 @@ impl IndexWriter {
         self.f(Sec::L3EscRank).u64(e3).map_err(ioe)?;
 
         // in-memory sections
-        let mut order: Vec<u32> = (0..self.vocab)
-            .filter(|&t| self.uni_count[t as usize] > 0)
-            .collect();
-        order.sort_unstable_by(|&x, &y| {
-            self.uni_count[y as usize]
-                .cmp(&self.uni_count[x as usize])
-                .then(x.cmp(&y))
-        });
-        let meta = if metadata_json.is_empty() {
-            "{}"
-        } else {
-            metadata_json
-        };
+        let mut order: Vec<u32> = (0..self.vocab).filter(|&t| self.uni_count[t as usize] > 0).collect();
+        order.sort_unstable_by(|&x, &y| self.uni_count[y as usize].cmp(&self.uni_count[x as usize]).then(x.cmp(&y)));
+        let meta = if metadata_json.is_empty() { "{}" } else { metadata_json };
         let mem: Vec<(Sec, Vec<u8>)> = vec![
             (Sec::Meta, meta.as_bytes().to_vec()),
             (Sec::Uni, self.uni_records()),
-            (
-                Sec::UniOrder,
-                order.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            ),
+            (Sec::UniOrder, order.iter().flat_map(|x| x.to_le_bytes()).collect()),
         ];
         let header = Header {
             token_bits: self.token_bits,
@@ -542,11 +492,7 @@ impl IndexWriter {
                 files[i] = Some(f);
                 (len, crc)
             };
-            secs[i] = Section {
-                offset: off,
-                len,
-                crc,
-            };
+            secs[i] = Section { offset: off, len, crc };
             off += len;
         }
         let mut header = header;
@@ -555,10 +501,7 @@ impl IndexWriter {
         header.table_crc = crc32fast::hash(&table);
         for (i, s) in SECTIONS.iter().enumerate() {
             if header.expected_len(*s, secs[0].len) != Some(secs[i].len) {
-                return Err(Error::format(format!(
-                    "internal: section {} has an unexpected length",
-                    s.name()
-                )));
+                return Err(Error::format(format!("internal: section {} has an unexpected length", s.name())));
             }
         }
         // write temp file next to the output, then rename
@@ -587,8 +530,7 @@ impl IndexWriter {
                     w.write_all(b).map_err(io)?;
                 } else if let Some(f) = files[i].as_mut() {
                     f.seek(SeekFrom::Start(0)).map_err(io)?;
-                    let n = std::io::copy(&mut std::io::Read::by_ref(f).take(secs[i].len), w)
-                        .map_err(io)?;
+                    let n = std::io::copy(&mut std::io::Read::by_ref(f).take(secs[i].len), w).map_err(io)?;
                     if n != secs[i].len {
                         return Err(Error::format(format!(
                             "internal: section {} short by {} bytes",
@@ -602,8 +544,7 @@ impl IndexWriter {
             w.flush().map_err(io)?;
         }
         tmp.as_file().sync_all().map_err(|e| Error::io(output, e))?;
-        tmp.persist(output)
-            .map_err(|e| Error::io(output, e.error))?;
+        tmp.persist(output).map_err(|e| Error::io(output, e.error))?;
         Ok(BuildSummary {
             output: output.to_path_buf(),
             documents,

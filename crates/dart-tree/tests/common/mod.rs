@@ -24,19 +24,10 @@ impl Model {
                 *bi.entry(seq[i - 1]).or_default().entry(seq[i]).or_default() += 1;
             }
             if i >= 2 {
-                *tri.entry((seq[i - 2], seq[i - 1]))
-                    .or_default()
-                    .entry(seq[i])
-                    .or_default() += 1;
+                *tri.entry((seq[i - 2], seq[i - 1])).or_default().entry(seq[i]).or_default() += 1;
             }
         }
-        Model {
-            seq,
-            vocab,
-            tri,
-            bi,
-            uni,
-        }
+        Model { seq, vocab, tri, bi, uni }
     }
 
     fn dist(&self, ctx: &[u32]) -> Option<&HashMap<u32, u64>> {
@@ -53,10 +44,7 @@ impl NgramScorer for Model {
         self.vocab
     }
     fn cond_probs(&self, context: &[u32], cands: &[u32], ub: bool, out: &mut [f64]) {
-        assert!(
-            cands.windows(2).all(|w| w[0] < w[1]),
-            "candidates must be sorted"
-        );
+        assert!(cands.windows(2).all(|w| w[0] < w[1]), "candidates must be sorted");
         assert!(context.len() <= 2);
         for (o, &v) in out.iter_mut().zip(cands) {
             *o = 0.0;
@@ -73,10 +61,7 @@ impl NgramScorer for Model {
         }
     }
     fn trigram_probs(&self, context: [u32; 2], cands: &[u32], out: &mut [f64]) {
-        assert!(
-            cands.windows(2).all(|w| w[0] < w[1]),
-            "candidates must be sorted"
-        );
+        assert!(cands.windows(2).all(|w| w[0] < w[1]), "candidates must be sorted");
         for (o, &v) in out.iter_mut().zip(cands) {
             *o = f64::NAN;
             if let Some(d) = self.dist(&context) {
@@ -86,14 +71,7 @@ impl NgramScorer for Model {
             }
         }
     }
-    fn top_children(
-        &self,
-        context: &[u32],
-        k: usize,
-        ub: bool,
-        t: &mut Vec<u32>,
-        p: &mut Vec<f64>,
-    ) -> Result<()> {
+    fn top_children(&self, context: &[u32], k: usize, ub: bool, t: &mut Vec<u32>, p: &mut Vec<f64>) -> Result<()> {
         t.clear();
         p.clear();
         let lo = if ub { 0 } else { 1 };
@@ -177,20 +155,9 @@ pub fn ref_select(cands: &[RefNode], theta: usize) -> Vec<usize> {
 
 /// Keep the best `w` of a level's new nodes (score desc, then creation order) as candidates
 /// (appended to `cands`); returns the indices in `cands` of the kept non-EOS ones (next beam).
-pub fn ref_keep(
-    cands: &mut Vec<RefNode>,
-    level_nodes: Vec<RefNode>,
-    w: usize,
-    eos: &[u32],
-) -> Vec<usize> {
+pub fn ref_keep(cands: &mut Vec<RefNode>, level_nodes: Vec<RefNode>, w: usize, eos: &[u32]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..level_nodes.len()).collect();
-    order.sort_by(|&a, &b| {
-        level_nodes[b]
-            .score
-            .partial_cmp(&level_nodes[a].score)
-            .unwrap()
-            .then(a.cmp(&b))
-    });
+    order.sort_by(|&a, &b| level_nodes[b].score.partial_cmp(&level_nodes[a].score).unwrap().then(a.cmp(&b)));
     order.truncate(w);
     let mut beam = Vec::new();
     for i in order {
@@ -244,30 +211,17 @@ pub fn ref_beam_search(
                 }
                 let mut path = ppath.clone();
                 path.push(v);
-                level_nodes.push(RefNode {
-                    path,
-                    score: pscore + delta,
-                    level: l,
-                    parent: e,
-                });
+                level_nodes.push(RefNode { path, score: pscore + delta, level: l, parent: e });
             }
         }
-        beam = ref_keep(&mut cands, level_nodes, p.beam_width, &p.eos)
-            .into_iter()
-            .map(Some)
-            .collect();
+        beam = ref_keep(&mut cands, level_nodes, p.beam_width, &p.eos).into_iter().map(Some).collect();
     }
-    ref_select(&cands, p.max_nodes)
-        .into_iter()
-        .map(|i| (cands[i].path.clone(), cands[i].score))
-        .collect()
+    ref_select(&cands, p.max_nodes).into_iter().map(|i| (cands[i].path.clone(), cands[i].score)).collect()
 }
 
 /// Token path (root excluded) of every non-root node of a tree.
 pub fn token_paths(t: &Tree) -> Vec<Vec<u32>> {
-    (1..t.len())
-        .map(|i| t.path(i)[1..].iter().map(|&n| t.tokens[n]).collect())
-        .collect()
+    (1..t.len()).map(|i| t.path(i)[1..].iter().map(|&n| t.tokens[n]).collect()).collect()
 }
 
 /// The structural guarantees every builder output must satisfy.
@@ -280,10 +234,7 @@ pub fn check_tree(t: &Tree, max_nodes: usize) {
     assert_eq!((t.parents[0], t.depths[0]), (-1, 0));
     for i in 1..n {
         let p = t.parents[i];
-        assert!(
-            p >= 0 && (p as usize) < i,
-            "parent {p} of node {i} is not an earlier node"
-        );
+        assert!(p >= 0 && (p as usize) < i, "parent {p} of node {i} is not an earlier node");
         assert_eq!(t.depths[i], t.depths[p as usize] + 1);
         assert!(t.depths[i] >= t.depths[i - 1], "not depth-sorted at {i}");
     }
