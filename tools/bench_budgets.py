@@ -28,6 +28,13 @@ def main(argv=None) -> int:
     p.add_argument(
         "--quantized", action="store_true", help="the target's GGUF blocks (smollm2: its Q4_1 file)"
     )
+    p.add_argument(
+        "--numerics",
+        choices=("int8", "exact"),
+        default="int8",
+        help="with --quantized: the block products' numerics (int8 falls back to exact where "
+        "the integer kernels do not run)",
+    )
     p.add_argument("--index", required=True)
     p.add_argument("--budgets", default="4,6,8")
     p.add_argument("--trees", default="dart,dart+ctx,dart+ngram")
@@ -45,7 +52,12 @@ def main(argv=None) -> int:
     from dartcore.models.hub import load_target
 
     torch.set_num_threads(args.threads)
-    model, tok = load_target(args.target, quantized=args.quantized)
+    numerics = args.numerics
+    if args.quantized and numerics == "int8":
+        from dartcore.kernels.linear import int8_kernel
+
+        numerics = "int8" if int8_kernel() is not None else "exact"
+    model, tok = load_target(args.target, quantized=args.quantized, numerics=numerics)
     drafter = DartDrafter.from_pretrained(args.drafter, model, tokenizer=tok)
     index = NgramIndex(args.index)
     decoders = {"ar": DartDecoder(model, tok, tree="ar")}

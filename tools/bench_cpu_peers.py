@@ -1040,6 +1040,14 @@ def main(argv: list[str] | None = None) -> int:
         from dartcore.kernels.linear import native_linear_isa
 
         report["machine"]["dartcore_isa"] = native_linear_isa()
+    with contextlib.suppress(ImportError):
+        from dartcore.kernels.linear import int8_kernel
+
+        report["machine"]["dartcore_int8_kernel"] = int8_kernel()
+    # the instruction set the figures ran on, in the form every report names it
+    report["machine"]["isa"] = report["machine"].get("dartcore_isa") or " ".join(
+        report["machine"]["isa_flags"]
+    )
     bin_dir = None if args.no_llama_cpp else find_llama_cpp(args.llama_cpp)
     files: dict[str, Path] = {"Q4_1": shipped}
     spec_types: list[str] = []
