@@ -254,3 +254,16 @@ def test_the_node_budget_is_max_nodes_in_every_cli_and_old_spellings_still_work(
     assert r.returncode == 2 and f"--budget {notice}" in r.stderr and "--index" in r.stderr
     r = run_cli("dart_serve", "--max-nodes", "-1")
     assert r.returncode == 2 and "--max-nodes must be 'adaptive' or a node count >= 0" in r.stderr
+
+
+@pytest.mark.slow
+def test_numerics_picks_the_block_products_and_both_decode():
+    # the default target is the shipped GGUF: int8 and exact numerics both load and decode
+    for numerics in ("int8", "exact"):
+        r = run_cli(
+            "dart_generate", "--tree", "ar", "--numerics", numerics, "--max-new-tokens", "4", "Hi"
+        )
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip(), numerics
+    r = run_cli("dart_generate", "--tree", "ar", "--numerics", "fast", "Hi")
+    assert r.returncode == 2 and "--numerics" in r.stderr

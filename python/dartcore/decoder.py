@@ -182,8 +182,8 @@ class DartDecoder:
         (e.g. ``"smollm2"``), ``drafter`` a drafter directory or name, ``index``
         an index file. ``quantized`` (default: on for a GGUF target on the CPU in float32
         where the native kernels run): keep the GGUF's Q4_0 / Q4_1 / Q8_0 tensors as their
-        blocks, streamed by the native kernels -- the same outputs as the dequantised float32
-        model from a fraction of the memory and bytes per token (:mod:`dartcore.models.gguf`).
+        blocks, streamed by the native kernels -- with ``numerics="exact"`` the same outputs as
+        the dequantised float32 model -- from a fraction of the memory and bytes per token (:mod:`dartcore.models.gguf`).
         ``numerics`` (blocks only; default ``"int8"`` where the integer kernels run, else
         ``"exact"``): see :class:`dartcore.models.transformer.TargetModel`."""
         import torch

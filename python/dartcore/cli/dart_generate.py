@@ -106,6 +106,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dtype", choices=("float32", "bfloat16"), default="float32", help="target weights"
     )
+    p.add_argument(
+        "--numerics",
+        choices=("int8", "exact"),
+        help="a GGUF target's block products: int8 (integer kernels, the default where they "
+        "run) or exact (each weight formed in float32: Hugging Face generate's tokens)",
+    )
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     p.add_argument("--stats", action="store_true", help="print decoding statistics to stderr")
@@ -198,6 +204,7 @@ def _run(args) -> int:
             tree=args.tree,
             device=args.device,
             dtype=getattr(torch, args.dtype),
+            numerics=args.numerics,
             **params,
         )
     except TokenizerMismatchError as exc:
