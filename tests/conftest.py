@@ -77,4 +77,4 @@ def smollm2():
     """(model, tokenizer) of the real SmolLM2-135M-Instruct, fp32, CPU."""
     from dartcore.models.hub import load_target
 
-    return load_target("smollm2")
+    return load_target("smollm2", quantized=False)

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from dartcore.drafter import DartDrafter, DrafterConfig, tokenizer_fingerprint
+from dartcore.drafter import DartDrafter, DrafterConfig
 from dartcore.errors import DartError, DrafterMismatchError
+from dartcore.tokenizers import fingerprint as tokenizer_fingerprint
 from dartcore.training.forward import train_forward
 
 

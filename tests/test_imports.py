@@ -17,10 +17,6 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "python" / "dartcore"
 ALLOWED_PRIVATE_MODULES = {"dartcore._native"}
-# The one circle left: DartDrafter.from_pretrained dispatches to the official-checkpoint loader,
-# which builds on DartDrafter. It goes when the drafter loader moves next to load_target
-# (models/hub.py); test_the_known_circle_is_still_there then fails as a reminder to drop it here.
-KNOWN_CYCLES = [["dartcore.drafter", "dartcore.models.official_drafter"]]
 
 
 def _modules() -> dict[str, Path]:
@@ -177,14 +173,9 @@ def test_the_cycle_finder_finds_cycles():
     assert _cycles(edges) == [["a", "b", "c"]]
 
 
-def test_the_known_circle_is_still_there():
-    edges, _ = _graph()
-    assert all(c in _cycles(edges) for c in KNOWN_CYCLES)
-
-
 def test_no_import_cycles():
     edges, _ = _graph()
-    cycles = [c for c in _cycles(edges) if c not in KNOWN_CYCLES]
+    cycles = _cycles(edges)
     assert not cycles, "modules that import each other (directly or round a circle): " + "; ".join(
         " <-> ".join(c) for c in cycles
     )

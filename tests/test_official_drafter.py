@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from dartcore.drafter import DartDrafter
 from dartcore.errors import DrafterMismatchError
+from dartcore.models.hub import load_drafter
 from dartcore.models.official_drafter import OfficialDartDrafter, is_official_checkpoint
 
 
@@ -43,7 +43,7 @@ def test_logits_equal_official(tiny, path_kind):
 
     path, ref = tiny
     assert is_official_checkpoint(path)
-    drafter = DartDrafter.from_pretrained(path, _target(ref))
+    drafter = load_drafter(path, _target(ref))
     assert isinstance(drafter, OfficialDartDrafter)
     assert drafter.d == 8
     if path_kind == "native" and not native_linear_available():
@@ -74,7 +74,7 @@ def test_logits_equal_official(tiny, path_kind):
 
 def test_draft_to_target_map(tiny):
     path, ref = tiny
-    drafter = DartDrafter.from_pretrained(path, _target(ref))
+    drafter = load_drafter(path, _target(ref))
     assert torch.equal(drafter.draft_to_target, ref["draft_ids_to_target"])
     draft = torch.tensor([0, 5, 255])
     assert torch.equal(drafter.to_target_ids(draft), ref["draft_ids_to_target"][draft])
@@ -87,7 +87,7 @@ def test_other_target_is_a_mismatch(tiny, what, kw):
     path, _ = tiny
     target = tiny_model("qwen3", **{"vocab_size": 512, "hidden": 64, "layers": 6, **kw})
     with pytest.raises(DrafterMismatchError, match=what):
-        DartDrafter.from_pretrained(path, target)
+        load_drafter(path, target)
 
 
 def test_decodes_losslessly_with_the_target(tiny):
@@ -98,7 +98,7 @@ def test_decodes_losslessly_with_the_target(tiny):
 
     path, ref = tiny
     target = _target(ref)
-    drafter = DartDrafter.from_pretrained(path, target)
+    drafter = load_drafter(path, target)
     prompt = [1, 5, 9, 3, 7, 11]
     dec = DartDecoder(target, CharTokenizer(), drafter, None, tree="dart-no-ngram", max_nodes=6)
     out = dec.generate(prompt, max_new_tokens=24)
@@ -117,11 +117,11 @@ def test_saved_conversion_reloads_with_the_same_logits(tiny, tmp_path):
     with identical logits and draft->target map."""
     path, ref = tiny
     target = _target(ref)
-    drafter = DartDrafter.from_pretrained(path, target)
+    drafter = load_drafter(path, target)
     out = tmp_path / "converted"
     drafter.save_pretrained(out)
     assert not is_official_checkpoint(out)
-    again = DartDrafter.from_pretrained(out, target)
+    again = load_drafter(out, target)
     assert type(again) is type(drafter)
     assert again.d == drafter.d
     assert torch.equal(again.draft_to_target, drafter.draft_to_target)

@@ -154,7 +154,12 @@ def test_bad_tokenizer_file(tmp_path):
 def test_smollm2_agrees_across_representations(qwen3):
     """smollm2 by name, by its GGUF, by the converted directory and as the HF
     object the decoder holds: one fingerprint; and it differs from qwen3."""
-    from dartcore.models.hub import BUILTIN_TARGETS, _package_dir, load_hf_tokenizer, resolve_target
+    from dartcore.models.targets import (
+        BUILTIN_TARGETS,
+        load_hf_tokenizer,
+        package_dir,
+        resolve_target,
+    )
 
     ours = load_tokenizer("smollm2")
     hf = load_hf_tokenizer("smollm2")
@@ -162,7 +167,7 @@ def test_smollm2_agrees_across_representations(qwen3):
     assert ours.vocab_size == len(hf) and ours.eos_id == hf.eos_token_id
     assert load_tokenizer(resolve_target("smollm2")).fingerprint == ours.fingerprint
     spec = BUILTIN_TARGETS["smollm2"]
-    gguf = load_tokenizer(_package_dir(spec.module) / spec.gguf)
+    gguf = load_tokenizer(package_dir(spec.module) / spec.gguf)
     assert gguf.fingerprint == ours.fingerprint
     text = "def f(x):\n    return x ** 2  # café 你好"
     assert ours.encode(text).tolist() == hf.encode(text, add_special_tokens=False)

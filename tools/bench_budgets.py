@@ -47,9 +47,9 @@ def main(argv=None) -> int:
 
     import torch
 
-    from dartcore import DartDecoder, DartDrafter, NgramIndex
+    from dartcore import DartDecoder, NgramIndex
     from dartcore.benchmark.datasets import load_prompts
-    from dartcore.models.hub import load_target
+    from dartcore.models.hub import load_drafter, load_target
 
     torch.set_num_threads(args.threads)
     numerics = args.numerics
@@ -57,8 +57,10 @@ def main(argv=None) -> int:
         from dartcore.kernels.linear import int8_kernel
 
         numerics = "int8" if int8_kernel() is not None else "exact"
-    model, tok = load_target(args.target, quantized=args.quantized, numerics=numerics)
-    drafter = DartDrafter.from_pretrained(args.drafter, model, tokenizer=tok)
+    model, tok = load_target(
+        args.target, quantized=args.quantized, numerics=numerics if args.quantized else "exact"
+    )
+    drafter = load_drafter(args.drafter, model, tok)
     index = NgramIndex(args.index)
     decoders = {"ar": DartDecoder(model, tok, tree="ar")}
     for b in [int(x) for x in args.budgets.split(",")]:

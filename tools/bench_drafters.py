@@ -89,19 +89,18 @@ def main(argv=None) -> int:
     from dartcore.benchmark.datasets import load_prompts
     from dartcore.benchmark.runner import BenchConfig, _aggregate, _one, machine_info
     from dartcore.decoder import DartDecoder
-    from dartcore.drafter import DartDrafter
     from dartcore.index import NgramIndex
-    from dartcore.models.hub import load_target
+    from dartcore.models.hub import load_drafter, load_target
 
     if args.threads:
         torch.set_num_threads(args.threads)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     prompts = {d: load_prompts(d, args.skip + args.n, args.data_dir)[args.skip :] for d in datasets}
-    model, tok = load_target(args.target)
+    model, tok = load_target(args.target, quantized=False)
     drafters, decoders = {}, {"ar": DartDecoder(model, tok, None, None, tree="ar")}
     for label, dname, iname in args.variant:
-        drafters[label] = DartDrafter.from_pretrained(dname, model, tokenizer=tok)
+        drafters[label] = load_drafter(dname, model, tok)
         index = NgramIndex(iname) if iname else None
         for m in methods:
             decoders[f"{label}/{m}"] = DartDecoder(model, tok, drafters[label], index, tree=m)

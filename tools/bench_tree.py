@@ -8,7 +8,7 @@ tokenizer (``dartcore.models.hub.load_hf_tokenizer("smollm2")``, 49,152 ids), on
 per file with EOS appended. Token shards and the index are cached under ``--work``.
 
 Drafter rows (``--rows``): ``real`` (default) takes them from the shipped SmolLM2 drafter
-(``DartDrafter.from_pretrained("smollm2", target)``) on held-out text: prompts + reference
+(``load_drafter("smollm2", target)``) on held-out text: prompts + reference
 answers of ``--data-dir``/eval (default ``$DARTCORE_DATA``: gsm8k_test.jsonl, code_alpaca_2k.json), teacher-forced
 as the decoder runs it: one target forward per document with the drafter's taps, then one
 ``draft`` call per position (the drafter state advancing by the true next token), the d
@@ -213,15 +213,14 @@ def real_inputs(n: int, seed: int, data_dir: Path, positions: int = 200):
     """Contexts and drafter rows from the real drafter on held-out eval text (module docs)."""
     import torch
 
-    from dartcore.drafter import DartDrafter
-    from dartcore.models.hub import load_target
+    from dartcore.models.hub import load_drafter, load_target
     from dartcore.models.transformer import TargetModel
     from dartcore.tree import topk_logprobs
 
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-    model, tok = load_target("smollm2")
+    model, tok = load_target("smollm2", quantized=False)
     target = TargetModel(model)
-    drafter = DartDrafter.from_pretrained("smollm2", model, tokenizer=tok).eval()
+    drafter = load_drafter("smollm2", model, tok).eval()
     taps = tuple(drafter.taps)
     data = data_dir / "eval"
     texts = [json.loads(line) for line in (data / "gsm8k_test.jsonl").read_text().splitlines()[:64]]

@@ -44,12 +44,16 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     models = {
-        "row-major (HF layout)": TargetModel(load_target(args.target)[0], fuse_cpu_weights=False),
-        "fused column-major (MKL)": TargetModel(load_target(args.target)[0], native_linear=False),
+        "row-major (HF layout)": TargetModel(
+            load_target(args.target, quantized=False)[0], fuse_cpu_weights=False
+        ),
+        "fused column-major (MKL)": TargetModel(
+            load_target(args.target, quantized=False)[0], native_linear=False
+        ),
     }
     if native_linear_available():
         models["fused row-major (native)"] = TargetModel(
-            load_target(args.target)[0], native_linear=True
+            load_target(args.target, quantized=False)[0], native_linear=True
         )
     logits_rows = None if args.logits else slice(0, 0)
     gen = torch.Generator().manual_seed(0)

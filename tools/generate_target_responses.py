@@ -60,7 +60,7 @@ def main(argv=None) -> int:
         for d in held:
             f.write(json.dumps({"messages": d.messages} if d.messages else {"text": d.text}) + "\n")
 
-    model, tok = load_target(args.target)
+    model, tok = load_target(args.target, quantized=False)
     tok.padding_side = "left"
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     prompts = []

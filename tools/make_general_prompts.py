@@ -360,7 +360,7 @@ def self_instruct(args, out: Path) -> None:
     if have >= args.self_instruct:
         print(f"self-instruct: {have} requests already in {path}", file=sys.stderr)
         return
-    model, tok = load_target(args.target)
+    model, tok = load_target(args.target, quantized=False)
     tok.padding_side = "left"
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     t0 = time.time()

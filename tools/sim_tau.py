@@ -173,13 +173,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from dartcore.benchmark.datasets import load_prompts
     from dartcore.decoder import DartDecoder
-    from dartcore.drafter import DartDrafter
     from dartcore.index import NgramIndex
-    from dartcore.models.hub import load_target
+    from dartcore.models.hub import load_drafter, load_target
     from dartcore.trees import make_tree_builder
 
-    model, tok = load_target(args.target)
-    drafter = DartDrafter.from_pretrained(args.drafter, model, tokenizer=tok)
+    model, tok = load_target(args.target, quantized=False)
+    drafter = load_drafter(args.drafter, model, tok)
     index = NgramIndex(args.index)
     prompts = [
         (ds, m) for ds in args.datasets.split(",") for m in load_prompts(ds, args.n, args.data_dir)

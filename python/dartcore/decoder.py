@@ -11,31 +11,29 @@ The loop is :mod:`dartcore.rounds`' (docs/architecture.md, "Data flow")::
     accept  walk the tree with the target's own choices -> path + bonus token;
             keep only the path's KV entries, compacted in place; stop checks
 
-The batched engine (:mod:`dartcore.engine`, ``generate_batch``) calls the same round
-functions over all its running sequences. Prompts come in and text goes out through
-:mod:`dartcore.prompts`; the request's parameters are one
-:class:`~dartcore.sampling.SamplingParams`.
+The batched engine (:mod:`dartcore.engine`, ``generate_batch``) calls the same round functions
+over all its running sequences. Prompts come in and text goes out through :mod:`dartcore.prompts`;
+the request's parameters are one :class:`~dartcore.sampling.SamplingParams`.
 
-The plain autoregressive baseline is the same loop with the ``ar`` builder (the
-tree is the root alone), so speedups compare like with like.
+The plain autoregressive baseline is the same loop with the ``ar`` builder (the tree is the root
+alone), so speedups compare like with like.
 
 Output is the target's: under greedy decoding token for token what
-``model.generate(do_sample=False)`` produces, under sampling the same
-distribution as the AR sampler (one :class:`~dartcore.sampling.Sampler` for
-both).
+``model.generate(do_sample=False)`` produces, under sampling the same distribution as the AR
+sampler (one :class:`~dartcore.sampling.Sampler` for both).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from dartcore import rounds
 from dartcore.errors import ContextLengthError
-from dartcore.fit import check_drafter, check_index, eos_ids
+from dartcore.fit import check_drafter, check_index, check_needs, eos_ids
 from dartcore.models.backend import backend_for
 from dartcore.models.transformer import TargetModel
 from dartcore.prompts import TextStream, decode, prompt_ids
@@ -65,25 +63,22 @@ def _part(name: str, doc: str) -> property:
 class DartDecoder:
     """Speculative decoding of a Hugging Face Llama / Qwen3 target.
 
-    ``DartDecoder(model, tokenizer, drafter=None, index=None, *, tree="dart",
-    device=None, dtype=None, **tree_params)``: ``model`` is a loaded HF causal
-    LM (moved in place when ``device`` / ``dtype`` are given), ``drafter`` a
-    :class:`dartcore.DartDrafter` for this target, ``index`` a
-    :class:`dartcore.NgramIndex` built with the target's tokenizer, ``tree`` a
-    registered tree builder (``dart``, ``dart-no-ngram``, ``dart-chain``,
-    ``ngram-only``, ``ar``, ...; see :mod:`dartcore.trees`) and
-    ``tree_params`` its parameters (``max_nodes``, ``beam_width``, ``k``, ...).
-    The node budget defaults to ``CPU_MAX_NODES`` (4) on CPU (``CPU_BLOCKS_MAX_NODES``, 2, for a
-    target of GGML block weights) and to the paper's
-    ``GPU_MAX_NODES`` (59) on CUDA (:func:`dartcore.trees.node_budget`); it is
-    ``decoder.max_nodes``. The drafter is moved to the target's device.
-    ``max_context`` caps the context below the model's
-    ``max_position_embeddings``; ``eos_token_ids`` overrides the EOS ids read
-    from the generation config and tokenizer (``()`` = never stop on EOS).
-    ``lazy_logits`` (default: on for CPU without the native kernels, off otherwise)
-    computes the LM head only for the tree nodes the acceptance walk visits.
-    Device and CPU specifics (weight layouts, native kernels, lazy logits) are
-    the ``backend``'s (:mod:`dartcore.models.backend`), chosen here once.
+    ``DartDecoder(model, tokenizer, drafter=None, index=None, *, tree="dart", device=None,
+    dtype=None, **tree_params)``: ``model`` is a loaded HF causal LM (moved in place when
+    ``device`` / ``dtype`` are given), ``drafter`` a :class:`dartcore.DartDrafter` for this
+    target, ``index`` a :class:`dartcore.NgramIndex` built with the target's tokenizer, ``tree``
+    a registered tree builder (``dart``, ``dart-no-ngram``, ``dart-chain``, ``ngram-only``,
+    ``ar``, ...; see :mod:`dartcore.trees`) and ``tree_params`` its parameters (``max_nodes``,
+    ``beam_width``, ``k``, ...). The node budget, ``decoder.max_nodes``, defaults to
+    ``CPU_MAX_NODES`` (4) on CPU (``CPU_BLOCKS_MAX_NODES``, 2, for a target of GGML block
+    weights) and to the paper's ``GPU_MAX_NODES`` (59) on CUDA
+    (:func:`dartcore.trees.node_budget`). The drafter is moved to the target's device.
+    ``max_context`` caps the context below the model's ``max_position_embeddings``;
+    ``eos_token_ids`` overrides the EOS ids read from the generation config and tokenizer
+    (``()`` = never stop on EOS). ``lazy_logits`` (default: on for CPU without the native
+    kernels, off otherwise) computes the LM head only for the tree nodes the acceptance walk
+    visits. Device and CPU specifics (weight layouts, native kernels, lazy logits) are the
+    ``backend``'s (:mod:`dartcore.models.backend`), chosen here once.
     """
 
     target = _part("target", "the :class:`~dartcore.models.transformer.TargetModel`")
@@ -118,18 +113,7 @@ class DartDecoder:
         backend = backend_for(target, lazy_logits=lazy_logits)
         self.tree = tree
         builder = make_tree_builder(tree, **tree_params)
-        if builder.needs_drafter and drafter is None:
-            raise ValueError(
-                f"tree builder {tree!r} needs a drafter: pass drafter= (--drafter for dart-generate), "
-                "or use tree='ngram-only' / 'ar'"
-            )
-        if builder.needs_index and index is None:
-            other = "tree='dart-no-ngram'" if builder.needs_drafter else "tree='ar'"
-            raise ValueError(
-                f"tree builder {tree!r} needs an n-gram index built with the target's tokenizer: pass "
-                "index= (--index for dart-generate; build one with ngram-build --tokenizer ...), "
-                f"or use {other}"
-            )
+        check_needs(tree, builder, drafter, index)
         if not builder.needs_drafter:
             drafter = None
         if drafter is not None:
@@ -138,6 +122,7 @@ class DartDecoder:
         if index is not None:
             check_index(index, tokenizer, target)
         context = target.max_positions or (1 << 31)
+        eos = eos_ids(model, tokenizer) if eos_token_ids is None else tuple(map(int, eos_token_ids))
         self.parts = Parts(
             target=target,
             backend=backend,
@@ -145,11 +130,7 @@ class DartDecoder:
             tokenizer=tokenizer,
             drafter=drafter,
             index=index,
-            eos_token_ids=(
-                tuple(int(t) for t in eos_token_ids)
-                if eos_token_ids is not None
-                else eos_ids(model, tokenizer)
-            ),
+            eos_token_ids=eos,
             # The node budget (root excluded), decided once; each round caps it by the room left.
             max_nodes=node_budget(
                 builder,
@@ -178,52 +159,23 @@ class DartDecoder:
         numerics: str | None = None,
         **tree_params,
     ) -> DartDecoder:
-        """Load everything by name or path: ``target`` for :mod:`dartcore.models.hub`
-        (e.g. ``"smollm2"``), ``drafter`` a drafter directory or name, ``index``
-        an index file. ``quantized`` (default: on for a GGUF target on the CPU in float32
-        where the native kernels run): keep the GGUF's Q4_0 / Q4_1 / Q8_0 tensors as their
-        blocks, streamed by the native kernels -- with ``numerics="exact"`` the same outputs as
-        the dequantised float32 model -- from a fraction of the memory and bytes per token (:mod:`dartcore.models.gguf`).
-        ``numerics`` (blocks only; default ``"int8"`` where the integer kernels run, else
-        ``"exact"``): see :class:`dartcore.models.transformer.TargetModel`."""
-        import torch
+        """Load everything by name or path: ``target`` (e.g. ``"smollm2"``) with ``quantized`` /
+        ``numerics`` as :func:`dartcore.models.hub.load_target` loads it (a GGUF target's blocks
+        on the integer path where its kernels run by default; ``numerics="exact"`` gives the
+        float32 model's outputs), ``drafter`` a drafter directory or name
+        (:func:`dartcore.models.hub.load_drafter`), ``index`` an index file, opened as every
+        decoding entry point opens one (:data:`dartcore.index.DECODE_VERIFY`, ``DECODE_PREFAULT``)."""
+        from dartcore.index import DECODE_PREFAULT, DECODE_VERIFY, NgramIndex
+        from dartcore.models.hub import load_drafter, load_target
 
-        from dartcore.kernels.linear import native_linear_available
-        from dartcore.models.hub import gguf_source, load_target
-
-        if quantized is None:
-            quantized = (
-                gguf_source(target) is not None
-                and str(device or "cpu") == "cpu"
-                and dtype in (None, torch.float32)
-                and native_linear_available()
-            )
-        if numerics is None:
-            from dartcore.kernels.linear import int8_kernel
-
-            numerics = "int8" if quantized and int8_kernel() is not None else "exact"
         model, tokenizer = load_target(
-            target,
-            dtype=dtype,
-            device=str(device or "cpu"),
-            quantized=bool(quantized),
-            numerics=numerics,
+            target, dtype=dtype, device=str(device or "cpu"), quantized=quantized, numerics=numerics
         )
-        drafter_obj = None
         if drafter is not None:
-            from dartcore.drafter import DartDrafter
-
-            drafter_obj = DartDrafter.from_pretrained(drafter, model, tokenizer=tokenizer)
-        index_obj = None
+            drafter = load_drafter(drafter, model, tokenizer)
         if index is not None:
-            from dartcore.index import NgramIndex
-
-            # The quick check (CRCs of the small sections, sampled body checks: tens of ms at any
-            # size) so that a damaged body is an error here, not wrong probabilities later.
-            index_obj = NgramIndex(index, verify="quick")
-        return cls(
-            model, tokenizer, drafter_obj, index_obj, tree=tree, device=device, **tree_params
-        )
+            index = NgramIndex(index, verify=DECODE_VERIFY, prefault=DECODE_PREFAULT)
+        return cls(model, tokenizer, drafter, index, tree=tree, device=device, **tree_params)
 
     # -- public entry points --------------------------------------------------------------
 
@@ -394,6 +346,3 @@ class DartDecoder:
             clock.lap("accept")
             yield seq.generated[base:]
             clock.lap("accept")
-
-
-StreamerCallback = Callable[[list[int], str], None]

@@ -41,7 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dartcore.errors import DartError, DrafterMismatchError
+from dartcore.errors import DartError, DrafterMismatchError, TokenizerError
+from dartcore.tokenizers import fingerprint as tokenizer_fingerprint
 
 __all__ = [
     "DrafterConfig",
@@ -49,8 +50,9 @@ __all__ = [
     "DartDrafter",
     "BUILTIN_DRAFTERS",
     "default_taps",
-    "tokenizer_fingerprint",
+    "drafter_config",
     "drafter_fingerprint",
+    "drafter_path",
 ]
 
 CONFIG_NAME = "config.json"
@@ -68,17 +70,6 @@ def default_taps(num_layers: int) -> tuple[int, int, int]:
             f"a target needs at least 5 decoder layers for taps (2, L//2, L-3); got {num_layers}"
         )
     return (2, num_layers // 2, num_layers - 3)
-
-
-def tokenizer_fingerprint(tokenizer) -> str | None:
-    """A stable hash of a tokenizer's vocabulary (token -> id, special tokens included)."""
-    if tokenizer is None:
-        return None
-    vocab = tokenizer.get_vocab()
-    h = hashlib.sha256()
-    for tok, idx in sorted(vocab.items(), key=lambda kv: kv[1]):
-        h.update(f"{idx}\t{tok}\n".encode("utf-8", "surrogatepass"))
-    return h.hexdigest()[:32]
 
 
 def drafter_fingerprint(drafter) -> str:
@@ -116,7 +107,7 @@ class DrafterConfig:
     format_version: int = FORMAT_VERSION
     # "dartcore", or "official": a released DART drafter converted at load and saved by
     # save_pretrained (its MASK inputs and LM-head normalisation differ; see
-    # dartcore.models.official_drafter), which from_pretrained then rebuilds as such.
+    # dartcore.models.official_drafter), which dartcore.models.hub.load_drafter rebuilds as such.
     variant: str = "dartcore"
 
     def to_json(self) -> str:
@@ -186,6 +177,28 @@ class DrafterConfig:
             attention_bias=bool(getattr(tc, "attention_bias", False)),
             mlp_bias=bool(getattr(tc, "mlp_bias", False)),
         )
+
+
+def drafter_path(path_or_name) -> Path:
+    """The directory of a drafter given by built-in name (:data:`BUILTIN_DRAFTERS`) or path;
+    ``FileNotFoundError`` saying what to pass when it holds no drafter."""
+    key = str(path_or_name)
+    path = BUILTIN_DRAFTERS.get(key.lower(), Path(key).expanduser())
+    if not (path / CONFIG_NAME).is_file() or not (path / WEIGHTS_NAME).is_file():
+        raise FileNotFoundError(
+            f"no drafter at {path} (needs {CONFIG_NAME} and {WEIGHTS_NAME}); built-in names: "
+            f"{sorted(BUILTIN_DRAFTERS)}; train one with dart-train"
+        )
+    return path
+
+
+def drafter_config(path) -> DrafterConfig:
+    """The :class:`DrafterConfig` that :meth:`DartDrafter.save_pretrained` wrote to ``path``."""
+    path = Path(path)
+    try:
+        return DrafterConfig.from_dict(json.loads((path / CONFIG_NAME).read_text()))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DartError(f"{path / CONFIG_NAME} is not a valid drafter config: {exc}") from exc
 
 
 # ---------------------------------------------------------------------------------------
@@ -367,6 +380,8 @@ def _draft_vocab_ids(draft_vocab, vocab_size: int) -> torch.Tensor:
 
 
 class DartDrafter(nn.Module):
+    VARIANT = "dartcore"  # the config variant this class computes (DrafterConfig.variant)
+
     def __init__(self, config: DrafterConfig, target_embedding: nn.Module | None = None):
         super().__init__()
         self.config = config
@@ -445,7 +460,7 @@ class DartDrafter(nn.Module):
             taps=taps,
             draft_vocab_size=None if ids is None else ids.numel(),
             target_name=name,
-            fingerprint=tokenizer_fingerprint(tokenizer),
+            fingerprint=None if tokenizer is None else tokenizer_fingerprint(tokenizer),
         )
         model = cls(cfg, target_model.get_input_embeddings())
         if ids is not None:
@@ -523,35 +538,20 @@ class DartDrafter(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path_or_name, target_model, *, tokenizer=None) -> DartDrafter:
+        """The drafter that :meth:`save_pretrained` wrote (a directory or built-in name), of
+        this class's variant. :func:`dartcore.models.hub.load_drafter` loads any drafter:
+        either variant, or a released DART checkpoint."""
         from safetensors.torch import load_file
 
-        key = str(path_or_name)
-        path = BUILTIN_DRAFTERS.get(key.lower(), Path(key).expanduser())
-        if not (path / CONFIG_NAME).is_file() or not (path / WEIGHTS_NAME).is_file():
-            raise FileNotFoundError(
-                f"no drafter at {path} (needs {CONFIG_NAME} and {WEIGHTS_NAME}); built-in names: "
-                f"{sorted(BUILTIN_DRAFTERS)}; train one with dart-train"
-            )
-        from dartcore.models.official_drafter import is_official_checkpoint, load_official_drafter
-
-        if is_official_checkpoint(path):  # a released DART checkpoint: converted at load
-            return load_official_drafter(path, target_model)
-        try:
-            cfg = DrafterConfig.from_dict(json.loads((path / CONFIG_NAME).read_text()))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise DartError(f"{path / CONFIG_NAME} is not a valid drafter config: {exc}") from exc
+        path = drafter_path(path_or_name)
+        cfg = drafter_config(path)
         _check_target(cfg, target_model, tokenizer, path)
-        if cfg.variant == "official":
-            from dartcore.models.official_drafter import OfficialDartDrafter
-
-            model = OfficialDartDrafter(cfg, target_model.get_input_embeddings())
-        elif cfg.variant == "dartcore":
-            model = cls(cfg, target_model.get_input_embeddings())
-        else:
+        if cfg.variant != cls.VARIANT:
             raise DartError(
-                f"{path / CONFIG_NAME}: unknown drafter variant {cfg.variant!r} (this build reads "
-                "'dartcore' and 'official')"
+                f"{path} holds a {cfg.variant!r} drafter, not a {cls.VARIANT!r} one: load it with "
+                "dartcore.models.hub.load_drafter"
             )
+        model = cls(cfg, target_model.get_input_embeddings())
         state = load_file(str(path / WEIGHTS_NAME))
         if "draft_to_target" in state:
             model.register_buffer("draft_to_target", model.draft_to_target, persistent=True)
@@ -741,9 +741,14 @@ def _check_target(cfg: DrafterConfig, target_model, tokenizer, path) -> None:
     ):
         if mine != theirs:
             problems.append(f"{what} {mine} vs target {theirs}")
-    fp = tokenizer_fingerprint(tokenizer)
-    if fp is not None and cfg.tokenizer_fingerprint is not None and fp != cfg.tokenizer_fingerprint:
-        problems.append(f"tokenizer fingerprint {cfg.tokenizer_fingerprint} vs target {fp}")
+    recorded = cfg.tokenizer_fingerprint
+    if tokenizer is not None and recorded is not None:
+        try:  # in the form the drafter recorded (dartcore.tokenizers.fingerprint)
+            fp = tokenizer_fingerprint(tokenizer, like=recorded)
+        except TokenizerError:  # a tokenizer dartcore cannot fingerprint: the caller vouches
+            fp = recorded
+        if fp != recorded:
+            problems.append(f"tokenizer fingerprint {recorded} vs target {fp}")
     if problems:
         raise DrafterMismatchError(
             f"drafter at {path} was trained for target {cfg.target_name!r} and does not fit this target: "

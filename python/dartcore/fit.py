@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import warnings
 
-from dartcore.errors import DrafterMismatchError, TokenizerMismatchError
+from dartcore.errors import DrafterMismatchError, TokenizerError, TokenizerMismatchError
 from dartcore.models.transformer import TargetModel
+from dartcore.tokenizers import fingerprint
 
-__all__ = ["eos_ids", "check_drafter", "check_index", "tokenizer_name"]
+__all__ = ["eos_ids", "check_drafter", "check_index", "check_needs", "tokenizer_name"]
 
 
 def eos_ids(model, tokenizer) -> tuple[int, ...]:
@@ -28,6 +29,22 @@ def eos_ids(model, tokenizer) -> tuple[int, ...]:
                 sorted({int(v) for v in (value if isinstance(value, (list, tuple)) else [value])})
             )
     return ()
+
+
+def check_needs(tree: str, builder, drafter, index) -> None:
+    """Refuse a tree builder without the drafter or the index it needs, saying what to pass."""
+    if builder.needs_drafter and drafter is None:
+        raise ValueError(
+            f"tree builder {tree!r} needs a drafter: pass drafter= (--drafter for dart-generate), "
+            "or use tree='ngram-only' / 'ar'"
+        )
+    if builder.needs_index and index is None:
+        other = "tree='dart-no-ngram'" if builder.needs_drafter else "tree='ar'"
+        raise ValueError(
+            f"tree builder {tree!r} needs an n-gram index built with the target's tokenizer: pass "
+            "index= (--index for dart-generate; build one with ngram-build --tokenizer ...), "
+            f"or use {other}"
+        )
 
 
 def check_drafter(drafter, target: TargetModel, tokenizer) -> None:
@@ -49,13 +66,11 @@ def check_drafter(drafter, target: TargetModel, tokenizer) -> None:
         problems.append(f"taps {taps} outside a {target.num_layers}-layer target")
     recorded = getattr(cfg, "tokenizer_fingerprint", None)
     if recorded is not None and tokenizer is not None:
-        try:  # the drafter records its own vocabulary hash (dartcore.drafter)
-            from dartcore.drafter import tokenizer_fingerprint
-
-            mine = tokenizer_fingerprint(tokenizer)
+        try:  # in the form the drafter recorded
+            mine = fingerprint(tokenizer, like=recorded)
         except Exception:  # noqa: BLE001 - a tokenizer we cannot fingerprint is not compared
-            mine = None
-        if mine is not None and mine != recorded:
+            mine = recorded
+        if mine != recorded:
             problems.append(f"tokenizer fingerprint {recorded} vs target {mine}")
     if problems:
         name = getattr(cfg, "target_name", None)
@@ -96,11 +111,8 @@ def check_index(index, tokenizer, target: TargetModel) -> None:
             stacklevel=3,
         )
         return
-    from dartcore.errors import TokenizerError
-    from dartcore.tokenizers import fingerprint
-
     try:
-        mine = fingerprint(tokenizer)
+        mine = fingerprint(tokenizer, like=recorded)
     except TokenizerError:
         return  # a custom tokenizer dartcore cannot fingerprint: the caller vouches for it
     if recorded != mine:

@@ -31,6 +31,8 @@ import numpy as np
 from dartcore import _native
 
 __all__ = [
+    "DECODE_PREFAULT",
+    "DECODE_VERIFY",
     "NgramIndex",
     "IndexBuilder",
     "build_index",
@@ -227,6 +229,19 @@ def _id_list(x: Any, name: str, vocab: int) -> list[int]:
         else:
             return out
     return _id_array(x, name, vocab, 1).tolist()
+
+
+# How the decoding entry points (DartDecoder.from_pretrained, dart-generate, dart-serve,
+# dart-bench, the benchmark runner) open an index, decided here once:
+# - verify "quick": tens of ms at any size (NgramIndex's docs), so a damaged body is an error at
+#   the start instead of wrong probabilities in later rounds;
+# - prefault on: decoding looks the index up every round, and a page not yet resident costs a
+#   disk read inside that round (cold lookups p99 4.2 ms against 37 us prefaulted on a 1.3 B-node
+#   index, docs/index-at-scale.md). Prefault reads the file once at the open instead, into the
+#   page cache that every process mapping the file shares (one copy for all dart-serve workers).
+#   A short run on an index much larger than the text it touches can pass prefault=False.
+DECODE_VERIFY = "quick"
+DECODE_PREFAULT = True
 
 
 class NgramIndex:

@@ -8,7 +8,7 @@
   151643-151668, the Qwen2 pre-tokenizer regex and NFC normalisation, run by
   tiktoken. Nothing is downloaded.
 - ``"smollm2"``: the tokenizer of the built-in SmolLM2-135M-Instruct target
-  (``dartcore.models.hub.load_hf_tokenizer``).
+  (``dartcore.models.targets.load_hf_tokenizer``).
 - a Hugging Face ``tokenizer.json``, a directory holding one (tokenizer or model
   directory), or a ``.gguf`` file.
 
@@ -43,6 +43,7 @@ __all__ = [
     "HFTokenizer",
     "QwenTokenizer",
     "Tokenizer",
+    "VOCAB_FINGERPRINT_CHARS",
     "fingerprint",
     "load_tokenizer",
 ]
@@ -112,13 +113,38 @@ def _fingerprint_of(vocab_size: int, probe_ids: Sequence[int]) -> str:
     return hashlib.sha256(payload.encode("ascii")).hexdigest()[:16]
 
 
-def fingerprint(tokenizer: Any) -> str:
-    """Representation-independent identity of a tokenizer (16 hex chars).
+# The vocabulary form of a fingerprint (32 hex chars): sha256 over the ``id\ttoken`` lines of
+# ``get_vocab()`` in id order. Drafters may record it (the shipped SmolLM2 drafter does, and a
+# drafter's fingerprint hashes its config, so the record stays as written); it is compared in
+# its own form (``fingerprint(tokenizer, like=recorded)``).
+VOCAB_FINGERPRINT_CHARS = 32
+
+
+def _vocab_fingerprint(tokenizer: Any) -> str:
+    if not hasattr(tokenizer, "get_vocab"):
+        raise TokenizerError(
+            f"a {type(tokenizer).__name__} lists no vocabulary (get_vocab): it has no "
+            "vocabulary-form fingerprint"
+        )
+    h = hashlib.sha256()
+    for tok, idx in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]):
+        h.update(f"{idx}\t{tok}\n".encode("utf-8", "surrogatepass"))
+    return h.hexdigest()[:VOCAB_FINGERPRINT_CHARS]
+
+
+def fingerprint(tokenizer: Any, *, like: str | None = None) -> str:
+    """Representation-independent identity of a tokenizer (16 hex chars), the one that indexes
+    and drafters record and that the decoder checks them by.
 
     sha256 over JSON ``[vocab_size, ids of FINGERPRINT_PROBE]`` (no special
     tokens added). Accepts a dartcore ``Tokenizer``, a Hugging Face
-    ``PreTrainedTokenizer(Fast)`` or a raw ``tokenizers.Tokenizer``.
+    ``PreTrainedTokenizer(Fast)`` or a raw ``tokenizers.Tokenizer``; an object that only
+    lists its vocabulary (``get_vocab``) gets the vocabulary form (32 hex chars, see
+    ``VOCAB_FINGERPRINT_CHARS``). ``like``: a recorded fingerprint, whose form the result takes
+    so that the two compare (a 32-char record is compared in the vocabulary form).
     """
+    if like is not None and len(like) == VOCAB_FINGERPRINT_CHARS:
+        return _vocab_fingerprint(tokenizer)
     if isinstance(tokenizer, (QwenTokenizer, HFTokenizer)):
         return tokenizer.fingerprint
     # Hugging Face transformers tokenizer: len() counts added tokens too.
@@ -131,6 +157,8 @@ def fingerprint(tokenizer: Any) -> str:
         return _fingerprint_of(tokenizer.get_vocab_size(with_added_tokens=True), ids)
     if isinstance(tokenizer, Tokenizer):
         return _fingerprint_of(tokenizer.vocab_size, tokenizer.encode(FINGERPRINT_PROBE).tolist())
+    if hasattr(tokenizer, "get_vocab"):
+        return _vocab_fingerprint(tokenizer)
     raise TokenizerError(
         f"cannot fingerprint a {type(tokenizer).__name__}: expected a dartcore Tokenizer, "
         "a Hugging Face PreTrainedTokenizer(Fast) or a tokenizers.Tokenizer"
@@ -468,7 +496,7 @@ def load_tokenizer(
     if key == "qwen3":
         return QwenTokenizer(threads=threads)
     if key in ("smollm2", "smollm2-135m", "smollm2-135m-instruct"):
-        from dartcore.models.hub import load_hf_tokenizer
+        from dartcore.models.targets import load_hf_tokenizer
 
         try:
             tok = load_hf_tokenizer("smollm2")

@@ -63,6 +63,10 @@ class BenchConfig:
     prompt_lookup_tokens: int = 10
     device: str = "cpu"
     dtype: str | None = None  # "float32" (default) | "bfloat16" | "float16"
+    # A GGUF target's weights (None: dartcore.models.hub.load_target's defaults, the blocks on
+    # the integer path where the kernels run). The Hugging Face methods run the same model.
+    quantized: bool | None = None
+    numerics: str | None = None  # "int8" | "exact"
 
 
 def torch_dtype(name: str | None) -> torch.dtype | None:
@@ -176,20 +180,23 @@ def _aggregate(records: list[dict], ar_rate: float | None) -> dict:
 def run_benchmark(cfg: BenchConfig, progress=None) -> dict:
     """Load everything, run, and return the result object (JSON-ready)."""
     from dartcore.decoder import DartDecoder
-    from dartcore.models.hub import load_target
+    from dartcore.index import DECODE_PREFAULT, DECODE_VERIFY, NgramIndex
+    from dartcore.models.hub import load_drafter, load_target
 
     torch.manual_seed(cfg.seed)
-    model, tok = load_target(cfg.target, dtype=torch_dtype(cfg.dtype), device=cfg.device)
+    model, tok = load_target(
+        cfg.target,
+        dtype=torch_dtype(cfg.dtype),
+        device=cfg.device,
+        quantized=cfg.quantized,
+        numerics=cfg.numerics,
+    )
     drafter = index = None
     needs_drafter = any(m not in HF_METHODS and m not in ("ar", "ngram-only") for m in cfg.methods)
     if cfg.drafter and needs_drafter:
-        from dartcore.drafter import DartDrafter
-
-        drafter = DartDrafter.from_pretrained(cfg.drafter, model)
+        drafter = load_drafter(cfg.drafter, model, tok)
     if cfg.index:
-        from dartcore.index import NgramIndex
-
-        index = NgramIndex(cfg.index)
+        index = NgramIndex(cfg.index, verify=DECODE_VERIFY, prefault=DECODE_PREFAULT)
     methods = ["ar", *[m for m in cfg.methods if m != "ar"]]  # AR first: the reference
     decoders = {
         m: DartDecoder(model, tok, drafter, index, tree=m, **cfg.tree_params.get(m, {}))

@@ -1,4 +1,4 @@
-"""What dart-generate, dart-bench and dart-train share (the help formatter is the build
+"""What dart-generate, dart-serve, dart-bench and dart-train share (the help formatter is the build
 CLIs', :mod:`dartcore.cli._help`): checks of
 arguments and files that run before a model loads (loading SmolLM2 costs ~4 s, a wrong
 path should not), and one-line errors that name the flag and the fix."""
@@ -29,6 +29,8 @@ __all__ = [
     "run_cli",
     "tree_param",
     "add_max_nodes",
+    "add_target_weights",
+    "check_target_weights",
     "deprecated",
     "sampling_params",
 ]
@@ -208,7 +210,7 @@ def index_tokenizer(index) -> str | None:
 def check_index_tokenizer(index, target: str, flag: str = "--index") -> None:
     """Compare the tokenizer names before the model loads where both are dartcore's own
     (a built-in target's tokenizer is named after it); the decoder compares fingerprints."""
-    from dartcore.models.hub import BUILTIN_TARGETS
+    from dartcore.models.targets import BUILTIN_TARGETS
 
     name = index_tokenizer(index)
     builtin = {"qwen3", *BUILTIN_TARGETS}
@@ -220,8 +222,45 @@ def check_index_tokenizer(index, target: str, flag: str = "--index") -> None:
         )
 
 
+def add_target_weights(p: argparse.ArgumentParser) -> None:
+    """``--quantized / --no-quantized`` and ``--numerics``: how a GGUF target's weights load,
+    spelled the same by every CLI and forwarded to :func:`dartcore.models.hub.load_target`
+    (None: its defaults)."""
+    p.add_argument(
+        "--quantized",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep a GGUF target's Q4_0 / Q4_1 / Q8_0 weights as blocks (default where the "
+        "native kernels run on the CPU in float32); --no-quantized: the float32 conversion",
+    )
+    p.add_argument(
+        "--numerics",
+        choices=("int8", "exact"),
+        help="a GGUF target's block products: int8 (integer kernels, the default where they "
+        "run) or exact (each weight formed in float32: Hugging Face generate's tokens)",
+    )
+
+
+def check_target_weights(args) -> tuple[bool, str]:
+    """The (quantized, numerics) that ``args`` (--target, --device, --dtype, --quantized,
+    --numerics) load the target with, refused before any model loads when they cannot work
+    together (a non-GGUF target with --numerics int8, say)."""
+    import torch
+
+    from dartcore.models.hub import target_weights
+
+    dtype = getattr(torch, args.dtype) if getattr(args, "dtype", None) else None
+    return target_weights(
+        args.target,
+        device=args.device,
+        dtype=dtype,
+        quantized=args.quantized,
+        numerics=args.numerics,
+    )
+
+
 def check_target(value: str, flag: str = "--target") -> str:
-    from dartcore.models.hub import BUILTIN_TARGETS, TARGET_ALIASES
+    from dartcore.models.targets import BUILTIN_TARGETS, TARGET_ALIASES
 
     if value.lower() in BUILTIN_TARGETS or value.lower() in TARGET_ALIASES:
         return value

@@ -22,11 +22,13 @@ from dartcore.cli._common import (
     HelpFormatter,
     UsageError,
     add_max_nodes,
+    add_target_weights,
     check_choice,
     check_drafter,
     check_index,
     check_index_tokenizer,
     check_target,
+    check_target_weights,
     run_cli,
 )
 
@@ -86,6 +88,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=("float32", "bfloat16", "float16"),
         help="target weights (default: float32)",
     )
+    add_target_weights(p)
     p.add_argument("--verify-cost", action="store_true", help="also measure the verify-cost curve")
     p.add_argument(
         "--verify-cost-only", action="store_true", help="only measure the verify-cost curve"
@@ -157,6 +160,7 @@ def _check(args) -> tuple[str, ...]:
             except CorpusError as exc:
                 raise CorpusError(f"--datasets {d}: {exc}") from None
     check_target(args.target)
+    check_target_weights(args)
     tree_methods = [m for m in methods if m not in HF_METHODS]
     if (
         any(getattr(make_tree_builder(m), "needs_drafter", False) for m in tree_methods)
@@ -226,6 +230,8 @@ def _run(args) -> int:
             tree_params=tree_params,
             device=args.device,
             dtype=args.dtype,
+            quantized=args.quantized,
+            numerics=args.numerics,
         )
         from tqdm import tqdm
 
@@ -283,7 +289,13 @@ def _verify_cost(args, report: dict) -> dict:
     from dartcore.models.hub import load_target
     from dartcore.models.transformer import TargetModel
 
-    model, _ = load_target(args.target, dtype=torch_dtype(args.dtype), device=args.device)
+    model, tok = load_target(
+        args.target,
+        dtype=torch_dtype(args.dtype),
+        device=args.device,
+        quantized=args.quantized,
+        numerics=args.numerics,
+    )
     curve = measure_verify_cost(TargetModel(model), prefix_len=args.prefix_len, sizes=DEFAULT_SIZES)
     taus: dict[int, list[float]] = {}
     for r in report.get("results", []):
@@ -291,7 +303,7 @@ def _verify_cost(args, report: dict) -> dict:
             taus.setdefault(r["max_nodes"], []).append(r["tau"])  # the budget the decoder used
     if args.budgets:
         report["tau_by_budget"] = _tau_by_budget(
-            args, model, [int(b) for b in args.budgets.split(",")]
+            args, model, tok, [int(b) for b in args.budgets.split(",")]
         )
         for row in report["tau_by_budget"]:
             taus.setdefault(row["max_nodes"], []).append(row["tau"])
@@ -301,19 +313,15 @@ def _verify_cost(args, report: dict) -> dict:
     return choose_budget(curve, tau_at or None)
 
 
-def _tau_by_budget(args, model, budgets: list[int]) -> list[dict]:
+def _tau_by_budget(args, model, tok, budgets: list[int]) -> list[dict]:
     """dart's greedy tau and tokens/s at each node budget (same prompts, same run)."""
-    from transformers import AutoTokenizer
-
     from dartcore.benchmark.datasets import load_prompts
     from dartcore.decoder import DartDecoder
-    from dartcore.drafter import DartDrafter
-    from dartcore.index import NgramIndex
-    from dartcore.models.hub import resolve_target
+    from dartcore.index import DECODE_PREFAULT, DECODE_VERIFY, NgramIndex
+    from dartcore.models.hub import load_drafter
 
-    tok = AutoTokenizer.from_pretrained(resolve_target(args.target))
-    drafter = DartDrafter.from_pretrained(args.drafter, model, tokenizer=tok)
-    index = NgramIndex(args.index)
+    drafter = load_drafter(args.drafter, model, tok)
+    index = NgramIndex(args.index, verify=DECODE_VERIFY, prefault=DECODE_PREFAULT)
     dataset = args.datasets.split(",")[0].strip()
     prompts = load_prompts(dataset, args.budget_prompts, args.data_dir)
     rows = []

@@ -22,10 +22,12 @@ from dartcore.cli._common import (
     HelpFormatter,
     UsageError,
     add_max_nodes,
+    add_target_weights,
     check_drafter,
     check_index,
     check_index_tokenizer,
     check_target,
+    check_target_weights,
     check_tree,
     deprecated,
     index_tokenizer,
@@ -106,12 +108,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dtype", choices=("float32", "bfloat16"), default="float32", help="target weights"
     )
-    p.add_argument(
-        "--numerics",
-        choices=("int8", "exact"),
-        help="a GGUF target's block products: int8 (integer kernels, the default where they "
-        "run) or exact (each weight formed in float32: Hugging Face generate's tokens)",
-    )
+    add_target_weights(p)
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     p.add_argument("--stats", action="store_true", help="print decoding statistics to stderr")
@@ -177,6 +174,7 @@ def _run(args) -> int:
         raise UsageError(f"--tree-param for --tree {args.tree}: {exc}") from None
     sampling = sampling_params(args)
     check_target(args.target)
+    check_target_weights(args)
     needs_drafter = bool(getattr(builder, "needs_drafter", True))
     if needs_drafter:
         check_drafter(args.drafter)
@@ -204,6 +202,7 @@ def _run(args) -> int:
             tree=args.tree,
             device=args.device,
             dtype=getattr(torch, args.dtype),
+            quantized=args.quantized,
             numerics=args.numerics,
             **params,
         )

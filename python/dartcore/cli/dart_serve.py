@@ -22,10 +22,12 @@ from dartcore.cli._common import (
     HelpFormatter,
     UsageError,
     add_max_nodes,
+    add_target_weights,
     check_drafter,
     check_index,
     check_index_tokenizer,
     check_target,
+    check_target_weights,
     check_tree,
     run_cli,
     tree_param,
@@ -126,10 +128,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    add_target_weights(p)
     p.add_argument(
         "--no-prefault-index",
         action="store_true",
-        help="map the index lazily instead of faulting it in at start",
+        help="map the index lazily instead of faulting it in at start (dartcore.index.DECODE_PREFAULT)",
     )
     p.add_argument(
         "--drain-timeout",
@@ -163,6 +166,7 @@ def _check(args) -> None:
     except (TypeError, ValueError) as exc:
         raise UsageError(f"--tree-param for --tree {args.tree}: {exc}") from None
     check_target(args.target)
+    check_target_weights(args)
     if builder.needs_drafter:
         check_drafter(args.drafter)
     index = check_index(
@@ -191,6 +195,8 @@ def _run(args) -> int:
         threads=args.threads,
         device=args.device,
         dtype=args.dtype,
+        quantized=args.quantized,
+        numerics=args.numerics,
         prefault_index=not args.no_prefault_index,
         default_max_tokens=args.default_max_tokens,
         tree_params=dict(args.tree_param),

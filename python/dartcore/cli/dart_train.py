@@ -324,7 +324,7 @@ def _run(args, argv: list[str]) -> int:
     import torch
 
     from dartcore.drafter import DartDrafter
-    from dartcore.models.hub import load_target
+    from dartcore.models.hub import load_drafter, load_target
     from dartcore.training.data import pack_documents, read_documents, tokenize_document
     from dartcore.training.trainer import EvalSet, TrainConfig, Trainer, build_draft_vocab
 
@@ -334,7 +334,9 @@ def _run(args, argv: list[str]) -> int:
     dtype = torch.bfloat16 if device == "cuda" else torch.float32  # bf16 on GPU, fp32 on CPU
     torch.manual_seed(args.seed)
     out = Path(args.out)
-    target, tok = load_target(args.target, dtype=dtype, device=device)
+    # The float model, never a GGUF's blocks: training reads the target's hidden states for
+    # whole packed batches, which block weights compute through a float32 copy per call.
+    target, tok = load_target(args.target, dtype=dtype, device=device, quantized=False)
     for p in target.parameters():
         p.requires_grad_(False)
 
@@ -362,7 +364,7 @@ def _run(args, argv: list[str]) -> int:
 
     if args.eval_only:
         name = args.drafter or str(out / "drafter")
-        drafter = DartDrafter.from_pretrained(name, target, tokenizer=tok).to(device)
+        drafter = load_drafter(name, target, tok).to(device)
         res = _evaluate_with_progress(target, drafter, eval_seqs, progress)
         res.update(
             {
@@ -407,7 +409,7 @@ def _run(args, argv: list[str]) -> int:
     elif args.draft_vocab and args.init:  # back to the full vocabulary
         draft_vocab = torch.arange(target.config.vocab_size)
     if args.init:
-        drafter = DartDrafter.from_pretrained(args.init, target, tokenizer=tok).to(device)
+        drafter = load_drafter(args.init, target, tok).to(device)
         args.d = drafter.d
         if draft_vocab is not None:
             before = _coverage(train_tok, drafter.draft_to_target)

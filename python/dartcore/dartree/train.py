@@ -353,13 +353,13 @@ def main(argv=None) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
-    from dartcore.drafter import DartDrafter
-    from dartcore.models.hub import load_target
+    from dartcore.models.hub import load_drafter, load_target
     from dartcore.training.data import read_documents, tokenize_document
 
-    model, tokenizer = load_target(args.target)
+    # the float model, as dart-train's: the head learns from the float32 target's choices
+    model, tokenizer = load_target(args.target, quantized=False)
     model.eval()
-    drafter = DartDrafter.from_pretrained(args.drafter, model).eval()
+    drafter = load_drafter(args.drafter, model, tokenizer).eval()
     for p in drafter.parameters():
         p.requires_grad_(False)
     docs = [doc for doc in read_documents(args.data) if doc.has_response]

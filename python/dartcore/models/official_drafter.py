@@ -27,8 +27,9 @@ differences, each handled by :class:`OfficialDartDrafter`:
 ``draft_length`` MASK rows plus the last real row give ``d = draft_length + 1`` rows.
 
 ``save_pretrained`` writes the converted drafter in dartcore's format, its config marked
-``variant = "official"``: ``DartDrafter.from_pretrained`` reloads it as an
-:class:`OfficialDartDrafter` with the same logits (``tests/test_official_drafter.py``).
+``variant = "official"``: :func:`dartcore.models.hub.load_drafter` (which loads a released
+checkpoint too) reloads it as an :class:`OfficialDartDrafter` with the same logits
+(``tests/test_official_drafter.py``).
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ def is_official_checkpoint(path) -> bool:
 
 class OfficialDartDrafter(DartDrafter):
     """A :class:`DartDrafter` computing the released DART drafter (see the module doc)."""
+
+    VARIANT = "official"
 
     def __init__(self, config: DrafterConfig, target_embedding: nn.Module | None = None):
         super().__init__(config, target_embedding)

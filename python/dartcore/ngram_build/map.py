@@ -33,6 +33,7 @@ from dartcore.ngram_build.workdir import (
     remove_leftovers,
     write_manifest,
 )
+from dartcore.tokenizers import fingerprint
 
 
 def rss_bytes() -> int:
@@ -252,7 +253,7 @@ def _config(opts: MapOptions, tok, corpus) -> dict:
     return {
         "tokenizer": {
             "name": tok.name,
-            "fingerprint": tok.fingerprint,
+            "fingerprint": fingerprint(tok),
             "vocab_size": tok.vocab_size,
             "eos_id": tok.eos_id,
         },

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dartcore.errors import DartError
+from dartcore.index import DECODE_PREFAULT
 from dartcore.prompts import TextStream, chat_ids, check_ids, decode, text_ids
 from dartcore.sampling import DEFAULTS
 
@@ -50,8 +51,11 @@ class WorkerConfig:
     threads: int = 1
     device: str = "cpu"
     dtype: str = "float32"
-    # fault the whole index in at start, so every worker maps one resident copy
-    prefault_index: bool = True
+    # a GGUF target's weights: blocks or floats, and their numerics (None: load_target's defaults)
+    quantized: bool | None = None
+    numerics: str | None = None
+    # fault the whole index in at start (every worker then maps one resident copy)
+    prefault_index: bool = DECODE_PREFAULT
     default_max_tokens: int = DEFAULTS.max_new_tokens  # chat requests without max_tokens
     tree_params: dict = field(default_factory=dict)
     # "module:function" returning a Loaded; the default loads the real model and Engine.
@@ -71,22 +75,23 @@ def load_engine(config: WorkerConfig) -> Loaded:
 
     from dartcore.decoder import DartDecoder
     from dartcore.engine import Engine
-    from dartcore.models.hub import load_target
+    from dartcore.index import DECODE_VERIFY, NgramIndex
+    from dartcore.models.hub import load_drafter, load_target
 
     torch.set_num_threads(config.threads)
     model, tok = load_target(
-        config.target, dtype=getattr(torch, config.dtype), device=config.device
+        config.target,
+        dtype=getattr(torch, config.dtype),
+        device=config.device,
+        quantized=config.quantized,
+        numerics=config.numerics,
     )
     drafter = None
     if config.drafter is not None and config.tree not in ("ar", "ngram-only"):
-        from dartcore.drafter import DartDrafter
-
-        drafter = DartDrafter.from_pretrained(config.drafter, model, tokenizer=tok)
+        drafter = load_drafter(config.drafter, model, tok)
     index = None
     if config.index is not None:
-        from dartcore.index import NgramIndex
-
-        index = NgramIndex(config.index, prefault=config.prefault_index)
+        index = NgramIndex(config.index, verify=DECODE_VERIFY, prefault=config.prefault_index)
     decoder = DartDecoder(
         model, tok, drafter, index, tree=config.tree, device=config.device, **config.tree_params
     )
