@@ -36,6 +36,7 @@ import torch
 from dartcore import rounds
 from dartcore.errors import ContextLengthError
 from dartcore.fit import check_drafter, check_index, eos_ids
+from dartcore.live import live_layer
 from dartcore.models.backend import backend_for
 from dartcore.models.transformer import TargetModel
 from dartcore.prompts import TextStream, decode, prompt_ids
@@ -80,6 +81,9 @@ class DartDecoder:
     ``max_context`` caps the context below the model's
     ``max_position_embeddings``; ``eos_token_ids`` overrides the EOS ids read
     from the generation config and tokenizer (``()`` = never stop on EOS).
+    ``learn`` (False, True or a shared :class:`~dartcore.live.LiveLayer`): every finished
+    request goes into a live n-gram layer that the ``dart+live`` / ``dart+mix`` / ``suffix``
+    trees read (:mod:`dartcore.live`); outputs never change, only speed.
     ``lazy_logits`` (default: on for CPU without the native kernels, off otherwise)
     computes the LM head only for the tree nodes the acceptance walk visits.
     Device and CPU specifics (weight layouts, native kernels, lazy logits) are
@@ -109,6 +113,7 @@ class DartDecoder:
         max_context: int | None = None,
         eos_token_ids: Sequence[int] | None = None,
         lazy_logits: bool | None = None,
+        learn=False,
         **tree_params,
     ):
         if device is not None or dtype is not None:
@@ -158,6 +163,7 @@ class DartDecoder:
                 blocks=bool(getattr(target, "blocks", False)),
             ),
             context_length=min(context, max_context) if max_context else context,
+            live=live_layer(learn, target.vocab_size),
         )
 
     @property
@@ -366,6 +372,8 @@ class DartDecoder:
                 yield StreamChunk(tokens=new, text=text.update(generated))
         stats.total_s = time.perf_counter() - start
         stats.new_tokens = len(generated)
+        if self.parts.live is not None and generated and params.learn:
+            self.parts.live.learn(ids, generated)
         result = GenerationResult(
             tokens=list(generated), text=decode(self.tokenizer, generated), stats=stats
         )
