@@ -493,11 +493,13 @@ class SuffixBuilder:
 class LiveBuilder:
     """``dart+live``: Eq. (10) with the live layer mixed into g (``dart.live_weight``),
     completed by the suffix-match chain (:func:`suffix_chain`) as ``dart+ctx`` completes it
-    with the context's own chain; ``dart+mix`` (``chain=False``): the mix alone. Without a
-    live layer (a decoder that does not learn) they are ``dart+ctx`` and ``dart``."""
+    with the context's own chain; ``dart+mix`` (``suffix=False``): the mix alone. Without a
+    live layer (a decoder that does not learn) they are ``dart+ctx`` and ``dart``.
+    (``suffix``, not ``chain``: a builder's ``chain`` means one node per drafter row to
+    :func:`node_budget`.)"""
 
     dart: BeamBuilder
-    chain: bool = True
+    suffix: bool = True
     max_nodes: int | None = None
     depth: int = NGRAM_DEPTH
     min_match: int = 2
@@ -508,7 +510,7 @@ class LiveBuilder:
 
     def __call__(self, inputs: TreeInputs) -> Tree:
         budget = inputs.budget()
-        if not self.chain:
+        if not self.suffix:
             return self.dart(inputs)
         chain = suffix_chain(
             inputs,
@@ -648,7 +650,7 @@ def _dart_live(
     min_match: int = 2,
     max_match: int = 16,
     *,
-    chain: bool = True,
+    suffix: bool = True,
     **params,
 ) -> LiveBuilder:
     dart = _dart(**params)
@@ -656,7 +658,7 @@ def _dart_live(
     lo, hi = _matches(min_match, max_match)
     return LiveBuilder(
         dart=dart,
-        chain=chain,
+        suffix=suffix,
         max_nodes=_positive("max_nodes", max_nodes, optional=True),
         depth=_positive("depth", depth),
         min_match=lo,
@@ -665,7 +667,7 @@ def _dart_live(
 
 
 def _dart_mix(max_nodes: int | None = None, live_weight: float | None = None, **params):
-    return _dart_live(max_nodes=max_nodes, live_weight=live_weight, chain=False, **params)
+    return _dart_live(max_nodes=max_nodes, live_weight=live_weight, suffix=False, **params)
 
 
 def _suffix(

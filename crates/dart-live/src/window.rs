@@ -1,12 +1,40 @@
 //! The live window: the most recent tokens served, with their bigram and trigram counts and a
 //! table from every two-token key to the positions that followed it.
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::Error;
 
 /// Separates documents in the window: no n-gram and no match crosses it. Never a token id
 /// (ids are checked below the vocabulary, which is at most `u32::MAX`).
 const SEP: u32 = u32::MAX;
+
+/// The tables' hash: keys are token ids (one or two packed in a u64) that no client chooses
+/// freely beyond what it sends, so a multiply-xorshift (as in Fx / rustc) instead of SipHash:
+/// a third of an insert's time. A client that floods one bucket only slows its own worker's
+/// layer, which is bounded.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        let h = self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        h ^ (h >> 29)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x100_0000_01B3);
+        }
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.0 = (self.0.rotate_left(5) ^ v as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+pub(crate) type Map<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
 /// Continuation counts of one context: (token, count) sorted by token, and their sum.
 #[derive(Debug, Clone, Default)]
@@ -80,10 +108,10 @@ pub struct Window {
     vocab: u32,
     tokens: VecDeque<u32>,
     base: u64,
-    pub(crate) bi: HashMap<u32, Counts>,
-    pub(crate) tri: HashMap<u64, Counts>,
+    pub(crate) bi: Map<u32, Counts>,
+    pub(crate) tri: Map<u64, Counts>,
     /// (a, b) -> absolute positions p such that tokens[p-2..p] = (a, b), oldest first.
-    follow: HashMap<u64, VecDeque<u64>>,
+    follow: Map<u64, VecDeque<u64>>,
     inserted: u64,
 }
 
@@ -105,9 +133,9 @@ impl Window {
             vocab,
             tokens: VecDeque::new(),
             base: 0,
-            bi: HashMap::new(),
-            tri: HashMap::new(),
-            follow: HashMap::new(),
+            bi: Map::default(),
+            tri: Map::default(),
+            follow: Map::default(),
             inserted: 0,
         })
     }
