@@ -40,12 +40,35 @@ __all__ = [
     "add_rms_norm",
     "block_attention",
     "LayerStack",
+    "LiveLayer",
     "_bench",
     "_testing",
     "convert_dart_trie",
 ]
 
 # ----------------------------------------------------------------------------- index
+
+@final
+class LiveLayer:
+    """The live n-gram layer (use :class:`dartcore.live.LiveLayer`)."""
+
+    def __new__(cls, capacity: int, vocab_size: int) -> LiveLayer: ...
+    def insert(self, tokens: npt.NDArray[np.int64]) -> None: ...
+    def clear(self) -> None: ...
+    def suffix_match(
+        self, context: npt.NDArray[np.int64], max_len: int, min_match: int, max_match: int
+    ) -> npt.NDArray[np.int64]: ...
+    def probs(
+        self, context: npt.NDArray[np.int64], candidates: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.float64]: ...
+    def __len__(self) -> int: ...
+    @property
+    def inserted(self) -> int: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    def nbytes(self) -> int: ...
 
 @final
 class NgramIndex:
@@ -161,6 +184,8 @@ def beam_search(
     topk_tokens: npt.NDArray[np.int64],
     topk_logprobs: npt.NDArray[np.float32],
     params: dict[str, Any],
+    live: LiveLayer | None = None,
+    live_weight: float = 0.5,
 ) -> _TreeArrays: ...
 def beam_search_batch(
     index: NgramIndex | None,
@@ -169,9 +194,17 @@ def beam_search_batch(
     topk_tokens: npt.NDArray[np.int64],
     topk_logprobs: npt.NDArray[np.float32],
     params: dict[str, Any],
+    live: LiveLayer | None = None,
+    live_weight: float = 0.5,
 ) -> list[_TreeArrays]: ...
 def ngram_tree(
-    index: NgramIndex, context: npt.NDArray[np.int64], depth: int, k: int, params: dict[str, Any]
+    index: NgramIndex,
+    context: npt.NDArray[np.int64],
+    depth: int,
+    k: int,
+    params: dict[str, Any],
+    live: LiveLayer | None = None,
+    live_weight: float = 0.5,
 ) -> _TreeArrays: ...
 def top_b(
     parents: npt.NDArray[np.int64], scores: npt.NDArray[np.float64], b: int

@@ -34,6 +34,7 @@ import torch
 from dartcore import rounds
 from dartcore.errors import ContextLengthError
 from dartcore.fit import check_drafter, check_index, check_needs, eos_ids
+from dartcore.live import live_layer
 from dartcore.models.backend import backend_for
 from dartcore.models.transformer import TargetModel
 from dartcore.prompts import TextStream, decode, prompt_ids
@@ -75,7 +76,10 @@ class DartDecoder:
     (:func:`dartcore.trees.node_budget`). The drafter is moved to the target's device.
     ``max_context`` caps the context below the model's ``max_position_embeddings``;
     ``eos_token_ids`` overrides the EOS ids read from the generation config and tokenizer
-    (``()`` = never stop on EOS). ``lazy_logits`` (default: on for CPU without the native
+    (``()`` = never stop on EOS). ``learn`` (False, True or a shared
+    :class:`~dartcore.live.LiveLayer`): finished requests go into a live n-gram layer that the
+    ``dart+live`` / ``dart+mix`` / ``suffix`` trees read (:mod:`dartcore.live`); outputs never
+    change, only speed. ``lazy_logits`` (default: on for CPU without the native
     kernels, off otherwise) computes the LM head only for the tree nodes the acceptance walk
     visits. Device and CPU specifics (weight layouts, native kernels, lazy logits) are the
     ``backend``'s (:mod:`dartcore.models.backend`), chosen here once.
@@ -104,6 +108,7 @@ class DartDecoder:
         max_context: int | None = None,
         eos_token_ids: Sequence[int] | None = None,
         lazy_logits: bool | None = None,
+        learn=False,
         **tree_params,
     ):
         if device is not None or dtype is not None:
@@ -139,6 +144,7 @@ class DartDecoder:
                 blocks=bool(getattr(target, "blocks", False)),
             ),
             context_length=min(context, max_context) if max_context else context,
+            live=live_layer(learn, target.vocab_size),
         )
 
     @property
@@ -249,27 +255,12 @@ class DartDecoder:
         (``GenerationStats.seconds`` stays zero here)."""
         from dartcore.engine import Engine  # the engine never imports the decoder
 
-        # checked before the engine is made
-        SamplingParams(
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            seed=seed,
-            stop=stop,
-        )
+        kw = dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop)
+        SamplingParams(max_new_tokens=max_new_tokens, **kw)  # checked before the engine is made
         engine = Engine.for_prompts(
             self.parts, prompts, max_new_tokens=max_new_tokens, max_batch=max_batch, budget=budget
         )
-        return engine.generate(
-            prompts,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            stop=stop,
-            seed=seed,
-        )
+        return engine.generate(prompts, max_new_tokens=max_new_tokens, **kw)
 
     def stream(
         self,
@@ -318,6 +309,8 @@ class DartDecoder:
                 yield StreamChunk(tokens=new, text=text.update(generated))
         stats.total_s = time.perf_counter() - start
         stats.new_tokens = len(generated)
+        if self.parts.live is not None and generated and params.learn:
+            self.parts.live.learn(ids, generated)
         result = GenerationResult(
             tokens=list(generated), text=decode(self.tokenizer, generated), stats=stats
         )

@@ -532,6 +532,9 @@ class Engine:
         return self._output(req, list(req.seq.generated), None)
 
     def _finish(self, req: _Request) -> None:
+        live, seq = self.parts.live, req.seq
+        if live is not None and seq is not None and seq.generated and req.params.learn:
+            live.learn(req.ids, seq.generated)
         if req.slot >= 0:
             self.pool.release(req.slot)
             req.slot = -1

@@ -135,8 +135,8 @@ class StageClock:
 class Parts:
     """What a round runs on: the target, its attention / weights ``backend``, the tree
     ``builder``, the ``drafter`` and n-gram ``index`` (None where the builder needs none), the
-    tokenizer (stop strings), the EOS ids, the node budget ``max_nodes`` (root excluded) and
-    the context length."""
+    tokenizer (stop strings), the EOS ids, the node budget ``max_nodes`` (root excluded), the
+    context length and the live n-gram layer (:mod:`dartcore.live`, or None)."""
 
     target: TargetModel
     backend: Any
@@ -147,6 +147,7 @@ class Parts:
     eos_token_ids: tuple[int, ...] = ()
     max_nodes: int = 0
     context_length: int = 1 << 31
+    live: Any = None  # the dartcore.live.LiveLayer finished requests go into, or None
 
     @property
     def taps(self) -> tuple[int, ...]:
@@ -305,6 +306,7 @@ def search(
                     max_depth=depth,
                     max_nodes=seq.budget,
                     eos_token_ids=parts.eos_token_ids,
+                    live=parts.live,
                 )
             )
         # The built-in builders keep to the budget; a custom one that does not is cut to it.

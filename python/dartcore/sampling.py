@@ -94,8 +94,10 @@ def check_seed(seed) -> int | None:
 class SamplingParams:
     """One request's decoding parameters, checked once, here: ``temperature`` >= 0 (0 =
     greedy), ``top_p`` in (0, 1], ``top_k`` >= 0 (0 = off), ``max_new_tokens`` >= 0,
-    ``seed`` (None or an integer in [0, 2**64 - 1]), ``stop`` strings (non-empty). The
-    decoder, the batched engine and the HTTP layer all build this one class."""
+    ``seed`` (None or an integer in [0, 2**64 - 1]), ``stop`` strings (non-empty), ``learn``
+    (whether the finished request goes into the decoder's live n-gram layer, where it has
+    one; :mod:`dartcore.live`). The decoder, the batched engine and the HTTP layer all build
+    this one class."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -103,6 +105,7 @@ class SamplingParams:
     max_new_tokens: int = 256
     seed: int | None = None
     stop: Sequence[str] = ()
+    learn: bool = True
 
     def __post_init__(self):
         put = object.__setattr__  # frozen: normalise once here
@@ -129,6 +132,8 @@ class SamplingParams:
         put(self, "max_new_tokens", int(n))
         put(self, "seed", check_seed(self.seed))
         put(self, "stop", check_stops(self.stop))
+        if not isinstance(self.learn, bool):
+            raise TypeError(f"learn must be true or false, got {self.learn!r}")
 
     @property
     def greedy(self) -> bool:

@@ -373,6 +373,9 @@ def beam_search(
     topk_tokens: Any,
     topk_logprobs: Any,
     params: SearchParams | None = None,
+    *,
+    live: Any = None,
+    live_weight: float = 0.5,
     **overrides: Any,
 ) -> Tree:
     """DART's Eq. (10) beam search; the tree has at most ``max_nodes`` nodes plus the root.
@@ -393,7 +396,9 @@ def beam_search(
     node is a candidate and the tree is picked best-first (ancestor-closed by construction).
     ``index=None`` is allowed only with ``ngram_weight=0`` (the drafter-only tree);
     ``beam_width=1`` gives a chain. ``candidates="all"``: every expansion of every level is a
-    candidate of the tree, not only each level's best ``beam_width`` (the paper's set)."""
+    candidate of the tree, not only each level's best ``beam_width`` (the paper's set).
+    ``live``: a :class:`dartcore.live.LiveLayer` whose counts g mixes in with weight
+    ``live_weight`` (see :mod:`dartcore.live`)."""
     p = _search_params(params, overrides)
     arrays = _native.beam_search(
         _native_index(index),
@@ -401,6 +406,8 @@ def beam_search(
         _ids(topk_tokens, 2, "topk_tokens"),
         _logprobs(topk_logprobs, 2, "topk_logprobs"),
         p.native(),
+        _live(live),
+        float(live_weight),
     )
     return _built(arrays)
 
@@ -411,6 +418,9 @@ def beam_search_batch(
     topk_tokens: Any,
     topk_logprobs: Any,
     params: SearchParams | None = None,
+    *,
+    live: Any = None,
+    live_weight: float = 0.5,
     **overrides: Any,
 ) -> list[Tree]:
     """:func:`beam_search` for B sequences at once on dartcore's thread pool
@@ -429,6 +439,8 @@ def beam_search_batch(
         _ids(topk_tokens, 3, "topk_tokens"),
         _logprobs(topk_logprobs, 3, "topk_logprobs"),
         p.native(),
+        _live(live),
+        float(live_weight),
     )
     return [_built(a) for a in out]
 
@@ -443,6 +455,9 @@ def ngram_tree(
     depth: int = NGRAM_DEPTH,
     k: int = TOP_K,
     params: SearchParams | None = None,
+    *,
+    live: Any = None,
+    live_weight: float = 0.5,
     **overrides: Any,
 ) -> Tree:
     """The n-gram-only tree (no drafter): level l expands each beam entry by the index's
@@ -458,7 +473,17 @@ def ngram_tree(
     # More children than the vocabulary cannot exist: k is capped there (no allocation scales with it).
     k = min(_int_arg("k", k, 0, 2**32 - 1), int(inner.vocab_size))
     p = _search_params(params, overrides)
-    return _built(_native.ngram_tree(inner, _tail(context), depth, k, p.native()))
+    return _built(
+        _native.ngram_tree(
+            inner, _tail(context), depth, k, p.native(), _live(live), float(live_weight)
+        )
+    )
+
+
+def _live(live: Any):
+    from dartcore.live import native
+
+    return native(live)
 
 
 def top_b(parents: Any, scores: Any, b: int) -> np.ndarray:

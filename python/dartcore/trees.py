@@ -25,6 +25,10 @@ Built in:
 ``ngram-only``      trigram-index tree, no drafter
 ``dart+ngram``      ``dart`` completed by the n-gram-only tree's best new paths
 ``dart+ctx``        ``dart`` completed by a prompt-lookup chain from the context itself
+``dart+live``       ``dart`` with the live layer mixed into g, completed by a suffix-match
+                    chain from the context or the live layer (:mod:`dartcore.live`)
+``dart+mix``        ``dart`` with the live layer mixed into g
+``suffix``          the suffix-match chain alone, no drafter or index (suffix decoding)
 ``ar``              no draft: the root alone, i.e. plain autoregressive decoding
 ==================  ==========================================================
 
@@ -91,6 +95,7 @@ class TreeInputs:
     max_depth: int = 1 << 30  # deepest node the decoder can still use this round
     max_nodes: int | None = None  # the round's node budget, root excluded (see node_budget)
     eos_token_ids: tuple[int, ...] = ()
+    live: Any = None  # dartcore.live.LiveLayer the decoder learns into, or None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def budget(self) -> int:
@@ -239,6 +244,7 @@ class BeamBuilder:
     k: int = TOP_K
     max_nodes: int | None = None
     chain: bool = False
+    live_weight: float | None = None  # mix the round's live layer into g (dartcore.live)
     needs_drafter: bool = True
     needs_hidden: bool = False
     needs_index: bool = True
@@ -264,12 +270,15 @@ class BeamBuilder:
                 "the 'dart' tree builder needs an n-gram index: pass index= to DartDecoder "
                 "(--index for dart-generate), or use tree='dart-no-ngram'"
             )
+        live = inputs.live if self.live_weight is not None else None
         return beam_search(
             index,
             inputs.context,
             tokens[:depth],
             logprobs[:depth],
             self.search,
+            live=live,
+            live_weight=self.live_weight if live is not None else 0.5,
             max_nodes=budget,
             eos_token_ids=tuple(inputs.eos_token_ids),
         )
@@ -434,6 +443,87 @@ class ContextUnionBuilder:
         return merge_trees(first, chain_tree, budget)
 
 
+def suffix_chain(
+    inputs: TreeInputs, max_len: int, *, min_match: int = 2, max_match: int = 16
+) -> np.ndarray:
+    """The suffix-match draft of a round: the continuation of the context's end found in the
+    context itself (:func:`context_continuation`, 2-4 tokens: the conversation is the most
+    specific evidence), else in the round's live layer (the longest earlier match of
+    ``min_match``..``max_match`` tokens in what the decoder has served). Empty when neither
+    matches."""
+    if max_len <= 0:
+        return np.zeros(0, dtype=np.int64)
+    own = context_continuation(
+        inputs.context, max_len=max_len, min_match=min_match, max_match=min(4, max_match)
+    )
+    if len(own) or inputs.live is None:
+        return own
+    return inputs.live.suffix_match(inputs.context, max_len, min_match, max_match)
+
+
+def chain_tree(root: int, chain: np.ndarray) -> Tree:
+    n = len(chain)
+    return Tree(
+        tokens=np.concatenate(([int(root)], np.asarray(chain, dtype=np.int64))),
+        parents=np.arange(-1, n, dtype=np.int64),
+        depths=np.arange(n + 1, dtype=np.int64),
+    )
+
+
+@dataclass
+class SuffixBuilder:
+    """``suffix``: the suffix-match chain alone (:func:`suffix_chain`), no drafter, no
+    index -- the baseline a suffix-decoding peer runs. The root alone when nothing matches."""
+
+    max_nodes: int | None = None
+    depth: int = NGRAM_DEPTH
+    min_match: int = 2
+    max_match: int = 16
+    needs_drafter: bool = False
+    needs_hidden: bool = False
+    needs_index: bool = False
+
+    def __call__(self, inputs: TreeInputs) -> Tree:
+        n = min(self.depth, inputs.max_depth, inputs.budget())
+        chain = suffix_chain(inputs, n, min_match=self.min_match, max_match=self.max_match)
+        return chain_tree(int(inputs.context[-1]), chain)
+
+
+@dataclass
+class LiveBuilder:
+    """``dart+live``: Eq. (10) with the live layer mixed into g (``dart.live_weight``),
+    completed by the suffix-match chain (:func:`suffix_chain`) as ``dart+ctx`` completes it
+    with the context's own chain; ``dart+mix`` (``suffix=False``): the mix alone. Without a
+    live layer (a decoder that does not learn) they are ``dart+ctx`` and ``dart``.
+    (``suffix``, not ``chain``: a builder's ``chain`` means one node per drafter row to
+    :func:`node_budget`.)"""
+
+    dart: BeamBuilder
+    suffix: bool = True
+    max_nodes: int | None = None
+    depth: int = NGRAM_DEPTH
+    min_match: int = 2
+    max_match: int = 16
+    needs_drafter: bool = True
+    needs_hidden: bool = False
+    needs_index: bool = True
+
+    def __call__(self, inputs: TreeInputs) -> Tree:
+        budget = inputs.budget()
+        if not self.suffix:
+            return self.dart(inputs)
+        chain = suffix_chain(
+            inputs,
+            min(self.depth, inputs.max_depth, budget),
+            min_match=self.min_match,
+            max_match=self.max_match,
+        )
+        if len(chain) == 0:
+            return self.dart(inputs)
+        first = self.dart(replace(inputs, max_nodes=max(1, budget - len(chain))))
+        return merge_trees(first, chain_tree(int(inputs.context[-1]), chain), budget)
+
+
 def _split(params: dict[str, Any], known: set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     own = {k: v for k, v in params.items() if k in known}
     rest = {k: v for k, v in params.items() if k not in known}
@@ -536,6 +626,62 @@ def _dart_context(
     )
 
 
+def _live_weight(value) -> float:
+    from dartcore.live import LIVE_WEIGHT
+
+    w = LIVE_WEIGHT if value is None else value
+    if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 <= float(w) <= 1.0:
+        raise TreeError(f"live_weight must be a number in [0, 1], got {value!r}")
+    return float(w)
+
+
+def _matches(min_match, max_match) -> tuple[int, int]:
+    lo = _positive("min_match", min_match)
+    hi = _positive("max_match", max_match)
+    if lo > hi:
+        raise TreeError(f"min_match {lo} > max_match {hi}")
+    return lo, hi
+
+
+def _dart_live(
+    max_nodes: int | None = None,
+    live_weight: float | None = None,
+    depth: int = NGRAM_DEPTH,
+    min_match: int = 2,
+    max_match: int = 16,
+    *,
+    suffix: bool = True,
+    **params,
+) -> LiveBuilder:
+    dart = _dart(**params)
+    dart.live_weight = _live_weight(live_weight)
+    lo, hi = _matches(min_match, max_match)
+    return LiveBuilder(
+        dart=dart,
+        suffix=suffix,
+        max_nodes=_positive("max_nodes", max_nodes, optional=True),
+        depth=_positive("depth", depth),
+        min_match=lo,
+        max_match=hi,
+    )
+
+
+def _dart_mix(max_nodes: int | None = None, live_weight: float | None = None, **params):
+    return _dart_live(max_nodes=max_nodes, live_weight=live_weight, suffix=False, **params)
+
+
+def _suffix(
+    max_nodes: int | None = None, depth: int = NGRAM_DEPTH, min_match: int = 2, max_match: int = 16
+) -> SuffixBuilder:
+    lo, hi = _matches(min_match, max_match)
+    return SuffixBuilder(
+        max_nodes=_positive("max_nodes", max_nodes, optional=True),
+        depth=_positive("depth", depth),
+        min_match=lo,
+        max_match=hi,
+    )
+
+
 def _ar(**params) -> ArBuilder:
     if params:
         raise TypeError(f"the 'ar' tree builder takes no parameters, got {sorted(params)}")
@@ -549,4 +695,7 @@ register_tree_builder("dart-chain", _dart_chain)
 register_tree_builder("ngram-only", _ngram_only)
 register_tree_builder("dart+ngram", _dart_union)
 register_tree_builder("dart+ctx", _dart_context)
+register_tree_builder("dart+live", _dart_live)
+register_tree_builder("dart+mix", _dart_mix)
+register_tree_builder("suffix", _suffix)
 register_tree_builder("ar", _ar)

@@ -11,6 +11,7 @@ mod dart_trie;
 mod errors;
 mod index;
 mod linear;
+mod live;
 mod ops;
 mod stack;
 mod tree;
@@ -22,6 +23,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     index::register(m)?;
     tree::register(m)?;
     linear::register(m)?;
+    live::register(m)?;
     ops::register(m)?;
     stack::register(m)?;
     bench::register(m)?;

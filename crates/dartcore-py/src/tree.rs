@@ -18,6 +18,8 @@ use pyo3::types::PyDict;
 use crate::arrays::c_slice;
 use crate::errors::{self, guard};
 use crate::index::PyNgramIndex;
+use crate::live::PyLiveLayer;
+use dart_live::Mixed;
 
 type TreeArrays<'py> =
     (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f64>>);
@@ -142,17 +144,37 @@ fn scorer(index: Option<&Bound<'_, PyNgramIndex>>, p: &SearchParams) -> PyResult
     }
 }
 
-/// Run `f` on the index, or on the absent model. Dynamic dispatch costs one indirect call per
-/// index query (about 200 per search), not measurable next to the search itself.
-fn run<T>(ix: &Option<Arc<Index<Mmap>>>, f: impl FnOnce(&dyn NgramScorer) -> T) -> T {
-    match ix {
-        Some(i) => f(&**i),
-        None => f(&NoNgram),
+/// Run `f` on the index (or the absent model), mixed with the live layer's snapshot when one
+/// is given (`dart_live::Mixed`, weight `live_weight`). Dynamic dispatch costs one indirect
+/// call per index query (about 200 per search), not measurable next to the search itself.
+fn run<T>(
+    ix: &Option<Arc<Index<Mmap>>>,
+    live: &Option<(Arc<dart_live::Window>, f64)>,
+    unigram_backoff: bool,
+    f: impl FnOnce(&dyn NgramScorer) -> T,
+) -> T {
+    let base: &dyn NgramScorer = match ix {
+        Some(i) => &**i,
+        None => &NoNgram,
+    };
+    match live {
+        Some((w, weight)) => f(&Mixed { base, live: w, weight: *weight, unigram_backoff }),
+        None => f(base),
     }
+}
+
+/// The live layer's snapshot for one search, with its weight checked.
+fn live_part(live: Option<&Bound<'_, PyLiveLayer>>, weight: f64) -> PyResult<Option<(Arc<dart_live::Window>, f64)>> {
+    if !(0.0..=1.0).contains(&weight) {
+        return Err(errors::tree_msg(format!("live_weight = {weight}: must be in [0, 1]")));
+    }
+    Ok(live.map(|l| (l.get().inner.snapshot(), weight)))
 }
 
 /// beam_search(index, context int64[L], topk_tokens int64[d,k], topk_logprobs float32[d,k], params) -> tree
 #[pyfunction]
+#[pyo3(signature = (index, context, topk_tokens, topk_logprobs, params, live=None, live_weight=0.5))]
+#[allow(clippy::too_many_arguments)]
 fn beam_search<'py>(
     py: Python<'py>,
     index: Option<Bound<'py, PyNgramIndex>>,
@@ -160,10 +182,13 @@ fn beam_search<'py>(
     topk_tokens: PyReadonlyArray2<'py, i64>,
     topk_logprobs: PyReadonlyArray2<'py, f32>,
     params: Params,
+    live: Option<Bound<'py, PyLiveLayer>>,
+    live_weight: f64,
 ) -> PyResult<TreeArrays<'py>> {
     guard("beam_search", || {
         let p = params.into_core()?;
         let ix = scorer(index.as_ref(), &p)?;
+        let lv = live_part(live.as_ref(), live_weight)?;
         let (ts, ls) = (topk_tokens.shape(), topk_logprobs.shape());
         if ts != ls {
             return Err(errors::tree_msg(format!("topk_tokens has shape {ts:?} but topk_logprobs {ls:?}")));
@@ -173,7 +198,11 @@ fn beam_search<'py>(
         let toks = rows2(topk_tokens.as_array(), "topk_tokens")?;
         let lps: Vec<f32> = topk_logprobs.as_array().iter().copied().collect();
         let t = py
-            .detach(|| run(&ix, |s| dart_tree::beam_search(s, &ctx, TopkRows::new(&toks, &lps, d, k), &p)))
+            .detach(|| {
+                run(&ix, &lv, p.unigram_backoff, |s| {
+                    dart_tree::beam_search(s, &ctx, TopkRows::new(&toks, &lps, d, k), &p)
+                })
+            })
             .map_err(errors::tree)?;
         Ok(tree_arrays(py, t))
     })
@@ -182,6 +211,8 @@ fn beam_search<'py>(
 /// beam_search_batch(index, ctx_flat int64[*], ctx_offsets int64[B+1], topk_tokens int64[B,d,k],
 /// topk_logprobs float32[B,d,k], params) -> list of trees
 #[pyfunction]
+#[pyo3(signature = (index, ctx_flat, ctx_offsets, topk_tokens, topk_logprobs, params, live=None, live_weight=0.5))]
+#[allow(clippy::too_many_arguments)]
 fn beam_search_batch<'py>(
     py: Python<'py>,
     index: Option<Bound<'py, PyNgramIndex>>,
@@ -190,10 +221,13 @@ fn beam_search_batch<'py>(
     topk_tokens: PyReadonlyArray3<'py, i64>,
     topk_logprobs: PyReadonlyArray3<'py, f32>,
     params: Params,
+    live: Option<Bound<'py, PyLiveLayer>>,
+    live_weight: f64,
 ) -> PyResult<Vec<TreeArrays<'py>>> {
     guard("beam_search_batch", || {
         let p = params.into_core()?;
         let ix = scorer(index.as_ref(), &p)?;
+        let lv = live_part(live.as_ref(), live_weight)?;
         let (ts, ls) = (topk_tokens.shape(), topk_logprobs.shape());
         if ts != ls {
             return Err(errors::tree_msg(format!("topk_tokens has shape {ts:?} but topk_logprobs {ls:?}")));
@@ -213,7 +247,11 @@ fn beam_search_batch<'py>(
         let toks: Vec<u32> = ids(topk_tokens.as_array().iter(), "topk_tokens")?;
         let lps: Vec<f32> = topk_logprobs.as_array().iter().copied().collect();
         let trees = py
-            .detach(|| run(&ix, |s| dart_tree::beam_search_batch(s, &contexts, TopkRows::new(&toks, &lps, d, k), &p)))
+            .detach(|| {
+                run(&ix, &lv, p.unigram_backoff, |s| {
+                    dart_tree::beam_search_batch(s, &contexts, TopkRows::new(&toks, &lps, d, k), &p)
+                })
+            })
             .map_err(errors::tree)?;
         Ok(trees.into_iter().map(|t| tree_arrays(py, t)).collect())
     })
@@ -221,6 +259,8 @@ fn beam_search_batch<'py>(
 
 /// ngram_tree(index, context int64[L], depth, k, params) -> tree
 #[pyfunction]
+#[pyo3(signature = (index, context, depth, k, params, live=None, live_weight=0.5))]
+#[allow(clippy::too_many_arguments)]
 fn ngram_tree<'py>(
     py: Python<'py>,
     index: Bound<'py, PyNgramIndex>,
@@ -228,12 +268,17 @@ fn ngram_tree<'py>(
     depth: usize,
     k: usize,
     params: Params,
+    live: Option<Bound<'py, PyLiveLayer>>,
+    live_weight: f64,
 ) -> PyResult<TreeArrays<'py>> {
     guard("ngram_tree", || {
         let p = params.into_core()?;
-        let ix = index.get().inner.clone();
+        let ix = Some(index.get().inner.clone());
+        let lv = live_part(live.as_ref(), live_weight)?;
         let ctx = context_tail(&context)?;
-        let t = py.detach(|| dart_tree::ngram_tree(&*ix, &ctx, depth, k, &p)).map_err(errors::tree)?;
+        let t = py
+            .detach(|| run(&ix, &lv, p.unigram_backoff, |s| dart_tree::ngram_tree(s, &ctx, depth, k, &p)))
+            .map_err(errors::tree)?;
         Ok(tree_arrays(py, t))
     })
 }

@@ -135,6 +135,14 @@ def _parser() -> argparse.ArgumentParser:
         help="map the index lazily instead of faulting it in at start (dartcore.index.DECODE_PREFAULT)",
     )
     p.add_argument(
+        "--learn",
+        action="store_true",
+        help="each worker keeps a live n-gram layer of what it served (prompts and outputs, "
+        "at most 1M tokens, oldest out first) that the dart+live, dart+mix and suffix trees "
+        'read; a request opts out with "dart": {"learn": false}. Outputs never change, '
+        "speed does: requests of different users sharing a worker can time each other",
+    )
+    p.add_argument(
         "--drain-timeout",
         type=float,
         default=60.0,
@@ -198,6 +206,7 @@ def _run(args) -> int:
         quantized=args.quantized,
         numerics=args.numerics,
         prefault_index=not args.no_prefault_index,
+        learn=args.learn,
         default_max_tokens=args.default_max_tokens,
         tree_params=dict(args.tree_param),
         engine_factory=args.engine_factory,

@@ -11,7 +11,8 @@ tools, penalties, ...) are accepted at their neutral value and rejected with a
 Speculative-decoding statistics per request: ``"dart": {"stats": true}`` in the
 body (``extra_body=`` in the openai client) or the header ``X-Dart-Stats: 1``;
 the response then carries a ``"dart"`` object (tau, acceptance histogram,
-budgets, rounds, worker), in the last chunk when streaming.
+budgets, rounds, worker), in the last chunk when streaming. ``"dart": {"learn":
+false}`` keeps the request out of the worker's live n-gram layer (where it has one).
 """
 
 from __future__ import annotations
@@ -244,12 +245,16 @@ def _sampling(body: dict, req: dict, default_temperature: float) -> None:
     dart = body.get("dart")
     if dart is not None and (
         not isinstance(dart, dict)
-        or set(dart) - {"stats"}
-        or not isinstance(dart.get("stats", False), bool)
+        or set(dart) - {"stats", "learn"}
+        or not all(isinstance(dart.get(k, False), bool) for k in ("stats", "learn"))
     ):
         raise _invalid(
-            f'dart must be an object {{"stats": true|false}}, got {dart!r}', "dart", "invalid_value"
+            f'dart must be an object {{"stats": true|false, "learn": true|false}}, got {dart!r}',
+            "dart",
+            "invalid_value",
         )
+    if dart is not None and dart.get("learn") is False:
+        params = replace(params, learn=False)
     req.update(
         params=params,
         stream=bool(stream),

@@ -58,6 +58,8 @@ class WorkerConfig:
     prefault_index: bool = DECODE_PREFAULT
     default_max_tokens: int = DEFAULTS.max_new_tokens  # chat requests without max_tokens
     tree_params: dict = field(default_factory=dict)
+    # a live n-gram layer per worker that finished requests go into (dartcore.live)
+    learn: bool = False
     # "module:function" returning a Loaded; the default loads the real model and Engine.
     engine_factory: str = "dartcore.serve.worker:load_engine"
 
@@ -93,7 +95,14 @@ def load_engine(config: WorkerConfig) -> Loaded:
     if config.index is not None:
         index = NgramIndex(config.index, verify=DECODE_VERIFY, prefault=config.prefault_index)
     decoder = DartDecoder(
-        model, tok, drafter, index, tree=config.tree, device=config.device, **config.tree_params
+        model,
+        tok,
+        drafter,
+        index,
+        tree=config.tree,
+        device=config.device,
+        learn=config.learn,
+        **config.tree_params,
     )
     engine = Engine(
         decoder, max_batch=config.max_batch, max_seq_len=config.max_seq_len, budget=config.budget

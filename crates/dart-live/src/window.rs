@@ -1,0 +1,342 @@
+//! The live window: the most recent tokens served, with their bigram and trigram counts and a
+//! table from every two-token key to the positions that followed it.
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+
+use crate::Error;
+
+/// Separates documents in the window: no n-gram and no match crosses it. Never a token id
+/// (ids are checked below the vocabulary, which is at most `u32::MAX`).
+const SEP: u32 = u32::MAX;
+
+/// The tables' hash: keys are token ids (one or two packed in a u64) that no client chooses
+/// freely beyond what it sends, so a multiply-xorshift (as in Fx / rustc) instead of SipHash:
+/// a third of an insert's time. A client that floods one bucket only slows its own worker's
+/// layer, which is bounded.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        let h = self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        h ^ (h >> 29)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x100_0000_01B3);
+        }
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.0 = (self.0.rotate_left(5) ^ v as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+pub(crate) type Map<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+
+/// Continuation counts of one context: (token, count) sorted by token, and their sum.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Counts {
+    pub(crate) total: u64,
+    pub(crate) next: Vec<(u32, u32)>,
+}
+
+impl Counts {
+    fn add(&mut self, v: u32) {
+        self.total += 1;
+        match self.next.binary_search_by_key(&v, |e| e.0) {
+            Ok(i) => self.next[i].1 += 1,
+            Err(i) => self.next.insert(i, (v, 1)),
+        }
+    }
+
+    /// Remove one occurrence of `v`; true when the context is left with no continuation.
+    fn remove(&mut self, v: u32) -> bool {
+        if let Ok(i) = self.next.binary_search_by_key(&v, |e| e.0) {
+            self.total -= 1;
+            self.next[i].1 -= 1;
+            if self.next[i].1 == 0 {
+                self.next.remove(i);
+            }
+        }
+        self.next.is_empty()
+    }
+
+    /// count(v)/total for each of `candidates_sorted` seen here; others untouched.
+    pub(crate) fn seen_sorted(&self, candidates_sorted: &[u32], out: &mut [f64]) {
+        let tot = self.total as f64;
+        let mut j = 0;
+        for (&v, o) in candidates_sorted.iter().zip(out.iter_mut()) {
+            while j < self.next.len() && self.next[j].0 < v {
+                j += 1;
+            }
+            if j < self.next.len() && self.next[j].0 == v {
+                *o = self.next[j].1 as f64 / tot;
+            }
+        }
+    }
+
+    /// The largest count(v)/total (0 when empty).
+    pub(crate) fn max_prob(&self) -> f64 {
+        let m = self.next.iter().map(|e| e.1).max().unwrap_or(0);
+        if self.total == 0 {
+            0.0
+        } else {
+            m as f64 / self.total as f64
+        }
+    }
+}
+
+pub(crate) fn key2(a: u32, b: u32) -> u64 {
+    ((a as u64) << 32) | b as u64
+}
+
+/// One operation on the window, replayed on both copies of a [`crate::LiveLayer`].
+#[derive(Debug, Clone)]
+pub(crate) enum Op {
+    Insert(Vec<u32>),
+    Clear,
+}
+
+/// The window itself (one copy). Positions are absolute (`base` is the position of
+/// `tokens[0]`), so entries of the key table stay valid while the front is evicted.
+#[derive(Debug, Clone)]
+pub struct Window {
+    capacity: usize,
+    vocab: u32,
+    tokens: VecDeque<u32>,
+    base: u64,
+    pub(crate) bi: Map<u32, Counts>,
+    pub(crate) tri: Map<u64, Counts>,
+    /// (a, b) -> absolute positions p such that tokens[p-2..p] = (a, b), oldest first.
+    follow: Map<u64, VecDeque<u64>>,
+    inserted: u64,
+}
+
+/// Most earlier occurrences of the two-token key examined per suffix query (latest first).
+const MAX_PROBES: usize = 64;
+
+impl Window {
+    /// An empty window keeping at most `capacity` tokens (separators included) of ids below
+    /// `vocab`.
+    pub fn new(capacity: usize, vocab: u32) -> Result<Self, Error> {
+        if capacity < 4 {
+            return Err(Error::Param { name: "capacity", value: capacity as f64, why: "must be at least 4 tokens" });
+        }
+        if vocab == 0 {
+            return Err(Error::Param { name: "vocab_size", value: 0.0, why: "must be positive" });
+        }
+        Ok(Window {
+            capacity,
+            vocab,
+            tokens: VecDeque::new(),
+            base: 0,
+            bi: Map::default(),
+            tri: Map::default(),
+            follow: Map::default(),
+            inserted: 0,
+        })
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn vocab_size(&self) -> u32 {
+        self.vocab
+    }
+
+    /// Tokens (and separators) in the window now.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Tokens inserted since creation or the last clear (evicted ones included).
+    pub fn inserted(&self) -> u64 {
+        self.inserted
+    }
+
+    /// Check a sequence before it changes anything.
+    pub fn check(&self, ids: &[u32]) -> Result<(), Error> {
+        if let Some((i, &t)) = ids.iter().enumerate().find(|(_, &t)| t >= self.vocab) {
+            return Err(Error::TokenOutOfVocab { position: i, token: t, vocab: self.vocab });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn apply(&mut self, op: &Op) {
+        match op {
+            Op::Insert(ids) => self.insert(ids),
+            Op::Clear => self.clear(),
+        }
+    }
+
+    fn at(&self, p: u64) -> u32 {
+        self.tokens[(p - self.base) as usize]
+    }
+
+    fn end(&self) -> u64 {
+        self.base + self.tokens.len() as u64
+    }
+
+    /// Append one document (checked with [`Window::check`]); the oldest tokens leave first.
+    pub(crate) fn insert(&mut self, ids: &[u32]) {
+        if ids.is_empty() {
+            return;
+        }
+        // A document longer than the window keeps its last capacity - 1 tokens.
+        let ids = &ids[ids.len().saturating_sub(self.capacity - 1)..];
+        if !self.tokens.is_empty() {
+            self.push(SEP);
+        }
+        for &t in ids {
+            self.push(t);
+        }
+        self.inserted += ids.len() as u64;
+    }
+
+    fn push(&mut self, t: u32) {
+        while self.tokens.len() >= self.capacity {
+            self.evict();
+        }
+        let q = self.end();
+        self.tokens.push_back(t);
+        if t == SEP || q < self.base + 1 {
+            return;
+        }
+        let b = self.at(q - 1);
+        if b == SEP {
+            return;
+        }
+        self.bi.entry(b).or_default().add(t);
+        if q < self.base + 2 {
+            return;
+        }
+        let a = self.at(q - 2);
+        if a == SEP {
+            return;
+        }
+        self.tri.entry(key2(a, b)).or_default().add(t);
+        self.follow.entry(key2(a, b)).or_default().push_back(q);
+    }
+
+    /// Drop the oldest token and every n-gram that starts with it.
+    fn evict(&mut self) {
+        let p = self.base;
+        let end = self.end();
+        let a = self.at(p);
+        if a != SEP && p + 1 < end {
+            let b = self.at(p + 1);
+            if b != SEP {
+                if self.bi.get_mut(&a).is_some_and(|c| c.remove(b)) {
+                    self.bi.remove(&a);
+                }
+                if p + 2 < end {
+                    let c = self.at(p + 2);
+                    if c != SEP {
+                        let k = key2(a, b);
+                        if self.tri.get_mut(&k).is_some_and(|n| n.remove(c)) {
+                            self.tri.remove(&k);
+                        }
+                        if let Some(q) = self.follow.get_mut(&k) {
+                            debug_assert_eq!(q.front(), Some(&(p + 2)));
+                            q.pop_front();
+                            if q.is_empty() {
+                                self.follow.remove(&k);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        self.tokens.pop_front();
+        self.base += 1;
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.base = self.end();
+        self.tokens.clear();
+        self.bi.clear();
+        self.tri.clear();
+        self.follow.clear();
+        self.inserted = 0;
+    }
+
+    /// The continuation (at most `max_len` tokens) of the longest earlier match, of at least
+    /// `min_match` and at most `max_match` tokens, of the end of `context` in the window: the
+    /// tokens that followed it, up to the end of that document. Ties go to the latest match.
+    /// Empty when nothing matches. Examines at most 64 occurrences of the last two tokens.
+    pub fn suffix_match(&self, context: &[u32], max_len: usize, min_match: usize, max_match: usize) -> Vec<u32> {
+        let n = context.len();
+        if n < 2 || max_len == 0 || max_match < 2 || min_match > max_match {
+            return Vec::new();
+        }
+        let Some(hits) = self.follow.get(&key2(context[n - 2], context[n - 1])) else {
+            return Vec::new();
+        };
+        let end = self.end();
+        let mut best: Option<(usize, u64)> = None;
+        for &q in hits.iter().rev().take(MAX_PROBES) {
+            if q >= end || self.at(q) == SEP {
+                continue; // the key ends the window or its document: nothing follows
+            }
+            // q - 2, q - 1 hold the key; extend backwards.
+            let mut m = 2usize;
+            while m < max_match.min(n) && q > self.base + m as u64 {
+                let w = self.at(q - 1 - m as u64);
+                if w == SEP || w != context[n - 1 - m] {
+                    break;
+                }
+                m += 1;
+            }
+            if best.is_none_or(|(bm, _)| m > bm) {
+                best = Some((m, q));
+                if m >= max_match.min(n) {
+                    break;
+                }
+            }
+        }
+        match best {
+            Some((m, q)) if m >= min_match.max(2) => {
+                let mut out = Vec::with_capacity(max_len);
+                let mut p = q;
+                while p < end && out.len() < max_len {
+                    let t = self.at(p);
+                    if t == SEP {
+                        break;
+                    }
+                    out.push(t);
+                    p += 1;
+                }
+                out
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Bytes held by the window's tables (capacity of their allocations, approximate for the
+    /// hash maps: entries plus one control byte each).
+    pub fn nbytes(&self) -> usize {
+        use std::mem::size_of;
+        let map = |cap: usize, entry: usize| cap * (entry + 1);
+        let counts = |c: &Counts| c.next.capacity() * size_of::<(u32, u32)>();
+        self.tokens.capacity() * 4
+            + map(self.bi.capacity(), size_of::<(u32, Counts)>())
+            + self.bi.values().map(counts).sum::<usize>()
+            + map(self.tri.capacity(), size_of::<(u64, Counts)>())
+            + self.tri.values().map(counts).sum::<usize>()
+            + map(self.follow.capacity(), size_of::<(u64, VecDeque<u64>)>())
+            + self.follow.values().map(|q| q.capacity() * 8).sum::<usize>()
+    }
+
+    /// The last tokens of the window (at most `n`), separators as `u32::MAX`; for tests.
+    pub fn tail(&self, n: usize) -> Vec<u32> {
+        self.tokens.iter().skip(self.tokens.len().saturating_sub(n)).copied().collect()
+    }
+}

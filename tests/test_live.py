@@ -1,0 +1,296 @@
+"""The live n-gram layer (dartcore.live) against independent references: its counts and
+suffix matches by brute force over the same documents, the mixed Eq. (10) search against the
+brute-force beam search of test_tree.py with a mixed g, and decoders that learn as they serve
+stay lossless (greedy equal to Hugging Face generate, single and batched; sampling in
+distribution, by the chi-square test of test_decoder_sampling.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny_model
+from dartcore import DartDecoder, DartError, TreeError
+from dartcore import tree as T
+from dartcore.live import LiveLayer
+from dartcore.trees import make_tree_builder
+from test_decoder import CharTokenizer
+from test_decoder_builders import setup  # noqa: F401 - the tiny target, drafter and index
+from test_decoder_sampling import VOCAB, chi_square_p, exact_joint, sample_counts
+from test_tree import Counts, V, brute_eq10, corpus_index, random_rows, tree_dict  # noqa: F401
+
+torch.set_num_threads(1)
+
+
+def live_docs(seed: int, n: int = 6) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, V, size=int(rng.integers(2, 40))).tolist() for _ in range(n)]
+
+
+class MixedCounts:
+    """g of the mix by counting: (1 - λ_b) g_static + λ_b g_live, λ_b = w where the live
+    documents have b followed by anything; the live g has no unigram level."""
+
+    def __init__(self, static: Counts, live: Counts, weight: float):
+        self.static, self.live, self.weight = static, live, weight
+
+    def g(self, context, v, unigram_backoff=True):
+        b = (int(context[-1]),)
+        lam = self.weight if self.live.ctx.get(b, 0) and self._has_next(b) else 0.0
+        s = self.static.g(context, v, unigram_backoff)
+        return (1 - lam) * s + lam * self.live.g(context, v, False) if lam else s
+
+    def _has_next(self, b):
+        return any(len(k) == 2 and k[0] == b[0] for k in self.live.ngram)
+
+
+def test_counts_and_suffix_match_equal_brute_force():
+    docs = live_docs(3, n=12)
+    layer = LiveLayer(V)
+    for d in docs:
+        layer.insert(d)
+    ref = Counts(docs)
+    for ctx in ([1], [2, 3], [0, 0], [5, 7], [11]):
+        got = layer.probs(ctx, list(range(V)))
+        want = [ref.g(ctx, v, unigram_backoff=False) for v in range(V)]
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+    rng = np.random.default_rng(4)
+    for _ in range(40):
+        doc = docs[int(rng.integers(len(docs)))]
+        i = int(rng.integers(0, max(1, len(doc) - 2)))
+        ctx = [int(rng.integers(V))] + doc[i : i + int(rng.integers(2, 6))]
+        got = layer.suffix_match(ctx, max_len=5, min_match=2, max_match=4).tolist()
+        assert got == brute_suffix(docs, ctx, 5, 2, 4)
+
+
+def brute_suffix(docs, ctx, max_len, min_match, max_match):
+    """The continuation after the longest match (ties: the latest) of ctx's end, in order
+    of insertion, never across documents."""
+    best = None  # (length, order, continuation)
+    order = 0
+    for doc in docs:
+        for q in range(1, len(doc)):  # the match ends right before q
+            m = 0
+            while m < min(max_match, len(ctx)) and q - 1 - m >= 0 and doc[q - 1 - m] == ctx[-1 - m]:
+                m += 1
+            if m >= 2 and (best is None or m >= best[0]):
+                best = (m, order, doc[q : q + max_len])
+            order += 1
+    return best[2] if best is not None and best[0] >= min_match else []
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_mixed_search_equals_brute_force(corpus_index, seed):  # noqa: F811
+    docs, index = corpus_index
+    rng = np.random.default_rng(seed)
+    ldocs = live_docs(seed)
+    layer = LiveLayer(V)
+    for d in ldocs:
+        layer.insert(d)
+    weight = float(rng.choice([0.0, 0.3, 0.7, 1.0]))
+    counts = MixedCounts(Counts(docs), Counts(ldocs), weight)
+    d, k = int(rng.integers(1, 5)), int(rng.integers(1, 6))
+    toks, lps = random_rows(rng, d, k)
+    context = [int(t) for t in rng.integers(0, V, size=int(rng.integers(1, 4)))]
+    kw = dict(
+        beam_width=int(rng.integers(1, 5)),
+        max_nodes=int(rng.integers(1, 25)),
+        ngram_weight=float(rng.choice([0.5, 1.0])),
+        unigram_backoff=bool(seed % 3),
+    )
+    tree = T.beam_search(
+        index, context, toks, lps, candidates="beam", live=layer, live_weight=weight, **kw
+    )
+    want = brute_eq10(counts, context, toks, lps, **kw)
+    got = tree_dict(tree)
+    assert set(got) == set(want)
+    for p, s in want.items():
+        assert got[p] == pytest.approx(s, rel=1e-9, abs=1e-12)
+    # the batched search reads the same mix
+    (batched,) = T.beam_search_batch(
+        index,
+        [context],
+        toks[None],
+        lps[None],
+        candidates="beam",
+        live=layer,
+        live_weight=weight,
+        **kw,
+    )
+    assert tree_dict(batched) == got
+
+
+def test_empty_layer_changes_no_tree(corpus_index):  # noqa: F811
+    docs, index = corpus_index
+    rng = np.random.default_rng(0)
+    toks, lps = random_rows(rng, 4, 5)
+    plain = T.beam_search(index, [1, 2], toks, lps, max_nodes=10)
+    mixed = T.beam_search(index, [1, 2], toks, lps, max_nodes=10, live=LiveLayer(V))
+    assert tree_dict(mixed) == tree_dict(plain)
+    assert tree_dict(T.ngram_tree(index, [1, 2], 3, 4, live=LiveLayer(V))) == tree_dict(
+        T.ngram_tree(index, [1, 2], 3, 4)
+    )
+
+
+def test_bad_input_is_refused_and_loses_nothing(corpus_index):  # noqa: F811
+    _, index = corpus_index
+    for bad in (0, -1, True, 2.5, 2**33):
+        with pytest.raises(DartError, match="vocab_size"):
+            LiveLayer(bad)
+    with pytest.raises(DartError, match="capacity"):
+        LiveLayer(V, capacity=2)
+    with pytest.raises(DartError, match="capacity"):
+        LiveLayer(V, capacity="many")
+    layer = LiveLayer(V, capacity=64)
+    layer.insert([1, 2, 3])
+    for bad in ([1, V, 2], [1, -1], [[1, 2]], ["a"]):
+        with pytest.raises(DartError):
+            layer.insert(bad)
+    assert layer.inserted == 3 and len(layer) == 3
+    with pytest.raises(DartError, match="max_len"):
+        layer.suffix_match([1, 2], -1)
+    toks, lps = random_rows(np.random.default_rng(1), 2, 3)
+    with pytest.raises(TreeError, match="live_weight"):
+        T.beam_search(index, [1, 2], toks, lps, live=layer, live_weight=1.5)
+    with pytest.raises(DartError, match="LiveLayer"):
+        T.beam_search(index, [1, 2], toks, lps, live="not a layer")
+    with pytest.raises(TreeError, match="live_weight"):
+        make_tree_builder("dart+live", live_weight=-0.1)
+    with pytest.raises(TreeError, match="min_match"):
+        make_tree_builder("suffix", min_match=5, max_match=3)
+
+
+def test_capacity_bounds_the_window_and_clear_forgets():
+    layer = LiveLayer(V, capacity=50)
+    for d in live_docs(5, n=40):
+        layer.insert(d)
+    assert len(layer) <= 50
+    assert layer.inserted > 50
+    layer.clear()
+    assert len(layer) == 0 and layer.inserted == 0
+    assert layer.suffix_match([1, 2, 3], 4).size == 0
+
+
+def test_searches_run_while_inserts_go_on(corpus_index):  # noqa: F811
+    """Readers on other threads (the GIL released in both) see whole inserts only, and a
+    search never fails while the layer changes."""
+    _, index = corpus_index
+    layer = LiveLayer(V, capacity=4096)
+    toks, lps = random_rows(np.random.default_rng(2), 3, 4)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def reader():
+        try:
+            while not stop.is_set():
+                T.beam_search(index, [1, 2], toks, lps, max_nodes=8, live=layer)
+                chain = layer.suffix_match([7, 8], 2, 2, 2)
+                assert chain.size == 0 or chain[0] == 9
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for i in range(500):
+        layer.insert([7, 8, 9, i % V])
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+def test_insert_of_a_128_token_output_is_fast():
+    layer = LiveLayer(49152)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        layer.insert(rng.integers(0, 49152, size=512))
+    outs = [rng.integers(0, 49152, size=128) for _ in range(200)]
+    start = time.perf_counter()
+    for o in outs:
+        layer.insert(o)
+    per = (time.perf_counter() - start) / len(outs)
+    assert per < 1e-3, f"{per * 1e6:.0f} us per insert"  # measured ~30 us; generous for CI
+
+
+@pytest.mark.parametrize("tree", ["dart+live", "dart+mix", "suffix"])
+def test_learning_decoders_are_lossless_and_learn(setup, tree):  # noqa: F811
+    model, tok, drafter, index, prompts, refs = setup
+    dec = DartDecoder(
+        model, tok, drafter, index, tree=tree, max_nodes=8, eos_token_ids=(), learn=True
+    )
+    first, second = [], []
+    for prompt, ref in zip(prompts, refs):
+        res = dec.generate(prompt, max_new_tokens=24)
+        assert res.tokens == ref
+        first.append(res.stats.tau)
+    assert dec.parts.live.inserted == sum(len(p) + 24 for p in prompts)
+    for prompt, ref in zip(prompts, refs):  # the same questions again
+        res = dec.generate(prompt, max_new_tokens=24)
+        assert res.tokens == ref
+        second.append(res.stats.tau)
+    if tree != "dart+mix":
+        # the served continuations come back as whole chains
+        assert min(second) > 2.0 and np.mean(second) > np.mean(first)
+    batch = dec.generate_batch(prompts, max_new_tokens=24)
+    assert [r.tokens for r in batch] == refs
+
+
+def test_a_shared_layer_must_cover_the_target(setup):  # noqa: F811
+    model, tok, drafter, index, *_ = setup
+    with pytest.raises(DartError, match="vocabulary"):
+        DartDecoder(model, tok, drafter, index, tree="dart+live", learn=LiveLayer(10))
+    shared = LiveLayer(64)
+    a = DartDecoder(model, tok, drafter, index, tree="suffix", learn=shared, eos_token_ids=())
+    b = DartDecoder(model, tok, drafter, index, tree="suffix", learn=shared, eos_token_ids=())
+    a.generate([1, 5, 6, 7], max_new_tokens=8)
+    assert b.parts.live is shared and shared.inserted == 12
+
+
+def test_sampling_with_a_learning_layer_matches_the_target():
+    model = tiny_model("llama", vocab_size=VOCAB, seed=1)
+    exact = exact_joint(model, 1.0, 0, 1.0)
+    dec = DartDecoder(
+        model, CharTokenizer(), tree="suffix", max_nodes=6, eos_token_ids=(), learn=True
+    )
+    # what it serves repeats the prompt, so the layer's chains get drafted and accepted
+    counts, _, tau = sample_counts(dec, range(800), temperature=1.0, top_k=0, top_p=1.0)
+    assert tau > 1.05
+    assert chi_square_p(counts, exact) > 1e-3
+
+
+def test_a_request_opts_out_of_learning():
+    from dartcore.serve.protocol import APIError, parse_chat
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert parse_chat(body, ("m",)).params.learn is True
+    assert parse_chat({**body, "dart": {"learn": False}}, ("m",)).params.learn is False
+    assert parse_chat({**body, "dart": {"learn": True, "stats": True}}, ("m",)).want_stats
+    for bad in ({"learn": 1}, {"learn": "no"}, {"forget": True}):
+        with pytest.raises(APIError, match="learn"):
+            parse_chat({**body, "dart": bad}, ("m",))
+
+
+def test_the_engine_learns_what_it_finishes_unless_told_not_to(setup):  # noqa: F811
+    from dartcore.engine import Engine
+    from dartcore.sampling import SamplingParams
+
+    model, tok, drafter, index, prompts, refs = setup
+    dec = DartDecoder(
+        model, tok, drafter, index, tree="suffix", max_nodes=6, eos_token_ids=(), learn=True
+    )
+    engine = Engine(dec, max_batch=4, budget=6)
+    for i, p in enumerate(prompts):
+        engine.add_request(p, SamplingParams(max_new_tokens=24, learn=i % 2 == 0), f"r{i}")
+    outs = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.finished:
+                outs[o.request_id] = o.tokens
+    assert [outs[f"r{i}"] for i in range(len(prompts))] == refs
+    learned = sum(len(p) + 24 for i, p in enumerate(prompts) if i % 2 == 0)
+    assert dec.parts.live.inserted == learned

@@ -1,0 +1,304 @@
+"""Speed of decoders that learn from what they serve (dartcore.live), on workloads that repeat
+themselves, against the same decoder without the live layer, in one run.
+
+Every method decodes the same request sequence, greedy, with a fresh live layer:
+
+* ``ask``:        five questions, first time;
+* ``revise``:     two-turn conversations whose second turn revises the first answer (comments
+                  on every line, shorter, in French), the first answer in the context;
+* ``code-edit``:  edit requests over functions the package ships, two per function;
+* ``ask-again``:  the five questions again, as another client would ask them;
+* ``fresh``:      five first-turn prompts seen nowhere before (nothing to learn from).
+
+Methods: ``ar``, ``dart``, ``dart+ctx``, ``suffix`` (the suffix-match chain alone, what a
+suffix-decoding peer runs), ``dart+mix`` and ``dart+live``. Outputs are checked equal to
+``ar``'s. Also measured: the insert of a 128-token output into a layer holding the package's
+source, the layer's bytes per million tokens, and one search with and without the layer.
+
+    python3 tools/bench_live.py --index artifacts/demo/smollm2.idx --repeats 3 \\
+        --json tools/reports/bench_live_smollm2.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+QUESTIONS = [
+    "How do I reverse a list in Python?",
+    "What is the difference between a process and a thread?",
+    "Explain what a hash table is.",
+    "Give three tips for writing clear emails.",
+    "What causes the seasons on Earth?",
+]
+FIRST_TURNS = [
+    "Write a short Python function that checks whether a string is a palindrome.",
+    "Write a haiku about autumn leaves.",
+    "Summarise why unit tests are useful, in three sentences.",
+]
+REVISIONS = [
+    "Now rewrite your answer with a comment on every line.",
+    "Now make your answer shorter.",
+    "Now translate your answer into French.",
+]
+EDITS = [
+    "Add a comment above every line of this function:",
+    "Rewrite this function with clearer variable names:",
+]
+FRESH = [
+    "Describe how a bicycle works.",
+    "What is a good way to learn a new language?",
+    "Name three uses of copper.",
+    "Why is the sky blue?",
+    "Suggest a name for a small bakery.",
+]
+METHODS = ["ar", "dart", "dart+ctx", "suffix", "dart+mix", "dart+live"]
+
+
+def code_snippets() -> list[str]:
+    from dartcore import live, trees
+
+    return [inspect.getsource(trees.context_continuation), inspect.getsource(live.live_layer)]
+
+
+def user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def workload(answers: dict[str, str]):
+    """(category, chat messages) in serving order. A second turn carries the first turn's
+    answer, read from ``answers`` when it comes up (the method's own first turn, which equals
+    every other method's: outputs are the target's)."""
+    yield from (("ask", user(q)) for q in QUESTIONS)
+    yield from (("first-turn", user(q)) for q in FIRST_TURNS)
+    for q, r in zip(FIRST_TURNS, REVISIONS):
+        yield ("revise", user(q) + [{"role": "assistant", "content": answers[q]}] + user(r))
+    for code in code_snippets():
+        for e in EDITS:
+            yield ("code-edit", user(f"{e}\n```python\n{code}```"))
+    yield from (("ask-again", user(q)) for q in QUESTIONS)
+    yield from (("fresh", user(q)) for q in FRESH)
+
+
+def configure(dec, method: str, drafter, live, max_nodes=None):
+    from dartcore.trees import make_tree_builder, node_budget
+
+    builder = make_tree_builder(method, **({} if max_nodes is None else {"max_nodes": max_nodes}))
+    dec.parts.builder = builder
+    dec.parts.drafter = drafter if builder.needs_drafter else None
+    dec.parts.max_nodes = node_budget(
+        builder,
+        drafter=dec.parts.drafter,
+        device=dec.target.device.type,
+        blocks=bool(getattr(dec.target, "blocks", False)),
+    )
+    dec.parts.live = live
+
+
+def run_method(dec, method, drafter, answers, max_new_tokens, max_nodes=None):
+    from dartcore.live import LiveLayer
+
+    nodes = None if method == "ar" else max_nodes
+    configure(dec, method, drafter, LiveLayer(dec.target.vocab_size), nodes)
+    rows = []
+    for cat, msgs in workload(answers):
+        t0 = time.perf_counter()
+        res = dec.generate(msgs, max_new_tokens=max_new_tokens)
+        dt = time.perf_counter() - t0
+        if cat == "first-turn":
+            answers[msgs[0]["content"]] = res.text
+        rows.append(
+            {
+                "category": cat,
+                "tokens": res.tokens,
+                "s": dt,
+                "tau": res.stats.tau,
+                "max_nodes": dec.parts.max_nodes,
+            }
+        )
+    return rows
+
+
+def micro(index, tok, repeats: int) -> dict:
+    """Insert, memory and search costs with the layer holding the package's own source."""
+    from dartcore import tree as T
+    from dartcore.live import LiveLayer
+
+    docs = []
+    for p in sorted((ROOT / "python" / "dartcore").rglob("*.py")) + sorted(ROOT.glob("docs/*.md")):
+        docs.append(tok(p.read_text(), add_special_tokens=False)["input_ids"])
+    vocab = int(index.vocab_size)
+    layer = LiveLayer(vocab)
+    for d in docs:
+        layer.insert(d)
+    held = len(layer)
+    rng = np.random.default_rng(0)
+    outs = [docs[int(rng.integers(len(docs)))] for _ in range(200)]
+    outs = [d[:128] for d in outs if len(d) >= 128]
+    ins = []
+    probe = LiveLayer(vocab, capacity=held + 200 * 130)
+    for d in docs:
+        probe.insert(d)
+    for o in outs:
+        t0 = time.perf_counter()
+        probe.insert(o)
+        ins.append(time.perf_counter() - t0)
+    # searches over real contexts: rows of random top-k over the vocabulary
+    ctxs = [d[i : i + 8] for d in docs[:40] for i in range(0, len(d) - 8, 97)][:200]
+    toks = np.stack([rng.permutation(vocab)[:8] for _ in range(6)]).astype(np.int64)
+    lps = np.log(np.full((6, 8), 1 / 8, dtype=np.float32))
+    timing = {}
+    for name, kw in (("static", {}), ("with_live", {"live": layer})):
+        per = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for c in ctxs:
+                T.beam_search(index, c, toks, lps, max_nodes=4, **kw)
+            per.append((time.perf_counter() - t0) / len(ctxs))
+        timing[name] = statistics.median(per) * 1e6
+    return {
+        "layer_tokens": held,
+        "bytes_per_million_tokens": round(layer.nbytes() / held * 1e6),
+        "insert_128_us_median": round(statistics.median(ins) * 1e6, 1),
+        "search_us_median": {k: round(v, 1) for k, v in timing.items()},
+        "search_ratio": round(timing["with_live"] / timing["static"], 3),
+    }
+
+
+def summarise(rows_by_method: dict[str, list[dict]]) -> dict:
+    cats = sorted({r["category"] for r in next(iter(rows_by_method.values()))})
+    out = {}
+    for m, rows in rows_by_method.items():
+        out[m] = {}
+        for c in cats:
+            sel = [r for r in rows if r["category"] == c]
+            n = sum(len(r["tokens"]) for r in sel)
+            out[m][c] = {
+                "tok_s": n / sum(r["s"] for r in sel),
+                "tau": statistics.mean(r["tau"] for r in sel),
+            }
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="smollm2")
+    ap.add_argument("--drafter", default="smollm2")
+    ap.add_argument("--index", required=True)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--repeats", type=int, default=1, help="whole runs; medians reported")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument(
+        "--max-nodes", type=int, default=None, help="every method's node budget (default: each own)"
+    )
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+
+    import torch
+
+    from dartcore import DartDecoder
+    from dartcore.kernels.linear import int8_kernel, linear_threads, native_linear_isa
+
+    dec = DartDecoder.from_pretrained(args.target, args.drafter, args.index, tree="dart")
+    drafter = dec.parts.drafter
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if methods[0] != "ar":
+        methods.insert(0, "ar")
+    runs = []
+    identical = True
+    for _ in range(max(1, args.repeats)):
+        rows = {
+            m: run_method(dec, m, drafter, {}, args.max_new_tokens, args.max_nodes) for m in methods
+        }
+        for m in methods:
+            identical &= all(a["tokens"] == b["tokens"] for a, b in zip(rows["ar"], rows[m]))
+        runs.append(summarise(rows))
+        used = {m: rows[m][0]["max_nodes"] for m in methods}
+    cats = list(runs[0]["ar"])
+    table = {
+        m: {
+            c: {
+                "tok_s": round(statistics.median(r[m][c]["tok_s"] for r in runs), 1),
+                "tau": round(statistics.median(r[m][c]["tau"] for r in runs), 2),
+                "vs_ar": round(
+                    statistics.median(r[m][c]["tok_s"] / r["ar"][c]["tok_s"] for r in runs), 3
+                ),
+                "vs_dart": round(
+                    statistics.median(r[m][c]["tok_s"] / r["dart"][c]["tok_s"] for r in runs), 3
+                )
+                if "dart" in methods
+                else None,
+            }
+            for c in cats
+        }
+        for m in methods
+    }
+    mic = micro(dec.parts.index, dec.tokenizer, max(3, args.repeats))
+    report = {
+        "command": "python3 tools/bench_live.py " + " ".join(sys.argv[1:]),
+        "machine": {
+            "cpu": _cpu_model(),
+            "vcpus": os.cpu_count(),
+            "isa": native_linear_isa(),
+            "int8_kernel": int8_kernel(),
+            "threads": linear_threads(),
+            "torch_threads": torch.get_num_threads(),
+            "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+        },
+        "target": args.target,
+        "numerics": getattr(dec.target, "numerics", None),
+        "drafter": args.drafter,
+        "index": args.index,
+        "max_new_tokens": args.max_new_tokens,
+        "max_nodes": args.max_nodes,
+        "max_nodes_used": used,
+        "repeats": args.repeats,
+        "outputs_identical_to_ar": identical,
+        "results": table,
+        "live_layer": mic,
+    }
+    print(
+        f"{report['machine']['cpu']}, {report['machine']['vcpus']} vCPUs, "
+        f"{report['machine']['isa']}; {args.target} ({report['numerics']}), median of "
+        f"{args.repeats}; tok/s (tau) [x dart]"
+    )
+    print(f"{'method':<10}" + "".join(f"{c:>26}" for c in cats))
+    for m in methods:
+        cells = []
+        for c in cats:
+            t = table[m][c]
+            cells.append(f"{t['tok_s']:.1f} ({t['tau']:.2f}) [{t['vs_dart'] or 0:.2f}x]")
+        print(f"{m:<10}" + "".join(f"{x:>26}" for x in cells))
+    print(f"outputs identical to ar: {identical}")
+    print(json.dumps(mic))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.json.with_suffix(".tmp")
+        tmp.write_text(json.dumps(report, indent=1) + "\n")
+        tmp.replace(args.json)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+if __name__ == "__main__":
+    main()
