@@ -134,7 +134,7 @@ impl<S: NgramScorer + ?Sized> NgramScorer for Mixed<'_, S> {
         let live_ctx = if n >= 2 { self.live.tri.get(&key2(context[n - 2], context[n - 1])) } else { None };
         let live_ctx = live_ctx.or_else(|| context.last().and_then(|b| self.live.bi.get(b)));
         if let Some(c) = live_ctx {
-            cands.extend(c.next.iter().map(|e| e.0));
+            cands.extend(c.entries().map(|e| e.0));
         }
         cands.sort_unstable();
         cands.dedup();

@@ -68,6 +68,12 @@ fn docs_strategy() -> impl Strategy<Value = Vec<Vec<u32>>> {
     prop::collection::vec(prop::collection::vec(0u32..6, 0..30), 1..8)
 }
 
+/// Half the tokens 0: context 0 has more continuations than the small vector keeps.
+fn wide_docs() -> impl Strategy<Value = Vec<Vec<u32>>> {
+    let tok = prop_oneof![Just(0u32), 0u32..120];
+    prop::collection::vec(prop::collection::vec(tok, 0..400), 1..6)
+}
+
 proptest! {
     #[test]
     fn window_equals_brute_force(docs in docs_strategy(), capacity in 4usize..60, ctx in prop::collection::vec(0u32..6, 0..5)) {
@@ -87,6 +93,24 @@ proptest! {
         }
         for (max_len, min_match, max_match) in [(5, 2, 4), (3, 3, 8), (10, 2, 2)] {
             prop_assert_eq!(w.suffix_match(&ctx, max_len, min_match, max_match), brute_suffix(&f, &ctx, max_len, min_match, max_match));
+        }
+    }
+
+    #[test]
+    fn wide_contexts_equal_brute_force(docs in wide_docs(), capacity in prop_oneof![Just(5000usize), 50usize..600], a in 0u32..120) {
+        let mut w = Window::new(capacity, 120).unwrap();
+        for d in &docs {
+            w.insert(d);
+        }
+        let f = flat(&docs, capacity);
+        let cands: Vec<u32> = (0..120).collect();
+        for ctx in [vec![0], vec![a, 0], vec![0, a]] {
+            let mut got = vec![0.0; 120];
+            live_probs(&w, &ctx, &cands, &mut got);
+            for v in 0..120u32 {
+                let want = brute_g(&f, &ctx, v);
+                prop_assert!((got[v as usize] - want).abs() < 1e-12, "g({v}|{ctx:?}) {} vs {want}", got[v as usize]);
+            }
         }
     }
 

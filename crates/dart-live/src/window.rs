@@ -36,56 +36,98 @@ impl Hasher for IdHasher {
 
 pub(crate) type Map<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
-/// Continuation counts of one context: (token, count) sorted by token, and their sum.
+/// Continuations kept as a sorted vector up to this many, as a hash table beyond (a frequent
+/// context's vector would move kilobytes on every insert).
+const SMALL: usize = 48;
+
+/// Continuation counts of one context: (token, count) pairs and their sum.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Counts {
     pub(crate) total: u64,
-    pub(crate) next: Vec<(u32, u32)>,
+    small: Vec<(u32, u32)>, // sorted by token while `big` is None
+    big: Option<Map<u32, u32>>,
 }
 
 impl Counts {
     fn add(&mut self, v: u32) {
         self.total += 1;
-        match self.next.binary_search_by_key(&v, |e| e.0) {
-            Ok(i) => self.next[i].1 += 1,
-            Err(i) => self.next.insert(i, (v, 1)),
+        if let Some(m) = &mut self.big {
+            *m.entry(v).or_insert(0) += 1;
+            return;
+        }
+        match self.small.binary_search_by_key(&v, |e| e.0) {
+            Ok(i) => self.small[i].1 += 1,
+            Err(i) if self.small.len() < SMALL => self.small.insert(i, (v, 1)),
+            Err(_) => {
+                let mut m: Map<u32, u32> = self.small.drain(..).collect();
+                m.insert(v, 1);
+                self.small = Vec::new();
+                self.big = Some(m);
+            }
         }
     }
 
     /// Remove one occurrence of `v`; true when the context is left with no continuation.
     fn remove(&mut self, v: u32) -> bool {
-        if let Ok(i) = self.next.binary_search_by_key(&v, |e| e.0) {
+        if let Some(m) = &mut self.big {
+            if let Some(c) = m.get_mut(&v) {
+                self.total -= 1;
+                *c -= 1;
+                if *c == 0 {
+                    m.remove(&v);
+                }
+            }
+            return m.is_empty();
+        }
+        if let Ok(i) = self.small.binary_search_by_key(&v, |e| e.0) {
             self.total -= 1;
-            self.next[i].1 -= 1;
-            if self.next[i].1 == 0 {
-                self.next.remove(i);
+            self.small[i].1 -= 1;
+            if self.small[i].1 == 0 {
+                self.small.remove(i);
             }
         }
-        self.next.is_empty()
+        self.small.is_empty()
+    }
+
+    fn get(&self, v: u32) -> Option<u32> {
+        match &self.big {
+            Some(m) => m.get(&v).copied(),
+            None => self.small.binary_search_by_key(&v, |e| e.0).ok().map(|i| self.small[i].1),
+        }
+    }
+
+    /// Every (token, count), in no particular order.
+    pub(crate) fn entries(&self) -> Box<dyn Iterator<Item = (u32, u32)> + '_> {
+        match &self.big {
+            Some(m) => Box::new(m.iter().map(|(&t, &c)| (t, c))),
+            None => Box::new(self.small.iter().copied()),
+        }
     }
 
     /// count(v)/total for each of `candidates_sorted` seen here; others untouched.
     pub(crate) fn seen_sorted(&self, candidates_sorted: &[u32], out: &mut [f64]) {
         let tot = self.total as f64;
-        let mut j = 0;
         for (&v, o) in candidates_sorted.iter().zip(out.iter_mut()) {
-            while j < self.next.len() && self.next[j].0 < v {
-                j += 1;
-            }
-            if j < self.next.len() && self.next[j].0 == v {
-                *o = self.next[j].1 as f64 / tot;
+            if let Some(c) = self.get(v) {
+                *o = c as f64 / tot;
             }
         }
     }
 
     /// The largest count(v)/total (0 when empty).
     pub(crate) fn max_prob(&self) -> f64 {
-        let m = self.next.iter().map(|e| e.1).max().unwrap_or(0);
+        let m = self.entries().map(|e| e.1).max().unwrap_or(0);
         if self.total == 0 {
             0.0
         } else {
             m as f64 / self.total as f64
         }
+    }
+
+    fn nbytes(&self) -> usize {
+        use std::mem::size_of;
+        self.small.capacity() * size_of::<(u32, u32)>()
+            + self.big.as_ref().map_or(0, |m| m.capacity() * (size_of::<(u32, u32)>() + 1))
     }
 }
 
@@ -325,7 +367,7 @@ impl Window {
     pub fn nbytes(&self) -> usize {
         use std::mem::size_of;
         let map = |cap: usize, entry: usize| cap * (entry + 1);
-        let counts = |c: &Counts| c.next.capacity() * size_of::<(u32, u32)>();
+        let counts = |c: &Counts| c.nbytes();
         self.tokens.capacity() * 4
             + map(self.bi.capacity(), size_of::<(u32, Counts)>())
             + self.bi.values().map(counts).sum::<usize>()
