@@ -82,6 +82,9 @@ class DartDecoder:
     from the generation config and tokenizer (``()`` = never stop on EOS).
     ``lazy_logits`` (default: on for CPU without the native kernels, off otherwise)
     computes the LM head only for the tree nodes the acceptance walk visits.
+    ``draft_numerics`` (``"exact"`` / ``"int8"``, default the target's numerics; also a keyword
+    of :meth:`from_pretrained`): the drafter's products on the native CPU backend, its fp16
+    weights or Q8_0 blocks on the integer kernels (drafts only: the outputs are the target's).
     Device and CPU specifics (weight layouts, native kernels, lazy logits) are
     the ``backend``'s (:mod:`dartcore.models.backend`), chosen here once.
     """
@@ -109,13 +112,14 @@ class DartDecoder:
         max_context: int | None = None,
         eos_token_ids: Sequence[int] | None = None,
         lazy_logits: bool | None = None,
+        draft_numerics: str | None = None,
         **tree_params,
     ):
         if device is not None or dtype is not None:
             model.to(device=device, dtype=dtype)
         model.eval()
         target = TargetModel(model)
-        backend = backend_for(target, lazy_logits=lazy_logits)
+        backend = backend_for(target, lazy_logits=lazy_logits, draft_numerics=draft_numerics)
         self.tree = tree
         builder = make_tree_builder(tree, **tree_params)
         if builder.needs_drafter and drafter is None:
