@@ -13,9 +13,9 @@ its methods.
   run on one thread next to the kernel's spinning helpers, and the LM head takes all of a
   tree's rows (the kernel computes a few rows for about the price of one).
 
-``draft_numerics`` (:func:`resolve_draft_numerics`) chooses the drafter's products on the native CPU
-backend: ``"exact"`` (its fp16-exact weights) or ``"int8"`` (its weights as Q8_0 blocks on the
-integer kernels, as a GGUF target's blocks); by default the target's numerics.
+``draft_numerics`` (:func:`resolve_draft_numerics`) chooses the drafter's products on the
+native CPU backend: ``"exact"`` (its fp16-exact weights) or ``"int8"`` (its weights as Q8_0
+blocks on the integer kernels, as a GGUF target's blocks); by default the target's numerics.
 """
 
 from __future__ import annotations
@@ -44,11 +44,12 @@ __all__ = [
 def resolve_draft_numerics(target: TargetModel, asked: str | None = None) -> str:
     """The drafter's numerics on the native CPU backend: ``asked`` (one of
     :data:`~dartcore.kernels.linear.NUMERICS`), by default the target's (``"int8"`` for a GGUF
-    target on the integer path). ``"int8"`` where the integer kernels do not run is
-    ``"exact"``, with a one-line warning. Outputs are the target's either way; only the
-    drafts (and their cost) differ."""
+    target on the integer path). ``"int8"`` off the native CPU backend or where the integer
+    kernels do not run is ``"exact"``, with a one-line warning. Outputs are the target's
+    either way; only the drafts (and their cost) differ."""
     if asked is None:
-        return "int8" if getattr(target, "numerics", "exact") == "int8" else "exact"
+        int8 = getattr(target, "numerics", "exact") == "int8" and target.native_linear
+        return "int8" if int8 else "exact"
     if asked not in NUMERICS:
         raise DartError(f"draft_numerics={asked!r}: expected one of {NUMERICS}")
     if asked == "int8" and (not target.native_linear or int8_kernel() is None):
