@@ -112,10 +112,16 @@ def test_a_weight_the_blocks_cannot_hold_keeps_its_exact_product_with_a_warning(
         native_product(w, numerics="int4")
 
 
-def _drafter(hidden: int, heads: int, kv_heads: int) -> DartDrafter:
+def _drafter(
+    hidden: int, heads: int, kv_heads: int, draft_vocab=tuple(range(0, 64, 3))
+) -> tuple[DartDrafter, torch.nn.Module]:
+    """A random drafter (fp16-exact weights, as shipped) of a tiny Llama target, and the
+    target."""
     target = tiny_model("llama", layers=6, hidden=hidden, heads=heads, kv_heads=kv_heads)
     torch.manual_seed(3)
-    dr = DartDrafter.from_target(target, d=4, draft_vocab=list(range(0, 64, 3)))
+    dr = DartDrafter.from_target(
+        target, d=4, draft_vocab=None if draft_vocab is None else list(draft_vocab)
+    )
     with torch.no_grad():  # fp16-exact weights, as shipped
         for p in dr.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -176,6 +182,42 @@ def test_a_drafter_whose_weights_are_not_whole_blocks_drafts_exactly_with_a_warn
             nat.draft(s, taps[a:b], ids[a + 1 : b + 1]),
             ref.draft(s_ref, taps[a:b], ids[a + 1 : b + 1]),
         )
+
+
+@int8
+def test_a_decoder_drafting_on_q8_0_blocks_decodes_the_targets_own_greedy_tokens(tmp_path):
+    """draft_numerics="int8" on a float target (the native CPU backend): other drafts, the
+    same outputs."""
+    from dartcore import DartDecoder
+    from dartcore.index import NgramIndex, build_index
+    from dartcore.tokenizers import fingerprint
+    from test_decoder import hf_greedy
+    from test_decoder_builders import FingerprintedCharTokenizer
+
+    dr, model = _drafter(64, 4, 2, draft_vocab=None)
+    model.generation_config.eos_token_id = None
+    rng = np.random.default_rng(0)
+    prompts = [[1] + rng.integers(3, 64, size=int(rng.integers(3, 12))).tolist() for _ in range(3)]
+    tok = FingerprintedCharTokenizer()
+    build_index(
+        [rng.integers(0, 64, size=200) for _ in range(10)],
+        tmp_path / "tiny.idx",
+        vocab_size=64,
+        metadata={"tokenizer": {"name": "char", "fingerprint": fingerprint(tok)}},
+    )
+    dec = DartDecoder(
+        model,
+        tok,
+        dr,
+        NgramIndex(tmp_path / "tiny.idx"),
+        max_nodes=4,
+        eos_token_ids=(),
+        draft_numerics="int8",
+    )
+    assert dec.backend.name == "native-cpu" and dec.backend.draft_numerics == "int8"
+    assert dec.backend.native_drafts[id(dr)].numerics == "int8"
+    for prompt in prompts:
+        assert dec.generate(prompt, max_new_tokens=20).tokens == hf_greedy(model, prompt, 20)
 
 
 def test_draft_numerics_is_checked():
