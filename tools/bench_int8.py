@@ -6,6 +6,15 @@ the next token, mean KL(exact || int8) of the next-token distributions, perplexi
 
     python3 tools/bench_int8.py [--target smollm2] [--repeats 9] [--docs 8] [--tokens 256] [--json PATH]
 
+``--section drafter``: the DART drafter on the int8 target, its products fp16-exact
+(``draft_numerics="exact"``) against Q8_0 blocks on the integer kernels (``"int8"``): ms per
+draft call (a round's drafter forward after a cached prompt: n real rows + MASK rows, medians
+of interleaved repeats), top-1 agreement of the two drafters' draft rows along held-out text,
+and ``dart`` on built-in chat prompts with each drafter (tau, the draft stage's ms per round,
+tok/s medians; every output checked against the int8 target's own AR):
+
+    python3 tools/bench_int8.py --section drafter --index artifacts/demo/smollm2.idx [--prompts 4] [--max-new-tokens 128] [--runs 3]
+
 Prints a table; ``--json`` writes the report (machine, command, figures).
 """
 
@@ -47,6 +56,201 @@ def _held_out(tok, docs: int, tokens: int, data: Path) -> list[list[int]]:
     return out
 
 
+def _command() -> str:
+    """The command line, with the environment variables that change the kernels' setup."""
+    env = [
+        f"{k}={os.environ[k]}"
+        for k in ("DARTCORE_LINEAR_THREADS", "DARTCORE_LINEAR_ISA", "DARTCORE_NATIVE_LINEAR")
+        if k in os.environ
+    ]
+    return " ".join([*env, "python3 tools/bench_int8.py", *sys.argv[1:]])
+
+
+def _machine() -> dict:
+    from dartcore.kernels.linear import int8_kernel, linear_threads, native_linear_isa
+
+    return {
+        "cpu": _cpu_model(),
+        "vcpus": os.cpu_count(),
+        "isa": native_linear_isa(),
+        "int8_kernel": int8_kernel(),
+        "threads": linear_threads(),
+        "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+    }
+
+
+def drafter_section(args) -> None:
+    """The drafter fp16 against Q8_0 on the int8 target (see the module docs)."""
+    from dartcore import DartDecoder
+    from dartcore.benchmark.datasets import load_prompts
+    from dartcore.drafter import DartDrafter
+    from dartcore.index import NgramIndex
+    from dartcore.kernels.linear import int8_kernel, torch_threads
+    from dartcore.models.hub import load_target
+
+    if int8_kernel() is None:
+        sys.exit("the integer kernels do not run here (AVX2 + FMA + F16C needed)")
+    if not args.index:
+        sys.exit("--section drafter needs --index (e.g. artifacts/demo/smollm2.idx)")
+    model, tok = load_target(args.target, quantized=True, numerics="int8")
+    index = NgramIndex(args.index)
+    kinds = ("exact", "int8")
+    decs = {
+        n: DartDecoder(
+            model,
+            tok,
+            DartDrafter.from_pretrained(args.target, model, tokenizer=tok),
+            index,
+            tree="dart",
+            draft_numerics=n,
+        )
+        for n in kinds
+    }
+    ar = DartDecoder(model, tok, None, index, tree="ar")
+    steps = {n: d.backend.native_drafts[id(d.drafter)] for n, d in decs.items()}
+    assert all(steps[n].numerics == n for n in kinds)
+    drafter = decs["exact"].drafter
+    target = decs["exact"].target
+
+    # real taps of held-out text for both measurements below
+    docs = _held_out(tok, args.docs, args.tokens, Path(args.data))
+    if not docs:
+        sys.exit(f"no dolma-sample documents of {args.tokens} tokens under {args.data}")
+
+    def taps_of(ids: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            hidden = model(torch.tensor(ids)[None], output_hidden_states=True).hidden_states
+        return torch.cat([hidden[t] for t in drafter.taps], -1)[0]
+
+    # ms per draft call: n real rows + (rows - 1) MASK rows after a cached prompt
+    shapes = [(1, 2), (2, 2), (3, 2), (1, drafter.d)]
+    ids = docs[0]
+    taps = taps_of(ids)
+    x = torch.tensor(ids)
+    prompt = args.prompt
+    call_ms: dict[str, dict[str, list[float]]] = {
+        n: {f"{a}+{b - 1}": [] for a, b in shapes} for n in kinds
+    }
+    with torch_threads(1):
+        for rep in range(args.repeats + 1):  # the first pass warms up
+            for n_real, rows in shapes:
+                for n, step in steps.items():
+                    state = step.drafter.new_state(prompt + 16)
+                    step.draft(state, taps[:prompt], x[1 : prompt + 1])
+                    t0 = time.perf_counter()
+                    step.draft(
+                        state,
+                        taps[prompt : prompt + n_real],
+                        x[prompt + 1 : prompt + 1 + n_real],
+                        rows=rows,
+                    )
+                    if rep:
+                        call_ms[n][f"{n_real}+{rows - 1}"].append((time.perf_counter() - t0) * 1e3)
+    draft_call_ms = {
+        n: {k: round(statistics.median(v), 3) for k, v in per.items()} for n, per in call_ms.items()
+    }
+    # the fastest call of each: the cost without other processes' interference (a shared box)
+    draft_call_min_ms = {
+        n: {k: round(min(v), 3) for k, v in per.items()} for n, per in call_ms.items()
+    }
+
+    # top-1 agreement of the draft rows, each drafter on its own state along the text
+    agree, drafts = torch.zeros(drafter.d), 0
+    for ids in docs:
+        x, taps = torch.tensor(ids), taps_of(ids)
+        states = {n: s.drafter.new_state(len(ids) + drafter.d) for n, s in steps.items()}
+        for n, s in steps.items():
+            s.draft(states[n], taps[:32], x[1:33])
+        for q in range(32, len(ids) - 1):
+            top = {
+                n: s.draft(states[n], taps[q : q + 1], x[q + 1 : q + 2]).argmax(-1)
+                for n, s in steps.items()
+            }
+            agree += (top["exact"] == top["int8"]).float()
+            drafts += 1
+    rate = (agree / max(drafts, 1)).tolist()
+
+    # dart on built-in chat prompts with each drafter
+    prompts = load_prompts("builtin", args.prompts)
+    want = [ar.generate(m, max_new_tokens=args.max_new_tokens).tokens for m in prompts]
+    runs: dict[str, list[dict]] = {n: [] for n in kinds}
+    for _ in range(args.runs):
+        for n, dec in decs.items():
+            tokens = seconds = draft_s = 0.0
+            rounds = 0
+            taus = []
+            for m, w in zip(prompts, want):
+                res = dec.generate(m, max_new_tokens=args.max_new_tokens)
+                if list(res.tokens) != list(w):
+                    sys.exit(f"draft_numerics={n}: an output differs from the int8 target's own AR")
+                st = res.stats
+                tokens += st.new_tokens
+                seconds += st.total_s
+                draft_s += st.seconds["draft"]
+                rounds += st.rounds
+                taus.append(st.tau)
+            runs[n].append(
+                {
+                    "tok_s": tokens / seconds,
+                    "draft_ms_per_round": draft_s / max(rounds, 1) * 1e3,
+                    "tau": statistics.mean(taus),
+                    "draft_share": draft_s / seconds,
+                }
+            )
+    dart = {
+        n: {
+            k: round(statistics.median(r[k] for r in per), 4 if k in ("tau", "draft_share") else 2)
+            for k in per[0]
+        }
+        for n, per in runs.items()
+    }
+    report = {
+        "command": _command(),
+        "machine": _machine(),
+        "target": args.target,
+        "target_numerics": target.numerics,
+        "max_nodes": decs["exact"].max_nodes,
+        "draft_call_ms": {
+            "rows": "real + MASK rows of one draft call after a cached prompt of "
+            f"{prompt} tokens; median of {args.repeats}",
+            **draft_call_ms,
+            "min": draft_call_min_ms,
+        },
+        "draft_top1_agreement": {
+            "drafts": drafts,
+            "per_row": [round(r, 4) for r in rate],
+            "mean": round(sum(rate) / len(rate), 4),
+        },
+        "dart": {
+            "prompts": f"{len(prompts)} built-in chat prompts x {args.max_new_tokens} new tokens, "
+            f"median of {args.runs} runs; outputs equal the int8 target's own AR",
+            **dart,
+        },
+    }
+    mach = report["machine"]
+    print(
+        f"{mach['cpu']}, {mach['vcpus']} vCPUs, {mach['isa']}, int8 kernel {mach['int8_kernel']}, "
+        f"{mach['threads']} threads; int8 target, drafter products fp16 (exact) vs Q8_0 (int8)"
+    )
+    print("ms per draft call (real+MASK rows): " + ", ".join(draft_call_ms["exact"]))
+    for n in kinds:
+        print(
+            f"  {n:<6}"
+            + "".join(f"{v:>9.3f}" for v in draft_call_ms[n].values())
+            + "   min "
+            + " ".join(f"{v:.3f}" for v in draft_call_min_ms[n].values())
+        )
+    print(f"top-1 agreement over {drafts} drafts, per row: {[round(r, 3) for r in rate]}")
+    for n in kinds:
+        r = dart[n]
+        print(
+            f"dart {n:<6} tau {r['tau']:.3f}  {r['tok_s']:.1f} tok/s  draft {r['draft_ms_per_round']:.3f} "
+            f"ms/round ({100 * r['draft_share']:.1f}% of the time)"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="smollm2")
@@ -59,12 +263,18 @@ def main() -> None:
         "--data", default=str(Path(__file__).resolve().parents[1] / ".." / "shared" / "data")
     )
     p.add_argument("--json", default=None)
+    p.add_argument("--section", choices=("target", "drafter"), default="target")
+    p.add_argument("--index", default=None, help="the n-gram index (--section drafter)")
+    p.add_argument("--prompts", type=int, default=4, help="built-in chat prompts (drafter)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--runs", type=int, default=3, help="dart runs over the prompts (drafter)")
     args = p.parse_args()
+    if args.section == "drafter":
+        return drafter_section(args)
 
     from dartcore.kernels.linear import (
         int8_kernel,
         linear_threads,
-        native_linear_isa,
         torch_threads,
     )
     from dartcore.models.hub import load_target
@@ -123,15 +333,8 @@ def main() -> None:
         kl_sum += float((pe.exp() * (pe - pi)).sum())
         total += len(ids) - 1
     report = {
-        "command": "python3 tools/bench_int8.py " + " ".join(sys.argv[1:]),
-        "machine": {
-            "cpu": _cpu_model(),
-            "vcpus": os.cpu_count(),
-            "isa": native_linear_isa(),
-            "int8_kernel": int8_kernel(),
-            "threads": linear_threads(),
-            "load_average_1m_at_end": round(os.getloadavg()[0], 2),
-        },
+        "command": _command(),
+        "machine": _machine(),
         "target": args.target,
         "forward_ms": forward_ms,
         "extra_row_ms": extra_row_ms,

@@ -81,7 +81,9 @@ class DartDecoder:
     ``dart+live`` / ``dart+mix`` / ``suffix`` trees read (:mod:`dartcore.live`); outputs never
     change, only speed. ``lazy_logits`` (default: on for CPU without the native
     kernels, off otherwise) computes the LM head only for the tree nodes the acceptance walk
-    visits. Device and CPU specifics (weight layouts, native kernels, lazy logits) are the
+    visits. ``draft_numerics`` (``"exact"`` / ``"int8"``, default the target's): the drafter's
+    products on the native CPU backend, fp16 weights or Q8_0 blocks (drafts only). Device and
+    CPU specifics (weight layouts, native kernels, lazy logits) are the
     ``backend``'s (:mod:`dartcore.models.backend`), chosen here once.
     """
 
@@ -109,13 +111,14 @@ class DartDecoder:
         eos_token_ids: Sequence[int] | None = None,
         lazy_logits: bool | None = None,
         learn=False,
+        draft_numerics: str | None = None,
         **tree_params,
     ):
         if device is not None or dtype is not None:
             model.to(device=device, dtype=dtype)
         model.eval()
         target = TargetModel(model)
-        backend = backend_for(target, lazy_logits=lazy_logits)
+        backend = backend_for(target, lazy_logits=lazy_logits, draft_numerics=draft_numerics)
         self.tree = tree
         builder = make_tree_builder(tree, **tree_params)
         check_needs(tree, builder, drafter, index)

@@ -72,6 +72,8 @@ __all__ = [
     "native_linear_available",
     "native_linear_isa",
     "native_linears_",
+    "native_product",
+    "quantize_q8_0",
     "small_linear",
     "torch_threads",
 ]
@@ -284,40 +286,91 @@ def native_rows(
     )
 
 
+def native_product(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    numerics: str = "exact",
+    narrow: bool = False,
+    threads: int | None = None,
+):
+    """The native product of a float weight, ``product(x) = x @ W.T + bias``: with
+    ``numerics="exact"`` a :class:`NativeWeight` (``W`` the weight itself); with ``"int8"``
+    the weight quantised to Q8_0 blocks once and run on the integer path
+    (:meth:`BlockWeight.from_float`: ``W`` its Q8_0 values, x quantised per 32 values). A
+    weight the integer path cannot take -- in-features not a multiple of 32, values beyond
+    fp16 scales, the integer kernels not running here -- gets the exact product, with a
+    one-line warning."""
+    from dartcore.errors import DartError, WeightFormatError
+
+    if numerics not in NUMERICS:
+        raise DartError(f"numerics={numerics!r}: expected one of {NUMERICS}")
+    if numerics == "int8":
+        why = None
+        if _INT8 is None:
+            why = "the integer kernels do not run here"
+        elif not _fits(weight):
+            why = "not a contiguous 2-D float32 CPU weight"
+        else:
+            try:
+                return BlockWeight.from_float(weight, bias, threads=threads)
+            except WeightFormatError as e:
+                why = str(e)
+        import warnings
+
+        warnings.warn(
+            f"numerics='int8': a {list(weight.shape)} weight stays exact ({why})", stacklevel=2
+        )
+    return NativeWeight(weight, bias, narrow=narrow, threads=threads)
+
+
 class _NativeLinear(torch.nn.Linear):
     """An ``nn.Linear`` whose inference forward of a few rows runs natively (see
     :func:`native_linears_`); same parameters, same state dict. The kernel's copy of the
-    weight is made on first use and remade when the parameter is replaced or changed in
-    place (its version counter)."""
+    weight (:func:`native_product`) is made on first use and remade when the parameter is
+    replaced or changed in place (its version counter)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         native, version = self.__dict__.get("_native_weight", (None, -1))
+        source = self.__dict__.get("_native_source")  # (the parameter, its storage)
         w = self.weight
         if (
             native is None
-            or native.weight is not w
-            or native.ptr != w.data_ptr()
+            or source[0] is not w
+            or source[1] != w.data_ptr()
             or version != w._version
         ):
-            native = NativeWeight(
+            native = native_product(
                 w,
                 self.bias,
+                numerics=self.__dict__.get("_numerics", "exact"),
                 narrow=self.__dict__.get("_narrow", False),
                 threads=self.__dict__.get("_threads"),
             )
             self.__dict__["_native_weight"] = (native, w._version)
-        return native(x) if x.dim() == 2 else F.linear(x, self.weight, self.bias)
+            self.__dict__["_native_source"] = (w, w.data_ptr())
+        if x.dim() != 2 or (
+            torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
+        ):  # autograd: the float weight
+            return F.linear(x, w, self.bias)
+        return native(x)
 
 
 def native_linears_(
-    module: torch.nn.Module, *, narrow: bool = False, threads: int | None = None
+    module: torch.nn.Module,
+    *,
+    narrow: bool = False,
+    threads: int | None = None,
+    numerics: str = "exact",
 ) -> torch.nn.Module:
     """Run the float32 CPU ``nn.Linear`` layers of ``module`` (in place) through the native
     kernel for 2-D inputs of at most :data:`MAX_ROWS` rows; other inputs, autograd and other
     devices / dtypes take ``F.linear`` as before. The DART drafter forwards a handful of rows
     per draft. ``narrow``: weights exactly representable in float16 / bfloat16 stream in that
     format (see :class:`NativeWeight`; same results). ``threads``: the kernel's (default
-    :func:`linear_threads` at first use). A no-op where the kernel does not run."""
+    :func:`linear_threads` at first use). ``numerics="int8"``: the weights as Q8_0 blocks on
+    the integer path, any number of rows (see :func:`native_product`). A no-op where the
+    kernel does not run."""
     if not _AVAILABLE:
         return module
     for m in module.modules():
@@ -325,7 +378,9 @@ def native_linears_(
             m.__class__ = _NativeLinear
             m.__dict__["_narrow"] = narrow
             m.__dict__["_threads"] = threads
+            m.__dict__["_numerics"] = numerics
             m.__dict__.pop("_native_weight", None)
+            m.__dict__.pop("_native_source", None)
     return module
 
 
@@ -423,6 +478,43 @@ def pack_blocks(data: np.ndarray, k: int, fmt: str) -> np.ndarray:
     return out
 
 
+def quantize_q8_0(values) -> np.ndarray:
+    """Float rows ``[n, k]`` (a tensor or array; ``k`` a multiple of 32) as GGML Q8_0 blocks,
+    uint8 ``[n, k / 32 * 34]`` as a GGUF file stores them (what :class:`BlockWeight` reads):
+    per 32 values the scale ``d = amax / 127`` (float32, stored as fp16) then ``q = round(x /
+    d)`` as int8 (x times the float32 ``1 / d``, halves away from zero; ``q = 0`` where ``d`` is
+    0) -- GGML's reference quantiser, byte for byte. A block whose scale is below fp16's range
+    keeps a zero scale (its values dequantise to 0), as in GGML. Non-finite values, or a scale
+    above fp16's range (|x| > 8.3e6), are errors."""
+    from dartcore.errors import WeightFormatError
+
+    if isinstance(values, torch.Tensor):
+        values = values.detach().to("cpu", torch.float32).numpy()
+    x = np.asarray(values, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] == 0 or x.shape[1] % 32:
+        raise WeightFormatError(
+            f"values: Q8_0 rows of a whole number of 32-value blocks, got shape {list(x.shape)}"
+        )
+    if not np.isfinite(x).all():
+        raise WeightFormatError("values: Q8_0 blocks of non-finite values")
+    n, k = x.shape
+    blocks = x.reshape(n, k // 32, 32)
+    d = np.abs(blocks).max(axis=2) / np.float32(127)
+    with np.errstate(over="ignore"):
+        d16 = d.astype(np.float16)
+    if np.isinf(d16).any():
+        raise WeightFormatError("values: a Q8_0 block's scale (amax / 127) is beyond fp16's range")
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    scaled = blocks * inv[:, :, None]
+    mag = np.abs(scaled)
+    whole = np.floor(mag)
+    q = np.copysign(whole + (mag - whole >= np.float32(0.5)), scaled)
+    out = np.empty((n, k // 32, 34), dtype=np.uint8)
+    out[:, :, :2] = d16[:, :, None].view(np.uint8)
+    out[:, :, 2:] = np.clip(q, -127, 127).astype(np.int8).view(np.uint8)
+    return out.reshape(n, k // 32 * 34)
+
+
 class BlockWeight:
     """A weight ``[n, k]`` kept as GGML blocks: ``data`` uint8 ``[n, k / 32 * block bytes]``
     (each row its blocks, as the GGUF file stores them; or ``packed`` already by
@@ -466,6 +558,27 @@ class BlockWeight:
         self.threads = threads or linear_threads()
         self.adopted = False  # whether a TargetModel runs it (transformer.py)
         self._b = None if bias is None else np.ascontiguousarray(bias.detach().numpy())
+
+    @classmethod
+    def from_float(
+        cls,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        threads: int | None = None,
+        numerics: str = "int8",
+    ) -> BlockWeight:
+        """A float weight ``[n, k]`` (``k`` a multiple of 32) quantised to Q8_0 blocks
+        (:func:`quantize_q8_0`) and run with ``numerics``: ~4x fewer bytes than float32, its
+        products those of the Q8_0 values, not of ``weight``."""
+        return cls(
+            quantize_q8_0(weight),
+            int(weight.shape[1]),
+            "q8_0",
+            None if bias is None else bias.detach().to(torch.float32).contiguous(),
+            threads=threads,
+            numerics=numerics,
+        )
 
     @classmethod
     def rows_of(cls, whole: BlockWeight, start: int, n: int) -> BlockWeight:

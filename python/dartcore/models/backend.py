@@ -12,21 +12,54 @@ its methods.
   (:class:`~dartcore.kernels.native_draft.NativeDraft`), a round's small torch ops
   run on one thread next to the kernel's spinning helpers, and the LM head takes all of a
   tree's rows (the kernel computes a few rows for about the price of one).
+
+``draft_numerics`` (:func:`resolve_draft_numerics`) chooses the drafter's products on the
+native CPU backend: ``"exact"`` (its fp16-exact weights) or ``"int8"`` (its weights as Q8_0
+blocks on the integer kernels, as a GGUF target's blocks); by default the target's numerics.
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import numpy as np
 import torch
 
 from dartcore.drafter import DartDrafter
-from dartcore.kernels.linear import native_linears_, torch_threads
+from dartcore.errors import DartError
+from dartcore.kernels.linear import NUMERICS, int8_kernel, native_linears_, torch_threads
 from dartcore.kernels.native_draft import NativeDraft
 from dartcore.models.transformer import ForwardOutput, TargetModel, column_major_linears_
 
-__all__ = ["TorchBackend", "NativeCpuBackend", "LazyLogits", "backend_for"]
+__all__ = [
+    "TorchBackend",
+    "NativeCpuBackend",
+    "LazyLogits",
+    "backend_for",
+    "resolve_draft_numerics",
+]
+
+
+def resolve_draft_numerics(target: TargetModel, asked: str | None = None) -> str:
+    """The drafter's numerics on the native CPU backend: ``asked`` (one of
+    :data:`~dartcore.kernels.linear.NUMERICS`), by default the target's (``"int8"`` for a GGUF
+    target on the integer path). ``"int8"`` off the native CPU backend or where the integer
+    kernels do not run is ``"exact"``, with a one-line warning. Outputs are the target's
+    either way; only the drafts (and their cost) differ."""
+    if asked is None:
+        int8 = getattr(target, "numerics", "exact") == "int8" and target.native_linear
+        return "int8" if int8 else "exact"
+    if asked not in NUMERICS:
+        raise DartError(f"draft_numerics={asked!r}: expected one of {NUMERICS}")
+    if asked == "int8" and (not target.native_linear or int8_kernel() is None):
+        warnings.warn(
+            "draft_numerics='int8' needs the native CPU backend and the integer kernels: "
+            "drafting with draft_numerics='exact'",
+            stacklevel=3,
+        )
+        return "exact"
+    return asked
 
 
 class LazyLogits:
@@ -72,10 +105,16 @@ class TorchBackend:
 
     name = "torch"
 
-    def __init__(self, target: TargetModel, lazy_logits: bool | None = None):
+    def __init__(
+        self,
+        target: TargetModel,
+        lazy_logits: bool | None = None,
+        draft_numerics: str | None = None,
+    ):
         self.target = target
         self.device = target.device
         self.lazy_logits = self.device.type != "cuda" if lazy_logits is None else bool(lazy_logits)
+        self.draft_numerics = resolve_draft_numerics(target, draft_numerics)
 
     def prepare_drafter(self, drafter):
         """Move ``drafter`` to the target's device and lay its weights out for this backend."""
@@ -160,25 +199,35 @@ class NativeCpuBackend(TorchBackend):
 
     name = "native-cpu"
 
-    def __init__(self, target: TargetModel, lazy_logits: bool | None = None):
-        super().__init__(target, lazy_logits=False if lazy_logits is None else lazy_logits)
+    def __init__(
+        self,
+        target: TargetModel,
+        lazy_logits: bool | None = None,
+        draft_numerics: str | None = None,
+    ):
+        super().__init__(
+            target,
+            lazy_logits=False if lazy_logits is None else lazy_logits,
+            draft_numerics=draft_numerics,
+        )
         self.native_drafts: dict[int, NativeDraft] = {}  # id(drafter) -> its native draft step
 
     def prepare_drafter(self, drafter):
         if isinstance(drafter, torch.nn.Module):
             drafter.to(self.device)
-            # weights streamed once for the d rows, fp16 where they are fp16-exact (the shipped
-            # drafters are stored in fp16: same drafts, half the bytes); a DartDrafter's layer
-            # ops native too
+            # weights streamed once for the d rows: fp16 where they are fp16-exact (the shipped
+            # drafters are stored in fp16: same drafts, half the bytes), or Q8_0 blocks on the
+            # integer path (draft_numerics "int8"); a DartDrafter's layer ops native too
+            threads, numerics = self.target.threads, self.draft_numerics
             native = (
-                NativeDraft.adopt(drafter, threads=self.target.threads)
+                NativeDraft.adopt(drafter, threads=threads, numerics=numerics)
                 if isinstance(drafter, DartDrafter)
                 else None
             )
             if native is not None:
                 self.native_drafts[id(drafter)] = native
             else:
-                native_linears_(drafter, narrow=True, threads=self.target.threads)
+                native_linears_(drafter, narrow=True, threads=threads, numerics=numerics)
         return drafter
 
     def draft(
@@ -214,7 +263,10 @@ class NativeCpuBackend(TorchBackend):
         return torch_threads(1)
 
 
-def backend_for(target: TargetModel, lazy_logits: bool | None = None) -> TorchBackend:
-    """The backend of ``target``: native CPU where its products run natively, else torch."""
+def backend_for(
+    target: TargetModel, lazy_logits: bool | None = None, draft_numerics: str | None = None
+) -> TorchBackend:
+    """The backend of ``target``: native CPU where its products run natively, else torch.
+    ``draft_numerics``: see :func:`resolve_draft_numerics`."""
     cls = NativeCpuBackend if target.native_linear else TorchBackend
-    return cls(target, lazy_logits=lazy_logits)
+    return cls(target, lazy_logits=lazy_logits, draft_numerics=draft_numerics)
