@@ -648,9 +648,13 @@ mod x86 {
                 } else {
                     1
                 };
-                let mut isum: [[__m256i; 4]; M] = std::array::from_fn(|m| {
-                    [isum_start(m), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()]
-                });
+                // AVX2 on Q4: the block's eight `maddubs` products add up in i16 lanes and
+                // widen once (`madd`) at the end: a lane's pairs are at most 2 · 15 · 127, so
+                // eight of them stay within i16 (30480) and the sum is exact
+                let wide16 = !VNNI && F != Q8_0;
+                let zero = _mm256_setzero_si256();
+                let mut isum: [[__m256i; 4]; M] =
+                    std::array::from_fn(|m| [if wide16 { zero } else { isum_start(m) }, zero, zero, zero]);
                 // `u` unsigned bytes of eight rows x four weights, against the four bytes of
                 // each row of x at `off` within the block, into partial sum `ch`
                 macro_rules! dot {
@@ -667,7 +671,7 @@ mod x86 {
                                 let prod = _mm256_maddubs_epi16($u, _mm256_sign_epi8(xv, $signed));
                                 _mm256_add_epi32(acc, _mm256_madd_epi16(prod, ones))
                             } else {
-                                _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16($u, xv), ones))
+                                _mm256_add_epi16(acc, _mm256_maddubs_epi16($u, xv))
                             };
                         }
                     };
@@ -698,11 +702,15 @@ mod x86 {
                     let xb = (m0 + m) * nb + b;
                     let s = _mm256_mul_ps(dw, _mm256_set1_ps(*xq.d.get_unchecked(xb)));
                     let [a0, a1, a2, a3] = isum[m];
-                    let p = match chains {
+                    let add = |a, b| if wide16 { _mm256_add_epi16(a, b) } else { _mm256_add_epi32(a, b) };
+                    let mut p = match chains {
                         1 => a0,
-                        2 => _mm256_add_epi32(a0, a1),
-                        _ => _mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3)),
+                        2 => add(a0, a1),
+                        _ => add(add(a0, a1), add(a2, a3)),
                     };
+                    if wide16 {
+                        p = _mm256_add_epi32(isum_start(m), _mm256_madd_epi16(p, ones));
+                    }
                     facc[m] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), facc[m]);
                     if F == Q4_1 {
                         facc[m] = _mm256_fmadd_ps(mw, _mm256_set1_ps(*xq.ds.get_unchecked(xb)), facc[m]);
