@@ -86,6 +86,54 @@ def test_int8_products_follow_the_integer_numerics_and_each_row_is_its_own(fmt):
     assert err <= 0.02 * alone.abs().max()
 
 
+def _rows_alone_and_together(out: str) -> None:
+    """Each format's int8 products for 16 rows of x against 61 and 75 weight rows (8 and 10
+    groups: paired groups split between threads, a lone last group), each row computed alone;
+    asserts that every 1..16-row call and 1..3 threads give those bits; saves them to ``out``
+    (npz) for a comparison across processes (instruction sets)."""
+    k = 96
+    x = torch.randn(16, k, generator=torch.Generator().manual_seed(5))
+    x[2] = 0.0
+    saved = {}
+    for fmt in TYPES:
+        for n in (61, 75):
+            file = _file_blocks(n, k, fmt, n)
+            bias = torch.randn(n, generator=torch.Generator().manual_seed(n)) * 0.1
+            ws = [BlockWeight(file, k, fmt, bias, numerics="int8", threads=t) for t in (1, 2, 3)]
+            alone = torch.cat([ws[0](x[i : i + 1]) for i in range(16)])
+            for w in ws:
+                for rows in range(1, 17):
+                    assert torch.equal(w(x[:rows]), alone[:rows]), (fmt, n, w.threads, rows)
+            saved[f"{fmt}_{n}"] = alone.numpy()
+    np.savez(out, int8_kernel=np.array(int8_kernel()), **saved)
+
+
+@int8
+def test_int8_rows_are_the_same_bits_at_any_rows_threads_and_instruction_set(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = tmp_path / "here.npz"
+    _rows_alone_and_together(str(here))
+    want = dict(np.load(here))
+    # the AVX2 kernel forced in a fresh process (the instruction set is read at import)
+    env = dict(os.environ, DARTCORE_LINEAR_ISA="avx2")
+    code = "import sys; from test_kernels_int8 import _rows_alone_and_together as f; f(sys.argv[1])"
+    subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "avx2.npz")],
+        env=env,
+        cwd=Path(__file__).parent,
+        check=True,
+    )
+    got = dict(np.load(tmp_path / "avx2.npz"))
+    assert str(got.pop("int8_kernel")) == "avx2"
+    assert str(want.pop("int8_kernel")) == int8_kernel()
+    for name, values in want.items():
+        assert np.array_equal(values.view(np.uint32), got[name].view(np.uint32)), name
+
+
 def test_bad_numerics_are_errors():
     file = _file_blocks(8, 32, "q4_0", 2)
     with pytest.raises(DartError, match="numerics"):

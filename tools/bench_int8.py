@@ -15,7 +15,9 @@ tok/s medians; every output checked against the int8 target's own AR):
 
     python3 tools/bench_int8.py --section drafter --index artifacts/demo/smollm2.idx [--prompts 4] [--max-new-tokens 128] [--runs 3]
 
-Prints a table; ``--json`` writes the report (machine, command, figures).
+Prints a table; ``--json`` writes the report (machine, command, figures). ``--numerics int8
+--docs 0`` times the int8 forward alone (no held-out pass): quick before/after comparisons of
+the kernels, e.g. alternating two builds by ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -257,7 +259,10 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--rows", default="1,2,4,8,16")
     p.add_argument("--prompt", type=int, default=128, help="cached tokens before the timed rows")
-    p.add_argument("--docs", type=int, default=8)
+    p.add_argument(
+        "--numerics", default="exact,int8", help="the numerics timed (held-out needs both)"
+    )
+    p.add_argument("--docs", type=int, default=8, help="held-out documents (0: none)")
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument(
         "--data", default=str(Path(__file__).resolve().parents[1] / ".." / "shared" / "data")
@@ -282,13 +287,18 @@ def main() -> None:
 
     if int8_kernel() is None:
         sys.exit("the integer kernels do not run here (AVX2 + FMA + F16C needed)")
+    chosen = args.numerics.split(",")
+    if not chosen or any(n not in ("exact", "int8") for n in chosen):
+        sys.exit(f"--numerics: a comma-separated list of exact, int8 (got {args.numerics!r})")
+    if args.docs and set(chosen) != {"exact", "int8"}:
+        sys.exit("the held-out comparison needs --numerics exact,int8 (or --docs 0)")
     models = {}
-    for numerics in ("exact", "int8"):
+    for numerics in chosen:
         model, tok = load_target(args.target, quantized=True, numerics=numerics)
         models[numerics] = TargetModel(model)
     rows = [int(r) for r in args.rows.split(",")]
     gen = torch.Generator().manual_seed(0)
-    vocab = models["exact"].vocab_size
+    vocab = next(iter(models.values())).vocab_size
     prompt = torch.randint(0, vocab, (args.prompt,), generator=gen)
     block = torch.randint(0, vocab, (max(rows),), generator=gen)
     caches = {}
@@ -316,7 +326,7 @@ def main() -> None:
         for n, per in forward_ms.items()
     }
 
-    docs = _held_out(tok, args.docs, args.tokens, Path(args.data))
+    docs = _held_out(tok, args.docs, args.tokens, Path(args.data)) if args.docs else []
     agree = total = 0
     kl_sum = 0.0
     nll = {"exact": 0.0, "int8": 0.0}
@@ -347,7 +357,9 @@ def main() -> None:
                 n: round(float(torch.exp(torch.tensor(v / max(total, 1)))), 3)
                 for n, v in nll.items()
             },
-        },
+        }
+        if docs
+        else None,
     }
     print(
         f"{report['machine']['cpu']}, {report['machine']['vcpus']} vCPUs, {report['machine']['isa']}, "
@@ -361,10 +373,11 @@ def main() -> None:
             + f"   {extra_row_ms[n]:.3f}"
         )
     h = report["held_out"]
-    print(
-        f"held-out: {h['positions']} positions of {h['docs']} documents: greedy agreement {h['greedy_agreement']:.4f}, "
-        f"mean KL {h['mean_kl']:.5f}, perplexity exact {h['perplexity']['exact']} / int8 {h['perplexity']['int8']}"
-    )
+    if h:
+        print(
+            f"held-out: {h['positions']} positions of {h['docs']} documents: greedy agreement {h['greedy_agreement']:.4f}, "
+            f"mean KL {h['mean_kl']:.5f}, perplexity exact {h['perplexity']['exact']} / int8 {h['perplexity']['int8']}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
 

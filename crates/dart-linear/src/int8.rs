@@ -31,10 +31,13 @@
 //! vectors whose byte `4r + j` of vector `c` is weight `4c + j` of row `r` plus 128 (so that it
 //! is an unsigned byte for `vpdpbusd`; the `128 · s_x` it adds is subtracted as an integer).
 //!
-//! Instruction sets ([`Kernel`]): AVX-512 VNNI with VL (`vpdpbusd` on 256-bit vectors: Zen 4
-//! runs 512-bit ones as two halves, so the narrower vectors lose nothing there and share the
-//! AVX2 kernel's shape), else AVX2 (`maddubs` + `madd`; Q8_0 through `sign` / `abs`, since an
-//! unsigned byte up to 255 times 127 would saturate `maddubs`' 16-bit pairs).
+//! Instruction sets ([`Kernel`]): AVX-512 VNNI with VL, two groups at a time in 512-bit
+//! vectors (low half group `g`'s 256-bit vector, high half group `g + 1`'s: one `vpdpbusd`
+//! and one f32 step per sixteen weight rows and row of `x`, the instruction count that bounds
+//! the cost of each extra row; a lone last group on 256-bit vectors; a lane's operations are
+//! the same either way), else AVX2 (`maddubs` + `madd`; Q8_0 through `sign` / `abs`, since an
+//! unsigned byte up to 255 times 127 would saturate `maddubs`' 16-bit pairs). The rows of `x`
+//! are quantised once per call, in AVX2 vectors where the CPU has them.
 
 use crate::quant::{f16_to_f32, Format, BLOCK_WEIGHTS};
 use crate::{OutPart, ShapeError, Team, MAX_ROWS};
@@ -215,12 +218,47 @@ fn quantize_into(x: &[f32], out: &mut QuantRows) {
     quantize_portable(x, out);
 }
 
+/// [`quantize_portable`] in AVX2 vectors, a block at a time: the same IEEE operations on each
+/// value, so the same bits (test), where the compiler leaves the portable body's saturating
+/// float-to-int conversion scalar.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn quantize_avx2(x: &[f32], out: &mut QuantRows) {
-    // (the same IEEE operations in the same order: Rust never contracts a * b + c into an
-    // fma, so the wider vectors give the portable body's bits)
-    quantize_portable(x, out)
+    use std::arch::x86_64::*;
+    const MAGIC: f32 = 12_582_912.0;
+    for (b, (xs, qs)) in x.chunks_exact(BLOCK_WEIGHTS).zip(out.q.chunks_exact_mut(BLOCK_WEIGHTS)).enumerate() {
+        // SAFETY: `xs` and `qs` hold 32 values each (the loads and the store stay inside).
+        let (d, sum) = unsafe {
+            let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(xs.as_ptr().add(8 * i)));
+            let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+            // max(|v|, acc) keeps acc where |v| is NaN, as `f32::max` skips a NaN
+            let m = v.iter().fold(_mm256_setzero_ps(), |a, &x| _mm256_max_ps(_mm256_and_ps(x, abs), a));
+            let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+            let id = _mm256_set1_ps(if amax > 0.0 { 127.0 / amax } else { 0.0 });
+            let (magic, lo, hi) = (_mm256_set1_ps(MAGIC), _mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
+            let q: [__m256i; 4] = std::array::from_fn(|i| {
+                let r = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(v[i], id), magic), magic);
+                // the clamp in floats (±inf to ±127), then NaN to 0: `as i32` then `clamp`
+                let c = _mm256_min_ps(_mm256_max_ps(r, lo), hi);
+                _mm256_cvttps_epi32(_mm256_and_ps(c, _mm256_cmp_ps::<_CMP_ORD_Q>(r, r)))
+            });
+            let bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(qs.as_mut_ptr().cast(), bytes);
+            let s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b00_00_11_10>(s));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b00_00_00_01>(s));
+            (amax / 127.0, _mm_cvtsi128_si32(s))
+        };
+        out.d[b] = d;
+        out.s[b] = sum;
+        out.ds[b] = d * sum as f32;
+        out.s8[b] = -8 * sum;
+        out.s128[b] = -128 * sum;
+    }
 }
 
 /// Rounds to the nearest integer, ties to even, for |v| < 2^22 (the magic-number addition:
@@ -401,7 +439,8 @@ fn linear_quantized(
         run(0, groups);
         return;
     }
-    let per = groups.div_ceil(threads);
+    // whole pairs of groups per thread (the VNNI kernel pairs them)
+    let per = groups.div_ceil(threads).next_multiple_of(2);
     Team::get(threads).run(&|t| {
         let (g0, g1) = (t * per, ((t + 1) * per).min(groups));
         if g0 < g1 {
@@ -515,38 +554,49 @@ mod x86 {
     ) {
         let nb = k / BLOCK_WEIGHTS;
         let group_bytes = nb * GROUP * block_bytes(F);
-        for g in g0..g1 {
-            // SAFETY: group g < groups of `w` (checked by the caller).
+        let mut g = g0;
+        while g < g1 {
+            // Two groups at a time in 512-bit vectors where VNNI runs (one vpdpbusd and one
+            // f32 step per sixteen weight rows); a lane's operations are the 256-bit pass's,
+            // so the pairing changes no bit.
+            let groups = if VNNI && g + 1 < g1 { 2 } else { 1 };
+            // SAFETY: group g (and g + 1 when paired) < groups of `w` (checked by the caller).
             let gp = unsafe { w.as_ptr().add(g * group_bytes) };
+            let ahead = g + groups < g1;
             let mut m0 = 0;
             while m0 < rows {
                 let mc = (rows - m0).min(MC);
-                let mut acc = [0f32; GROUP * VNNI_ROWS];
+                let mut acc = [0f32; 2 * GROUP * VNNI_ROWS];
                 macro_rules! pass {
                     ($($m:literal),+) => {
-                        match mc {
-                            $($m => unsafe { pass::<F, VNNI, $m>(xq, m0, k, gp, g + 1 < g1, &mut acc) },)+
+                        match (groups, mc) {
+                            $((1, $m) => unsafe { pass::<F, VNNI, $m>(xq, m0, k, gp, ahead, &mut acc) },)+
+                            $((_, $m) => unsafe { pair::pass::<F, $m>(xq, m0, k, gp, group_bytes, ahead, &mut acc) },)+
                             _ => unreachable!("1..=MC rows"),
                         }
                     };
                 }
-                // SAFETY: rows m0..m0 + mc of `xq`, the group's records in `w`.
+                // SAFETY: rows m0..m0 + mc of `xq`, the groups' records in `w`; the paired
+                // pass only where VNNI (this function's features then include AVX-512F, VL,
+                // VNNI).
                 if MC == 8 {
                     pass!(1, 2, 3, 4, 5, 6, 7, 8)
                 } else {
                     pass!(1, 2, 3, 4)
                 }
-                let rr = GROUP.min(n - g * GROUP);
+                let lanes = groups * GROUP;
+                let rr = lanes.min(n - g * GROUP);
                 for m in 0..mc {
                     for r in 0..rr {
                         let j = g * GROUP + r;
-                        let y = acc[m * GROUP + r] + bias.map_or(0.0, |b| b[j]);
+                        let y = acc[m * lanes + r] + bias.map_or(0.0, |b| b[j]);
                         // SAFETY: row m0 + m < rows and column j < n: inside out's rows x n.
                         unsafe { *out.ptr.add((m0 + m) * n + j) = y };
                     }
                 }
                 m0 += mc;
             }
+            g += groups;
         }
     }
 
@@ -598,9 +648,13 @@ mod x86 {
                 } else {
                     1
                 };
-                let mut isum: [[__m256i; 4]; M] = std::array::from_fn(|m| {
-                    [isum_start(m), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()]
-                });
+                // AVX2 on Q4: the block's eight `maddubs` products add up in i16 lanes and
+                // widen once (`madd`) at the end: a lane's pairs are at most 2 · 15 · 127, so
+                // eight of them stay within i16 (30480) and the sum is exact
+                let wide16 = !VNNI && F != Q8_0;
+                let zero = _mm256_setzero_si256();
+                let mut isum: [[__m256i; 4]; M] =
+                    std::array::from_fn(|m| [if wide16 { zero } else { isum_start(m) }, zero, zero, zero]);
                 // `u` unsigned bytes of eight rows x four weights, against the four bytes of
                 // each row of x at `off` within the block, into partial sum `ch`
                 macro_rules! dot {
@@ -617,7 +671,7 @@ mod x86 {
                                 let prod = _mm256_maddubs_epi16($u, _mm256_sign_epi8(xv, $signed));
                                 _mm256_add_epi32(acc, _mm256_madd_epi16(prod, ones))
                             } else {
-                                _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16($u, xv), ones))
+                                _mm256_add_epi16(acc, _mm256_maddubs_epi16($u, xv))
                             };
                         }
                     };
@@ -648,11 +702,15 @@ mod x86 {
                     let xb = (m0 + m) * nb + b;
                     let s = _mm256_mul_ps(dw, _mm256_set1_ps(*xq.d.get_unchecked(xb)));
                     let [a0, a1, a2, a3] = isum[m];
-                    let p = match chains {
+                    let add = |a, b| if wide16 { _mm256_add_epi16(a, b) } else { _mm256_add_epi32(a, b) };
+                    let mut p = match chains {
                         1 => a0,
-                        2 => _mm256_add_epi32(a0, a1),
-                        _ => _mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3)),
+                        2 => add(a0, a1),
+                        _ => add(add(a0, a1), add(a2, a3)),
                     };
+                    if wide16 {
+                        p = _mm256_add_epi32(isum_start(m), _mm256_madd_epi16(p, ones));
+                    }
                     facc[m] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), facc[m]);
                     if F == Q4_1 {
                         facc[m] = _mm256_fmadd_ps(mw, _mm256_set1_ps(*xq.ds.get_unchecked(xb)), facc[m]);
@@ -661,6 +719,125 @@ mod x86 {
             }
             for (m, v) in facc.iter().enumerate() {
                 _mm256_storeu_ps(acc.as_mut_ptr().add(m * GROUP), *v);
+            }
+        }
+    }
+
+    /// The VNNI kernel on two consecutive groups at once: 512-bit vectors whose low half is
+    /// group `g`'s 256-bit vector and high half group `g + 1`'s.
+    mod pair {
+        use super::*;
+
+        /// Groups `g` (at `gp`) and `g + 1` (`group_bytes` further) against rows `m0..m0 + M`
+        /// of `x`: each row's sixteen outputs into `acc[m * 16..]`, exactly [`super::pass`]'s
+        /// per group. `ahead`: a next group follows the pair in `w` (prefetched).
+        ///
+        /// # Safety
+        /// AVX-512F + VL + VNNI, AVX2, FMA, F16C; both groups' records in `w`, rows of `xq`.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+        #[inline]
+        pub(super) unsafe fn pass<const F: u8, const M: usize>(
+            xq: &QuantRows,
+            m0: usize,
+            k: usize,
+            gp: *const u8,
+            group_bytes: usize,
+            ahead: bool,
+            acc: &mut [f32],
+        ) {
+            let nb = k / BLOCK_WEIGHTS;
+            let rec = GROUP * block_bytes(F);
+            let scales = if F == Q4_1 { 32 } else { 16 };
+            // SAFETY: as for this function; every pointer below is inside the two groups'
+            // records or rows m0..m0 + M of `xq`.
+            unsafe {
+                let gq = gp.add(group_bytes);
+                let mut facc = [_mm512_setzero_ps(); M];
+                let low = _mm512_set1_epi8(0x0f);
+                let xp = xq.q.as_ptr().add(m0 * k);
+                // vpdpbusd: latency ~4-5 cycles, one 512-bit one a cycle: independent partial
+                // sums per row where few rows leave the latency exposed (measured on the
+                // 3072 x 576 tile: two chains still help at four and five rows)
+                let chains = if M == 1 {
+                    4
+                } else if M <= 5 {
+                    2
+                } else {
+                    1
+                };
+                for b in 0..nb {
+                    let (rp, rq) = (gp.add(b * rec), gq.add(b * rec));
+                    _mm_prefetch::<_MM_HINT_T0>(rp.wrapping_add(4 * rec) as *const i8);
+                    if ahead || b + 4 < nb {
+                        _mm_prefetch::<_MM_HINT_T0>(rq.wrapping_add(4 * rec) as *const i8);
+                    }
+                    let (qp, qq) = (rp.add(scales), rq.add(scales));
+                    let wide = |c: usize| {
+                        let lo = _mm256_loadu_si256(qp.add(32 * c).cast());
+                        let hi = _mm256_loadu_si256(qq.add(32 * c).cast());
+                        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+                    };
+                    let isum_start = |m: usize| {
+                        let xb = (m0 + m) * nb + b;
+                        match F {
+                            Q4_0 => _mm512_set1_epi32(*xq.s8.get_unchecked(xb)),
+                            Q8_0 => _mm512_set1_epi32(*xq.s128.get_unchecked(xb)),
+                            _ => _mm512_setzero_si512(),
+                        }
+                    };
+                    let zero = _mm512_setzero_si512();
+                    let mut isum: [[__m512i; 4]; M] = std::array::from_fn(|m| [isum_start(m), zero, zero, zero]);
+                    macro_rules! dot {
+                        ($u:expr, $off:expr, $ch:expr) => {
+                            let ch = $ch % chains;
+                            for m in 0..M {
+                                let xv =
+                                    _mm512_set1_epi32(xp.add(m * k + b * 32 + $off).cast::<i32>().read_unaligned());
+                                isum[m][ch] = _mm512_dpbusd_epi32(isum[m][ch], $u, xv);
+                            }
+                        };
+                    }
+                    if F == Q8_0 {
+                        for c in 0..8 {
+                            let v = wide(c);
+                            dot!(v, 4 * c, c);
+                        }
+                    } else {
+                        for c in 0..4 {
+                            let v = wide(c);
+                            let lo = _mm512_and_si512(v, low);
+                            // (32-bit shifts: the bits crossing into a byte's high half are
+                            // masked off)
+                            let hi = _mm512_and_si512(_mm512_srli_epi32::<4>(v), low);
+                            dot!(lo, 4 * c, 2 * c);
+                            dot!(hi, 16 + 4 * c, 2 * c + 1);
+                        }
+                    }
+                    let halves = |off: usize| {
+                        let lo = _mm_loadu_si128(rp.add(off).cast());
+                        let hi = _mm_loadu_si128(rq.add(off).cast());
+                        _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi))
+                    };
+                    let dw = halves(0);
+                    let mw = if F == Q4_1 { halves(16) } else { _mm512_setzero_ps() };
+                    for m in 0..M {
+                        let xb = (m0 + m) * nb + b;
+                        let s = _mm512_mul_ps(dw, _mm512_set1_ps(*xq.d.get_unchecked(xb)));
+                        let [a0, a1, a2, a3] = isum[m];
+                        let p = match chains {
+                            1 => a0,
+                            2 => _mm512_add_epi32(a0, a1),
+                            _ => _mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
+                        };
+                        facc[m] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), facc[m]);
+                        if F == Q4_1 {
+                            facc[m] = _mm512_fmadd_ps(mw, _mm512_set1_ps(*xq.ds.get_unchecked(xb)), facc[m]);
+                        }
+                    }
+                }
+                for (m, v) in facc.iter().enumerate() {
+                    _mm512_storeu_ps(acc.as_mut_ptr().add(m * 2 * GROUP), *v);
+                }
             }
         }
     }
@@ -722,7 +899,8 @@ mod tests {
     #[test]
     fn the_kernels_equal_the_scalar_reference_bit_for_bit_at_any_rows_and_threads() {
         // k whole blocks but not whole 256s; n not whole groups
-        let shapes = [(576, 37), (32, 1), (64, 7), (96, 13), (1536, 9), (160, 16), (224, 3)];
+        // groups: odd and even counts, pairs split between threads, a lone last group
+        let shapes = [(576, 37), (32, 1), (64, 7), (96, 13), (1536, 9), (160, 16), (224, 3), (128, 61), (64, 24)];
         for kernel in Kernel::supported_here() {
             for format in [Format::Q4_0, Format::Q4_1, Format::Q8_0] {
                 for (i, &(k, n)) in shapes.iter().enumerate() {
@@ -826,6 +1004,36 @@ mod tests {
         assert_eq!(round_even(-3.5), -4.0);
         let odd = [f32::NAN, f32::INFINITY, 1.0, -1.0].repeat(8);
         assert!(quantize_rows(&odd, 1, 32).is_ok());
+    }
+
+    #[test]
+    fn the_vector_quantisation_equals_the_portable_one_bit_for_bit() {
+        // the awkward rows, and blocks of NaN, ±inf, subnormals (whose 127 / amax overflows),
+        // the largest finite values and exact ties
+        let k = 32 * 12;
+        let mut x = awkward_x(6, k, 11);
+        let special = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1.0e-45, -3.0e-42, f32::MAX, f32::MIN, 0.5];
+        for (i, v) in x.iter_mut().enumerate().filter(|(i, _)| i % 7 == 3 || (i / 32) % 5 == 2) {
+            *v = if (i / 32) % 5 == 2 { special[i % 3 + 3] * (1 + i % 5) as f32 } else { special[i % special.len()] };
+        }
+        x[64..96].iter_mut().enumerate().for_each(|(i, v)| *v = (i as f32 - 15.5) * 0.5);
+        x[96..128].iter_mut().enumerate().for_each(|(i, v)| *v = (i as f32 - 15.0) * 1.0e-45);
+        assert!((127.0 / 15.0e-45f32).is_infinite());
+        let got = quantize_rows(&x, 6, k).unwrap();
+        let mut want = QuantRows {
+            q: vec![0; x.len()],
+            d: vec![0.0; x.len() / 32],
+            s: vec![0; x.len() / 32],
+            ds: vec![0.0; x.len() / 32],
+            s8: vec![0; x.len() / 32],
+            s128: vec![0; x.len() / 32],
+        };
+        quantize_portable(&x, &mut want);
+        assert_eq!(got.q, want.q);
+        assert_eq!(bits(&got.d), bits(&want.d));
+        assert_eq!(bits(&got.ds), bits(&want.ds));
+        assert_eq!((&got.s, &got.s8, &got.s128), (&want.s, &want.s8, &want.s128));
+        assert!(want.q.contains(&127) && want.q.contains(&-127));
     }
 
     #[test]
