@@ -129,14 +129,14 @@ def test_engine_requests_learn_into_their_own_layer_greedy_unchanged(setup):  # 
         engine.add_request(prompts[0], live=True)
 
 
-def _args(*extra: str) -> list[str]:
+def _args(*extra: str, workers: int = 1) -> list[str]:
     return [
         "--engine-factory",
         "serve_fake:load",
         "--served-model-name",
         MODEL,
         "--workers",
-        "1",
+        str(workers),
         "--max-seq-len",
         "400",
         *extra,
@@ -156,7 +156,8 @@ def _live_tokens(server, prompt: str, *, scope=None, key=None) -> int:
 @pytest.fixture(scope="module")
 def tenant_server(tmp_path_factory):
     srv = ServerProcess(
-        _args("--learn", "--learn-scopes", "3", "--learn-capacity", "5000"),
+        # requests one at a time all go to worker 0 (the least loaded, lowest index)
+        _args("--learn", "--learn-scopes", "3", "--learn-capacity", "5000", workers=2),
         env={"DART_FAKE_STEP_S": "0"},
         log_path=tmp_path_factory.mktemp("serve") / "server.log",
     )
@@ -185,7 +186,8 @@ def test_http_scopes_do_not_see_each_other_and_clear(tenant_server):
     )  # sk-1: two documents and a separator
     assert len(out["scopes"]) == 3 and "scope:a" in out["scopes"]
     assert all(s.startswith("key:") and "sk-" not in s for s in out["scopes"] if s != "scope:a")
-    assert [w["worker"] for w in out["workers"]] == [0]
+    assert [w["worker"] for w in out["workers"]] == [0, 1]  # every worker is reached
+    assert out["workers"][1] == {"worker": 1, "scopes": [], "tokens": 0}
     # an opted-out request reads its scope but leaves nothing in it
     body = {"model": MODEL, "prompt": "x", "max_tokens": 3, "dart": {"learn": False}}
     assert srv.post("/v1/completions", body)[0] == 200
