@@ -226,3 +226,42 @@ def test_http_shared_mode_shares_and_no_learn_has_nothing_to_clear(tmp_path):
         assert status == 400 and out["error"]["code"] == "learn_disabled"
     finally:
         plain.stop()
+
+
+class _Pipe:
+    """The worker's end of the front's pipe, keeping what the worker sends."""
+
+    def __init__(self):
+        self.sent = []
+
+    def send(self, msg):
+        self.sent.append(msg)
+
+
+def test_a_worker_gives_the_real_engine_each_scope_its_layer(setup):  # noqa: F811
+    from dartcore.engine import Engine
+    from dartcore.sampling import SamplingParams
+    from dartcore.serve.worker import Loaded, WorkerConfig, _Worker
+
+    model, tok, drafter, index, prompts, refs = setup
+    dec = DartDecoder(model, tok, drafter, index, tree="suffix", max_nodes=8, eos_token_ids=())
+    loaded = Loaded(engine=Engine(dec, max_batch=2, budget=8), tokenizer=tok, context_length=256)
+    pipe = _Pipe()
+    worker = _Worker(pipe, WorkerConfig(learn=True, learn_scopes=2), loaded)
+    for rid, scope in (("r0", "scope:a"), ("r1", "key:" + "0" * 32)):
+        request = {"kind": "completion", "prompt": prompts[0], "max_tokens": 24, "echo": False}
+        worker.add(rid, {**request, "params": SamplingParams(), "scope": scope})
+    while worker.engine.has_unfinished():
+        worker.step()
+    done = {i["rid"]: i for m in pipe.sent if m[0] == "step" for i in m[1] if i["finished"]}
+    assert done["r0"]["completion_tokens"] == done["r1"]["completion_tokens"] == 24
+    a, k = (worker.scopes.layer(s) for s in ("scope:a", "key:" + "0" * 32))
+    assert a is not k and a.inserted == k.inserted == len(prompts[0]) + 24
+    assert a.suffix_match(prompts[0], 24).tolist() == refs[0]
+    worker.handle(("clear", 7, None))
+    assert pipe.sent[-1] == (
+        "cleared",
+        7,
+        {"scopes": ["scope:a", "key:" + "0" * 32], "tokens": 2 * (len(prompts[0]) + 24)},
+    )
+    assert len(worker.scopes) == 0 and a.inserted == 0
