@@ -8,7 +8,9 @@ seconds; the real Engine is tested end to end in test_serve_smollm2.py.
 The tokenizer is character level (token id = code point, 0 = EOS). The engine
 answers every prompt with ``reply_text(prompt_ids)`` -- an independent formula
 the tests recompute -- committing ``TOKENS_PER_STEP`` tokens per running
-request per step, after sleeping ``$DART_FAKE_STEP_S`` seconds.
+request per step, after sleeping ``$DART_FAKE_STEP_S`` seconds. A request given a live layer
+(``--learn``) is learned into it when it finishes; its stats say how many tokens the layer held
+when it came (``live_tokens``).
 """
 
 from __future__ import annotations
@@ -78,6 +80,9 @@ class _Seq:
     params: SamplingParams
     tokens: list = field(default_factory=list)
     rounds: int = 0
+    prompt: list = field(default_factory=list)
+    live: object = None  # the request's live layer (dart-serve --learn)
+    live_tokens: int = 0  # what that layer held when the request came
 
 
 class FakeStats:
@@ -102,13 +107,22 @@ class FakeEngine:
         self.stats = FakeStats()
         self._n = 0
 
-    def add_request(self, prompt_ids, params, request_id=None) -> str:
+    def add_request(self, prompt_ids, params, request_id=None, *, live=None) -> str:
         if not isinstance(params, SamplingParams):
             raise TypeError("params must be the engine's SamplingParams")
         self._n += 1
         rid = request_id or f"req-{self._n}"
         reply = [ord(c) for c in reply_text(list(prompt_ids), params.temperature, params.seed)]
-        self.waiting.append(_Seq(rid=rid, reply=reply, params=params))
+        self.waiting.append(
+            _Seq(
+                rid=rid,
+                reply=reply,
+                params=params,
+                prompt=list(prompt_ids),
+                live=live,
+                live_tokens=0 if live is None else len(live),
+            )
+        )
         return rid
 
     def abort(self, rid: str) -> None:
@@ -165,11 +179,14 @@ class FakeEngine:
                         "rounds": s.rounds,
                         "accept_hist": [0] * accepted + [s.rounds],
                         "budget_hist": [0] * 4 + [s.rounds],
+                        "live_tokens": s.live_tokens,
                     },
                 )
             )
             if reason is not None:
                 self.running.remove(s)
+                if s.live is not None and s.params.learn:  # as the engine's _finish does
+                    s.live.learn(s.prompt, s.tokens)
         self.stats.steps += 1
         self.stats.rows += len(outs)
         return outs

@@ -47,6 +47,7 @@ from dartcore import rounds
 from dartcore.acceptance import keep_nodes
 from dartcore.controller import Acceptance, BudgetController, CostCurve
 from dartcore.errors import ContextLengthError, DartError
+from dartcore.live import LiveLayer, live_layer
 from dartcore.models.kv_pool import KVPool
 from dartcore.prompts import cut_at_stop, decode, prompt_ids, prompt_kind
 from dartcore.rounds import GenerationResult, GenerationStats, Parts, StageClock
@@ -148,6 +149,7 @@ class _Request:
     acceptance: Acceptance | None = None
     budgets: list[int] = field(default_factory=list)
     arrival: float = 0.0
+    live: Any = None  # the request's own live layer (None: the decoder's)
 
 
 class Engine:
@@ -236,10 +238,17 @@ class Engine:
     # -- requests ---------------------------------------------------------------------------
 
     def add_request(
-        self, prompt, params: SamplingParams | None = None, request_id: str | None = None
+        self,
+        prompt,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        *,
+        live: LiveLayer | None = None,
     ) -> str:
         """Queue a request (a prompt as :meth:`DartDecoder.generate` takes it); it joins at the
-        next :meth:`step`. Returns its id (``request_id`` or a fresh one)."""
+        next :meth:`step`. Returns its id (``request_id`` or a fresh one). ``live``: the
+        :class:`~dartcore.live.LiveLayer` its trees read and it is learned into (a tenant's
+        own, so tenants cannot time each other); None: the decoder's (``learn=``)."""
         if params is None:
             params = SamplingParams()
         if not isinstance(params, SamplingParams):
@@ -247,6 +256,12 @@ class Engine:
                 f"params must be a dartcore.sampling.SamplingParams, got {type(params).__name__}"
             )
         parts = self.parts
+        if live is not None:
+            if not isinstance(live, LiveLayer):
+                raise TypeError(
+                    f"live must be a dartcore.live.LiveLayer or None, got {type(live).__name__}"
+                )
+            live_layer(live, parts.target.vocab_size)  # it must cover the target's ids
         ids = prompt_ids(parts.tokenizer, prompt, parts.target.vocab_size)
         room = min(parts.context_length, self.pool.capacity)
         if len(ids) >= room:
@@ -264,7 +279,9 @@ class Engine:
             raise ValueError(
                 f"request_id {request_id!r} is already in the engine: give each request its own id"
             )
-        req = _Request(request_id=request_id, ids=ids, params=params, arrival=time.perf_counter())
+        req = _Request(
+            request_id=request_id, ids=ids, params=params, arrival=time.perf_counter(), live=live
+        )
         self._requests[request_id] = req
         self._waiting.append(req)
         return request_id
@@ -515,6 +532,7 @@ class Engine:
             stats,
             cache=cache,
             drafter_state=dstate,
+            live=req.live,
         )
         if self.controller is not None:
             req.acceptance = self.controller.new_sequence()
@@ -532,7 +550,7 @@ class Engine:
         return self._output(req, list(req.seq.generated), None)
 
     def _finish(self, req: _Request) -> None:
-        live, seq = self.parts.live, req.seq
+        live, seq = self.parts.live if req.live is None else req.live, req.seq
         if live is not None and seq is not None and seq.generated and req.params.learn:
             live.learn(req.ids, seq.generated)
         if req.slot >= 0:

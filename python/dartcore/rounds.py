@@ -172,6 +172,8 @@ class Sequence:
     budget: int = 0  # this round's node budget
     # the last round's accepted nodes, root first
     path: list[int] = field(default_factory=lambda: [0])
+    # this sequence's live n-gram layer (a tenant's, in dart-serve); None: the decoder's
+    live: Any = None
 
     @property
     def prefix(self) -> int:
@@ -195,9 +197,11 @@ def new_sequence(
     *,
     cache: KVCache | None = None,
     drafter_state=None,
+    live=None,
 ) -> Sequence:
     """A sequence's state; its caches sized for the prompt, the output and one tree, or the
-    given ones (a slot of the engine's pool)."""
+    given ones (a slot of the engine's pool); ``live``: its own live layer (default the
+    decoder's, ``parts.live``)."""
     if cache is None:
         capacity = min(parts.context_length, len(ids) + max_new_tokens + parts.max_nodes + 1)
         cache = parts.target.new_cache(capacity)
@@ -214,6 +218,7 @@ def new_sequence(
         sampler=sampler,
         stats=stats,
         limit=min(parts.context_length, cache.capacity),
+        live=live,
     )
 
 
@@ -306,7 +311,7 @@ def search(
                     max_depth=depth,
                     max_nodes=seq.budget,
                     eos_token_ids=parts.eos_token_ids,
-                    live=parts.live,
+                    live=parts.live if seq.live is None else seq.live,
                 )
             )
         # The built-in builders keep to the budget; a custom one that does not is cut to it.

@@ -137,10 +137,31 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--learn",
         action="store_true",
-        help="each worker keeps a live n-gram layer of what it served (prompts and outputs, "
-        "at most 1M tokens, oldest out first) that the dart+live, dart+mix and suffix trees "
-        'read; a request opts out with "dart": {"learn": false}. Outputs never change, '
-        "speed does: requests of different users sharing a worker can time each other",
+        help="each worker keeps live n-gram layers of what it served (prompts and outputs, "
+        "oldest out first) that the dart+live, dart+mix and suffix trees read; a request opts "
+        'out with "dart": {"learn": false}. Outputs never change, speed does: see --learn-scope',
+    )
+    p.add_argument(
+        "--learn-scope",
+        choices=("tenant", "shared"),
+        default="tenant",
+        help="tenant (default): one layer per scope, named by the request "
+        '("dart": {"scope": "<name>"}), else its API key (hashed), else anonymous, so that '
+        "tenants cannot time each other's text; shared: one layer for all of a worker's requests",
+    )
+    p.add_argument(
+        "--learn-scopes",
+        type=_positive("--learn-scopes"),
+        default=64,
+        help="most scopes a worker keeps (--learn-scope tenant); the least recently used "
+        "layer is dropped whole past it (default 64)",
+    )
+    p.add_argument(
+        "--learn-capacity",
+        type=_positive("--learn-capacity"),
+        default=None,
+        help="tokens per layer (default: 1M tokens split across --learn-scopes in tenant mode, "
+        "1M shared)",
     )
     p.add_argument(
         "--drain-timeout",
@@ -207,6 +228,9 @@ def _run(args) -> int:
         numerics=args.numerics,
         prefault_index=not args.no_prefault_index,
         learn=args.learn,
+        learn_scope=args.learn_scope,
+        learn_scopes=args.learn_scopes,
+        learn_capacity=args.learn_capacity,
         default_max_tokens=args.default_max_tokens,
         tree_params=dict(args.tree_param),
         engine_factory=args.engine_factory,

@@ -1,7 +1,8 @@
 """The HTTP layer: FastAPI routes over a :class:`~dartcore.serve.pool.WorkerPool`.
 
 ``POST /v1/chat/completions``, ``POST /v1/completions`` (``stream`` over SSE),
-``GET /v1/models``, ``GET /health``, ``GET /metrics``. Every error is an
+``GET /v1/models``, ``GET /health``, ``GET /metrics``, ``POST /v1/dart/live/clear`` (drop
+the workers' live layers: one scope's or all). Every error is an
 OpenAI error body. A streaming response starts only once the worker has
 produced the first token (or refused the request), so a refusal still gets its
 real status code; a worker that dies after that ends the stream with an
@@ -31,6 +32,7 @@ from dartcore.serve.protocol import (
     completion_body,
     error_body,
     parse_chat,
+    parse_clear,
     parse_completion,
 )
 
@@ -128,13 +130,41 @@ def create_app(
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
-        req = parse_chat(await _body(request), models, header_stats=_header_stats(request))
+        req = parse_chat(
+            await _body(request),
+            models,
+            header_stats=_header_stats(request),
+            authorization=request.headers.get("authorization"),
+        )
         return await _generate(request, req)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        req = parse_completion(await _body(request), models, header_stats=_header_stats(request))
+        req = parse_completion(
+            await _body(request),
+            models,
+            header_stats=_header_stats(request),
+            authorization=request.headers.get("authorization"),
+        )
         return await _generate(request, req)
+
+    @app.post("/v1/dart/live/clear")
+    async def live_clear(request: Request):
+        if not pool.config.learn:
+            raise APIError(
+                "this server keeps no live layers (dart-serve runs without --learn)",
+                code="learn_disabled",
+            )
+        raw = await request.body()
+        scope = parse_clear(await _body(request) if raw.strip() else None)
+        workers = await pool.clear_live(scope)
+        return {
+            "object": "dart.live.clear",
+            "scope": scope,
+            "scopes": sorted({s for w in workers for s in w["scopes"]}),
+            "tokens": sum(w["tokens"] for w in workers),
+            "workers": workers,
+        }
 
     async def _until_disconnect(request: Request) -> None:
         while True:

@@ -19,6 +19,7 @@ event loop (``call_soon_threadsafe``); everything else runs on the loop.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import multiprocessing as mp
 import threading
@@ -92,6 +93,8 @@ class WorkerPool:
         self._ready_events: dict[int, asyncio.Event] = {}
         self.start_error: str | None = None  # a worker's load error, which stops the server
         self._latency = deque(maxlen=64)  # recent request seconds, for Retry-After
+        self._clears: dict[tuple[int, int], asyncio.Future] = {}  # (token, worker) -> answer
+        self._clear_tokens = itertools.count()
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -199,6 +202,10 @@ class WorkerPool:
                 s.queue.put_nowait(
                     ("error", APIError(message, status=status, param=param, code=code, type=kind))
                 )
+        elif kind == "cleared":
+            fut = self._clears.pop((msg[1], h.index), None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg[2])
         elif kind == "ready":
             info = msg[1]
             h.ready, h.pid, h.context_length = True, info["pid"], info["context_length"]
@@ -230,6 +237,10 @@ class WorkerPool:
         )
         failed = list(h.inflight.values())
         h.inflight.clear()
+        for key in [k for k in self._clears if k[1] == h.index]:
+            fut = self._clears.pop(key)
+            if not fut.done():  # its layers went with the process
+                fut.set_result({"scopes": [], "tokens": 0, "exited": True})
         for s in failed:
             s.done = True
             s.queue.put_nowait(
@@ -333,6 +344,35 @@ class WorkerPool:
             h.conn.send(("abort", s.req.id))
         except OSError:
             pass
+
+    async def clear_live(self, scope: str | None, timeout: float = 60.0) -> list[dict]:
+        """Drop the live layer of scope id ``scope`` (None: every scope) in every worker;
+        per worker, the scope ids dropped and the tokens they held. A worker that is loading
+        holds none (a new process starts empty)."""
+        token = next(self._clear_tokens)
+        waits = {}
+        for h in self.handles:
+            if not (h.ready and h.alive and h.conn is not None):
+                continue
+            fut = waits[h.index] = self._loop.create_future()
+            self._clears[(token, h.index)] = fut
+            try:
+                h.conn.send(("clear", token, scope))
+            except OSError:  # dying: its layers go with it
+                self._clears.pop((token, h.index), None)
+                fut.set_result({"scopes": [], "tokens": 0, "exited": True})
+        try:
+            done = await asyncio.wait_for(asyncio.gather(*waits.values()), timeout)
+        except TimeoutError:
+            for index in waits:
+                self._clears.pop((token, index), None)
+            raise APIError(
+                f"the workers did not answer the clear within {timeout:.0f} s; retry",
+                status=503,
+                type="server_error",
+                code="clear_timeout",
+            ) from None
+        return [{"worker": index, **result} for index, result in zip(waits, done)]
 
     def worker_pids(self) -> list[int | None]:
         return [h.pid if h.alive else None for h in self.handles]

@@ -12,7 +12,9 @@ Speculative-decoding statistics per request: ``"dart": {"stats": true}`` in the
 body (``extra_body=`` in the openai client) or the header ``X-Dart-Stats: 1``;
 the response then carries a ``"dart"`` object (tau, acceptance histogram,
 budgets, rounds, worker), in the last chunk when streaming. ``"dart": {"learn":
-false}`` keeps the request out of the worker's live n-gram layer (where it has one).
+false}`` keeps the request out of the worker's live n-gram layer (where it has one);
+``"dart": {"scope": "<name>"}`` names the layer's tenant scope (else the API key's, else the
+anonymous one: :mod:`dartcore.serve.scopes`).
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dartcore.sampling import SamplingParams
+from dartcore.serve.scopes import ANONYMOUS, clear_target, request_scope
 
 __all__ = [
     "APIError",
     "GenRequest",
     "parse_chat",
     "parse_completion",
+    "parse_clear",
     "error_body",
     "MAX_STOP",
     "completion_body",
@@ -91,6 +95,7 @@ class GenRequest:
     include_usage: bool = False  # stream_options.include_usage
     want_stats: bool = False
     echo: bool = False
+    scope: str = ANONYMOUS  # the live layer's scope id (dartcore.serve.scopes)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -101,6 +106,7 @@ class GenRequest:
             "max_tokens": self.max_tokens,
             "params": self.params,
             "echo": self.echo,
+            "scope": self.scope,
         }
 
 
@@ -185,10 +191,13 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _sampling(body: dict, req: dict, default_temperature: float) -> None:
+def _sampling(
+    body: dict, req: dict, default_temperature: float, authorization: str | None = None
+) -> None:
     """The body's sampling fields as the one :class:`~dartcore.sampling.SamplingParams`, which
     checks them; here only what the OpenAI API adds: temperature at most 2, at most MAX_STOP
-    stop strings, signed 64-bit seeds."""
+    stop strings, signed 64-bit seeds. Also the ``"dart"`` object and the live layer's scope
+    (``authorization``: the request's Authorization header)."""
     t = body.get("temperature")
     if t is None:
         t = default_temperature
@@ -245,14 +254,19 @@ def _sampling(body: dict, req: dict, default_temperature: float) -> None:
     dart = body.get("dart")
     if dart is not None and (
         not isinstance(dart, dict)
-        or set(dart) - {"stats", "learn"}
+        or set(dart) - {"stats", "learn", "scope"}
         or not all(isinstance(dart.get(k, False), bool) for k in ("stats", "learn"))
     ):
         raise _invalid(
-            f'dart must be an object {{"stats": true|false, "learn": true|false}}, got {dart!r}',
+            f'dart must be an object {{"stats": true|false, "learn": true|false, "scope": '
+            f'"<name>"}}, got {dart!r}',
             "dart",
             "invalid_value",
         )
+    try:
+        scope = request_scope((dart or {}).get("scope"), authorization)
+    except ValueError as exc:
+        raise _invalid(f"dart.{exc}", "dart.scope", "invalid_value") from None
     if dart is not None and dart.get("learn") is False:
         params = replace(params, learn=False)
     req.update(
@@ -260,6 +274,7 @@ def _sampling(body: dict, req: dict, default_temperature: float) -> None:
         stream=bool(stream),
         include_usage=include_usage,
         want_stats=bool((dart or {}).get("stats", False)),
+        scope=scope,
     )
 
 
@@ -320,7 +335,13 @@ def _content(content: Any, i: int) -> str:
     )
 
 
-def parse_chat(body: Any, models: tuple[str, ...], *, header_stats: bool = False) -> GenRequest:
+def parse_chat(
+    body: Any,
+    models: tuple[str, ...],
+    *,
+    header_stats: bool = False,
+    authorization: str | None = None,
+) -> GenRequest:
     _check_fields(body, _CHAT_FIELDS, _NEUTRAL_CHAT)
     model = _model(body, models)
     messages = body.get("messages")
@@ -355,7 +376,7 @@ def parse_chat(body: Any, models: tuple[str, ...], *, header_stats: bool = False
             )
         rendered.append({"role": role, "content": _content(m.get("content"), i)})
     req: dict = {}
-    _sampling(body, req, 1.0)
+    _sampling(body, req, 1.0, authorization)
     req["want_stats"] = req["want_stats"] or header_stats
     max_tokens = _max_tokens(body, ("max_completion_tokens", "max_tokens"))
     if max_tokens is not None:
@@ -364,7 +385,11 @@ def parse_chat(body: Any, models: tuple[str, ...], *, header_stats: bool = False
 
 
 def parse_completion(
-    body: Any, models: tuple[str, ...], *, header_stats: bool = False
+    body: Any,
+    models: tuple[str, ...],
+    *,
+    header_stats: bool = False,
+    authorization: str | None = None,
 ) -> GenRequest:
     _check_fields(body, _COMPLETION_FIELDS, _NEUTRAL_COMPLETION)
     model = _model(body, models)
@@ -391,7 +416,7 @@ def parse_completion(
     if echo is not None and not isinstance(echo, bool):
         raise _invalid(f"echo must be a boolean, got {echo!r}", "echo", "invalid_type")
     req: dict = {}
-    _sampling(body, req, 1.0)
+    _sampling(body, req, 1.0, authorization)
     req["want_stats"] = req["want_stats"] or header_stats
     max_tokens = _max_tokens(body, ("max_tokens",))
     max_tokens = 16 if max_tokens is None else max_tokens  # the OpenAI completions API's default
@@ -399,6 +424,22 @@ def parse_completion(
     return GenRequest(
         kind="completion", model=model, prompt=prompt, max_tokens=max_tokens, echo=bool(echo), **req
     )
+
+
+def parse_clear(body: Any) -> str | None:
+    """The scope id ``POST /v1/dart/live/clear`` names (``{"scope": ...}``), None for all."""
+    if body is None:
+        return None
+    if not isinstance(body, dict) or set(body) - {"scope"}:
+        raise _invalid(
+            f'the body must be empty or {{"scope": "<name or scope id>"}}, got {body!r}',
+            None,
+            "invalid_value",
+        )
+    try:
+        return clear_target(body.get("scope"))
+    except ValueError as exc:
+        raise _invalid(str(exc), "scope", "invalid_value") from None
 
 
 # -- response bodies -----------------------------------------------------------------------------

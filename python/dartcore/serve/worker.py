@@ -6,6 +6,7 @@ The front talks to each worker over its own duplex ``multiprocessing`` pipe
 front -> worker
     ``("add", rid, request)``   a :meth:`GenRequest.to_worker` dict
     ``("abort", rid)``          the client went away: free the slot
+    ``("clear", token, scope)``  drop the live layer of scope id ``scope`` (None: all)
     ``("exit",)``               finish nothing more, exit now (the front has drained)
 
 worker -> front
@@ -14,6 +15,7 @@ worker -> front
     ``("step", outputs, snapshot)``  after every engine step: per-request deltas and the
                                 worker's load / speculation counters
     ``("error", rid, status, message, param, code)``  a request this worker refuses
+    ``("cleared", token, result)``  what a clear dropped: scope ids and tokens
 
 The loop is the engine's: take what the pipe holds, ``engine.step()``, push each
 request's new text back. Tokenising, the chat template and detokenising happen
@@ -34,6 +36,7 @@ from dartcore.errors import DartError
 from dartcore.index import DECODE_PREFAULT
 from dartcore.prompts import TextStream, chat_ids, check_ids, decode, text_ids
 from dartcore.sampling import DEFAULTS
+from dartcore.serve.scopes import ANONYMOUS, LiveScopes
 
 __all__ = ["WorkerConfig", "Loaded", "load_engine", "run_worker"]
 
@@ -58,8 +61,13 @@ class WorkerConfig:
     prefault_index: bool = DECODE_PREFAULT
     default_max_tokens: int = DEFAULTS.max_new_tokens  # chat requests without max_tokens
     tree_params: dict = field(default_factory=dict)
-    # a live n-gram layer per worker that finished requests go into (dartcore.live)
+    # live n-gram layers that finished requests go into (dartcore.live), per worker: one per
+    # tenant scope ("tenant", at most learn_scopes, least recently used evicted) or one for all
+    # ("shared"), each of learn_capacity tokens (None: dartcore.serve.scopes.default_capacity)
     learn: bool = False
+    learn_scope: str = "tenant"
+    learn_scopes: int = 64
+    learn_capacity: int | None = None
     # "module:function" returning a Loaded; the default loads the real model and Engine.
     engine_factory: str = "dartcore.serve.worker:load_engine"
 
@@ -101,7 +109,6 @@ def load_engine(config: WorkerConfig) -> Loaded:
         index,
         tree=config.tree,
         device=config.device,
-        learn=config.learn,
         **config.tree_params,
     )
     engine = Engine(
@@ -143,6 +150,17 @@ class _Worker:
         self.context = loaded.context_length
         self.vocab = len(self.tok)
         self.live: dict[str, _Live] = {}
+        # the live layers by scope: the worker's, handed to the engine request by request
+        self.scopes: LiveScopes | None = None
+        if config.learn:
+            parts = getattr(self.engine, "parts", None)
+            target_vocab = getattr(getattr(parts, "target", None), "vocab_size", 0)
+            self.scopes = LiveScopes(
+                max(self.vocab, int(target_vocab or 0)),
+                mode=config.learn_scope,
+                max_scopes=config.learn_scopes,
+                capacity=config.learn_capacity,
+            )
         self.draining = False
         # Counters the front turns into /metrics (cumulative since this process started).
         self.counters: dict[str, Any] = {"steps": 0, "step_s": 0.0, "finished": 0, "aborted": 0}
@@ -208,7 +226,11 @@ class _Worker:
             )
         if params.max_new_tokens != max_tokens:
             params = replace(params, max_new_tokens=max_tokens)
-        self.engine.add_request(ids, params, request_id=rid)
+        if self.scopes is None:
+            self.engine.add_request(ids, params, request_id=rid)
+        else:
+            live = self.scopes.layer(req.get("scope", ANONYMOUS))
+            self.engine.add_request(ids, params, request_id=rid, live=live)
         self.live[rid] = _Live(
             prompt_tokens=len(ids),
             echo=prefix,
@@ -245,6 +267,11 @@ class _Worker:
                 )
         elif kind == "abort":
             self.abort(msg[1])
+        elif kind == "clear":
+            result = {"scopes": [], "tokens": 0}
+            if self.scopes is not None:
+                result = self.scopes.clear(msg[2])
+            self.conn.send(("cleared", msg[1], result))
         elif kind == "exit":
             return False
         return True
