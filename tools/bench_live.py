@@ -17,6 +17,11 @@ source, the layer's bytes per million tokens, and one search with and without th
 
     python3 tools/bench_live.py --index artifacts/demo/smollm2.idx --repeats 3 \\
         --json tools/reports/bench_live_smollm2.json
+
+``--serve`` adds the same through ``dart-serve`` on 127.0.0.1 (one worker): one client asks
+the five questions, another client of the same tenant asks them again, then the fresh
+prompts; servers with speculation off, ``dart`` and ``dart+ctx`` (both without learning), and
+``suffix`` / ``dart+live`` with ``--learn``, each with its default budget.
 """
 
 from __future__ import annotations
@@ -175,6 +180,59 @@ def micro(index, tok, repeats: int) -> dict:
     }
 
 
+SERVE_MODES = {
+    "off": ["--max-nodes", "0"],
+    "dart": ["--tree", "dart"],
+    "dart+ctx": ["--tree", "dart+ctx"],
+    "suffix --learn": ["--tree", "suffix", "--learn"],
+    "dart+live --learn": ["--tree", "dart+live", "--learn"],
+}
+
+
+def serve_section(args, threads: int) -> dict:
+    """Phases ask / ask-again (another client) / fresh through one dart-serve per mode."""
+    import tempfile
+
+    from bench_serve import Server, _one_request
+
+    phases = [("ask", QUESTIONS), ("ask-again", QUESTIONS), ("fresh", FRESH)]
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode, extra in SERVE_MODES.items():
+            server = Server(
+                ["--index", args.index, "--workers", "1", "--threads", str(threads), *extra],
+                Path(tmp) / "serve.log",
+                600.0,
+            )
+            try:
+                out[mode] = {}
+                for phase, qs in phases:
+                    tokens = seconds = 0.0
+                    for q in qs:
+                        body = {
+                            "model": "smollm2",
+                            "messages": user(q),
+                            "max_tokens": args.max_new_tokens,
+                            "temperature": 0,
+                            "stream": True,
+                            "stream_options": {"include_usage": True},
+                        }
+                        r = _one_request(server.port, body, 600.0)
+                        if "error" in r:
+                            raise SystemExit(f"dart-serve ({mode}): {r['error']}")
+                        tokens += r["tokens"]
+                        seconds += r["latency"]
+                    out[mode][phase] = {"tok_s": round(tokens / seconds, 1)}
+            finally:
+                server.stop()
+    for mode in out:
+        for phase in out[mode]:
+            out[mode][phase]["vs_off"] = round(
+                out[mode][phase]["tok_s"] / out["off"][phase]["tok_s"], 3
+            )
+    return out
+
+
 def summarise(rows_by_method: dict[str, list[dict]]) -> dict:
     cats = sorted({r["category"] for r in next(iter(rows_by_method.values()))})
     out = {}
@@ -202,6 +260,7 @@ def main() -> None:
         "--max-nodes", type=int, default=None, help="every method's node budget (default: each own)"
     )
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--serve", action="store_true", help="also measure through dart-serve")
     args = ap.parse_args()
 
     import torch
@@ -244,6 +303,7 @@ def main() -> None:
         for m in methods
     }
     mic = micro(dec.parts.index, dec.tokenizer, max(3, args.repeats))
+    served = serve_section(args, torch.get_num_threads()) if args.serve else None
     report = {
         "command": "python3 tools/bench_live.py " + " ".join(sys.argv[1:]),
         "machine": {
@@ -266,6 +326,7 @@ def main() -> None:
         "outputs_identical_to_ar": identical,
         "results": table,
         "live_layer": mic,
+        "serve": served,
     }
     print(
         f"{report['machine']['cpu']}, {report['machine']['vcpus']} vCPUs, "
@@ -281,6 +342,8 @@ def main() -> None:
         print(f"{m:<10}" + "".join(f"{x:>26}" for x in cells))
     print(f"outputs identical to ar: {identical}")
     print(json.dumps(mic))
+    if served:
+        print("dart-serve, tok/s [x off]: " + json.dumps(served))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         tmp = args.json.with_suffix(".tmp")
