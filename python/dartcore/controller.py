@@ -11,8 +11,9 @@ maximise the batch's committed tokens per second, ``E / T``:
   the search already knows about it: its depth and its path score (Eq. 10's cumulative
   score, which falls along every path), through :class:`NodeCalibration`, a table of the
   accepted share of the verified nodes of each (depth, score) cell, learned over every
-  round of the batch and shrunk where it has seen little toward ``PRIOR_RATE ** depth``
-  bounded by ``exp`` of the cell's score (:func:`cell_prior`). So a
+  round of the batch and shrunk where it has seen little toward ``rho ** depth`` (``rho``:
+  the accepted share of the depth-1 nodes, never below ``PRIOR_RATE``) bounded by ``exp``
+  of the cell's score (:func:`cell_prior`, :meth:`NodeCalibration._prior_now`). So a
   round where the drafter is sure of four tokens gets four nodes, and one where it guesses
   gets few, whatever the sequence did before; and a tree's siblings count what they add
   (a chain model of per-depth rates prices a budget's nodes as one chain, and undervalues
@@ -137,6 +138,11 @@ DECAY = 0.998
 ROW_PRIOR = 4.0
 ROW_DECAY = 0.995
 FIT_WEIGHT = 0.5
+# The table is built again after this many steps, or at once when a step measured a row count
+# that had no weight in the map (a probe's count re-prices the nodes at the next choice).
+# Building it (the map's fit and the pooling) takes ~0.3 ms on the 2-vCPU dev VM: every step
+# of a batch at budget 0 paid it.
+REFIT_STEPS = 8
 # Until a draft was timed, it is priced at this share of a one-row verify (SmolLM2's drafter is
 # one layer and a head over 8k tokens against 30 layers and a 49k head).
 DRAFT_SHARE = 0.25
@@ -232,12 +238,32 @@ class NodeCalibration:
     def table(self) -> np.ndarray:
         if self._table is None:
             w = self.seen + PRIOR_WEIGHT
-            t = (self.hits + PRIOR_WEIGHT * self._prior) / w
+            t = (self.hits + PRIOR_WEIGHT * self._prior_now()) / w
             # lower score: never more likely (each depth's cells pooled where they disagree,
             # weighted by what they saw); deeper: never more likely
             t = np.array([decreasing(row, wr) for row, wr in zip(t, w)])
             self._table = np.minimum.accumulate(t, axis=0)
         return self._table
+
+    def _prior_now(self) -> np.ndarray:
+        """The cells' prior with what depth 1 showed: a depth-d cell (d >= 2) starts from
+        ``rho ** d`` (bounded by ``exp`` of its score, as in :func:`cell_prior`), ``rho`` the
+        accepted share of every depth-1 node seen, shrunk toward :data:`PRIOR_RATE` and never
+        below it. Deeper cells are verified only once a budget reaches them, so their prior
+        decides whether it does: with a flat ``PRIOR_RATE ** d`` a drafter right 80 % of the
+        time could stay at two nodes for good (the third's cell never seen, priced at 0.125
+        where 0.51 are accepted). Never below the flat prior: acceptance runs in streaks (a
+        node's chance given its parent was accepted is above the depth-1 share), and a prior
+        below the flat one kept small budgets from verifying the cells that would show it."""
+        rho = (self.hits[0].sum() + PRIOR_WEIGHT * PRIOR_RATE) / (self.seen[0].sum() + PRIOR_WEIGHT)
+        rho = max(float(rho), PRIOR_RATE)
+        if rho == PRIOR_RATE:
+            return self._prior
+        upper = np.exp(np.concatenate(([0.0], SCORE_EDGES)))
+        prior = self._prior.copy()
+        depth = np.arange(2, CALIBRATION_DEPTHS + 1, dtype=np.float64)
+        prior[1:] = np.minimum(rho ** depth[:, None], upper[None, :])
+        return prior
 
     def probs(self, depths, scores) -> np.ndarray:
         """The chance of each node (depth >= 1) given its depth and path score."""
@@ -294,7 +320,8 @@ class BudgetController:
         # per row count r (index r): decayed sums of the measured verify ms, and their weights
         self._ms_sum = np.zeros(2)
         self._ms_n = np.zeros(2)
-        self._verify_table: np.ndarray | None = None  # verify_ms per row count; None after timed()
+        self._verify_table: np.ndarray | None = None  # verify_ms per row count; None: build again
+        self._since_fit = 0  # steps timed since the table was built
         # the curve mapped onto the measurements (_fit_map)
         self._map = (0.0, self.verify_scale, 0.0)
         # The draft: measured in a step whose drafting sequences all drafted the step before
@@ -368,13 +395,16 @@ class BudgetController:
                 grow = int(rows) + 1 - len(self._ms_n)
                 self._ms_sum = np.concatenate((self._ms_sum, np.zeros(grow)))
                 self._ms_n = np.concatenate((self._ms_n, np.zeros(grow)))
+            new_count = self._ms_n[rows] * ROW_DECAY < FIT_WEIGHT
             self._ms_sum *= ROW_DECAY
             self._ms_n *= ROW_DECAY
             self._ms_sum[rows] += verify_ms
             self._ms_n[rows] += 1.0
             self._same_rows = self._same_rows + 1 if rows == self._last_rows else 0
             self._last_rows = int(rows)
-            self._verify_table = None
+            self._since_fit += 1
+            if new_count or self._since_fit >= REFIT_STEPS:
+                self._verify_table = None
             if self.stale is None:
                 self._check_curve()
         if draft_ms is not None:
@@ -460,6 +490,7 @@ class BudgetController:
         69 ms for 1 row and 104 for 2."""
         if self._verify_table is None:
             self._map = self._fit_map()
+            self._since_fit = 0
             prior = self._mapped(np.arange(len(self._ms_n)))
             t = (self._ms_sum + ROW_PRIOR * prior) / (self._ms_n + ROW_PRIOR)
             t[1:] = increasing(t[1:], self._ms_n[1:] + ROW_PRIOR)
