@@ -143,6 +143,8 @@ FIT_WEIGHT = 0.5
 # Building it (the map's fit and the pooling) takes ~0.3 ms on the 2-vCPU dev VM: every step
 # of a batch at budget 0 paid it.
 REFIT_STEPS = 8
+# Row counts the verify table holds (larger ones are computed when asked for).
+TABLE_ROWS = 257
 # Until a draft was timed, it is priced at this share of a one-row verify (SmolLM2's drafter is
 # one layer and a head over 8k tokens against 30 layers and a 49k head).
 DRAFT_SHARE = 0.25
@@ -483,11 +485,12 @@ class BudgetController:
         engine's measured mean there, shrunk by :data:`ROW_PRIOR` steps toward the curve
         mapped onto the engine's measurements (:meth:`_fit_map`), made
         non-decreasing in rows; past the counts measured, the mapped curve, never below the
-        last count's. The curve's slope is the price of a node, and a curve measured outside
-        the engine (another prefix, a quiet or a busy moment, no drafter between forwards)
-        can get it wrong: on a 2-vCPU AVX2 VM, 1-6 rows measured flat at ~48 ms while the
-        engine's steps took 41 ms for 1 row and 50 for 5; a curve measured under load said
-        69 ms for 1 row and 104 for 2."""
+        last count's, nor below the largest measured count's time grown as the curve grows
+        from there (:meth:`_beyond`). The curve's slope is the price of a node, and a curve
+        measured outside the engine (another prefix, a quiet or a busy moment, no drafter
+        between forwards) can get it wrong: on a 2-vCPU AVX2 VM, 1-6 rows measured flat at
+        ~48 ms while the engine's steps took 41 ms for 1 row and 50 for 5; a curve measured
+        under load said 69 ms for 1 row and 104 for 2."""
         if self._verify_table is None:
             self._map = self._fit_map()
             self._since_fit = 0
@@ -496,13 +499,39 @@ class BudgetController:
             t[1:] = increasing(t[1:], self._ms_n[1:] + ROW_PRIOR)
             t[0] = 0.0
             self._verify_table = t
+            self._verify_table = self._beyond(np.arange(max(len(t), TABLE_ROWS)))
         table = self._verify_table
         r = np.asarray(rows, dtype=np.int64)
-        last = len(table) - 1
-        out = np.where(
-            r <= last, table[np.minimum(r, last)], np.maximum(self._mapped(r), table[last])
-        )
+        if r.size and int(r.max()) >= len(table):
+            out = self._beyond(r)
+        else:
+            out = table[r]
         return float(out) if out.ndim == 0 else out
+
+    def _beyond(self, r: np.ndarray) -> np.ndarray:
+        """The table at row counts ``r``, extended past the counts measured: the mapped
+        curve, never below the last count's time nor below the largest well-measured
+        count's time times the curve's growth from that count. The map is fitted over the
+        counts the engine measured; a batch of 8 measures 8-11 rows, where the noise of a
+        shared machine can make the fitted ``b`` ~0 -- and a flat map prices 64 more rows
+        at nothing: every sequence of the batch drafted a full tree at once (69 rows, 350 ms
+        against 60-110 for the batch's AR steps). Growing as the curve grows keeps the
+        curve's shape where nothing was measured."""
+        table = self._verify_table
+        last = len(table) - 1
+        rr = np.asarray(r, dtype=np.int64)
+        out = np.where(
+            rr <= last,
+            table[np.clip(rr, 0, last)],
+            np.maximum(self._mapped(rr), table[last]),
+        )
+        seen = np.flatnonzero(self._ms_n[: last + 1] >= FIT_WEIGHT)
+        seen = seen[seen >= 1]
+        if len(seen):
+            top = int(seen[-1])
+            grown = table[top] * self.curve(rr) / max(float(self.curve(top)), 1e-9)
+            out = np.where(rr > top, np.maximum(out, grown), out)
+        return out
 
     def step_ms(self, rows: int, drafting: bool, expected: float) -> float:
         """The model's time of one step verifying ``rows`` rows and committing ``expected``
