@@ -154,6 +154,12 @@ DRAFT_SHARE = 0.25
 PROBE_NODES = 3
 PROBE_MIN = 4
 PROBE_MAX = 64
+# A losing probe also spaces the next one so that probes that keep losing cost at most this
+# share of the time: the interval is at least the probe's measured extra time over
+# PROBE_SHARE times a step's. A probe's rows can cost far more than a node's average: at
+# batch 16 on the CPU its 3 nodes take the forward past the native kernel's 16 rows (19 rows:
+# 146-149 ms against 44 for the batch's AR step), and a probe every 64 steps cost ~5 %.
+PROBE_SHARE = 0.01
 # A cached curve is marked stale once the smallest row count the engine measured this many
 # (decayed) times ran more than DISAGREE (dartcore.cost) times faster than the curve says.
 STALE_STEPS = 16.0
@@ -337,6 +343,9 @@ class BudgetController:
         self._probe_acc: Acceptance | None = None
         self._probe_marginals: np.ndarray | None = None
         self._judge = False  # a probe was drawn: judge it at the next choice
+        self._probe_batch = 0  # the batch size at the probe
+        self._probe_extra: float | None = None  # its step's measured time over an AR step's
+        self._probe_spacing = 0.0  # rounds between probes their cost allows (PROBE_SHARE)
         # the row count of the last step timed, and how many steps in a row had it
         self._last_rows = 0
         self._same_rows = 0
@@ -390,6 +399,11 @@ class BudgetController:
         its draft + search (None when nothing was drafted) and its acceptance time per
         committed token."""
         a = 0.2
+        if self._probe_index is not None and self._probe_batch:
+            # the probe's step against the AR step the batch would have taken
+            self._probe_extra = max(verify_ms - float(self.verify_ms(self._probe_batch)), 0.0) + (
+                draft_ms or 0.0
+            )
         predicted = float(self.curve(rows))
         if predicted > 0 and verify_ms > 0 and rows >= 1:
             self.verify_scale += a * (verify_ms / predicted - self.verify_scale)
@@ -559,10 +573,11 @@ class BudgetController:
         if not any(budgets):
             self._rounds_idle += 1
             open_ = [i for i, c in enumerate(caps) if c > 0]
-            if open_ and self._rounds_idle > self.probe_interval:
+            if open_ and self._rounds_idle > max(self.probe_interval, self._probe_spacing):
                 i = max(open_, key=lambda j: (accs[j].gains[0], -j))
                 budgets[i] = min(caps[i], PROBE_NODES)
                 self._probe_index, self._probe_acc, self._probe_marginals = i, accs[i], None
+                self._probe_batch = len(accs)
                 self._judge = True
                 self.probes += 1
         if any(budgets):
@@ -592,8 +607,15 @@ class BudgetController:
         if won:
             self.probe_wins += 1
             self.probe_interval = PROBE_MIN
+            self._probe_spacing = 0.0
         else:
             self.probe_interval = min(2 * self.probe_interval, PROBE_MAX)
+            if self._probe_extra is not None:
+                base = float(self.verify_ms(batch)) + self.per_token_ms * batch
+                self._probe_spacing = self._probe_extra / (PROBE_SHARE * max(base, 1e-3))
+                if self._probe_spacing >= PROBE_MAX:  # an expensive loss backs off at once
+                    self.probe_interval = PROBE_MAX
+        self._probe_extra = None
 
     def draws(self, accs: list[Acceptance], caps: list[int]) -> list[int]:
         """:meth:`choose`, as the tree size each sequence draws: its budget plus
