@@ -42,10 +42,12 @@ measured a step with more rows that would have shown it wrong. Four things undo 
   planted-curve test recovers at the first probe, round 5). At the next choice the probe is
   judged: it *wins* when its tree, with the times now known and the draft priced as a
   steady one, would have been worth drafting; a win sets the interval back to
-  :data:`PROBE_MIN` (4 rounds), a loss doubles it up to :data:`PROBE_MAX` (64). Where
-  drafting truly loses, the probes cost 3 verify rows and a draft that catches up on the
-  rounds since, once per 64 rounds: tens of ms on the dev VM against ~2 s of 30 ms rounds,
-  1-3 %.
+  :data:`PROBE_MIN` (4 rounds), a loss doubles it up to :data:`PROBE_MAX` (64)
+  and spaces the next probe by the probe's measured extra time, so that losing probes take
+  at most :data:`PROBE_SHARE` (1 %) of the time. Where drafting truly loses, a probe costs
+  3 verify rows and a draft that catches up on the rounds since: tens of ms on the dev VM
+  at batch 1, but at batch 16 its rows take the CPU forward past the native kernel's 16
+  rows (146-149 ms against 44 for the batch's AR step), which once per 64 rounds was ~5 %.
 * **the draft as a steady cost**: a sequence that has not drafted for k rounds (a new one:
   its whole prompt) makes its next draft read every position since -- ~160 ms for a
   200-token chat prompt against 5-8 ms a steady draft (2-vCPU VM, SmolLM2 drafter). Only a
