@@ -190,6 +190,22 @@ def test_low_score_cells_start_below_the_flat_prior_and_do_not_lift_their_neighb
     assert cal.probs([1], [-9.0])[0] <= cal.probs([1], [-7.0])[0] <= cal.probs([1], [-4.5])[0]
 
 
+def test_deeper_cells_start_from_what_depth_one_showed():
+    # a drafter right 80 % of the time at depth 1: its unseen depth-3 cells start near 0.8 ** 3,
+    # not at PRIOR_RATE ** 3 (a budget of two nodes would never verify a third to learn it)
+    sure = NodeCalibration()
+    rng = np.random.default_rng(2)
+    for _ in range(500):
+        sure.observe([1], [-0.1], [rng.random() < 0.8])
+    assert sure.probs([3], [-0.1])[0] == pytest.approx(0.8**3, abs=0.05)
+    assert sure.probs([3], [-3.5])[0] <= np.exp(-3.0)  # still bounded by the cell's score
+    # one right 30 % of the time keeps the flat prior (acceptance runs in streaks)
+    doubtful = NodeCalibration()
+    for _ in range(500):
+        doubtful.observe([1], [-0.1], [rng.random() < 0.3])
+    assert doubtful.probs([2, 3], [-0.1, -0.1]) == pytest.approx(PRIOR_RATE ** np.array([2, 3]))
+
+
 def test_best_nodes_of_a_tree_are_ancestor_closed():
     rng = np.random.default_rng(3)
     cal = NodeCalibration()

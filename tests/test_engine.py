@@ -300,6 +300,39 @@ def test_fixed_budget_zero_is_batched_ar():
     assert all(r.stats.tau == 1.0 and r.stats.budget_hist == [14] for r in batch)
 
 
+def test_an_adaptive_step_at_budget_zero_drafts_and_searches_nothing(monkeypatch):
+    """Where the controller gives every sequence 0 nodes, the step is a plain batched AR step
+    (no drafter pass, no search, no second choice) and the outputs stay HF greedy; the
+    positions it commits reach the drafter when a sequence drafts again."""
+    from dartcore import rounds
+
+    model = tiny_model("llama", seed=12)
+    model.generation_config.eos_token_id = None
+    prompts, refs = prompts_and_refs(model, 3, 12, seed=13)
+    dec = oracle_decoder(model, prompts, refs)
+    engine = Engine(dec, max_batch=3, max_seq_len=128, budget="adaptive")
+    ctrl = engine.controller
+    zero_steps = {"n": 0}
+    real_draws, real_draft = ctrl.draws, rounds.draft
+
+    def draws(accs, caps):  # every other step at budget 0 for all
+        zero_steps["n"] += 1
+        return [0] * len(caps) if zero_steps["n"] % 2 else real_draws(accs, caps)
+
+    def draft(parts, seqs, depths):
+        assert any(s.budget > 0 for s in seqs), "drafted in a step without nodes"
+        return real_draft(parts, seqs, depths)
+
+    monkeypatch.setattr(ctrl, "draws", draws)
+    monkeypatch.setattr(rounds, "draft", draft)
+    for p in prompts:
+        engine.add_request(p, SamplingParams(max_new_tokens=12))
+    seen = run(engine)
+    assert [seen[r][-1].tokens for r in sorted(seen, key=lambda r: int(r.split("-")[1]))] == refs
+    zero = [s for s in engine.stats.steps if s.sequences and not any(s.budgets)]
+    assert zero and all(s.seconds["draft"] == s.seconds["search"] == 0.0 for s in zero)
+
+
 # -- bad input ---------------------------------------------------------------------------
 
 

@@ -11,8 +11,9 @@ maximise the batch's committed tokens per second, ``E / T``:
   the search already knows about it: its depth and its path score (Eq. 10's cumulative
   score, which falls along every path), through :class:`NodeCalibration`, a table of the
   accepted share of the verified nodes of each (depth, score) cell, learned over every
-  round of the batch and shrunk where it has seen little toward ``PRIOR_RATE ** depth``
-  bounded by ``exp`` of the cell's score (:func:`cell_prior`). So a
+  round of the batch and shrunk where it has seen little toward ``rho ** depth`` (``rho``:
+  the accepted share of the depth-1 nodes, never below ``PRIOR_RATE``) bounded by ``exp``
+  of the cell's score (:func:`cell_prior`, :meth:`NodeCalibration._prior_now`). So a
   round where the drafter is sure of four tokens gets four nodes, and one where it guesses
   gets few, whatever the sequence did before; and a tree's siblings count what they add
   (a chain model of per-depth rates prices a budget's nodes as one chain, and undervalues
@@ -41,10 +42,12 @@ measured a step with more rows that would have shown it wrong. Four things undo 
   planted-curve test recovers at the first probe, round 5). At the next choice the probe is
   judged: it *wins* when its tree, with the times now known and the draft priced as a
   steady one, would have been worth drafting; a win sets the interval back to
-  :data:`PROBE_MIN` (4 rounds), a loss doubles it up to :data:`PROBE_MAX` (64). Where
-  drafting truly loses, the probes cost 3 verify rows and a draft that catches up on the
-  rounds since, once per 64 rounds: tens of ms on the dev VM against ~2 s of 30 ms rounds,
-  1-3 %.
+  :data:`PROBE_MIN` (4 rounds), a loss doubles it up to :data:`PROBE_MAX` (64)
+  and spaces the next probe by the probe's measured extra time, so that losing probes take
+  at most :data:`PROBE_SHARE` (1 %) of the time. Where drafting truly loses, a probe costs
+  3 verify rows and a draft that catches up on the rounds since: tens of ms on the dev VM
+  at batch 1, but at batch 16 its rows take the CPU forward past the native kernel's 16
+  rows (146-149 ms against 44 for the batch's AR step), which once per 64 rounds was ~5 %.
 * **the draft as a steady cost**: a sequence that has not drafted for k rounds (a new one:
   its whole prompt) makes its next draft read every position since -- ~160 ms for a
   200-token chat prompt against 5-8 ms a steady draft (2-vCPU VM, SmolLM2 drafter). Only a
@@ -137,6 +140,13 @@ DECAY = 0.998
 ROW_PRIOR = 4.0
 ROW_DECAY = 0.995
 FIT_WEIGHT = 0.5
+# The table is built again after this many steps, or at once when a step measured a row count
+# that had no weight in the map (a probe's count re-prices the nodes at the next choice).
+# Building it (the map's fit and the pooling) takes ~0.3 ms on the 2-vCPU dev VM: every step
+# of a batch at budget 0 paid it.
+REFIT_STEPS = 8
+# Row counts the verify table holds (larger ones are computed when asked for).
+TABLE_ROWS = 257
 # Until a draft was timed, it is priced at this share of a one-row verify (SmolLM2's drafter is
 # one layer and a head over 8k tokens against 30 layers and a 49k head).
 DRAFT_SHARE = 0.25
@@ -146,6 +156,12 @@ DRAFT_SHARE = 0.25
 PROBE_NODES = 3
 PROBE_MIN = 4
 PROBE_MAX = 64
+# A losing probe also spaces the next one so that probes that keep losing cost at most this
+# share of the time: the interval is at least the probe's measured extra time over
+# PROBE_SHARE times a step's. A probe's rows can cost far more than a node's average: at
+# batch 16 on the CPU its 3 nodes take the forward past the native kernel's 16 rows (19 rows:
+# 146-149 ms against 44 for the batch's AR step), and a probe every 64 steps cost ~5 %.
+PROBE_SHARE = 0.01
 # A cached curve is marked stale once the smallest row count the engine measured this many
 # (decayed) times ran more than DISAGREE (dartcore.cost) times faster than the curve says.
 STALE_STEPS = 16.0
@@ -232,12 +248,32 @@ class NodeCalibration:
     def table(self) -> np.ndarray:
         if self._table is None:
             w = self.seen + PRIOR_WEIGHT
-            t = (self.hits + PRIOR_WEIGHT * self._prior) / w
+            t = (self.hits + PRIOR_WEIGHT * self._prior_now()) / w
             # lower score: never more likely (each depth's cells pooled where they disagree,
             # weighted by what they saw); deeper: never more likely
             t = np.array([decreasing(row, wr) for row, wr in zip(t, w)])
             self._table = np.minimum.accumulate(t, axis=0)
         return self._table
+
+    def _prior_now(self) -> np.ndarray:
+        """The cells' prior with what depth 1 showed: a depth-d cell (d >= 2) starts from
+        ``rho ** d`` (bounded by ``exp`` of its score, as in :func:`cell_prior`), ``rho`` the
+        accepted share of every depth-1 node seen, shrunk toward :data:`PRIOR_RATE` and never
+        below it. Deeper cells are verified only once a budget reaches them, so their prior
+        decides whether it does: with a flat ``PRIOR_RATE ** d`` a drafter right 80 % of the
+        time could stay at two nodes for good (the third's cell never seen, priced at 0.125
+        where 0.51 are accepted). Never below the flat prior: acceptance runs in streaks (a
+        node's chance given its parent was accepted is above the depth-1 share), and a prior
+        below the flat one kept small budgets from verifying the cells that would show it."""
+        rho = (self.hits[0].sum() + PRIOR_WEIGHT * PRIOR_RATE) / (self.seen[0].sum() + PRIOR_WEIGHT)
+        rho = max(float(rho), PRIOR_RATE)
+        if rho == PRIOR_RATE:
+            return self._prior
+        upper = np.exp(np.concatenate(([0.0], SCORE_EDGES)))
+        prior = self._prior.copy()
+        depth = np.arange(2, CALIBRATION_DEPTHS + 1, dtype=np.float64)
+        prior[1:] = np.minimum(rho ** depth[:, None], upper[None, :])
+        return prior
 
     def probs(self, depths, scores) -> np.ndarray:
         """The chance of each node (depth >= 1) given its depth and path score."""
@@ -294,7 +330,8 @@ class BudgetController:
         # per row count r (index r): decayed sums of the measured verify ms, and their weights
         self._ms_sum = np.zeros(2)
         self._ms_n = np.zeros(2)
-        self._verify_table: np.ndarray | None = None  # verify_ms per row count; None after timed()
+        self._verify_table: np.ndarray | None = None  # verify_ms per row count; None: build again
+        self._since_fit = 0  # steps timed since the table was built
         # the curve mapped onto the measurements (_fit_map)
         self._map = (0.0, self.verify_scale, 0.0)
         # The draft: measured in a step whose drafting sequences all drafted the step before
@@ -308,6 +345,9 @@ class BudgetController:
         self._probe_acc: Acceptance | None = None
         self._probe_marginals: np.ndarray | None = None
         self._judge = False  # a probe was drawn: judge it at the next choice
+        self._probe_batch = 0  # the batch size at the probe
+        self._probe_extra: float | None = None  # its step's measured time over an AR step's
+        self._probe_spacing = 0.0  # rounds between probes their cost allows (PROBE_SHARE)
         # the row count of the last step timed, and how many steps in a row had it
         self._last_rows = 0
         self._same_rows = 0
@@ -361,6 +401,11 @@ class BudgetController:
         its draft + search (None when nothing was drafted) and its acceptance time per
         committed token."""
         a = 0.2
+        if self._probe_index is not None and self._probe_batch:
+            # the probe's step against the AR step the batch would have taken
+            self._probe_extra = max(verify_ms - float(self.verify_ms(self._probe_batch)), 0.0) + (
+                draft_ms or 0.0
+            )
         predicted = float(self.curve(rows))
         if predicted > 0 and verify_ms > 0 and rows >= 1:
             self.verify_scale += a * (verify_ms / predicted - self.verify_scale)
@@ -368,13 +413,16 @@ class BudgetController:
                 grow = int(rows) + 1 - len(self._ms_n)
                 self._ms_sum = np.concatenate((self._ms_sum, np.zeros(grow)))
                 self._ms_n = np.concatenate((self._ms_n, np.zeros(grow)))
+            new_count = self._ms_n[rows] * ROW_DECAY < FIT_WEIGHT
             self._ms_sum *= ROW_DECAY
             self._ms_n *= ROW_DECAY
             self._ms_sum[rows] += verify_ms
             self._ms_n[rows] += 1.0
             self._same_rows = self._same_rows + 1 if rows == self._last_rows else 0
             self._last_rows = int(rows)
-            self._verify_table = None
+            self._since_fit += 1
+            if new_count or self._since_fit >= REFIT_STEPS:
+                self._verify_table = None
             if self.stale is None:
                 self._check_curve()
         if draft_ms is not None:
@@ -453,25 +501,53 @@ class BudgetController:
         engine's measured mean there, shrunk by :data:`ROW_PRIOR` steps toward the curve
         mapped onto the engine's measurements (:meth:`_fit_map`), made
         non-decreasing in rows; past the counts measured, the mapped curve, never below the
-        last count's. The curve's slope is the price of a node, and a curve measured outside
-        the engine (another prefix, a quiet or a busy moment, no drafter between forwards)
-        can get it wrong: on a 2-vCPU AVX2 VM, 1-6 rows measured flat at ~48 ms while the
-        engine's steps took 41 ms for 1 row and 50 for 5; a curve measured under load said
-        69 ms for 1 row and 104 for 2."""
+        last count's, nor below the largest measured count's time grown as the curve grows
+        from there (:meth:`_beyond`). The curve's slope is the price of a node, and a curve
+        measured outside the engine (another prefix, a quiet or a busy moment, no drafter
+        between forwards) can get it wrong: on a 2-vCPU AVX2 VM, 1-6 rows measured flat at
+        ~48 ms while the engine's steps took 41 ms for 1 row and 50 for 5; a curve measured
+        under load said 69 ms for 1 row and 104 for 2."""
         if self._verify_table is None:
             self._map = self._fit_map()
+            self._since_fit = 0
             prior = self._mapped(np.arange(len(self._ms_n)))
             t = (self._ms_sum + ROW_PRIOR * prior) / (self._ms_n + ROW_PRIOR)
             t[1:] = increasing(t[1:], self._ms_n[1:] + ROW_PRIOR)
             t[0] = 0.0
             self._verify_table = t
+            self._verify_table = self._beyond(np.arange(max(len(t), TABLE_ROWS)))
         table = self._verify_table
         r = np.asarray(rows, dtype=np.int64)
-        last = len(table) - 1
-        out = np.where(
-            r <= last, table[np.minimum(r, last)], np.maximum(self._mapped(r), table[last])
-        )
+        if r.size and int(r.max()) >= len(table):
+            out = self._beyond(r)
+        else:
+            out = table[r]
         return float(out) if out.ndim == 0 else out
+
+    def _beyond(self, r: np.ndarray) -> np.ndarray:
+        """The table at row counts ``r``, extended past the counts measured: the mapped
+        curve, never below the last count's time nor below the largest well-measured
+        count's time times the curve's growth from that count. The map is fitted over the
+        counts the engine measured; a batch of 8 measures 8-11 rows, where the noise of a
+        shared machine can make the fitted ``b`` ~0 -- and a flat map prices 64 more rows
+        at nothing: every sequence of the batch drafted a full tree at once (69 rows, 350 ms
+        against 60-110 for the batch's AR steps). Growing as the curve grows keeps the
+        curve's shape where nothing was measured."""
+        table = self._verify_table
+        last = len(table) - 1
+        rr = np.asarray(r, dtype=np.int64)
+        out = np.where(
+            rr <= last,
+            table[np.clip(rr, 0, last)],
+            np.maximum(self._mapped(rr), table[last]),
+        )
+        seen = np.flatnonzero(self._ms_n[: last + 1] >= FIT_WEIGHT)
+        seen = seen[seen >= 1]
+        if len(seen):
+            top = int(seen[-1])
+            grown = table[top] * self.curve(rr) / max(float(self.curve(top)), 1e-9)
+            out = np.where(rr > top, np.maximum(out, grown), out)
+        return out
 
     def step_ms(self, rows: int, drafting: bool, expected: float) -> float:
         """The model's time of one step verifying ``rows`` rows and committing ``expected``
@@ -499,10 +575,11 @@ class BudgetController:
         if not any(budgets):
             self._rounds_idle += 1
             open_ = [i for i, c in enumerate(caps) if c > 0]
-            if open_ and self._rounds_idle > self.probe_interval:
+            if open_ and self._rounds_idle > max(self.probe_interval, self._probe_spacing):
                 i = max(open_, key=lambda j: (accs[j].gains[0], -j))
                 budgets[i] = min(caps[i], PROBE_NODES)
                 self._probe_index, self._probe_acc, self._probe_marginals = i, accs[i], None
+                self._probe_batch = len(accs)
                 self._judge = True
                 self.probes += 1
         if any(budgets):
@@ -532,8 +609,15 @@ class BudgetController:
         if won:
             self.probe_wins += 1
             self.probe_interval = PROBE_MIN
+            self._probe_spacing = 0.0
         else:
             self.probe_interval = min(2 * self.probe_interval, PROBE_MAX)
+            if self._probe_extra is not None:
+                base = float(self.verify_ms(batch)) + self.per_token_ms * batch
+                self._probe_spacing = self._probe_extra / (PROBE_SHARE * max(base, 1e-3))
+                if self._probe_spacing >= PROBE_MAX:  # an expensive loss backs off at once
+                    self.probe_interval = PROBE_MAX
+        self._probe_extra = None
 
     def draws(self, accs: list[Acceptance], caps: list[int]) -> list[int]:
         """:meth:`choose`, as the tree size each sequence draws: its budget plus

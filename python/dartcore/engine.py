@@ -53,7 +53,7 @@ from dartcore.prompts import cut_at_stop, decode, prompt_ids, prompt_kind
 from dartcore.rounds import GenerationResult, GenerationStats, Parts, StageClock
 from dartcore.sampling import DEFAULTS, SamplingParams, check_seed
 from dartcore.tree import Tree
-from dartcore.trees import ArBuilder
+from dartcore.trees import ArBuilder, root_only
 
 __all__ = [
     "Engine",
@@ -453,13 +453,16 @@ class Engine:
                     ):
                         seq.budget = n
                 clock.lap("controller")
-                drafted = rounds.draft(parts, seqs, depths)
-                clock.lap("draft")
-                trees = rounds.search(parts, seqs, drafted, depths)
-                clock.lap("search")
-                if self.controller is not None:
-                    trees = self._refine(running, trees)
-                    clock.lap("controller")
+                if any(seq.budget > 0 for seq in seqs):
+                    drafted = rounds.draft(parts, seqs, depths)
+                    clock.lap("draft")
+                    trees = rounds.search(parts, seqs, drafted, depths)
+                    clock.lap("search")
+                    if self.controller is not None:
+                        trees = self._refine(running, trees)
+                        clock.lap("controller")
+                else:  # an AR step for every sequence: nothing to draft, search or cut
+                    trees = [root_only(seq.committed[-1]) for seq in seqs]
                 outs = rounds.verify(parts, seqs, trees)
                 clock.lap("verify")
                 logits = parts.backend.tree_logits_batch(outs, trees)

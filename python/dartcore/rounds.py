@@ -166,7 +166,10 @@ class Sequence:
     stops: tuple[str, ...]
     sampler: Sampler
     stats: GenerationStats
-    new_taps: torch.Tensor | None = None  # target taps of the positions not yet drafted from
+    # target taps of the positions not yet drafted from, one tensor per round that committed
+    # them (joined once, when the sequence drafts: a sequence at budget 0 for many rounds would
+    # otherwise copy its whole backlog every round)
+    new_taps: list[torch.Tensor] = field(default_factory=list)
     new_next: list[int] = field(default_factory=list)  # the token after each of those positions
     limit: int = 0  # committed tokens this sequence may reach (the context, or its KV slot)
     budget: int = 0  # this round's node budget
@@ -235,7 +238,7 @@ def prefill(parts: Parts, seq: Sequence) -> bool:
     )
     seq.cache.commit(len(ids))
     token = seq.sampler.choose(out.logits[-1])
-    seq.new_taps, seq.new_next = out.taps, list(ids[1:]) + [token]
+    seq.new_taps, seq.new_next = [out.taps], list(ids[1:]) + [token]
     seq.committed.append(token)
     return commit(parts, seq, [token])
 
@@ -268,15 +271,19 @@ def draft(parts: Parts, seqs: list[Sequence], depths: list[int]) -> list[Drafted
     results = parts.backend.draft_batch(
         drafter,
         [seqs[i].drafter_state for i in todo],
-        [seqs[i].new_taps for i in todo],
+        [_joined(seqs[i].new_taps) for i in todo],
         [torch.tensor(seqs[i].new_next, dtype=torch.long) for i in todo],
         rows=rows,
         return_hidden=want_hidden,
     )
     for i, r in zip(todo, results):
         out[i] = Drafted(*r) if want_hidden else Drafted(logits=r)
-        seqs[i].new_taps, seqs[i].new_next = None, []  # now in the drafter's state
+        seqs[i].new_taps, seqs[i].new_next = [], []  # now in the drafter's state
     return out
+
+
+def _joined(pieces: list[torch.Tensor]) -> torch.Tensor:
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
 
 def search(
@@ -362,7 +369,8 @@ def verify(parts: Parts, seqs: list[Sequence], trees: list[Tree]) -> list[Forwar
     sizes = [len(t) for t in trees]
     tokens = torch.from_numpy(np.concatenate([t.tokens for t in trees]))
     positions = torch.from_numpy(np.concatenate([t.depths + s.prefix for t, s in zip(trees, seqs)]))
-    masks = [torch.from_numpy(ancestor_mask(t.parents)) for t in trees]
+    # one row sees only itself: the causal mask (None) is its ancestor mask
+    masks = [torch.from_numpy(ancestor_mask(t.parents)) if len(t) > 1 else None for t in trees]
     out = parts.target.forward_batch(
         [s.cache for s in seqs],
         sizes,
@@ -401,10 +409,15 @@ def accept(parts: Parts, seq: Sequence, tree: Tree, out: ForwardOutput, logits=N
     seq.path = acc.path
     seq.committed.extend(new)
     if parts.drafter is not None:
-        taps = out.taps[torch.as_tensor(acc.path, device=out.taps.device)]
+        path = acc.path
+        taps = (
+            out.taps[:1]  # a root-only tree (an AR step)
+            if len(path) == 1 and path[0] == 0
+            else out.taps[torch.as_tensor(path, device=out.taps.device)]
+        )
         # Positions a round without a draft committed wait for the next draft.
-        seq.new_taps = taps if seq.new_taps is None else torch.cat((seq.new_taps, taps))
-        seq.new_next = seq.new_next + new
+        seq.new_taps.append(taps)
+        seq.new_next.extend(new)
     return commit(parts, seq, new)
 
 
