@@ -78,3 +78,32 @@ def smollm2():
     from dartcore.models.hub import load_target
 
     return load_target("smollm2", quantized=False)
+
+
+def dolma_sample_index(tok, data_dir: Path, out_dir: Path, files: int = 4):
+    """An index of the first ``files`` documents files of the Dolma sample fixture, built
+    with ``tok`` (each document ends with its EOS) and recording its fingerprint."""
+    import gzip
+    import json
+
+    import numpy as np
+
+    from dartcore.index import NgramIndex, build_index
+    from dartcore.tokenizers import fingerprint
+
+    docs = []
+    for path in sorted((data_dir / "dolma-sample" / "documents").glob("*.gz"))[:files]:
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            for line in fh:
+                text = json.loads(line).get("text", "")
+                if text:
+                    ids = tok(text)["input_ids"] + [tok.eos_token_id]
+                    docs.append(np.asarray(ids, dtype=np.int64))
+    path = out_dir / "dolma-sample.idx"
+    build_index(
+        docs,
+        path,
+        vocab_size=len(tok),
+        metadata={"tokenizer": {"name": "smollm2", "fingerprint": fingerprint(tok)}},
+    )
+    return NgramIndex(path)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import tiny_model
+from conftest import dolma_sample_index, tiny_model
 from dartcore.drafter import DartDrafter
 from dartcore.errors import DartError, WeightFormatError
 from dartcore.kernels.linear import (
@@ -254,27 +254,9 @@ def test_smollm2_dart_with_the_q8_0_drafter_equals_the_int8_targets_own_ar(
 ):
     from dartcore import DartDecoder
     from dartcore.benchmark.datasets import load_prompts
-    from dartcore.index import NgramIndex, build_index
-    from dartcore.tokenizers import fingerprint
 
     model, tok = int8_smollm2
-    docs = []
-    for path in sorted((test_data / "dolma-sample" / "documents").glob("*.gz"))[:4]:
-        with gzip.open(path, "rt", encoding="utf-8") as fh:
-            for line in fh:
-                text = json.loads(line).get("text", "")
-                if text:
-                    docs.append(
-                        np.asarray(tok(text)["input_ids"] + [tok.eos_token_id], dtype=np.int64)
-                    )
-    idx_path = tmp_path / "dolma-sample.idx"
-    build_index(
-        docs,
-        idx_path,
-        vocab_size=len(tok),
-        metadata={"tokenizer": {"name": "smollm2", "fingerprint": fingerprint(tok)}},
-    )
-    index = NgramIndex(idx_path)
+    index = dolma_sample_index(tok, test_data, tmp_path, files=4)
     drafter = DartDrafter.from_pretrained("smollm2", model, tokenizer=tok)
     ar = DartDecoder(model, tok, None, index, tree="ar")
     dart = DartDecoder(model, tok, drafter, index, tree="dart")

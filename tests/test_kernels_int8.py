@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import dolma_sample_index
 from dartcore.errors import DartError
 from dartcore.kernels.linear import BlockWeight, dequantize_blocks, int8_kernel
 
@@ -205,37 +206,17 @@ def test_smollm2_lm_head_rows_are_the_same_alone_or_among_16(int8_smollm2):
 @pytest.mark.slow
 @int8
 def test_smollm2_dart_equals_the_int8_paths_own_ar(int8_smollm2, test_data, tmp_path):
-    import gzip
-    import json
 
     from dartcore import DartDecoder
     from dartcore.benchmark.datasets import load_prompts
     from dartcore.drafter import DartDrafter
-    from dartcore.index import NgramIndex, build_index
-    from dartcore.tokenizers import fingerprint
 
     model, tok = int8_smollm2
     try:
         drafter = DartDrafter.from_pretrained("smollm2", model, tokenizer=tok)
     except FileNotFoundError:
         pytest.skip("the shipped SmolLM2 drafter is not installed")
-    docs = []
-    for path in sorted((test_data / "dolma-sample" / "documents").glob("*.gz"))[:4]:
-        with gzip.open(path, "rt", encoding="utf-8") as fh:
-            for line in fh:
-                text = json.loads(line).get("text", "")
-                if text:
-                    docs.append(
-                        np.asarray(tok(text)["input_ids"] + [tok.eos_token_id], dtype=np.int64)
-                    )
-    idx_path = tmp_path / "dolma-sample.idx"
-    build_index(
-        docs,
-        idx_path,
-        vocab_size=len(tok),
-        metadata={"tokenizer": {"name": "smollm2", "fingerprint": fingerprint(tok)}},
-    )
-    index = NgramIndex(idx_path)
+    index = dolma_sample_index(tok, test_data, tmp_path, files=4)
     decoders = {tree: DartDecoder(model, tok, drafter, index, tree=tree) for tree in ("ar", "dart")}
     assert all(d.target.numerics == "int8" for d in decoders.values())
     accepted = 0

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import tiny_model
+from conftest import dolma_sample_index, tiny_model
 from dartcore.kernels.linear import BlockWeight, native_linear_available
 from dartcore.models.gguf import BlockEmbedding, BlockLinear, block_bytes
 from dartcore.models.transformer import TargetModel
@@ -146,14 +146,10 @@ def quantized_smollm2():
 def test_smollm2_with_its_blocks_decodes_exactly_as_the_float32_conversion(
     smollm2, quantized_smollm2, test_data, tmp_path
 ):
-    import gzip
-    import json
 
     from dartcore import DartDecoder
     from dartcore.benchmark.datasets import load_prompts
     from dartcore.drafter import DartDrafter
-    from dartcore.index import NgramIndex, build_index
-    from dartcore.tokenizers import fingerprint
 
     model, tok = smollm2
     qmodel, qtok = quantized_smollm2
@@ -162,23 +158,7 @@ def test_smollm2_with_its_blocks_decodes_exactly_as_the_float32_conversion(
         drafter = DartDrafter.from_pretrained("smollm2", qmodel, tokenizer=qtok)
     except FileNotFoundError:
         pytest.skip("the shipped SmolLM2 drafter is not installed")
-    docs = []
-    for path in sorted((test_data / "dolma-sample" / "documents").glob("*.gz"))[:10]:
-        with gzip.open(path, "rt", encoding="utf-8") as fh:
-            for line in fh:
-                text = json.loads(line).get("text", "")
-                if text:
-                    docs.append(
-                        np.asarray(tok(text)["input_ids"] + [tok.eos_token_id], dtype=np.int64)
-                    )
-    idx_path = tmp_path / "dolma-sample.idx"
-    build_index(
-        docs,
-        idx_path,
-        vocab_size=len(tok),
-        metadata={"tokenizer": {"name": "smollm2", "fingerprint": fingerprint(tok)}},
-    )
-    index = NgramIndex(idx_path)
+    index = dolma_sample_index(tok, test_data, tmp_path, files=10)
     decoders = {
         tree: DartDecoder(qmodel, qtok, drafter, index, tree=tree) for tree in ("ar", "dart")
     }

@@ -265,6 +265,7 @@ def main() -> None:
 
     import torch
 
+    from bench_int8 import _cpu_model
     from dartcore import DartDecoder
     from dartcore.kernels.linear import int8_kernel, linear_threads, native_linear_isa
 
@@ -349,18 +350,6 @@ def main() -> None:
         tmp = args.json.with_suffix(".tmp")
         tmp.write_text(json.dumps(report, indent=1) + "\n")
         tmp.replace(args.json)
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":
