@@ -426,7 +426,9 @@ def load_gguf_model(gguf_path: str | Path, hf_dir: str | Path, *, numerics: str 
     directory) with the block weights kept as blocks (see the module docs), in eval mode.
     ``numerics`` ("exact" or "int8", :data:`dartcore.kernels.linear.NUMERICS`): the arithmetic
     :class:`~dartcore.models.transformer.TargetModel` runs the blocks with (recorded on the
-    model as ``dartcore_numerics``). The Hugging Face forward of the model is exact until a
+    model as ``dartcore_numerics``); with "int8" the quantised matrices the kernels do not read
+    are loaded as their Q8_0 requantisation (see the module docs), so the model's weights are
+    those, not the file's. The Hugging Face forward of the model is exact on its weights until a
     TargetModel adopts it with "int8": its projections then share the fused int8 rows (where
     they are whole groups of eight) and run that numerics too."""
     from dartcore.kernels.linear import NUMERICS
