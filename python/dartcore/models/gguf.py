@@ -22,7 +22,12 @@ products of the float32 conversion); ``"int8"`` requantises each such row to Q8_
 (:func:`dartcore.kernels.linear.quantize_q8_0`) so it runs on the integer kernels at about a
 quarter of float32's bytes. That path approximates the file's weights (one more rounding, to
 8 bits per 32 values): its tokens may differ from the exact path's, and DART stays lossless
-with respect to that path's own AR. A type neither can read raises
+with respect to that path's own AR. Measured on a Q4_K_M SmolLM2-135M made by llama-quantize
+(Q4_K, Q6_K and Q5_0 matrices), 6 chat prompts (HumanEval, GSM8K, CodeAlpaca): the
+requantised weights are 0.52-0.56% off the file's (relative Frobenius norm per type, at most
+0.57% for one matrix); the last prompt position's logits 0.9-2.2% off the exact path's (the
+shipped Q4_1 file's int8 path, which needs no requantisation: 0.8-1.9%), the same argmax on 6
+of 6; 3 of 6 greedy 64-token outputs equal the exact path's. A type neither path can read raises
 :class:`~dartcore.errors.WeightFormatError` naming it.
 
 llama.cpp stores q_proj / k_proj rows permuted for its rotary layout; they are permuted back
