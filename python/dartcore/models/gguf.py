@@ -5,8 +5,7 @@ tokenizer of its converted directory, :func:`dartcore.models.targets.resolve_tar
 float32 copy of the block weights: each projection whose tensor is Q4_0, Q4_1 or Q8_0 becomes
 a :class:`BlockLinear`, the token embedding a :class:`BlockEmbedding` (the LM head, when tied,
 reads the same blocks), so the resident weights are about the file's size (SmolLM2-135M
-Q4_1: 98 MB instead of 540 MB). Float tensors (the RMSNorm weights) load as float32, and a
-tensor of any other GGML type is dequantised to float32 by the ``gguf`` package.
+Q4_1: 98 MB instead of 540 MB). Float tensors (the RMSNorm weights) load as float32.
 
 The values are the float32 model's: every block weight is formed exactly as the ``gguf``
 package's numpy dequantiser forms it (which the float32 conversion uses), natively for 1-16
@@ -15,6 +14,21 @@ for more -- or, with ``numerics="int8"``, on the integer path (activations quant
 32-value block; see :mod:`dartcore.kernels.linear`). :class:`dartcore.models.transformer.TargetModel` fuses q|k|v and gate|up as block
 rows and decodes through the native kernels; the Hugging Face forward of the model keeps
 working (slowly: it dequantises each weight per call).
+
+Quantised types the kernels do not read (a Q4_K_M file's Q4_K / Q6_K / Q5_K super-blocks,
+dequantised here by :func:`dequantize_kquant`; Q5_0, Q5_1 and others by the ``gguf`` package)
+run by numerics: ``"exact"`` dequantises them once to float32 (the file's weights exactly, the
+products of the float32 conversion); ``"int8"`` requantises each such row to Q8_0 blocks
+(:func:`dartcore.kernels.linear.quantize_q8_0`) so it runs on the integer kernels at about a
+quarter of float32's bytes. That path approximates the file's weights (one more rounding, to
+8 bits per 32 values): its tokens may differ from the exact path's, and DART stays lossless
+with respect to that path's own AR. Measured on a Q4_K_M SmolLM2-135M made by llama-quantize
+(Q4_K, Q6_K and Q5_0 matrices), 6 chat prompts (HumanEval, GSM8K, CodeAlpaca): the
+requantised weights are 0.52-0.56% off the file's (relative Frobenius norm per type, at most
+0.57% for one matrix); the last prompt position's logits 0.9-2.2% off the exact path's (the
+shipped Q4_1 file's int8 path, which needs no requantisation: 0.8-1.9%), the same argmax on 6
+of 6; 3 of 6 greedy 64-token outputs equal the exact path's. A type neither path can read raises
+:class:`~dartcore.errors.WeightFormatError` naming it.
 
 llama.cpp stores q_proj / k_proj rows permuted for its rotary layout; they are permuted back
 here as whole rows of blocks, as transformers does with the float rows.
@@ -30,13 +44,14 @@ import torch
 from torch import nn
 
 from dartcore.errors import DartError, WeightFormatError
-from dartcore.kernels.linear import BlockWeight, dequantize_blocks
+from dartcore.kernels.linear import BlockWeight, dequantize_blocks, quantize_q8_0
 
 __all__ = [
     "BlockEmbedding",
     "BlockLinear",
     "block_bytes",
     "check_gguf",
+    "dequantize_kquant",
     "load_gguf_model",
     "read_gguf",
 ]
@@ -55,6 +70,72 @@ _LAYER = {
 _TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # GGML types the native kernel reads as blocks.
 _BLOCKS = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0"}
+# GGML float types: read as floats under either numerics (never requantised).
+_FLOATS = {"F32", "F16", "BF16", "F64"}
+# GGML super-block ("K-quant") types: bytes per 256 weights.
+QK_K = 256
+_KQUANT_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+
+
+def _k_scales(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K / Q5_K's 12 bytes per super-block ``[n, 12]`` as its eight 6-bit scales and
+    eight 6-bit mins (uint8 ``[n, 8]`` each): sub-blocks 0-3 keep theirs in the low six bits
+    of bytes 0-3 (scales) and 4-7 (mins); sub-blocks 4-7 take four low bits from bytes 8-11
+    (scale: low nibble, min: high nibble) and two high bits from the top of bytes 0-3 / 4-7."""
+    lo, hi, mix = scales[:, 0:4], scales[:, 4:8], scales[:, 8:12]
+    sc = np.concatenate([lo & 63, (mix & 15) | ((lo >> 6) << 4)], axis=1)
+    mins = np.concatenate([hi & 63, (mix >> 4) | ((hi >> 6) << 4)], axis=1)
+    return sc, mins
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    """Two bytes per row ``[n, 2]`` as one float32 per row ``[n, 1]`` (little-endian fp16)."""
+    return np.ascontiguousarray(b).view(np.float16).astype(np.float32)
+
+
+def dequantize_kquant(raw: np.ndarray, ggml_type: str) -> np.ndarray:
+    """The float32 values (flat) of GGML super-blocks ``raw`` (uint8, whole super-blocks of
+    256 weights) of ``ggml_type`` "Q4_K", "Q5_K" or "Q6_K", computed as GGML's reference
+    dequantiser does (the float32 products in the same order, so bit for bit the ``gguf``
+    package's values).
+
+    Q4_K (144 bytes): fp16 ``d``, fp16 ``dmin``, 12 bytes of 6-bit scales and mins for eight
+    sub-blocks of 32 (:func:`_k_scales`), 128 bytes of 4-bit values (each 32 bytes: the low
+    nibbles one sub-block, the high nibbles the next); ``w = d * sc * q - dmin * m``.
+    Q5_K (176): the same, with 32 bytes of fifth bits between the scales and the nibbles
+    (bit ``j`` of byte ``l``: value ``l`` of sub-block ``j``). Q6_K (210): 128 bytes of low
+    nibbles, 64 bytes of two high bits, 16 int8 scales (one per 16 values), fp16 ``d``;
+    ``w = d * scale * (q - 32)``, each half of 128 values from 64 low-nibble bytes (low then
+    high nibbles) and 32 high-bit bytes (bit pairs 0, 2, 4, 6 for its four 32-value runs)."""
+    if ggml_type not in _KQUANT_BYTES:
+        raise WeightFormatError(
+            f"{ggml_type} is not a K-quant type dartcore dequantises ({sorted(_KQUANT_BYTES)})"
+        )
+    size = _KQUANT_BYTES[ggml_type]
+    raw = np.asarray(raw, dtype=np.uint8).reshape(-1)
+    if raw.size % size:
+        raise WeightFormatError(
+            f"{ggml_type}: {raw.size} bytes are not whole super-blocks of {size} bytes"
+        )
+    b = raw.reshape(-1, size)
+    n = b.shape[0]
+    if ggml_type == "Q6_K":
+        ql, qh = b[:, :128].reshape(n, 2, 64), b[:, 128:192].reshape(n, 2, 1, 32)
+        low = np.concatenate([ql & 15, ql >> 4], axis=2)  # [n, half, 128]
+        high = (qh >> np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]) & 3  # [n, half, 4, 32]
+        q = (low | (high.reshape(n, 2, 128) << 4)).astype(np.int8) - np.int8(32)
+        scale = _f16(b[:, 208:210]) * b[:, 192:208].view(np.int8).astype(np.float32)
+        return (scale[:, :, None] * q.reshape(n, 16, 16).astype(np.float32)).reshape(-1)
+    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+    sc, mins = _k_scales(b[:, 4:16])
+    qs = b[:, size - 128 :].reshape(n, 4, 1, 32)
+    q = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(n, 8, 32)
+    if ggml_type == "Q5_K":
+        qh = b[:, 16:48]
+        q = q | (((qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1) << 4)
+    scale = d * sc.astype(np.float32)
+    shift = dmin * mins.astype(np.float32)
+    return (scale[:, :, None] * q.astype(np.float32) - shift[:, :, None]).reshape(-1)
 
 
 def _hf_name(name: str) -> str:
@@ -214,12 +295,15 @@ def check_gguf(path: str | Path) -> None:
     _Header(Path(path)).check_data()
 
 
-def read_gguf(path: str | Path, config) -> dict[str, np.ndarray | _Blocks]:
+def read_gguf(
+    path: str | Path, config, *, numerics: str = "exact"
+) -> dict[str, np.ndarray | _Blocks]:
     """The tensors of a Llama-family GGUF under their Hugging Face names: Q4_0 / Q4_1 / Q8_0 as
     their blocks (read from the file, not mapped; q/k rows un-permuted), every other type as
-    float32 arrays (the ``gguf`` package's dequantiser)."""
+    float32 arrays (K-quants by :func:`dequantize_kquant`, the rest by the ``gguf`` package's
+    dequantiser) -- but with ``numerics="int8"`` a matrix of another quantised type is
+    requantised to Q8_0 blocks (see the module docs)."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-    from gguf.quants import dequantize
 
     header = _Header(Path(path))
     header.check_data()
@@ -244,13 +328,35 @@ def read_gguf(path: str | Path, config) -> dict[str, np.ndarray | _Blocks]:
                 w = raw.reshape(shape[0], -1)
             else:
                 fmt = None
-                w = np.asarray(dequantize(raw, qtype), dtype=np.float32).reshape(shape)
+                w = _dequantize(raw, qtype, gguf_name, path).reshape(shape)
             if name.endswith("q_proj.weight"):
                 w = _unpermute(w, heads)
             elif name.endswith("k_proj.weight"):
                 w = _unpermute(w, kv_heads)
+            if (
+                fmt is None
+                and numerics == "int8"
+                and qtype.name not in _FLOATS
+                and len(shape) == 2
+                and shape[1] % 32 == 0
+            ):
+                w, fmt = quantize_q8_0(w), "q8_0"
             out[name] = _Blocks(w, fmt, shape[1]) if fmt is not None else w
     return out
+
+
+def _dequantize(raw: np.ndarray, qtype, name: str, path) -> np.ndarray:
+    """One tensor's bytes as float32 (flat), or a :class:`WeightFormatError` naming its type."""
+    from gguf.quants import dequantize
+
+    if qtype.name in _KQUANT_BYTES:
+        return dequantize_kquant(raw, qtype.name)
+    try:
+        return np.asarray(dequantize(raw, qtype), dtype=np.float32).reshape(-1)
+    except NotImplementedError:
+        raise WeightFormatError(
+            f"{path}: tensor {name} has GGML type {qtype.name}, which dartcore does not read"
+        ) from None
 
 
 def _placeholder(n: int, k: int) -> nn.Parameter:
@@ -325,7 +431,9 @@ def load_gguf_model(gguf_path: str | Path, hf_dir: str | Path, *, numerics: str 
     directory) with the block weights kept as blocks (see the module docs), in eval mode.
     ``numerics`` ("exact" or "int8", :data:`dartcore.kernels.linear.NUMERICS`): the arithmetic
     :class:`~dartcore.models.transformer.TargetModel` runs the blocks with (recorded on the
-    model as ``dartcore_numerics``). The Hugging Face forward of the model is exact until a
+    model as ``dartcore_numerics``); with "int8" the quantised matrices the kernels do not read
+    are loaded as their Q8_0 requantisation (see the module docs), so the model's weights are
+    those, not the file's. The Hugging Face forward of the model is exact on its weights until a
     TargetModel adopts it with "int8": its projections then share the fused int8 rows (where
     they are whole groups of eight) and run that numerics too."""
     from dartcore.kernels.linear import NUMERICS
@@ -341,7 +449,7 @@ def load_gguf_model(gguf_path: str | Path, hf_dir: str | Path, *, numerics: str 
             f"{gguf_path}: block weights are read for Llama-family GGUF files, not "
             f"{getattr(config, 'model_type', None)!r}"
         )
-    tensors = read_gguf(gguf_path, config)
+    tensors = read_gguf(gguf_path, config, numerics=numerics)
     # A fused group of mixed formats is dequantised (one format per stacked matrix).
     for i in range(config.num_hidden_layers):
         for group in _GROUPS:
