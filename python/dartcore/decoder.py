@@ -36,7 +36,7 @@ from dartcore.errors import ContextLengthError
 from dartcore.fit import check_drafter, check_index, check_needs, eos_ids
 from dartcore.live import live_layer
 from dartcore.models.backend import backend_for
-from dartcore.models.transformer import TargetModel
+from dartcore.models.hybrid import make_target
 from dartcore.prompts import TextStream, decode, prompt_ids
 from dartcore.rounds import GenerationResult, GenerationStats, Parts, StageClock
 from dartcore.sampling import DEFAULTS, SamplingParams
@@ -117,7 +117,7 @@ class DartDecoder:
         if device is not None or dtype is not None:
             model.to(device=device, dtype=dtype)
         model.eval()
-        target = TargetModel(model)
+        target = make_target(model)  # TargetModel, or HybridTarget for a hybrid family
         backend = backend_for(target, lazy_logits=lazy_logits, draft_numerics=draft_numerics)
         self.tree = tree
         builder = make_tree_builder(tree, **tree_params)

@@ -1,0 +1,517 @@
+"""Tree verification for hybrid targets: Gated DeltaNet + full-attention layers (``qwen3_next``).
+
+A Gated DeltaNet layer carries no per-token keys: each sequence has one short-convolution
+state (the last ``K`` inputs of the layer's causal depthwise conv) and one recurrent state
+(``[heads, key_dim, value_dim]``, the gated delta rule's memory). A draft tree has one such
+state per node: node i's comes from its parent's, updated with i's token. :class:`HybridTarget`
+verifies a whole tree in one forward: the projections, norms, MLPs and the full-attention
+layers (tree mask over the KV cache, as :class:`~dartcore.models.transformer.TargetModel`)
+run over every node at once; each Gated DeltaNet layer steps the tree level by level (all
+nodes of a depth together, each from its parent's state, the root from the committed one).
+:class:`HybridCache` keeps every node's states of the last block until acceptance commits the
+accepted path's last node (``compact``) or the block's last row (``commit``); the other nodes'
+states are dropped.
+
+The per-token arithmetic is Hugging Face's own: its ``causal_conv1d_update`` and
+``torch_recurrent_gated_delta_rule`` (the functions its decoding steps run), a node's inputs
+batched with the other nodes of its depth; a causal block (the prompt) goes through its
+``causal_conv1d_fn`` and ``torch_chunk_gated_delta_rule`` as its prefill does. So greedy
+outputs equal ``generate(do_sample=False)``'s (tests/test_models_hybrid.py). The HF modules
+(embedding, norms, projections, gated RMSNorm, MLP or MoE block, LM head) are called as they
+are: nothing is copied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from dartcore.errors import ContextLengthError, DartError, TreeError
+from dartcore.kernels.tree_attention import tree_attention
+from dartcore.models.cache import KVCache
+from dartcore.models.transformer import ForwardOutput, TargetModel
+
+__all__ = ["HybridTarget", "HybridCache", "HYBRID_FAMILIES", "make_target", "tree_parents"]
+
+HYBRID_FAMILIES = ("qwen3_next",)
+
+
+def make_target(hf_model, **kwargs):
+    """The lean target of ``hf_model``: :class:`HybridTarget` for a hybrid family
+    (:data:`HYBRID_FAMILIES`), else :class:`~dartcore.models.transformer.TargetModel`."""
+    if getattr(hf_model.config, "model_type", None) in HYBRID_FAMILIES:
+        return HybridTarget(hf_model)
+    return TargetModel(hf_model, **kwargs)
+
+
+def tree_parents(block_mask: torch.Tensor | None, n: int) -> np.ndarray:
+    """Each row's parent in a block (-1: the committed prefix) from its ancestor mask
+    (``mask[i, j]``: row i sees row j; None = causal, a chain). A row's parent is the last row
+    it sees before itself, and it must see exactly its parent's rows and itself: anything
+    else is not a tree a recurrent layer can verify."""
+    if block_mask is None:
+        return np.arange(-1, n - 1, dtype=np.int64)
+    m = block_mask.detach().to("cpu", torch.bool).numpy()
+    if m.shape != (n, n) or not m.diagonal().all() or np.triu(m, 1).any():
+        raise TreeError("a recurrent layer needs a tree mask: rows see themselves and earlier rows")
+    parents = np.full(n, -1, dtype=np.int64)
+    for i in range(1, n):
+        seen = np.flatnonzero(m[i, :i])
+        if seen.size:
+            p = int(seen[-1])
+            parents[i] = p
+            want = m[p, :i].copy()
+            want[p] = True
+            if not np.array_equal(m[i, :i], want):
+                raise TreeError(f"row {i} of the block mask does not see exactly its ancestors")
+        elif m[i, :i].any():
+            raise TreeError(f"row {i} of the block mask is not a tree row")
+    return parents
+
+
+class HybridCache:
+    """One sequence's state on a hybrid target: a :class:`~dartcore.models.cache.KVCache` over
+    the full-attention layers (``kv``), and per Gated DeltaNet layer the committed conv state
+    ``conv[j]`` (``[conv_dim, K]``, Hugging Face's layout: the last K inputs) and recurrent
+    state ``rec[j]`` (``[heads, key_dim, value_dim]`` float32), after every committed token.
+
+    A forward stages the states of its block's rows; :meth:`commit` (a causal block: prefill,
+    plain steps) keeps the last row's, :meth:`compact` (an accepted tree path) the path's last
+    node's, and drops the rest. Same interface as ``KVCache`` where the decoding round uses it.
+    """
+
+    def __init__(
+        self,
+        kv: KVCache,
+        linear_layers: int,
+        conv_dim: int,
+        kernel: int,
+        heads: int,
+        key_dim: int,
+        value_dim: int,
+        *,
+        dtype: torch.dtype,
+    ):
+        dev = kv.k.device
+        self.kv = kv
+        self.conv = torch.zeros(linear_layers, conv_dim, kernel, dtype=dtype, device=dev)
+        self.rec = torch.zeros(linear_layers, heads, key_dim, value_dim, device=dev)
+        # the last block's staged states: row -> index, and per layer (conv [m, ...], rec [m, ...])
+        self._rows: dict[int, int] = {}
+        self._staged: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def length(self) -> int:
+        return self.kv.length
+
+    @property
+    def capacity(self) -> int:
+        return self.kv.capacity
+
+    def check_block(self, n: int) -> None:
+        self.kv.check_block(n)
+
+    def stage(self, layer: int, rows: Sequence[int], conv: torch.Tensor, rec: torch.Tensor):
+        """Hold ``rows``' states (``conv [m, conv_dim, K]``, ``rec [m, heads, dk, dv]``) of
+        Gated DeltaNet layer ``layer`` until the block is committed."""
+        index = {int(r): i for i, r in enumerate(rows)}
+        if self._staged and index != self._rows:
+            raise DartError("every Gated DeltaNet layer stages the same rows of a block")
+        self._rows = index
+        self._staged[layer] = (conv, rec)
+
+    def begin(self) -> None:
+        """Drop whatever an earlier forward staged (a new block starts)."""
+        self._rows, self._staged = {}, {}
+
+    def _keep(self, row: int) -> None:
+        if len(self._staged) != self.conv.shape[0] or row not in self._rows:
+            raise DartError(f"no staged recurrent state for block row {row}")
+        i = self._rows[row]
+        for layer, (conv, rec) in self._staged.items():
+            self.conv[layer].copy_(conv[i])
+            self.rec[layer].copy_(rec[i])
+        self.begin()
+
+    def commit(self, n: int) -> None:
+        """Keep the whole causal block of ``n`` rows: its keys, and its last row's states."""
+        if self.length + n > self.capacity:
+            raise ContextLengthError(f"commit of {n} rows past capacity {self.capacity}")
+        self._keep(n - 1)
+        self.kv.commit(n)
+
+    def compact(self, block_rows) -> None:
+        """Keep rows ``block_rows`` of the block (an accepted path, root first): their keys,
+        and the last one's states."""
+        rows = [int(r) for r in block_rows]
+        if not rows:
+            self.begin()
+            return
+        self._keep(rows[-1])
+        self.kv.compact(rows)
+
+    def truncate(self, length: int) -> None:
+        if length != self.length:
+            raise DartError("a recurrent state cannot be rewound: a hybrid cache never truncates")
+
+
+class HybridTarget:
+    """The lean forward of a Hugging Face ``Qwen3NextForCausalLM`` (Gated DeltaNet and
+    full-attention layers, dense MLP or MoE), in the interface of
+    :class:`~dartcore.models.transformer.TargetModel` that the decoding round uses
+    (``new_cache``, ``forward``, ``forward_batch``, ``logits``). Runs on torch's kernels
+    (``native_linear`` False: the torch backend)."""
+
+    native_linear = False
+    blocks = False
+    numerics = "exact"
+
+    def __init__(self, hf_model):
+        config = hf_model.config
+        family = getattr(config, "model_type", None)
+        if family not in HYBRID_FAMILIES:
+            raise DartError(f"HybridTarget supports {HYBRID_FAMILIES}, got {family!r}")
+        from transformers.models.qwen3_next import modeling_qwen3_next as hf
+
+        self._hf_ops = hf
+        self.hf = hf_model
+        self.config = config
+        self.family = family
+        inner = hf_model.model
+        self.embed = inner.embed_tokens
+        self.layers = list(inner.layers)
+        self.norm = inner.norm
+        self.lm_head = hf_model.lm_head
+        self.num_layers = len(self.layers)
+        self.hidden_size = config.hidden_size
+        self.vocab_size = self.lm_head.weight.shape[0]
+        self.max_positions = int(getattr(config, "max_position_embeddings", 0) or 0) or None
+        self.kinds = list(config.layer_types)
+        if len(self.kinds) != self.num_layers or set(self.kinds) - {
+            "linear_attention",
+            "full_attention",
+        }:
+            raise DartError(f"unsupported layer types {sorted(set(self.kinds))}")
+        # index of each layer among its kind (KV cache layer / recurrent state layer)
+        self.slot = []
+        counts = {"linear_attention": 0, "full_attention": 0}
+        for kind in self.kinds:
+            self.slot.append(counts[kind])
+            counts[kind] += 1
+        self.num_linear = counts["linear_attention"]
+        self.num_full = counts["full_attention"]
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or self.hidden_size // self.num_heads
+        self.scale = self.head_dim**-0.5
+        rotary = inner.rotary_emb
+        if getattr(rotary, "rope_type", "default") != "default":
+            raise DartError(f"RoPE type {rotary.rope_type!r} is not supported by HybridTarget")
+        self._inv_freq = rotary.inv_freq.detach().float()
+        self._rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        lin = next(
+            (layer.linear_attn for layer in self.layers if hasattr(layer, "linear_attn")), None
+        )
+        self.conv_dim = lin.conv_dim if lin is not None else 0
+        self.conv_kernel = lin.conv_kernel_size if lin is not None else 1
+        self.lin_heads = lin.num_v_heads if lin is not None else 0
+        self.lin_key_dim = lin.head_k_dim if lin is not None else 0
+        self.lin_value_dim = lin.head_v_dim if lin is not None else 0
+        self.threads = torch.get_num_threads()
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def new_cache(self, capacity: int) -> HybridCache:
+        if self.max_positions is not None:
+            capacity = min(capacity, self.max_positions)
+        kv = KVCache(
+            max(1, self.num_full),
+            self.num_kv_heads,
+            self.head_dim,
+            capacity,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        return HybridCache(
+            kv,
+            self.num_linear,
+            self.conv_dim,
+            self.conv_kernel,
+            self.lin_heads,
+            self.lin_key_dim,
+            self.lin_value_dim,
+            dtype=self.dtype,
+        )
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        cache: HybridCache,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        block_mask: torch.Tensor | None = None,
+        *,
+        taps: Sequence[int] = (),
+        logits_rows: torch.Tensor | slice | None = None,
+    ) -> ForwardOutput:
+        """``n`` new tokens after the cached ones (see ``TargetModel.forward``); a tree's
+        ``block_mask`` is its ancestor mask. Nothing is committed: call ``cache.commit`` or
+        ``cache.compact``."""
+        return self.forward_batch(
+            [cache],
+            [int(tokens.shape[0])],
+            tokens,
+            positions,
+            [block_mask],
+            taps=taps,
+            logits_rows=logits_rows,
+        )
+
+    @torch.inference_mode()
+    def forward_batch(
+        self,
+        caches: Sequence[HybridCache],
+        sizes: Sequence[int],
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        block_masks: Sequence[torch.Tensor | None],
+        *,
+        taps: Sequence[int] = (),
+        logits_rows: torch.Tensor | slice | None = None,
+    ) -> ForwardOutput:
+        """Several sequences' blocks packed in one pass (see ``TargetModel.forward_batch``)."""
+        n = int(tokens.shape[0])
+        if len(caches) != len(sizes) or len(caches) != len(block_masks) or sum(sizes) != n:
+            raise ValueError(
+                f"forward_batch: {len(caches)} caches, {len(sizes)} sizes summing to {sum(sizes)}, "
+                f"{len(block_masks)} masks for {n} rows"
+            )
+        for cache, size in zip(caches, sizes):
+            cache.check_block(int(size))
+        if self.max_positions is not None and int(positions.max()) >= self.max_positions:
+            raise DartError(
+                f"position {int(positions.max())} is past the model's context of {self.max_positions}"
+            )
+        tap_set = {int(t) for t in taps}
+        for t in tap_set:
+            if not 0 <= t <= self.num_layers:
+                raise ValueError(f"tap index {t} out of range for a {self.num_layers}-layer model")
+        dev = self.device
+        tokens, positions = tokens.to(dev), positions.to(dev)
+        segments, a = [], 0
+        for cache, size, m in zip(caches, sizes, block_masks):
+            cache.begin()
+            size = int(size)
+            segments.append(
+                (cache, a, a + size, None if m is None else m.to(dev), tree_parents(m, size))
+            )
+            a += size
+        cos, sin = self._rope(positions)
+        captured: dict[int, torch.Tensor] = {}
+        h = self.embed(tokens)
+        for i, layer in enumerate(self.layers):
+            if i in tap_set:
+                captured[i] = h
+            x = layer.input_layernorm(h)
+            if self.kinds[i] == "linear_attention":
+                h = h + self._delta_net(layer.linear_attn, self.slot[i], x, segments)
+            else:
+                h = h + self._attention(layer.self_attn, self.slot[i], x, cos, sin, segments)
+            out = layer.mlp(layer.post_attention_layernorm(h)[None])
+            h = h + (out[0] if isinstance(out, tuple) else out)[0]
+        h = self.norm(h)
+        if self.num_layers in tap_set:
+            captured[self.num_layers] = h
+        rows = h if logits_rows is None else h[logits_rows]
+        tap_out = torch.cat([captured[int(t)] for t in taps], dim=-1) if len(taps) else None
+        return ForwardOutput(logits=self.logits(rows), taps=tap_out, hidden=h)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """LM head on final normed hidden states ``[m, H]`` -> float32 ``[m, V]``."""
+        if hidden.shape[0] == 0:
+            return torch.empty(0, self.vocab_size, dtype=torch.float32, device=hidden.device)
+        return self.lm_head(hidden).float()
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[:, None].float() * self._inv_freq.to(positions.device)[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self._rope_scale).to(self.dtype)
+        sin = (emb.sin() * self._rope_scale).to(self.dtype)
+        return cos, sin  # [n, rotary_dim]: the first rotary_dim of each head rotate
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x: [heads, n, head_dim]; partial rotary (HF's apply_rotary_pos_emb): the first
+        # rotary_dim dimensions rotate, the rest pass through.
+        r = cos.shape[-1]
+        rot, keep = x[..., :r], x[..., r:]
+        half = r // 2
+        rotated = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
+        return torch.cat((rot * cos + rotated * sin, keep), dim=-1)
+
+    def _attention(self, attn, slot: int, x, cos, sin, segments) -> torch.Tensor:
+        """A gated full-attention layer (q|gate projection, q/k norms, partial RoPE, output
+        gate) over each sequence's KV cache under its block mask."""
+        n, hd = x.shape[0], self.head_dim
+        q, gate = torch.chunk(attn.q_proj(x).view(n, -1, hd * 2), 2, dim=-1)
+        gate = gate.reshape(n, -1)
+        q = attn.q_norm(q.reshape(n, -1, hd)).transpose(0, 1)
+        k = attn.k_norm(attn.k_proj(x).view(n, -1, hd)).transpose(0, 1)
+        v = attn.v_proj(x).view(n, -1, hd).transpose(0, 1)
+        q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        outs = []
+        for cache, a, b, mask, _ in segments:
+            kv = cache.kv
+            kv.write(slot, k[:, a:b], v[:, a:b])
+            keys, values = kv.view(slot, b - a)
+            outs.append(tree_attention(q[:, a:b], keys, values, kv.length, mask, scale=self.scale))
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        out = out.transpose(0, 1).reshape(n, -1)
+        return attn.o_proj(out * torch.sigmoid(gate))
+
+    def _delta_net(self, net, slot: int, x, segments) -> torch.Tensor:
+        """A Gated DeltaNet layer: each sequence's causal block (a prompt) in HF's chunked
+        form, a tree (or one step) node by node from its parent's states, level by level."""
+        hf = self._hf_ops
+        q, k, v, z, b, a = net.fix_query_key_value_ordering(
+            net.in_proj_qkvz(x[None]), net.in_proj_ba(x[None])
+        )
+        mixed = torch.cat([t.reshape(1, t.shape[1], -1) for t in (q, k, v)], dim=-1)[0]  # [n, C]
+        beta = b[0].sigmoid()  # [n, Hv]
+        g = -net.A_log.float().exp() * torch.nn.functional.softplus(a[0].float() + net.dt_bias)
+        weight = net.conv1d.weight.squeeze(1)
+        core = []
+        for cache, r0, r1, mask, parents in segments:
+            m = r1 - r0
+            if mask is None and m > 1:
+                core.append(
+                    self._delta_block(net, slot, cache, mixed[r0:r1], g[r0:r1], beta[r0:r1])
+                )
+            else:
+                core.append(
+                    self._delta_tree(
+                        net, slot, cache, mixed[r0:r1], g[r0:r1], beta[r0:r1], parents, weight, hf
+                    )
+                )
+        out = core[0] if len(core) == 1 else torch.cat(core)  # [n, Hv, Dv]
+        zf = z[0].reshape(-1, z.shape[-1])
+        out = net.norm(out.reshape(-1, out.shape[-1]), zf).reshape(x.shape[0], -1)
+        return net.out_proj(out)
+
+    def _split_heads(self, net, mixed):
+        """Conv outputs ``[rows, C]`` -> query, key ``[rows, Hk, Dk]``, value ``[rows, Hv, Dv]``."""
+        qq, kk, vv = torch.split(mixed, [net.key_dim, net.key_dim, net.value_dim], dim=-1)
+        rows = mixed.shape[0]
+        return (
+            qq.reshape(rows, -1, net.head_k_dim),
+            kk.reshape(rows, -1, net.head_k_dim),
+            vv.reshape(rows, -1, net.head_v_dim),
+        )
+
+    def _delta_block(self, net, slot, cache: HybridCache, mixed, g, beta) -> torch.Tensor:
+        """A causal block after the committed states, as HF's prefill runs it: the causal conv
+        over (committed conv state +) the block, the chunked delta rule; stages the block's
+        last row's states."""
+        hf = self._hf_ops
+        m, kernel = mixed.shape[0], net.conv_kernel_size
+        x = mixed.t()[None]  # [1, C, m]
+        fresh = cache.length == 0
+        full = x if fresh else torch.cat([cache.conv[slot][None], x], dim=-1)
+        conv_out = hf.causal_conv1d_fn(
+            full, net.conv1d.weight.squeeze(1), net.conv1d.bias, activation=net.activation
+        )[:, :, -m:]
+        if full.shape[-1] < kernel:
+            full = torch.nn.functional.pad(full, (kernel - full.shape[-1], 0), value=0)
+        conv_state = full[0, :, -kernel:].clone()
+        q, k, v = self._split_heads(net, conv_out[0].t())
+        out, state = hf.torch_chunk_gated_delta_rule(
+            q[None],
+            k[None],
+            v[None],
+            g=g[None],
+            beta=beta[None],
+            initial_state=None if fresh else cache.rec[slot][None].clone(),
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+        )
+        cache.stage(slot, [m - 1], conv_state[None], state.float())
+        return out[0]
+
+    def _delta_tree(
+        self, net, slot, cache: HybridCache, mixed, g, beta, parents, weight, hf
+    ) -> torch.Tensor:
+        """Tree rows (or one step): level by level, every node of a depth from its parent's
+        conv and recurrent states (the root's parent: the committed ones), through HF's
+        one-token ``causal_conv1d_update`` and ``torch_recurrent_gated_delta_rule``; stages
+        every node's states."""
+        m = mixed.shape[0]
+        depth = np.zeros(m, dtype=np.int64)
+        for i in range(m):
+            depth[i] = 0 if parents[i] < 0 else depth[parents[i]] + 1
+        conv_states = torch.empty(
+            (m, *cache.conv.shape[1:]), dtype=cache.conv.dtype, device=mixed.device
+        )
+        rec_states = torch.empty(
+            (m, *cache.rec.shape[1:]), dtype=cache.rec.dtype, device=mixed.device
+        )
+        out = torch.empty(
+            m, net.num_v_heads, net.head_v_dim, dtype=mixed.dtype, device=mixed.device
+        )
+        for d in range(int(depth.max()) + 1):
+            rows = np.flatnonzero(depth == d)
+            par = parents[rows]
+            idx = torch.from_numpy(rows).to(mixed.device)
+            if d == 0:
+                conv0 = cache.conv[slot][None].expand(len(rows), -1, -1).clone()
+                rec0 = cache.rec[slot][None].expand(len(rows), -1, -1, -1)
+            else:
+                pidx = torch.from_numpy(par).to(mixed.device)
+                conv0 = conv_states[pidx].clone()
+                rec0 = rec_states[pidx]
+            # conv0 is updated in place to the rows' own conv states
+            conv_out = hf.causal_conv1d_update(
+                mixed[idx][:, :, None], conv0, weight, net.conv1d.bias, net.activation
+            )
+            q, k, v = self._split_heads(net, conv_out[:, :, 0])
+            o, state = hf.torch_recurrent_gated_delta_rule(
+                q[:, None],
+                k[:, None],
+                v[:, None],
+                g=g[idx][:, None],
+                beta=beta[idx][:, None],
+                initial_state=rec0,
+                output_final_state=True,
+                use_qk_l2norm_in_kernel=True,
+            )
+            conv_states[idx] = conv0
+            rec_states[idx] = state.float()
+            out[idx] = o[:, 0]
+        cache.stage(slot, range(m), conv_states, rec_states)
+        return out
+
+    # -- conveniences used by tests and the plain AR path ------------------------------
+
+    def greedy_generate(self, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
+        """Plain greedy autoregressive loop on this forward (no EOS handling)."""
+        ids = torch.as_tensor(list(prompt), dtype=torch.long)
+        cache = self.new_cache(len(ids) + max_new_tokens)
+        out = self.forward(cache, ids, torch.arange(len(ids)), logits_rows=slice(-1, None))
+        cache.commit(len(ids))
+        result: list[int] = []
+        for _ in range(max_new_tokens):
+            tok = int(out.logits[-1].argmax())
+            result.append(tok)
+            if len(result) == max_new_tokens:
+                break
+            out = self.forward(cache, torch.tensor([tok]), torch.tensor([cache.length]))
+            cache.commit(1)
+        return result
