@@ -227,3 +227,40 @@ def test_tree_parents_from_masks():
     bad[3, 2] = True  # row 3 sees a row that is not its ancestor
     with pytest.raises(TreeError):
         tree_parents(bad, 6)
+
+
+@pytest.fixture(scope="module")
+def drafted_setup(tmp_path_factory):
+    """A tiny hybrid target, an untrained DartDrafter for it and an n-gram index that has
+    seen the reference continuations of half the prompts."""
+    from dartcore.drafter import DartDrafter
+    from dartcore.index import NgramIndex, build_index
+
+    model = tiny_next(5, layer_types=LAYERS + ["linear_attention", "full_attention"])
+    model.generation_config.eos_token_id = None
+    rng = np.random.default_rng(1)
+    prompts = [[1] + rng.integers(3, 64, size=int(rng.integers(3, 12))).tolist() for _ in range(4)]
+    refs = [hf_greedy(model, p, 24) for p in prompts]
+    docs = [np.array(p + r, dtype=np.int64) for p, r in list(zip(prompts, refs))[:2]]
+    docs += [rng.integers(0, 64, size=200) for _ in range(20)]
+    path = tmp_path_factory.mktemp("idx") / "tiny.idx"
+    build_index(docs, path, vocab_size=64)
+    drafter = DartDrafter.from_target(model, d=4)
+    return model, drafter, NgramIndex(path), prompts, refs
+
+
+@pytest.mark.parametrize("tree", ["dart", "dart-no-ngram", "dart-chain", "ngram-only"])
+def test_drafter_and_index_builders_match_hf_generate(drafted_setup, tree):
+    model, drafter, index, prompts, refs = drafted_setup
+    params = {} if tree == "dart-chain" else {"max_nodes": 8}
+    with pytest.warns(UserWarning, match="tokenizer"):  # the bare index names no tokenizer
+        dec = DartDecoder(
+            model, CharTokenizer(), drafter, index, tree=tree, eos_token_ids=(), **params
+        )
+    taus = []
+    for prompt, ref in zip(prompts, refs):
+        res = dec.generate(prompt, max_new_tokens=24)
+        assert res.tokens == ref
+        taus.append(res.stats.tau)
+    if tree in ("dart", "ngram-only"):
+        assert max(taus) > 1.3  # the index knows two continuations: whole paths accepted
