@@ -264,3 +264,24 @@ def test_drafter_and_index_builders_match_hf_generate(drafted_setup, tree):
         taus.append(res.stats.tau)
     if tree in ("dart", "ngram-only"):
         assert max(taus) > 1.3  # the index knows two continuations: whole paths accepted
+
+
+def test_batched_engine_on_a_hybrid_target_matches_hf_generate():
+    from dartcore.engine import Engine
+    from dartcore.sampling import SamplingParams
+    from test_engine import oracle_decoder, prompts_and_refs, run
+
+    model = tiny_next(6)
+    model.generation_config.eos_token_id = None
+    prompts, refs = prompts_and_refs(model, 4, 24, seed=2, lengths=[1, 40, 7, 19])
+    # three slots for four requests: one joins when another leaves (its slot's states reset)
+    engine = Engine(oracle_decoder(model, prompts, refs), max_batch=3, budget=6)
+    ids = [engine.add_request(p, SamplingParams(max_new_tokens=24)) for p in prompts]
+    seen = run(engine)
+    hist = np.zeros(8, dtype=np.int64)
+    for rid, ref in zip(ids, refs):
+        last = seen[rid][-1]
+        assert last.finished and last.tokens == ref
+        acc = last.stats["accept_hist"]
+        hist[: len(acc)] += acc
+    assert hist[0] > 0 and hist[2:].sum() > 0

@@ -229,17 +229,27 @@ class HybridTarget:
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
+    @property
+    def kv_layers(self) -> int:
+        """Layers with a KV cache (the full-attention ones; at least one slot)."""
+        return max(1, self.num_full)
+
     def new_cache(self, capacity: int) -> HybridCache:
         if self.max_positions is not None:
             capacity = min(capacity, self.max_positions)
         kv = KVCache(
-            max(1, self.num_full),
+            self.kv_layers,
             self.num_kv_heads,
             self.head_dim,
             capacity,
             dtype=self.dtype,
             device=self.device,
         )
+        return self.pool_cache(kv)
+
+    def pool_cache(self, kv: KVCache) -> HybridCache:
+        """A sequence's cache over ``kv`` (a fresh one, or a slot of the batched engine's
+        :class:`~dartcore.models.kv_pool.KVPool`) with zero recurrent states."""
         return HybridCache(
             kv,
             self.num_linear,
