@@ -285,3 +285,21 @@ def test_batched_engine_on_a_hybrid_target_matches_hf_generate():
         acc = last.stats["accept_hist"]
         hist[: len(acc)] += acc
     assert hist[0] > 0 and hist[2:].sum() > 0
+
+
+def test_sampled_distribution_matches_the_hybrid_target():
+    """Tree verification samples the target's own distribution (the chi-square test of
+    test_decoder_sampling.py on an 8-token hybrid model), and token for token as AR sampling
+    with the same seed almost always."""
+    from test_decoder_sampling import ALPHA, chi_square_p, exact_joint, sample_counts
+
+    model = tiny_next(1, vocab=8)
+    exact = exact_joint(model, 1.0, 0, 1.0)
+    dart = DartDecoder(model, CharTokenizer(), tree="test-random-small", eos_token_ids=())
+    n = 800
+    counts, dart_out, tau = sample_counts(dart, range(n), temperature=1.0)
+    assert tau > 1.1
+    assert chi_square_p(counts, exact) > ALPHA
+    ar = DartDecoder(model, CharTokenizer(), tree="ar", eos_token_ids=())
+    _, ar_out, _ = sample_counts(ar, range(n), temperature=1.0)
+    assert sum(a == b for a, b in zip(dart_out, ar_out)) >= 0.99 * n
