@@ -17,7 +17,7 @@ import torch
 
 from dartcore import DartDecoder, rounds
 from dartcore.errors import TreeError
-from dartcore.models.hybrid import HybridTarget, tree_parents
+from dartcore.models.hybrid import TREE_FORMS, HybridTarget, tree_parents
 from dartcore.sampling import SamplingParams
 from dartcore.tree import Tree, ancestor_mask
 from dartcore.trees import register_tree_builder
@@ -89,9 +89,13 @@ class ChainOracle(OracleBuilder):
 register_tree_builder("test-chain-oracle", lambda **kw: ChainOracle(**kw), replace=True)
 
 
-def test_prompt_and_tree_logits_match_hf_forward():
+FORMS = pytest.mark.parametrize("tree_form", TREE_FORMS)
+
+
+@FORMS
+def test_prompt_and_tree_logits_match_hf_forward(tree_form):
     model = tiny_next(1)
-    target = HybridTarget(model)
+    target = HybridTarget(model, tree_form=tree_form)
     rng = np.random.default_rng(0)
     prompt = [1] + rng.integers(3, 64, size=9).tolist()
     with torch.no_grad():
@@ -127,7 +131,8 @@ def test_prompt_and_tree_logits_match_hf_forward():
         ("test-chain-oracle", {"depth": 6, "max_nodes": 6}),
     ],
 )
-def test_greedy_matches_hf_generate_with_trees(tree, params):
+@FORMS
+def test_greedy_matches_hf_generate_with_trees(tree, params, tree_form):
     tok = CharTokenizer()
     rng = np.random.default_rng(3)
     accepted = np.zeros(8, dtype=np.int64)
@@ -140,6 +145,7 @@ def test_greedy_matches_hf_generate_with_trees(tree, params):
             model, tok, tree=tree, reference=prompt + ref, vocab=64, seed=trial, **params
         )
         dec.eos_token_ids = ()
+        dec.target.tree_form = tree_form
         res = dec.generate(prompt, max_new_tokens=30)
         assert res.tokens == ref
         hist = res.stats.accept_hist
@@ -168,14 +174,16 @@ def _states(cache):
     return cache.conv.clone(), cache.rec.clone()
 
 
-def test_rejected_drafts_leave_the_states_of_plain_decoding():
+@FORMS
+def test_rejected_drafts_leave_the_states_of_plain_decoding(tree_form):
     model = tiny_next(2, layer_types=["linear_attention", "full_attention", "linear_attention"])
     model.generation_config.eos_token_id = None
     tok = CharTokenizer()
     prompt = [1, 7, 30, 12, 5, 44]
     new = 30
-    target = HybridTarget(model)
-    # plain AR on the lean forward: the committed states after every position
+    # plain AR steps through HF's own one-token functions: the committed states after every
+    # position
+    target = HybridTarget(model, tree_form="recurrent")
     cache = target.new_cache(len(prompt) + new)
     out = target.forward(cache, torch.tensor(prompt), torch.arange(len(prompt)))
     cache.commit(len(prompt))
@@ -199,6 +207,7 @@ def test_rejected_drafts_leave_the_states_of_plain_decoding():
         max_nodes=14,
     )
     dec.eos_token_ids = ()
+    dec.target.tree_form = tree_form
     parts = dec.parts
     stats = rounds.GenerationStats()
     s = rounds.new_sequence(parts, prompt, new, SamplingParams().sampler(), (), stats)

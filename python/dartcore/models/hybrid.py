@@ -24,6 +24,7 @@ are: nothing is copied.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,6 +37,8 @@ from dartcore.models.transformer import ForwardOutput, TargetModel
 __all__ = ["HybridTarget", "HybridCache", "HYBRID_FAMILIES", "make_target", "tree_parents"]
 
 HYBRID_FAMILIES = ("qwen3_next",)
+# How a Gated DeltaNet layer verifies a tree (HybridTarget's ``tree_form``).
+TREE_FORMS = ("parallel", "recurrent")
 
 
 def make_target(hf_model, **kwargs):
@@ -100,7 +103,7 @@ class HybridCache:
         self.rec = torch.zeros(linear_layers, heads, key_dim, value_dim, device=dev)
         # the last block's staged states: row -> index, and per layer (conv [m, ...], rec [m, ...])
         self._rows: dict[int, int] = {}
-        self._staged: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._staged: dict[int, tuple[torch.Tensor, Any]] = {}
 
     @property
     def length(self) -> int:
@@ -113,9 +116,10 @@ class HybridCache:
     def check_block(self, n: int) -> None:
         self.kv.check_block(n)
 
-    def stage(self, layer: int, rows: Sequence[int], conv: torch.Tensor, rec: torch.Tensor):
-        """Hold ``rows``' states (``conv [m, conv_dim, K]``, ``rec [m, heads, dk, dv]``) of
-        Gated DeltaNet layer ``layer`` until the block is committed."""
+    def stage(self, layer: int, rows: Sequence[int], conv: torch.Tensor, rec):
+        """Hold ``rows``' states (``conv [m, conv_dim, K]``; ``rec [m, heads, dk, dv]``, or a
+        function of the row's index that computes its state on commit) of Gated DeltaNet layer
+        ``layer`` until the block is committed."""
         index = {int(r): i for i, r in enumerate(rows)}
         if self._staged and index != self._rows:
             raise DartError("every Gated DeltaNet layer stages the same rows of a block")
@@ -132,7 +136,7 @@ class HybridCache:
         i = self._rows[row]
         for layer, (conv, rec) in self._staged.items():
             self.conv[layer].copy_(conv[i])
-            self.rec[layer].copy_(rec[i])
+            self.rec[layer].copy_(rec(i) if callable(rec) else rec[i])
         self.begin()
 
     def commit(self, n: int) -> None:
@@ -168,7 +172,10 @@ class HybridTarget:
     blocks = False
     numerics = "exact"
 
-    def __init__(self, hf_model):
+    def __init__(self, hf_model, *, tree_form: str = "parallel"):
+        if tree_form not in TREE_FORMS:
+            raise DartError(f"tree_form={tree_form!r}: expected one of {TREE_FORMS}")
+        self.tree_form = tree_form
         config = hf_model.config
         family = getattr(config, "model_type", None)
         if family not in HYBRID_FAMILIES:
@@ -406,6 +413,12 @@ class HybridTarget:
                 core.append(
                     self._delta_block(net, slot, cache, mixed[r0:r1], g[r0:r1], beta[r0:r1])
                 )
+            elif self.tree_form == "parallel":
+                core.append(
+                    self._delta_parallel(
+                        net, slot, cache, mixed[r0:r1], g[r0:r1], beta[r0:r1], parents, weight
+                    )
+                )
             else:
                 core.append(
                     self._delta_tree(
@@ -507,6 +520,69 @@ class HybridTarget:
             out[idx] = o[:, 0]
         cache.stage(slot, range(m), conv_states, rec_states)
         return out
+
+    def _delta_parallel(self, net, slot, cache: HybridCache, mixed, g, beta, parents, weight):
+        """Tree rows (or one step) at once, in the chunked form of the delta rule with the
+        tree's ancestor mask in place of the causal one: along each root path the gated
+        decays are the path's cumulative sums and the (I + A)^-1 of the chunked form is the
+        path's own (A is nonzero only between a node and its ancestors, a set closed under
+        taking ancestors, so each path's block of the inverse is its chain's inverse). No node's
+        recurrent state is formed: a committed node's is computed on commit from the block's
+        keys and corrected values, O(n) rows instead of n states. Same arithmetic as HF's
+        chunked prefill on a chain."""
+        hf = self._hf_ops
+        m, kernel = mixed.shape[0], net.conv_kernel_size
+        dev = mixed.device
+        # conv windows: each node's K last inputs along its root path (the committed state's
+        # columns above the root), the columns of [committed state | block inputs]
+        src = torch.cat([cache.conv[slot], mixed.t()], dim=1)  # [C, K + m]
+        cols = np.empty((m, kernel), dtype=np.int64)
+        for i in range(m):
+            j, back = i, 0
+            for t in range(kernel - 1, -1, -1):
+                if j >= 0:
+                    cols[i, t], j = kernel + j, int(parents[j])
+                else:
+                    cols[i, t], back = kernel - 1 - back, back + 1
+        windows = src[:, torch.from_numpy(cols).to(dev)].permute(1, 0, 2).contiguous()  # [m, C, K]
+        conv_out = torch.nn.functional.conv1d(
+            windows, weight.unsqueeze(1), net.conv1d.bias, groups=windows.shape[1]
+        )[:, :, -1]
+        conv_out = hf.ACT2FN[net.activation](conv_out).to(mixed.dtype)
+        q, k, v = self._split_heads(net, conv_out)
+        rep = net.num_v_heads // net.num_k_heads
+        if rep > 1:
+            q, k = q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)
+        # [heads, m, d] float32; q and k l2-normed, q scaled, as the HF kernels do
+        q, k, v = (t.transpose(0, 1).float() for t in (q, k, v))
+        q = hf.l2norm(q, dim=-1, eps=1e-6) / (q.shape[-1] ** 0.5)
+        k = hf.l2norm(k, dim=-1, eps=1e-6)
+        beta = beta.t().float()[..., None]
+        anc = torch.zeros(m, m, dtype=torch.bool)
+        for i in range(m):
+            anc[i, i] = True
+            if parents[i] >= 0:
+                anc[i] |= anc[int(parents[i])]
+        anc = anc.to(dev)
+        G = g.t() @ anc.t().float()  # [heads, m]: the decays' sums along each root path
+        decay = torch.where(anc, G[:, :, None] - G[:, None, :], float("-inf")).exp()
+        kb, vb = k * beta, v * beta
+        strict = anc & ~torch.eye(m, dtype=torch.bool, device=dev)
+        A = torch.where(strict, (kb @ k.transpose(-1, -2)) * decay, 0.0)
+        eye = torch.eye(m, device=dev).expand_as(A)
+        T = torch.linalg.solve_triangular(eye + A, eye, upper=False, unitriangular=True)
+        S0 = cache.rec[slot]  # [heads, dk, dv]
+        v_new = T @ vb - (T @ (kb * G.exp()[..., None])) @ S0  # [heads, m, dv]
+        out = (q * G.exp()[..., None]) @ S0 + ((q @ k.transpose(-1, -2)) * decay) @ v_new
+
+        def state(i: int) -> torch.Tensor:
+            return (
+                S0 * G[:, i].exp()[:, None, None]
+                + (k * decay[:, i, :, None]).transpose(-1, -2) @ v_new
+            )
+
+        cache.stage(slot, range(m), windows, state)
+        return out.transpose(0, 1).to(mixed.dtype)
 
     # -- conveniences used by tests and the plain AR path ------------------------------
 
