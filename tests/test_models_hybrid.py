@@ -1,4 +1,5 @@
-"""Hybrid targets (Gated DeltaNet + full attention, ``qwen3_next``) on tiny random configs.
+"""Hybrid targets (Gated DeltaNet + full attention: ``qwen3_next``, ``qwen3_5``) on tiny random
+configs.
 
 References: the Hugging Face forward (logits of every tree node = the HF logits after the
 node's root path) and ``generate(do_sample=False)`` (greedy outputs equal, token for token,
@@ -28,13 +29,27 @@ torch.set_num_threads(1)
 LAYERS = ["linear_attention", "linear_attention", "full_attention", "linear_attention"]
 
 
-def tiny_next(seed: int = 0, *, experts: int = 0, layer_types=None, vocab: int = 64):
-    """A tiny random ``Qwen3NextForCausalLM`` (GQA in both the attention and the DeltaNet
-    heads); weights sharpened as conftest.tiny_model does so greedy ties are unlikely."""
+def tiny_next(
+    seed: int = 0, *, experts: int = 0, layer_types=None, vocab: int = 64, family="qwen3_next"
+):
+    """A tiny random ``Qwen3NextForCausalLM`` (``family="qwen3_5"``: ``Qwen3_5ForCausalLM``,
+    no MoE) with GQA in both the attention and the DeltaNet heads; weights sharpened as
+    conftest.tiny_model does so greedy ties are unlikely."""
     from transformers import AutoModelForCausalLM, Qwen3NextConfig
+    from transformers.models.qwen3_5 import Qwen3_5TextConfig
 
     layer_types = layer_types or LAYERS
-    cfg = Qwen3NextConfig(
+    moe = (
+        dict(
+            num_experts=experts,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=16,
+        )
+        if family == "qwen3_next"
+        else {}
+    )
+    cfg = (Qwen3NextConfig if family == "qwen3_next" else Qwen3_5TextConfig)(
         vocab_size=vocab,
         hidden_size=32,
         intermediate_size=64,
@@ -48,15 +63,12 @@ def tiny_next(seed: int = 0, *, experts: int = 0, layer_types=None, vocab: int =
         linear_value_head_dim=8,
         linear_num_key_heads=2,
         linear_num_value_heads=4,
-        num_experts=experts,
-        num_experts_per_tok=2,
-        moe_intermediate_size=16,
-        shared_expert_intermediate_size=16,
         max_position_embeddings=256,
         rms_norm_eps=1e-6,
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=0,
+        **moe,
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
@@ -92,9 +104,10 @@ register_tree_builder("test-chain-oracle", lambda **kw: ChainOracle(**kw), repla
 FORMS = pytest.mark.parametrize("tree_form", TREE_FORMS)
 
 
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
 @FORMS
-def test_prompt_and_tree_logits_match_hf_forward(tree_form):
-    model = tiny_next(1)
+def test_prompt_and_tree_logits_match_hf_forward(tree_form, family):
+    model = tiny_next(1, family=family)
     target = HybridTarget(model, tree_form=tree_form)
     rng = np.random.default_rng(0)
     prompt = [1] + rng.integers(3, 64, size=9).tolist()
@@ -132,12 +145,13 @@ def test_prompt_and_tree_logits_match_hf_forward(tree_form):
     ],
 )
 @FORMS
-def test_greedy_matches_hf_generate_with_trees(tree, params, tree_form):
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
+def test_greedy_matches_hf_generate_with_trees(tree, params, tree_form, family):
     tok = CharTokenizer()
     rng = np.random.default_rng(3)
     accepted = np.zeros(8, dtype=np.int64)
     for trial, seed in enumerate((0, 1, 2)):
-        model = tiny_next(seed)
+        model = tiny_next(seed, family=family)
         model.generation_config.eos_token_id = None
         prompt = [1] + rng.integers(3, 64, size=int(rng.integers(1, 20))).tolist()
         ref = hf_greedy(model, prompt, 30)

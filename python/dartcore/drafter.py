@@ -60,13 +60,13 @@ WEIGHTS_NAME = "model.safetensors"
 FORMAT_VERSION = 1
 ASSETS = Path(__file__).resolve().parent / "assets" / "drafters"
 BUILTIN_DRAFTERS = {"smollm2": ASSETS / "smollm2"}
-_SUPPORTED_FAMILIES = ("llama", "qwen3", "qwen3_next")
+_SUPPORTED_FAMILIES = ("llama", "qwen3", "qwen3_next", "qwen3_5_text")
 # Families whose drafter layer is a Qwen3 layer (per-head q/k RMSNorm). A hybrid target
-# (qwen3_next: Gated DeltaNet + gated attention) gets a plain Qwen3 layer with full rotary:
+# (qwen3_next, qwen3_5_text: Gated DeltaNet + gated attention) gets a plain Qwen3 layer with full rotary:
 # the drafter is its own network, it only reads the target's taps, embedding and head.
-_QK_NORM_FAMILIES = ("qwen3", "qwen3_next")
+_QK_NORM_FAMILIES = ("qwen3", "qwen3_next", "qwen3_5_text")
 # Families whose final RMSNorm scales by (1 + weight): the drafter's norm copies 1 + weight.
-_OFFSET_NORM_FAMILIES = ("qwen3_next",)
+_OFFSET_NORM_FAMILIES = ("qwen3_next", "qwen3_5_text")
 
 
 def default_taps(num_layers: int) -> tuple[int, int, int]:
@@ -93,7 +93,7 @@ def drafter_fingerprint(drafter) -> str:
 @dataclass
 class DrafterConfig:
     target_name: str | None
-    family: str  # "llama" | "qwen3" | "qwen3_next"
+    family: str  # "llama" | "qwen3" | "qwen3_next" | "qwen3_5_text"
     num_target_layers: int
     hidden_size: int
     vocab_size: int  # the target's vocabulary size

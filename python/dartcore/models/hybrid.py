@@ -1,4 +1,5 @@
-"""Tree verification for hybrid targets: Gated DeltaNet + full-attention layers (``qwen3_next``).
+"""Tree verification for hybrid targets: Gated DeltaNet + full-attention layers (``qwen3_next``,
+``qwen3_5_text``: ``Qwen3_5ForCausalLM``).
 
 A Gated DeltaNet layer carries no per-token keys: each sequence has one short-convolution
 state (the last ``K`` inputs of the layer's causal depthwise conv) and one recurrent state
@@ -36,7 +37,12 @@ from dartcore.models.transformer import ForwardOutput, TargetModel
 
 __all__ = ["HybridTarget", "HybridCache", "HYBRID_FAMILIES", "make_target", "tree_parents"]
 
-HYBRID_FAMILIES = ("qwen3_next",)
+# model_type -> the transformers module whose conv / delta-rule functions the family runs
+_HF_MODULES = {
+    "qwen3_next": "transformers.models.qwen3_next.modeling_qwen3_next",
+    "qwen3_5_text": "transformers.models.qwen3_5.modeling_qwen3_5",
+}
+HYBRID_FAMILIES = tuple(_HF_MODULES)
 # How a Gated DeltaNet layer verifies a tree (HybridTarget's ``tree_form``).
 TREE_FORMS = ("parallel", "recurrent")
 
@@ -162,8 +168,9 @@ class HybridCache:
 
 
 class HybridTarget:
-    """The lean forward of a Hugging Face ``Qwen3NextForCausalLM`` (Gated DeltaNet and
-    full-attention layers, dense MLP or MoE), in the interface of
+    """The lean forward of a Hugging Face ``Qwen3NextForCausalLM`` or ``Qwen3_5ForCausalLM``
+    (Gated DeltaNet and full-attention layers, dense MLP or MoE; text positions: Qwen3.5's
+    multimodal RoPE sections then all rotate by the one position), in the interface of
     :class:`~dartcore.models.transformer.TargetModel` that the decoding round uses
     (``new_cache``, ``forward``, ``forward_batch``, ``logits``). Runs on torch's kernels
     (``native_linear`` False: the torch backend)."""
@@ -180,9 +187,9 @@ class HybridTarget:
         family = getattr(config, "model_type", None)
         if family not in HYBRID_FAMILIES:
             raise DartError(f"HybridTarget supports {HYBRID_FAMILIES}, got {family!r}")
-        from transformers.models.qwen3_next import modeling_qwen3_next as hf
+        import importlib
 
-        self._hf_ops = hf
+        self._hf_ops = importlib.import_module(_HF_MODULES[family])
         self.hf = hf_model
         self.config = config
         self.family = family
@@ -399,10 +406,15 @@ class HybridTarget:
         """A Gated DeltaNet layer: each sequence's causal block (a prompt) in HF's chunked
         form, a tree (or one step) node by node from its parent's states, level by level."""
         hf = self._hf_ops
-        q, k, v, z, b, a = net.fix_query_key_value_ordering(
-            net.in_proj_qkvz(x[None]), net.in_proj_ba(x[None])
-        )
-        mixed = torch.cat([t.reshape(1, t.shape[1], -1) for t in (q, k, v)], dim=-1)[0]  # [n, C]
+        if hasattr(net, "in_proj_qkvz"):  # qwen3_next: q|k|v|z and b|a grouped per key head
+            q, k, v, z, b, a = net.fix_query_key_value_ordering(
+                net.in_proj_qkvz(x[None]), net.in_proj_ba(x[None])
+            )
+            mixed = torch.cat([t.reshape(1, t.shape[1], -1) for t in (q, k, v)], dim=-1)[0]
+        else:  # qwen3_5: one projection each
+            mixed = net.in_proj_qkv(x)  # [n, C]
+            z = net.in_proj_z(x).reshape(1, x.shape[0], -1, net.head_v_dim)
+            b, a = net.in_proj_b(x)[None], net.in_proj_a(x)[None]
         beta = b[0].sigmoid()  # [n, Hv]
         g = -net.A_log.float().exp() * torch.nn.functional.softplus(a[0].float() + net.dt_bias)
         weight = net.conv1d.weight.squeeze(1)
