@@ -62,7 +62,8 @@ def _part(name: str, doc: str) -> property:
 
 
 class DartDecoder:
-    """Speculative decoding of a Hugging Face Llama / Qwen3 target.
+    """Speculative decoding of a Hugging Face Llama / Qwen3 target, or of a hybrid Gated
+    DeltaNet one (Qwen3-Next, Qwen3.5: :mod:`dartcore.models.hybrid`).
 
     ``DartDecoder(model, tokenizer, drafter=None, index=None, *, tree="dart", device=None,
     dtype=None, **tree_params)``: ``model`` is a loaded HF causal LM (moved in place when

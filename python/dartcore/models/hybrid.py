@@ -3,23 +3,30 @@
 
 A Gated DeltaNet layer carries no per-token keys: each sequence has one short-convolution
 state (the last ``K`` inputs of the layer's causal depthwise conv) and one recurrent state
-(``[heads, key_dim, value_dim]``, the gated delta rule's memory). A draft tree has one such
-state per node: node i's comes from its parent's, updated with i's token. :class:`HybridTarget`
-verifies a whole tree in one forward: the projections, norms, MLPs and the full-attention
-layers (tree mask over the KV cache, as :class:`~dartcore.models.transformer.TargetModel`)
-run over every node at once; each Gated DeltaNet layer steps the tree level by level (all
-nodes of a depth together, each from its parent's state, the root from the committed one).
-:class:`HybridCache` keeps every node's states of the last block until acceptance commits the
-accepted path's last node (``compact``) or the block's last row (``commit``); the other nodes'
-states are dropped.
+(``[heads, key_dim, value_dim]``, the gated delta rule's memory). In a draft tree node i's
+states are its parent's updated with i's token. :class:`HybridTarget` verifies a whole tree in
+one forward: the projections, norms, MLPs and the full-attention layers (tree mask over the KV
+cache, as :class:`~dartcore.models.transformer.TargetModel`) run over every node at once, and
+each Gated DeltaNet layer runs the tree in one of two forms (``tree_form``):
 
-The per-token arithmetic is Hugging Face's own: its ``causal_conv1d_update`` and
-``torch_recurrent_gated_delta_rule`` (the functions its decoding steps run), a node's inputs
-batched with the other nodes of its depth; a causal block (the prompt) goes through its
-``causal_conv1d_fn`` and ``torch_chunk_gated_delta_rule`` as its prefill does. So greedy
-outputs equal ``generate(do_sample=False)``'s (tests/test_models_hybrid.py). The HF modules
-(embedding, norms, projections, gated RMSNorm, MLP or MoE block, LM head) are called as they
-are: nothing is copied.
+* ``"parallel"`` (default): every node at once, in the chunked form of the delta rule with the
+  tree's ancestor mask in place of the causal one (each node's conv window gathered along its
+  root path). No node's recurrent state is formed; the committed node's is computed on commit.
+* ``"recurrent"``: level by level (all nodes of a depth together, each from its parent's states,
+  the root from the committed ones) through Hugging Face's own one-token functions
+  (``causal_conv1d_update``, ``torch_recurrent_gated_delta_rule``, what its decoding steps
+  run); every node's states are formed. The reference form.
+
+:class:`HybridCache` holds the block's states until acceptance commits the accepted path's last
+node (``compact``) or the block's last row (``commit``); the other nodes' are dropped. A causal
+block (the prompt) goes through HF's ``causal_conv1d_fn`` and ``torch_chunk_gated_delta_rule``
+as its prefill does. Greedy outputs equal ``generate(do_sample=False)``'s in both forms
+(tests/test_models_hybrid.py). The HF modules (embedding, norms, projections, gated RMSNorm,
+MLP or MoE block, LM head) are called as they are: nothing is copied.
+
+Cost (tools/bench_hybrid_verify.py): the parallel form's DeltaNet work grows with the tree's
+rows like attention's, the recurrent form's with its node count times the state size (each
+node's ``heads x key_dim x value_dim`` state is formed and copied). Runs on torch's kernels.
 """
 
 from __future__ import annotations
@@ -137,6 +144,8 @@ class HybridCache:
         self._rows, self._staged = {}, {}
 
     def _keep(self, row: int) -> None:
+        if not self.conv.shape[0]:  # no Gated DeltaNet layer
+            return
         if len(self._staged) != self.conv.shape[0] or row not in self._rows:
             raise DartError(f"no staged recurrent state for block row {row}")
         i = self._rows[row]
