@@ -326,3 +326,12 @@ def test_sampled_distribution_matches_the_hybrid_target():
     ar = DartDecoder(model, CharTokenizer(), tree="ar", eos_token_ids=())
     _, ar_out, _ = sample_counts(ar, range(n), temperature=1.0)
     assert sum(a == b for a, b in zip(dart_out, ar_out)) >= 0.99 * n
+
+
+def test_generate_batch_with_a_drafter_and_adaptive_budgets(drafted_setup, monkeypatch, tmp_path):
+    monkeypatch.setenv("DARTCORE_CACHE", str(tmp_path))  # the measured verify-cost curve
+    model, drafter, _index, prompts, refs = drafted_setup
+    dec = DartDecoder(model, CharTokenizer(), drafter, tree="dart-no-ngram", eos_token_ids=())
+    for budget in ("adaptive", 4):
+        batch = dec.generate_batch(prompts, max_new_tokens=24, budget=budget)
+        assert [r.tokens for r in batch] == refs
