@@ -87,6 +87,46 @@ def tree_parents(block_mask: torch.Tensor | None, n: int) -> np.ndarray:
     return parents
 
 
+class _TreePlan:
+    """One block's tree structure, worked out once per forward and shared by every Gated
+    DeltaNet layer: ``parents``, and (on first use) each row's ancestors-or-self ``anc``
+    ``[m, m]`` and its conv window's source columns ``windows(K)`` ``[m, K]`` (of
+    [committed conv state | block inputs]: its K last inputs along its root path, the
+    committed state's newest columns above the root)."""
+
+    def __init__(self, parents: np.ndarray, device: torch.device):
+        self.parents = parents
+        self.device = device
+        self._anc: torch.Tensor | None = None
+        self._cols: dict[int, torch.Tensor] = {}
+
+    @property
+    def anc(self) -> torch.Tensor:
+        if self._anc is None:
+            m = len(self.parents)
+            anc = np.zeros((m, m), dtype=bool)
+            for i, p in enumerate(self.parents):
+                if p >= 0:
+                    anc[i] = anc[p]
+                anc[i, i] = True
+            self._anc = torch.from_numpy(anc).to(self.device)
+        return self._anc
+
+    def windows(self, kernel: int) -> torch.Tensor:
+        if kernel not in self._cols:
+            m = len(self.parents)
+            cols = np.empty((m, kernel), dtype=np.int64)
+            for i in range(m):
+                j, back = i, 0
+                for t in range(kernel - 1, -1, -1):
+                    if j >= 0:
+                        cols[i, t], j = kernel + j, int(self.parents[j])
+                    else:
+                        cols[i, t], back = kernel - 1 - back, back + 1
+            self._cols[kernel] = torch.from_numpy(cols).to(self.device)
+        return self._cols[kernel]
+
+
 class HybridCache:
     """One sequence's state on a hybrid target: a :class:`~dartcore.models.cache.KVCache` over
     the full-attention layers (``kv``), and per Gated DeltaNet layer the committed conv state
@@ -343,9 +383,8 @@ class HybridTarget:
         for cache, size, m in zip(caches, sizes, block_masks):
             cache.begin()
             size = int(size)
-            segments.append(
-                (cache, a, a + size, None if m is None else m.to(dev), tree_parents(m, size))
-            )
+            plan = _TreePlan(tree_parents(m, size), dev)
+            segments.append((cache, a, a + size, None if m is None else m.to(dev), plan))
             a += size
         cos, sin = self._rope(positions)
         captured: dict[int, torch.Tensor] = {}
@@ -428,7 +467,7 @@ class HybridTarget:
         g = -net.A_log.float().exp() * torch.nn.functional.softplus(a[0].float() + net.dt_bias)
         weight = net.conv1d.weight.squeeze(1)
         core = []
-        for cache, r0, r1, mask, parents in segments:
+        for cache, r0, r1, mask, plan in segments:
             m = r1 - r0
             if mask is None and m > 1:
                 core.append(
@@ -437,13 +476,21 @@ class HybridTarget:
             elif self.tree_form == "parallel":
                 core.append(
                     self._delta_parallel(
-                        net, slot, cache, mixed[r0:r1], g[r0:r1], beta[r0:r1], parents, weight
+                        net, slot, cache, mixed[r0:r1], g[r0:r1], beta[r0:r1], plan, weight
                     )
                 )
             else:
                 core.append(
                     self._delta_tree(
-                        net, slot, cache, mixed[r0:r1], g[r0:r1], beta[r0:r1], parents, weight, hf
+                        net,
+                        slot,
+                        cache,
+                        mixed[r0:r1],
+                        g[r0:r1],
+                        beta[r0:r1],
+                        plan.parents,
+                        weight,
+                        hf,
                     )
                 )
         out = core[0] if len(core) == 1 else torch.cat(core)  # [n, Hv, Dv]
@@ -542,7 +589,7 @@ class HybridTarget:
         cache.stage(slot, range(m), conv_states, rec_states)
         return out
 
-    def _delta_parallel(self, net, slot, cache: HybridCache, mixed, g, beta, parents, weight):
+    def _delta_parallel(self, net, slot, cache: HybridCache, mixed, g, beta, plan, weight):
         """Tree rows (or one step) at once, in the chunked form of the delta rule with the
         tree's ancestor mask in place of the causal one: along each root path the gated
         decays are the path's cumulative sums and the (I + A)^-1 of the chunked form is the
@@ -557,15 +604,7 @@ class HybridTarget:
         # conv windows: each node's K last inputs along its root path (the committed state's
         # columns above the root), the columns of [committed state | block inputs]
         src = torch.cat([cache.conv[slot], mixed.t()], dim=1)  # [C, K + m]
-        cols = np.empty((m, kernel), dtype=np.int64)
-        for i in range(m):
-            j, back = i, 0
-            for t in range(kernel - 1, -1, -1):
-                if j >= 0:
-                    cols[i, t], j = kernel + j, int(parents[j])
-                else:
-                    cols[i, t], back = kernel - 1 - back, back + 1
-        windows = src[:, torch.from_numpy(cols).to(dev)].permute(1, 0, 2).contiguous()  # [m, C, K]
+        windows = src[:, plan.windows(kernel)].permute(1, 0, 2).contiguous()  # [m, C, K]
         conv_out = torch.nn.functional.conv1d(
             windows, weight.unsqueeze(1), net.conv1d.bias, groups=windows.shape[1]
         )[:, :, -1]
@@ -579,12 +618,7 @@ class HybridTarget:
         q = hf.l2norm(q, dim=-1, eps=1e-6) / (q.shape[-1] ** 0.5)
         k = hf.l2norm(k, dim=-1, eps=1e-6)
         beta = beta.t().float()[..., None]
-        anc = torch.zeros(m, m, dtype=torch.bool)
-        for i in range(m):
-            anc[i, i] = True
-            if parents[i] >= 0:
-                anc[i] |= anc[int(parents[i])]
-        anc = anc.to(dev)
+        anc = plan.anc
         G = g.t() @ anc.t().float()  # [heads, m]: the decays' sums along each root path
         decay = torch.where(anc, G[:, :, None] - G[:, None, :], float("-inf")).exp()
         kb, vb = k * beta, v * beta
