@@ -188,6 +188,30 @@ def _states(cache):
     return cache.conv.clone(), cache.rec.clone()
 
 
+def test_plain_decoding_states_equal_hf_cache_states():
+    """The lean forward's committed conv and recurrent states after the prompt and after
+    every plain step are Hugging Face's own (its cache, same layout)."""
+    model = tiny_next(2, layer_types=["linear_attention", "full_attention", "linear_attention"])
+    target = HybridTarget(model, tree_form="recurrent")
+    prompt, new = [1, 7, 30, 12, 5, 44], 12
+    cache = target.new_cache(len(prompt) + new + 1)
+    out = target.forward(cache, torch.tensor(prompt), torch.arange(len(prompt)))
+    cache.commit(len(prompt))
+    with torch.no_grad():
+        hf = model(torch.tensor([prompt]), use_cache=True)
+    for _ in range(new + 1):
+        past = hf.past_key_values
+        for layer, slot in ((0, 0), (2, 1)):
+            torch.testing.assert_close(cache.conv[slot], past.get_conv_state(layer)[0])
+            torch.testing.assert_close(cache.rec[slot], past.get_recurrent_state(layer)[0])
+        tok = int(out.logits[-1].argmax())
+        assert tok == int(hf.logits[0, -1].argmax())
+        out = target.forward(cache, torch.tensor([tok]), torch.tensor([cache.length]))
+        cache.commit(1)
+        with torch.no_grad():
+            hf = model(torch.tensor([[tok]]), past_key_values=past, use_cache=True)
+
+
 @FORMS
 def test_rejected_drafts_leave_the_states_of_plain_decoding(tree_form):
     model = tiny_next(2, layer_types=["linear_attention", "full_attention", "linear_attention"])
