@@ -359,3 +359,17 @@ def test_generate_batch_with_a_drafter_and_adaptive_budgets(drafted_setup, monke
     for budget in ("adaptive", 4):
         batch = dec.generate_batch(prompts, max_new_tokens=24, budget=budget)
         assert [r.tokens for r in batch] == refs
+
+
+@pytest.mark.parametrize("native_products", [False, True])
+def test_products_on_either_kernel_match_hf_generate(native_products):
+    from dartcore.kernels.linear import native_linear_available
+
+    if native_products and not native_linear_available():
+        pytest.skip("the native kernel does not run here")
+    model = tiny_next(7)
+    prompt = [1, 9, 4, 33, 21]
+    ref = hf_greedy(model, prompt, 24)
+    target = HybridTarget(model, native_products=native_products)
+    assert target.native_products == native_products
+    assert target.greedy_generate(prompt, 24) == ref

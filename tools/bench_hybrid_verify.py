@@ -9,7 +9,9 @@ Each block is a forward of its rows after ``--prefix`` committed tokens without 
 (the CPU decoder computes logits lazily), median of ``--repeats`` after two warm-up calls; the
 shapes and the DeltaNet tree forms (``--forms``: ``parallel``, the chunked form under the tree's
 ancestor mask; ``recurrent``, HF's one-token step level by level, every node's state formed)
-alternate per repeat so machine noise hits them alike.
+alternate per repeat so machine noise hits them alike. ``--products``: the blocks' products
+through dartcore's native small-batch kernel (HybridTarget's default on a float32 CPU where it
+runs) or torch's.
 """
 
 from __future__ import annotations
@@ -113,6 +115,12 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", default="1:0,5:4,8:4,16:4,32:4,9:8,16:8", help="nodes:depth,...")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--forms", default="parallel,recurrent", help="HybridTarget tree_form values")
+    p.add_argument(
+        "--products",
+        choices=("default", "native", "torch"),
+        default="default",
+        help="the 1-16 row products: the native kernel, torch's, or HybridTarget's default",
+    )
     p.add_argument("--json", help="write the report here")
     args = p.parse_args(argv)
 
@@ -143,7 +151,8 @@ def main(argv=None) -> int:
         )
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-        target = HybridTarget(model)
+        native = None if args.products == "default" else args.products == "native"
+        target = HybridTarget(model, native_products=native)
         cache = target.new_cache(args.prefix + 64)
         prompt = torch.randint(3, 60, (args.prefix,))
         target.forward(cache, prompt, torch.arange(args.prefix), logits_rows=slice(0, 0))
@@ -170,8 +179,13 @@ def main(argv=None) -> int:
                     if rep >= 2:
                         times[form, label].append(time.perf_counter() - t)
         params = sum(p.numel() for p in model.parameters())
-        out = {"params": params, "layer_types": kw["layer_types"], "forms": {}}
-        print(f"== {name} ({params / 1e6:.1f} M params)")
+        out = {
+            "params": params,
+            "layer_types": kw["layer_types"],
+            "native_products": target.native_products,
+            "forms": {},
+        }
+        print(f"== {name} ({params / 1e6:.1f} M params, native products {target.native_products})")
         for form in forms:
             rows = {}
             for (nodes, depth), (label, *_rest) in zip(shapes, blocks):

@@ -26,7 +26,9 @@ MLP or MoE block, LM head) are called as they are: nothing is copied.
 
 Cost (tools/bench_hybrid_verify.py): the parallel form's DeltaNet work grows with the tree's
 rows like attention's, the recurrent form's with its node count times the state size (each
-node's ``heads x key_dim x value_dim`` state is formed and copied). Runs on torch's kernels.
+node's ``heads x key_dim x value_dim`` state is formed and copied). The products of 1-16 rows
+(a step's, a tree's) run through dartcore's native small-batch kernel on a float32 CPU
+(``native_products``), everything else on torch's kernels.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import numpy as np
 import torch
 
 from dartcore.errors import ContextLengthError, DartError, TreeError
+from dartcore.kernels.linear import linear_threads, native_linear_available, native_linears_
 from dartcore.kernels.tree_attention import tree_attention
 from dartcore.models.cache import KVCache
 from dartcore.models.transformer import ForwardOutput, TargetModel
@@ -221,14 +224,22 @@ class HybridTarget:
     (Gated DeltaNet and full-attention layers, dense MLP or MoE; text positions: Qwen3.5's
     multimodal RoPE sections then all rotate by the one position), in the interface of
     :class:`~dartcore.models.transformer.TargetModel` that the decoding round uses
-    (``new_cache``, ``forward``, ``forward_batch``, ``logits``). Runs on torch's kernels
-    (``native_linear`` False: the torch backend)."""
+    (``new_cache``, ``forward``, ``forward_batch``, ``logits``).
+
+    ``tree_form``: how the DeltaNet layers verify a tree (module docs; ``"parallel"`` or
+    ``"recurrent"``). ``native_products`` (default: on for float32 CPU weights where the kernel
+    runs): the decoder layers' and LM head's ``nn.Linear`` modules run 1-16 row 2-D inputs through
+    dartcore's native small-batch kernel, in place (:func:`~dartcore.kernels.linear.native_linears_`;
+    HF's own forward passes them 3-D inputs, which keep ``F.linear``, except in its MoE block). The rest runs on torch's kernels,
+    and the decoder takes the torch backend (``native_linear`` False: no native layer stack)."""
 
     native_linear = False
     blocks = False
     numerics = "exact"
 
-    def __init__(self, hf_model, *, tree_form: str = "parallel"):
+    def __init__(
+        self, hf_model, *, tree_form: str = "parallel", native_products: bool | None = None
+    ):
         if tree_form not in TREE_FORMS:
             raise DartError(f"tree_form={tree_form!r}: expected one of {TREE_FORMS}")
         self.tree_form = tree_form
@@ -282,7 +293,20 @@ class HybridTarget:
         self.lin_heads = lin.num_v_heads if lin is not None else 0
         self.lin_key_dim = lin.head_k_dim if lin is not None else 0
         self.lin_value_dim = lin.head_v_dim if lin is not None else 0
-        self.threads = torch.get_num_threads()
+        self.threads = linear_threads()
+        if native_products is None:
+            native_products = (
+                self.dtype == torch.float32
+                and self.device.type == "cpu"
+                and native_linear_available()
+            )
+        self.native_products = bool(native_products)
+        if self.native_products:
+            # 1-16 row products (a step's, a tree's) through the native small-batch kernel, in
+            # place on the HF modules (other inputs, and HF's own 3-D calls, keep F.linear)
+            for layer in self.layers:
+                native_linears_(layer, threads=self.threads)
+            native_linears_(self.lm_head, threads=self.threads)
 
     @property
     def device(self) -> torch.device:
@@ -397,8 +421,12 @@ class HybridTarget:
                 h = h + self._delta_net(layer.linear_attn, self.slot[i], x, segments)
             else:
                 h = h + self._attention(layer.self_attn, self.slot[i], x, cos, sin, segments)
-            out = layer.mlp(layer.post_attention_layernorm(h)[None])
-            h = h + (out[0] if isinstance(out, tuple) else out)[0]
+            x = layer.post_attention_layernorm(h)
+            if hasattr(layer.mlp, "experts"):  # the MoE block takes [batch, rows, H]
+                out = layer.mlp(x[None])
+                h = h + (out[0] if isinstance(out, tuple) else out)[0]
+            else:
+                h = h + layer.mlp(x)
         h = self.norm(h)
         if self.num_layers in tap_set:
             captured[self.num_layers] = h
@@ -456,7 +484,7 @@ class HybridTarget:
         hf = self._hf_ops
         if hasattr(net, "in_proj_qkvz"):  # qwen3_next: q|k|v|z and b|a grouped per key head
             q, k, v, z, b, a = net.fix_query_key_value_ordering(
-                net.in_proj_qkvz(x[None]), net.in_proj_ba(x[None])
+                net.in_proj_qkvz(x)[None], net.in_proj_ba(x)[None]
             )
             mixed = torch.cat([t.reshape(1, t.shape[1], -1) for t in (q, k, v)], dim=-1)[0]
         else:  # qwen3_5: one projection each
