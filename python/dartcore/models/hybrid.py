@@ -631,11 +631,12 @@ class HybridTarget:
         dev = mixed.device
         # conv windows: each node's K last inputs along its root path (the committed state's
         # columns above the root), the columns of [committed state | block inputs]
-        src = torch.cat([cache.conv[slot], mixed.t()], dim=1)  # [C, K + m]
-        windows = src[:, plan.windows(kernel)].permute(1, 0, 2).contiguous()  # [m, C, K]
-        conv_out = torch.nn.functional.conv1d(
-            windows, weight.unsqueeze(1), net.conv1d.bias, groups=windows.shape[1]
-        )[:, :, -1]
+        src = torch.cat([cache.conv[slot].t(), mixed])  # [K + m, C]
+        cols = plan.windows(kernel)
+        windows = src.index_select(0, cols.reshape(-1)).view(m, kernel, -1).transpose(1, 2)
+        conv_out = (windows * weight).sum(-1)  # [m, C]: the depthwise conv's last output
+        if net.conv1d.bias is not None:
+            conv_out = conv_out + net.conv1d.bias
         conv_out = hf.ACT2FN[net.activation](conv_out).to(mixed.dtype)
         q, k, v = self._split_heads(net, conv_out)
         rep = net.num_v_heads // net.num_k_heads
