@@ -62,8 +62,9 @@ ASSETS = Path(__file__).resolve().parent / "assets" / "drafters"
 BUILTIN_DRAFTERS = {"smollm2": ASSETS / "smollm2"}
 _SUPPORTED_FAMILIES = ("llama", "qwen3", "qwen3_next", "qwen3_5_text")
 # Families whose drafter layer is a Qwen3 layer (per-head q/k RMSNorm). A hybrid target
-# (qwen3_next, qwen3_5_text: Gated DeltaNet + gated attention) gets a plain Qwen3 layer with full rotary:
-# the drafter is its own network, it only reads the target's taps, embedding and head.
+# (qwen3_next, qwen3_5_text: Gated DeltaNet + gated attention) gets a plain Qwen3 layer with
+# full rotary: the drafter is its own network, it reads only the target's taps, embedding and
+# head.
 _QK_NORM_FAMILIES = ("qwen3", "qwen3_next", "qwen3_5_text")
 # Families whose final RMSNorm scales by (1 + weight): the drafter's norm copies 1 + weight.
 _OFFSET_NORM_FAMILIES = ("qwen3_next", "qwen3_5_text")

@@ -228,10 +228,11 @@ class HybridTarget:
 
     ``tree_form``: how the DeltaNet layers verify a tree (module docs; ``"parallel"`` or
     ``"recurrent"``). ``native_products`` (default: on for float32 CPU weights where the kernel
-    runs): the decoder layers' and LM head's ``nn.Linear`` modules run 1-16 row 2-D inputs through
-    dartcore's native small-batch kernel, in place (:func:`~dartcore.kernels.linear.native_linears_`;
-    HF's own forward passes them 3-D inputs, which keep ``F.linear``, except in its MoE block). The rest runs on torch's kernels,
-    and the decoder takes the torch backend (``native_linear`` False: no native layer stack)."""
+    runs): the decoder layers' and LM head's ``nn.Linear`` modules run 2-D inputs of 1-16 rows
+    through dartcore's native small-batch kernel, in place
+    (:func:`~dartcore.kernels.linear.native_linears_`; HF's own forward passes them 3-D inputs,
+    which keep ``F.linear``, except in its MoE block). The rest runs on torch's kernels, and
+    the decoder takes the torch backend (``native_linear`` False: no native layer stack)."""
 
     native_linear = False
     blocks = False
@@ -336,7 +337,8 @@ class HybridTarget:
 
     def pool_cache(self, kv: KVCache) -> HybridCache:
         """A sequence's cache over ``kv`` (a fresh one, or a slot of the batched engine's
-        :class:`~dartcore.models.kv_pool.KVPool`) with zero recurrent states."""
+        :class:`~dartcore.models.kv_pool.KVPool`) with zero recurrent states (allocated here:
+        the pool holds the full-attention layers' KV only)."""
         return HybridCache(
             kv,
             self.num_linear,
