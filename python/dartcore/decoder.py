@@ -36,7 +36,7 @@ from dartcore.errors import ContextLengthError
 from dartcore.fit import check_drafter, check_index, check_needs, eos_ids
 from dartcore.live import live_layer
 from dartcore.models.backend import backend_for
-from dartcore.models.transformer import TargetModel
+from dartcore.models.hybrid import make_target
 from dartcore.prompts import TextStream, decode, prompt_ids
 from dartcore.rounds import GenerationResult, GenerationStats, Parts, StageClock
 from dartcore.sampling import DEFAULTS, SamplingParams
@@ -62,7 +62,8 @@ def _part(name: str, doc: str) -> property:
 
 
 class DartDecoder:
-    """Speculative decoding of a Hugging Face Llama / Qwen3 target.
+    """Speculative decoding of a Hugging Face Llama / Qwen3 target, or of a hybrid Gated
+    DeltaNet one (Qwen3-Next, Qwen3.5: :mod:`dartcore.models.hybrid`).
 
     ``DartDecoder(model, tokenizer, drafter=None, index=None, *, tree="dart", device=None,
     dtype=None, **tree_params)``: ``model`` is a loaded HF causal LM (moved in place when
@@ -117,7 +118,7 @@ class DartDecoder:
         if device is not None or dtype is not None:
             model.to(device=device, dtype=dtype)
         model.eval()
-        target = TargetModel(model)
+        target = make_target(model)  # TargetModel, or HybridTarget for a hybrid family
         backend = backend_for(target, lazy_logits=lazy_logits, draft_numerics=draft_numerics)
         self.tree = tree
         builder = make_tree_builder(tree, **tree_params)

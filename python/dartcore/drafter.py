@@ -60,7 +60,14 @@ WEIGHTS_NAME = "model.safetensors"
 FORMAT_VERSION = 1
 ASSETS = Path(__file__).resolve().parent / "assets" / "drafters"
 BUILTIN_DRAFTERS = {"smollm2": ASSETS / "smollm2"}
-_SUPPORTED_FAMILIES = ("llama", "qwen3")
+_SUPPORTED_FAMILIES = ("llama", "qwen3", "qwen3_next", "qwen3_5_text")
+# Families whose drafter layer is a Qwen3 layer (per-head q/k RMSNorm). A hybrid target
+# (qwen3_next, qwen3_5_text: Gated DeltaNet + gated attention) gets a plain Qwen3 layer with
+# full rotary: the drafter is its own network, it reads only the target's taps, embedding and
+# head.
+_QK_NORM_FAMILIES = ("qwen3", "qwen3_next", "qwen3_5_text")
+# Families whose final RMSNorm scales by (1 + weight): the drafter's norm copies 1 + weight.
+_OFFSET_NORM_FAMILIES = ("qwen3_next", "qwen3_5_text")
 
 
 def default_taps(num_layers: int) -> tuple[int, int, int]:
@@ -87,7 +94,7 @@ def drafter_fingerprint(drafter) -> str:
 @dataclass
 class DrafterConfig:
     target_name: str | None
-    family: str  # "llama" | "qwen3"
+    family: str  # "llama" | "qwen3" | "qwen3_next" | "qwen3_5_text"
     num_target_layers: int
     hidden_size: int
     vocab_size: int  # the target's vocabulary size
@@ -157,6 +164,8 @@ class DrafterConfig:
         rope = dict(getattr(tc, "rope_parameters", None) or {})
         if not rope:
             rope = {"rope_type": "default", "rope_theta": float(getattr(tc, "rope_theta", 10000.0))}
+        if family in _OFFSET_NORM_FAMILIES:
+            rope.pop("partial_rotary_factor", None)  # the drafter's layer rotates whole heads
         return cls(
             target_name=target_name,
             family=family,
@@ -277,7 +286,7 @@ class DrafterLayer(nn.Module):
         self.k_proj = nn.Linear(2 * H, self.nkv * hd, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(2 * H, self.nkv * hd, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.nh * hd, H, bias=cfg.attention_bias)
-        self.qk_norm = cfg.family == "qwen3"
+        self.qk_norm = cfg.family in _QK_NORM_FAMILIES
         if self.qk_norm:
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
@@ -471,7 +480,10 @@ class DartDrafter(nn.Module):
             model.lm_head.weight.copy_(head[model.draft_to_target].float())
             final_norm = getattr(getattr(target_model, "model", None), "norm", None)
             if final_norm is not None and final_norm.weight.shape == model.norm.weight.shape:
-                model.norm.weight.copy_(final_norm.weight.float())
+                weight = final_norm.weight.float()
+                model.norm.weight.copy_(
+                    weight + 1 if cfg.family in _OFFSET_NORM_FAMILIES else weight
+                )
         return model
 
     def with_draft_vocab(self, draft_vocab, target_model) -> DartDrafter:

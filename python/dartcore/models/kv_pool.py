@@ -60,6 +60,8 @@ class KVPool:
             self.dk = torch.zeros(slots, nkv, capacity, dhd, dtype=ddtype, device=device)
             self.dv = torch.zeros_like(self.dk)
         self._free = list(range(slots - 1, -1, -1))  # pop() hands out slot 0 first
+        # the target's cache around a slot's KV (a hybrid target's adds its recurrent states)
+        self.wrap = None
 
     @classmethod
     def for_target(cls, target, drafter, *, slots: int, capacity: int) -> KVPool:
@@ -71,16 +73,18 @@ class KVPool:
         if drafter is not None:
             p = drafter.fc.weight
             dshape = (drafter.config.num_key_value_heads, drafter.config.head_dim, p.dtype)
-        return cls(
+        pool = cls(
             slots=slots,
             capacity=capacity,
-            layers=target.num_layers,
+            layers=getattr(target, "kv_layers", target.num_layers),
             kv_heads=target.num_kv_heads,
             head_dim=target.head_dim,
             dtype=target.dtype,
             device=target.device,
             drafter_shape=dshape,
         )
+        pool.wrap = getattr(target, "pool_cache", None)
+        return pool
 
     @property
     def free(self) -> int:
@@ -100,6 +104,8 @@ class KVPool:
             raise PoolFullError(f"all {self.slots} KV slots are in use: release one first")
         slot = self._free.pop()
         cache = KVCache.over(self.k[slot], self.v[slot])
+        if self.wrap is not None:
+            cache = self.wrap(cache)
         dstate = None
         if self.dk is not None:
             from dartcore.drafter import DrafterState
