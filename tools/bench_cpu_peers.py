@@ -20,7 +20,8 @@ and threads:
   rows in one forward: the cost of an extra row, which is what a speculative verify pays);
 * dartcore on each file (``DartDecoder.from_pretrained(file)``: the file's blocks where it has
   kernels for them) and on the float32 conversion of the shipped file: ``ar``, ``dart``,
-  ``dart+ctx`` and ``dart-adaptive``, each group in a fresh process;
+  ``dart+ctx``, ``dart-adaptive`` and ``suffix`` (the context's own suffix-match chain, no
+  drafter), each group in a fresh process;
 * optionally (``--python-binding``) ``llama-cpp-python``'s Python ``generate`` loop, labelled
   "llama-cpp-python (Python loop)"; never a baseline.
 
@@ -57,13 +58,14 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-METHODS = ("ar", "dart", "dart+ctx", "dart-adaptive")
+METHODS = ("ar", "dart", "dart+ctx", "dart-adaptive", "suffix")
 # the decoder each method runs on, and its generate_batch budget (None: generate, fixed budget)
 TREES = {
     "ar": ("ar", None),
     "dart": ("dart", None),
     "dart+ctx": ("dart+ctx", None),
     "dart-adaptive": ("dart", "adaptive"),
+    "suffix": ("suffix", None),  # no drafter: the prompt-lookup chain (llama.cpp's ngram kind)
 }
 SERVER = "llama-server"
 BENCH = "llama-bench"
