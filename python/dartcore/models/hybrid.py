@@ -350,29 +350,11 @@ class HybridTarget:
             dtype=self.dtype,
         )
 
-    @torch.inference_mode()
-    def forward(
-        self,
-        cache: HybridCache,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        block_mask: torch.Tensor | None = None,
-        *,
-        taps: Sequence[int] = (),
-        logits_rows: torch.Tensor | slice | None = None,
-    ) -> ForwardOutput:
-        """``n`` new tokens after the cached ones (see ``TargetModel.forward``); a tree's
-        ``block_mask`` is its ancestor mask. Nothing is committed: call ``cache.commit`` or
-        ``cache.compact``."""
-        return self.forward_batch(
-            [cache],
-            [int(tokens.shape[0])],
-            tokens,
-            positions,
-            [block_mask],
-            taps=taps,
-            logits_rows=logits_rows,
-        )
+    # One tree forward over the cache, the same entry as the transformer's (its forward_batch
+    # does the hybrid work); plain greedy decoding and the RoPE table likewise.
+    forward = TargetModel.forward
+    greedy_generate = TargetModel.greedy_generate
+    _rope = TargetModel._rope
 
     @torch.inference_mode()
     def forward_batch(
@@ -442,13 +424,6 @@ class HybridTarget:
         if hidden.shape[0] == 0:
             return torch.empty(0, self.vocab_size, dtype=torch.float32, device=hidden.device)
         return self.lm_head(hidden).float()
-
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions[:, None].float() * self._inv_freq.to(positions.device)[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self._rope_scale).to(self.dtype)
-        sin = (emb.sin() * self._rope_scale).to(self.dtype)
-        return cos, sin  # [n, rotary_dim]: the first rotary_dim of each head rotate
 
     @staticmethod
     def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -669,21 +644,3 @@ class HybridTarget:
 
         cache.stage(slot, range(m), windows, state)
         return out.transpose(0, 1).to(mixed.dtype)
-
-    # -- conveniences used by tests and the plain AR path ------------------------------
-
-    def greedy_generate(self, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
-        """Plain greedy autoregressive loop on this forward (no EOS handling)."""
-        ids = torch.as_tensor(list(prompt), dtype=torch.long)
-        cache = self.new_cache(len(ids) + max_new_tokens)
-        out = self.forward(cache, ids, torch.arange(len(ids)), logits_rows=slice(-1, None))
-        cache.commit(len(ids))
-        result: list[int] = []
-        for _ in range(max_new_tokens):
-            tok = int(out.logits[-1].argmax())
-            result.append(tok)
-            if len(result) == max_new_tokens:
-                break
-            out = self.forward(cache, torch.tensor([tok]), torch.tensor([cache.length]))
-            cache.commit(1)
-        return result
