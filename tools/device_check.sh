@@ -2,6 +2,7 @@
 # The GPU checks, as one prepared script for a lent CUDA machine (the project's CI has no GPU).
 #
 #   bash tools/device_check.sh kernels   # every gpu-marked test + tools/bench_tree_attention.py
+#                                        #   + tools/bench_delta_tree.py
 #   bash tools/device_check.sh smollm2   # SmolLM2-135M-Instruct on CUDA: dart-bench fp32 + bf16
 #   bash tools/device_check.sh all
 #
@@ -69,6 +70,7 @@ GPU_TESTS=(
     tests/test_decoder.py
     tests/test_decoder_builders.py
     tests/test_engine_triton.py
+    tests/test_kernels_delta_tree.py
     tests/test_kernels_tree_attention.py
     tests/test_training.py
 )
@@ -77,6 +79,8 @@ kernels() {
     step gpu_tests python3 -m pytest -q -rs -m gpu -p no:cacheprovider "${GPU_TESTS[@]}"
     if [ "$DEVICE" = cuda ]; then
         step bench_tree_attention python3 tools/bench_tree_attention.py --out "$RES/bench_tree_attention.json"
+        # Gated DeltaNet over a tree: the Triton kernels on a tree vs a chain, HF's torch forms
+        step bench_delta_tree python3 tools/bench_delta_tree.py --out "$RES/bench_delta_tree.json"
     fi
 }
 

@@ -15,12 +15,15 @@ each Gated DeltaNet layer runs the tree in one of two forms (``tree_form``):
 * ``"recurrent"``: level by level (all nodes of a depth together, each from its parent's states,
   the root from the committed ones) through Hugging Face's own one-token functions
   (``causal_conv1d_update``, ``torch_recurrent_gated_delta_rule``, what its decoding steps
-  run); every node's states are formed. The reference form.
+  run); every node's states are formed. The reference form. On CUDA (or forced with
+  :func:`~dartcore.kernels.tree_attention.force_backend`) the same per-node recurrence runs as
+  two Triton launches per layer (:mod:`dartcore.kernels.triton_delta`).
 
 :class:`HybridCache` holds the block's states until acceptance commits the accepted path's last
 node (``compact``) or the block's last row (``commit``); the other nodes' are dropped. A causal
 block (the prompt) goes through HF's ``causal_conv1d_fn`` and ``torch_chunk_gated_delta_rule``
-as its prefill does. Greedy outputs equal ``generate(do_sample=False)``'s in both forms
+as its prefill does (those dispatch to ``flash-linear-attention`` and ``causal-conv1d`` where
+installed, as they do in HF's own forward). Greedy outputs equal ``generate(do_sample=False)``'s in both forms
 (tests/test_models_hybrid.py). The HF modules (embedding, norms, projections, gated RMSNorm,
 MLP or MoE block, LM head) are called as they are: nothing is copied.
 
@@ -41,7 +44,7 @@ import torch
 
 from dartcore.errors import ContextLengthError, DartError, TreeError
 from dartcore.kernels.linear import linear_threads, native_linear_available, native_linears_
-from dartcore.kernels.tree_attention import tree_attention
+from dartcore.kernels.tree_attention import backend_for, tree_attention
 from dartcore.models.cache import KVCache
 from dartcore.models.transformer import ForwardOutput, TargetModel
 
@@ -550,6 +553,8 @@ class HybridTarget:
         one-token ``causal_conv1d_update`` and ``torch_recurrent_gated_delta_rule``; stages
         every node's states."""
         m = mixed.shape[0]
+        if backend_for(mixed.device) == "triton":
+            return self._delta_tree_triton(net, slot, cache, mixed, g, beta, parents, weight)
         depth = np.zeros(m, dtype=np.int64)
         for i in range(m):
             depth[i] = 0 if parents[i] < 0 else depth[parents[i]] + 1
@@ -592,6 +597,20 @@ class HybridTarget:
             rec_states[idx] = state.float()
             out[idx] = o[:, 0]
         cache.stage(slot, range(m), conv_states, rec_states)
+        return out
+
+    def _delta_tree_triton(self, net, slot, cache: HybridCache, mixed, g, beta, parents, weight):
+        """:meth:`_delta_tree` in two Triton launches (CUDA, or the interpreter): the tree's
+        conv windows, then the delta rule node by node from the parent's state
+        (:mod:`dartcore.kernels.triton_delta`); stages every node's states."""
+        from dartcore.kernels.triton_delta import tree_conv_triton, tree_delta_rule_triton
+
+        conv_out, conv_states = tree_conv_triton(
+            mixed, parents, cache.conv[slot], weight, net.conv1d.bias, net.activation
+        )
+        q, k, v = self._split_heads(net, conv_out)
+        out, rec_states = tree_delta_rule_triton(q, k, v, g, beta, parents, cache.rec[slot])
+        cache.stage(slot, range(mixed.shape[0]), conv_states, rec_states)
         return out
 
     def _delta_parallel(self, net, slot, cache: HybridCache, mixed, g, beta, plan, weight):
