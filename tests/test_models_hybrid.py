@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from dartcore import DartDecoder, rounds
-from dartcore.errors import TreeError
+from dartcore.errors import DartError, TreeError
 from dartcore.models.hybrid import TREE_FORMS, HybridTarget, tree_parents
 from dartcore.sampling import SamplingParams
 from dartcore.tree import Tree, ancestor_mask
@@ -274,6 +274,88 @@ def test_tree_parents_from_masks():
     bad[3, 2] = True  # row 3 sees a row that is not its ancestor
     with pytest.raises(TreeError):
         tree_parents(bad, 6)
+
+
+def test_truncate_restores_checkpointed_states_and_refuses_others():
+    """A hybrid cache rewinds to a checkpointed length (or 0): its states are the ones that
+    length had, and decoding from there gives the same tokens; any other length raises."""
+    model = tiny_next(2, layer_types=["linear_attention", "full_attention", "linear_attention"])
+    target = HybridTarget(model)
+    prompt = [1, 7, 30, 12, 5, 44]
+    cache = target.new_cache(64)
+
+    def prefill():
+        out = target.forward(cache, torch.tensor(prompt), torch.arange(len(prompt)))
+        cache.commit(len(prompt))
+        return out
+
+    def greedy(out, steps):
+        toks = []
+        for _ in range(steps):
+            toks.append(int(out.logits[-1].argmax()))
+            out = target.forward(cache, torch.tensor(toks[-1:]), torch.tensor([cache.length]))
+            cache.commit(1)
+        return toks, out
+
+    prompt_out = out = prefill()
+    assert cache.checkpoint() == len(prompt)
+    at_prompt = _states(cache)
+    first, out = greedy(out, 5)
+    cache.checkpoint()
+    at_11 = _states(cache)
+    rest, _ = greedy(out, 4)
+    assert cache.length == 15 and cache.kept_lengths == [0, 6, 11]
+    with pytest.raises(DartError, match="no recurrent state kept at length 9"):
+        cache.truncate(9)
+    assert cache.length == 15  # a refused rewind changes nothing
+    cache.truncate(11)
+    torch.testing.assert_close(_states(cache), at_11, atol=0, rtol=0)
+    cache.truncate(len(prompt))
+    torch.testing.assert_close(_states(cache), at_prompt, atol=0, rtol=0)
+    assert cache.kept_lengths == [0, 6]  # checkpoints past the new length are gone
+    # the same continuation again from the restored states (the KV cache shortened alike)
+    again, _ = greedy(prompt_out, 9)
+    assert again == first + rest == hf_greedy(model, prompt, 9)
+    cache.truncate(0)
+    assert cache.length == 0 and not cache.conv.any() and not cache.rec.any()
+    assert greedy(prefill(), 9)[0] == first + rest
+    with pytest.raises(ValueError):
+        cache.truncate(cache.length + 1)
+
+
+def test_state_bytes_per_node_are_what_a_tree_stages():
+    """state_bytes_per_node from a config dict equals the bytes the recurrent form stages per
+    tree node and Gated DeltaNet layer (float32 model: 4-byte conv windows)."""
+    from dartcore.models.hybrid import state_bytes_per_node
+
+    model = tiny_next(1)
+    target = HybridTarget(model, tree_form="recurrent")
+    cache = target.new_cache(64)
+    target.forward(cache, torch.tensor([1, 5, 9]), torch.arange(3))
+    cache.commit(3)
+    tree = random_tree(np.random.default_rng(0), 7, 64, nodes=9, depth=3)
+    target.forward(
+        cache,
+        torch.from_numpy(tree.tokens),
+        torch.from_numpy(tree.depths + 3),
+        torch.from_numpy(ancestor_mask(tree.parents)),
+    )
+    staged = [(c, r) for c, r in cache._staged.values()]
+    per_layer = {
+        (c.numel() * c.element_size() + r.numel() * r.element_size()) // len(tree)
+        for c, r in staged
+    }
+    b = state_bytes_per_node(model.config.to_dict(), conv_bytes=4, kv_bytes=4)
+    assert per_layer == {b["state_bytes_per_layer"]}
+    assert b["linear_layers"] == len(staged) == 3 and b["full_attention_layers"] == 1
+    assert b["state_bytes_per_node"] == 3 * b["state_bytes_per_layer"]
+    kv = cache.kv.k
+    assert b["kv_bytes_per_node"] == 2 * kv.shape[0] * kv.shape[1] * kv.shape[3] * 4
+    cfg = {k: v for k, v in model.config.to_dict().items() if k != "layer_types"}
+    cfg["full_attention_interval"] = 2  # HF's default pattern when layer_types is absent
+    assert state_bytes_per_node(cfg)["linear_layers"] == 2
+    with pytest.raises(DartError, match="linear_num_value_heads"):
+        state_bytes_per_node({k: v for k, v in cfg.items() if k != "linear_num_value_heads"})
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-# DeltaNet heads: key heads, value heads, key dim, value dim, conv kernel (published configs;
-# see dartcore.models.hybrid.PUBLISHED_LINEAR_CONFIGS)
+# DeltaNet heads: key heads, value heads, key dim, value dim, conv kernel (Qwen3-Next-80B-A3B's
+# published values: tools/bench_hybrid_verify.py PUBLISHED; Qwen3.5-4B's DeltaNet is the same)
 SHAPES = {"qwen3-next-80b-a3b": (16, 32, 128, 128, 4), "tiny": (2, 4, 8, 8, 4)}
 TREES = ((8, 3), (16, 4), (32, 5), (64, 6))  # nodes, depth
 

@@ -12,6 +12,12 @@ ancestor mask; ``recurrent``, HF's one-token step level by level, every node's s
 alternate per repeat so machine noise hits them alike. ``--products``: the blocks' products
 through dartcore's native small-batch kernel (HybridTarget's default on a float32 CPU where it
 runs) or torch's.
+
+``--memory``: no timing; the bytes each tree node's staged states take per Gated DeltaNet layer
+and per model for the published configs in :data:`PUBLISHED`
+(``dartcore.models.hybrid.state_bytes_per_node``):
+
+    python3 tools/bench_hybrid_verify.py --memory --json tools/reports/hybrid_state_bytes.json
 """
 
 from __future__ import annotations
@@ -58,6 +64,74 @@ CONFIGS = {
         linear_num_value_heads=16,
     ),
 }
+
+# Published configs (the text config's fields that the states depend on), for --memory.
+PUBLISHED = {
+    # Qwen/Qwen3-Next-80B-A3B-Instruct config.json (huggingface.co): hidden_size 2048, head_dim
+    # 256, linear_conv_kernel_dim 4, linear_key_head_dim 128, linear_num_key_heads 16,
+    # linear_num_value_heads 32, linear_value_head_dim 128, full_attention_interval 4; 48 layers
+    # of 16 attention heads over 2 key/value heads (THUDM/slime scripts/models/
+    # qwen3-next-80B-A3B.sh: --num-layers 48 --num-attention-heads 16 --num-query-groups 2
+    # --kv-channels 256; transformers' Qwen3NextConfig defaults, documented as that model's,
+    # agree). bfloat16 weights.
+    "Qwen3-Next-80B-A3B": dict(
+        hidden_size=2048,
+        num_hidden_layers=48,
+        full_attention_interval=4,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        head_dim=256,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+    ),
+    # Qwen3.5-4B: hidden_size 2560, 32 layers, 16 attention heads over 4 key/value heads of 256
+    # (the Qwen3.5-4B model card's figures, as restated by kshitijthakkar/qwen3.5-moe-4.7B-d4B's
+    # README, whose backbone is Qwen3.5-4B's); the DeltaNet fields from a Qwen3_5ForCausalLM
+    # config.json of those dimensions (huggingface.co/halen214/st01): linear_conv_kernel_dim 4,
+    # 16 key / 32 value heads of 128, full_attention_interval 4. Qwen's own config.json for
+    # Qwen/Qwen3.5-4B was not among the sources read: these are a copy's values.
+    "Qwen3.5-4B": dict(
+        hidden_size=2560,
+        num_hidden_layers=32,
+        full_attention_interval=4,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=256,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+    ),
+}
+
+
+def memory_report(argv) -> dict:
+    """Bytes per tree node of the published configs' states (no model is built)."""
+    from dartcore.models.hybrid import state_bytes_per_node
+
+    models = {}
+    for name, cfg in PUBLISHED.items():
+        b = state_bytes_per_node(cfg)  # bfloat16 conv windows and KV, float32 recurrent states
+        b["state_mib_per_node"] = round(b["state_bytes_per_node"] / 2**20, 2)
+        b["state_mib_16_node_tree"] = round(16 * b["state_bytes_per_node"] / 2**20, 1)
+        b["kv_kib_per_node"] = round(b["kv_bytes_per_node"] / 2**10, 1)
+        models[name] = {"config": cfg, **b}
+        print(
+            f"{name}: {b['linear_layers']} DeltaNet layers x "
+            f"{b['state_bytes_per_layer']:,} B (conv {b['conv_bytes_per_layer']:,} + recurrent "
+            f"{b['recurrent_bytes_per_layer']:,}) = {b['state_mib_per_node']} MiB per node "
+            f"({b['state_mib_16_node_tree']} MiB for 16 nodes); KV {b['kv_kib_per_node']} KiB"
+        )
+    return {
+        "command": "python3 tools/bench_hybrid_verify.py " + " ".join(argv),
+        "machine": machine(),
+        "dtypes": {"conv": "bfloat16", "recurrent": "float32", "kv": "bfloat16"},
+        "models": models,
+    }
 
 
 def machine() -> dict:
@@ -121,8 +195,18 @@ def main(argv=None) -> int:
         default="default",
         help="the 1-16 row products: the native kernel, torch's, or HybridTarget's default",
     )
+    p.add_argument(
+        "--memory",
+        action="store_true",
+        help="only the bytes per tree node of the published configs' states (no timing)",
+    )
     p.add_argument("--json", help="write the report here")
     args = p.parse_args(argv)
+    if args.memory:
+        report = memory_report(argv if argv is not None else sys.argv[1:])
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        return 0
 
     import torch
     from transformers import AutoModelForCausalLM, Qwen3NextConfig

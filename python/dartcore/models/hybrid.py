@@ -36,7 +36,7 @@ node's ``heads x key_dim x value_dim`` state is formed and copied). The products
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,7 +48,14 @@ from dartcore.kernels.tree_attention import backend_for, tree_attention
 from dartcore.models.cache import KVCache
 from dartcore.models.transformer import ForwardOutput, TargetModel
 
-__all__ = ["HybridTarget", "HybridCache", "HYBRID_FAMILIES", "make_target", "tree_parents"]
+__all__ = [
+    "HybridTarget",
+    "HybridCache",
+    "HYBRID_FAMILIES",
+    "make_target",
+    "state_bytes_per_node",
+    "tree_parents",
+]
 
 # model_type -> the transformers module whose conv / delta-rule functions the family runs
 _HF_MODULES = {
@@ -91,6 +98,50 @@ def tree_parents(block_mask: torch.Tensor | None, n: int) -> np.ndarray:
         elif m[i, :i].any():
             raise TreeError(f"row {i} of the block mask is not a tree row")
     return parents
+
+
+def state_bytes_per_node(
+    config: Mapping[str, Any], *, conv_bytes: int = 2, state_bytes: int = 4, kv_bytes: int = 2
+) -> dict[str, int]:
+    """What one tree node's staged states cost during verification, from a model's config
+    (``config.json``'s text config as a dict): per Gated DeltaNet layer the conv window
+    (``conv_dim x kernel`` in the model's dtype, ``conv_bytes``) and the recurrent state
+    (``value_heads x key_dim x value_dim``, float32 as :class:`HybridCache` holds it), those
+    times the hybrid layers for the model, and for comparison the node's keys and values in the
+    full-attention layers (``kv_bytes`` per element). A tree of n nodes stages n of each."""
+    try:
+        hk, hv = int(config["linear_num_key_heads"]), int(config["linear_num_value_heads"])
+        dk, dv = int(config["linear_key_head_dim"]), int(config["linear_value_head_dim"])
+        kernel = int(config["linear_conv_kernel_dim"])
+        layers = int(config["num_hidden_layers"])
+        kinds = config.get("layer_types")
+        if kinds is None:  # HF's default pattern: every interval-th layer is full attention
+            interval = int(config.get("full_attention_interval", 4))
+            kinds = [
+                "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                for i in range(layers)
+            ]
+        kv_heads = int(config["num_key_value_heads"])
+        head_dim = int(
+            config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+        )
+    except KeyError as e:
+        raise DartError(f"a hybrid config needs {e.args[0]!r}") from None
+    if len(kinds) != layers:
+        raise DartError(f"layer_types has {len(kinds)} entries for {layers} layers")
+    linear = sum(k == "linear_attention" for k in kinds)
+    full = sum(k == "full_attention" for k in kinds)
+    conv = (2 * hk * dk + hv * dv) * kernel * conv_bytes
+    rec = hv * dk * dv * state_bytes
+    return {
+        "linear_layers": linear,
+        "full_attention_layers": full,
+        "conv_bytes_per_layer": conv,
+        "recurrent_bytes_per_layer": rec,
+        "state_bytes_per_layer": conv + rec,
+        "state_bytes_per_node": linear * (conv + rec),
+        "kv_bytes_per_node": full * 2 * kv_heads * head_dim * kv_bytes,
+    }
 
 
 class _TreePlan:
@@ -142,6 +193,12 @@ class HybridCache:
     A forward stages the states of its block's rows; :meth:`commit` (a causal block: prefill,
     plain steps) keeps the last row's, :meth:`compact` (an accepted tree path) the path's last
     node's, and drops the rest. Same interface as ``KVCache`` where the decoding round uses it.
+
+    Rewinding: a KV cache forgets a suffix by shortening its length, a recurrent state cannot
+    (it folds every token in). :meth:`checkpoint` keeps a copy of the states at the current
+    length; :meth:`truncate` goes back to a kept length (or to 0: zero states) and raises
+    :class:`~dartcore.errors.DartError` for any other. Speculative rounds need no rewind: a
+    rejected draft's states are never committed.
     """
 
     def __init__(
@@ -163,6 +220,8 @@ class HybridCache:
         # the last block's staged states: row -> index, and per layer (conv [m, ...], rec [m, ...])
         self._rows: dict[int, int] = {}
         self._staged: dict[int, tuple[torch.Tensor, Any]] = {}
+        # committed length -> copies of (conv, rec) at that length (checkpoint / truncate)
+        self._kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
     def length(self) -> int:
@@ -217,9 +276,40 @@ class HybridCache:
         self._keep(rows[-1])
         self.kv.compact(rows)
 
+    def checkpoint(self) -> int:
+        """Keep a copy of the committed states at the current length (``conv`` and ``rec``:
+        per Gated DeltaNet layer, what one tree node costs, see :func:`state_bytes_per_node`),
+        so that :meth:`truncate` can come back to it. Returns that length."""
+        self._kept[self.length] = (self.conv.clone(), self.rec.clone())
+        return self.length
+
+    @property
+    def kept_lengths(self) -> list[int]:
+        """The lengths :meth:`truncate` can go back to (0 and the checkpoints)."""
+        return sorted({0, *self._kept})
+
     def truncate(self, length: int) -> None:
+        """Forget every committed token from ``length`` on: the KV cache shortens, the
+        recurrent and conv states come back from the checkpoint at ``length`` (zero states at
+        0). Checkpoints past ``length`` are dropped; a length without one raises."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
         if length != self.length:
-            raise DartError("a recurrent state cannot be rewound: a hybrid cache never truncates")
+            if length == 0:
+                self.conv.zero_()
+                self.rec.zero_()
+            elif length in self._kept:
+                conv, rec = self._kept[length]
+                self.conv.copy_(conv)
+                self.rec.copy_(rec)
+            else:
+                raise DartError(
+                    f"no recurrent state kept at length {length} (kept: {self.kept_lengths}): "
+                    "a Gated DeltaNet state cannot be rewound; checkpoint() at that length first"
+                )
+        self.begin()
+        self.kv.truncate(length)
+        self._kept = {n: st for n, st in self._kept.items() if n <= length}
 
 
 class HybridTarget:
