@@ -36,9 +36,9 @@ def run_cli(
     )
 
 
-def save_tiny_target(path: Path) -> Path:
-    """A 6-layer random Llama (vocabulary 64) with a word-level tokenizer, as a local HF
-    model directory that ``--target`` accepts."""
+def save_tiny_target(path: Path, model=None) -> Path:
+    """A 6-layer random Llama (vocabulary 64; or ``model``) with a word-level tokenizer, as a
+    local HF model directory that ``--target`` accepts."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -58,7 +58,7 @@ def save_tiny_target(path: Path) -> Path:
         unk_token="<unk>",
     )
     path.mkdir(parents=True, exist_ok=True)
-    tiny_model("llama", layers=6).save_pretrained(path)
+    (model if model is not None else tiny_model("llama", layers=6)).save_pretrained(path)
     tok.save_pretrained(path)
     return path
 

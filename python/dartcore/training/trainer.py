@@ -98,10 +98,36 @@ def teacher_forward(
     (transformers then builds a packed-sequence causal mask). With ``head_ids`` only those
     columns of the target's LM head are computed (its final normed hidden state times the
     head rows of the draft vocabulary): on CPU the full 49k-wide head is ~20 % of a SmolLM2
-    forward and the other columns are thrown away by the reduced-vocabulary loss anyway."""
+    forward and the other columns are thrown away by the reduced-vocabulary loss anyway.
+
+    A hybrid target (Gated DeltaNet layers, whose recurrent and conv states run across position
+    ids) runs each document of a packed row on its own: the states start from zero at each
+    document as they do when decoding its prompt."""
+    from dartcore.models.hybrid import HYBRID_FAMILIES
+
+    if getattr(target.config, "model_type", None) not in HYBRID_FAMILIES:
+        return _teacher_rows(target, batch.input_ids, batch.position_ids, taps, head_ids)
+    rows, n = batch.input_ids.shape
+    tap_out = logit_out = None
+    for b in range(rows):
+        docs = batch.doc_ids[b]
+        cuts = [0, *(torch.nonzero(docs[1:] != docs[:-1]).flatten() + 1).tolist(), n]
+        for a, e in zip(cuts[:-1], cuts[1:]):
+            pos = batch.position_ids[b : b + 1, a:e]
+            t, lg = _teacher_rows(
+                target, batch.input_ids[b : b + 1, a:e], pos - pos[0, 0], taps, head_ids
+            )
+            if tap_out is None:
+                tap_out = t.new_zeros(rows, n, t.shape[-1])
+                logit_out = lg.new_zeros(rows, n, lg.shape[-1])
+            tap_out[b, a:e], logit_out[b, a:e] = t[0], lg[0]
+    return tap_out, logit_out
+
+
+def _teacher_rows(target, input_ids, position_ids, taps, head_ids):
     kw = dict(
-        input_ids=batch.input_ids,
-        position_ids=batch.position_ids,
+        input_ids=input_ids,
+        position_ids=position_ids,
         output_hidden_states=True,
         use_cache=False,
     )
