@@ -294,19 +294,20 @@ class HybridCache:
         0). Checkpoints past ``length`` are dropped; a length without one raises."""
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
-        if length != self.length:
-            if length == 0:
-                self.conv.zero_()
-                self.rec.zero_()
-            elif length in self._kept:
-                conv, rec = self._kept[length]
-                self.conv.copy_(conv)
-                self.rec.copy_(rec)
-            else:
-                raise DartError(
-                    f"no recurrent state kept at length {length} (kept: {self.kept_lengths}): "
-                    "a Gated DeltaNet state cannot be rewound; checkpoint() at that length first"
-                )
+        if length == self.length:
+            return
+        if length == 0:
+            self.conv.zero_()
+            self.rec.zero_()
+        elif length in self._kept:
+            conv, rec = self._kept[length]
+            self.conv.copy_(conv)
+            self.rec.copy_(rec)
+        else:
+            raise DartError(
+                f"no recurrent state kept at length {length} (kept: {self.kept_lengths}): "
+                "a Gated DeltaNet state cannot be rewound; checkpoint() at that length first"
+            )
         self.begin()
         self.kv.truncate(length)
         self._kept = {n: st for n, st in self._kept.items() if n <= length}
