@@ -323,34 +323,22 @@ def test_truncate_restores_checkpointed_states_and_refuses_others():
         cache.truncate(cache.length + 1)
 
 
-def test_state_bytes_per_node_are_what_a_tree_stages():
-    """state_bytes_per_node from a config dict equals the bytes the recurrent form stages per
-    tree node and Gated DeltaNet layer (float32 model: 4-byte conv windows)."""
+def test_state_bytes_per_node_are_a_nodes_states():
+    """state_bytes_per_node from a config dict: per Gated DeltaNet layer the bytes of one
+    sequence's conv window and recurrent state as HybridCache holds them (a float32 model:
+    4-byte windows), which the recurrent tree form stages once per node."""
     from dartcore.models.hybrid import state_bytes_per_node
 
     model = tiny_next(1)
-    target = HybridTarget(model, tree_form="recurrent")
-    cache = target.new_cache(64)
-    target.forward(cache, torch.tensor([1, 5, 9]), torch.arange(3))
-    cache.commit(3)
-    tree = random_tree(np.random.default_rng(0), 7, 64, nodes=9, depth=3)
-    target.forward(
-        cache,
-        torch.from_numpy(tree.tokens),
-        torch.from_numpy(tree.depths + 3),
-        torch.from_numpy(ancestor_mask(tree.parents)),
-    )
-    staged = [(c, r) for c, r in cache._staged.values()]
-    per_layer = {
-        (c.numel() * c.element_size() + r.numel() * r.element_size()) // len(tree)
-        for c, r in staged
-    }
+    cache = HybridTarget(model).new_cache(64)
     b = state_bytes_per_node(model.config.to_dict(), conv_bytes=4, kv_bytes=4)
-    assert per_layer == {b["state_bytes_per_layer"]}
-    assert b["linear_layers"] == len(staged) == 3 and b["full_attention_layers"] == 1
+    conv, rec = cache.conv[0], cache.rec[0]
+    assert b["conv_bytes_per_layer"] == conv.numel() * conv.element_size()
+    assert b["recurrent_bytes_per_layer"] == rec.numel() * rec.element_size()
+    assert b["linear_layers"] == cache.conv.shape[0] == 3 and b["full_attention_layers"] == 1
     assert b["state_bytes_per_node"] == 3 * b["state_bytes_per_layer"]
-    kv = cache.kv.k
-    assert b["kv_bytes_per_node"] == 2 * kv.shape[0] * kv.shape[1] * kv.shape[3] * 4
+    k = cache.kv.k  # [layers, kv heads, capacity, head dim]: one position's keys and values
+    assert b["kv_bytes_per_node"] == 2 * k[:, :, 0].numel() * k.element_size()
     cfg = {k: v for k, v in model.config.to_dict().items() if k != "layer_types"}
     cfg["full_attention_interval"] = 2  # HF's default pattern when layer_types is absent
     assert state_bytes_per_node(cfg)["linear_layers"] == 2
@@ -361,8 +349,8 @@ def test_state_bytes_per_node_are_what_a_tree_stages():
 def test_teacher_runs_each_packed_document_from_zero_states():
     """Training's teacher forward on a hybrid target: each document of a packed row gives the
     taps and logits of that document alone (its DeltaNet states start from zero)."""
+    from dartcore.training.data import PackedSequence
     from dartcore.training.trainer import make_batch, teacher_forward
-    from test_training import _packed
 
     model = tiny_next(3)
     torch.manual_seed(0)
@@ -370,7 +358,8 @@ def test_teacher_runs_each_packed_document_from_zero_states():
     ids = torch.cat((a, b)).numpy()
     doc = np.r_[np.zeros(9), np.ones(7)].astype(np.int64)
     pos = np.r_[np.arange(9), np.arange(7)]
-    batch = make_batch([_packed(ids, pos, doc)])
+    end = np.r_[np.full(9, 8), np.full(7, 15)]
+    batch = make_batch([PackedSequence(ids, pos, doc, np.ones(16, bool), end)])
     taps, logits = teacher_forward(model, batch, (1, 2, 4))
     for lo, hi, part in ((0, 9, a), (9, 16, b)):
         with torch.no_grad():
@@ -388,8 +377,8 @@ def test_a_training_step_on_a_hybrid_target_changes_the_drafter(tmp_path):
     """One Trainer step of a DART drafter on a tiny qwen3_next target: finite loss, and every
     trained parameter group moves."""
     from dartcore.drafter import DartDrafter
+    from dartcore.training.data import pack_documents
     from dartcore.training.trainer import TrainConfig, Trainer
-    from test_training import _tiny_seqs
 
     model = tiny_next(4, layer_types=LAYERS + ["linear_attention", "full_attention"])
     torch.manual_seed(0)
@@ -406,7 +395,10 @@ def test_a_training_step_on_a_hybrid_target_changes_the_drafter(tmp_path):
         eval_every=0,
         checkpoint_every_minutes=1e9,
     )
-    Trainer(drafter, model, _tiny_seqs(4), cfg, tmp_path, progress=False).run()
+    rng = np.random.default_rng(0)
+    docs = [(rng.integers(3, 64, size=n), np.arange(n) >= 2) for n in (9, 12, 7, 13)]
+    seqs = pack_documents(docs, 24)
+    Trainer(drafter, model, seqs, cfg, tmp_path, progress=False).run()
     import json
 
     (rec,) = [json.loads(line) for line in open(tmp_path / "log.jsonl") if '"loss"' in line]
