@@ -20,6 +20,10 @@ use memmap2::{Advice, Mmap, MmapOptions};
 use crate::error::{Error, Result};
 use crate::format::{self, get32, get64, Header, Sec, BLOCK, BLOCK3_LEN, SECTIONS, TOPK_K, TOPK_ROW, UNI_LEN};
 
+#[path = "reader_keys.rs"]
+mod keys;
+pub use keys::Keys;
+
 /// Options of [`Index::open_with`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct OpenOptions {
