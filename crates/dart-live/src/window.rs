@@ -89,7 +89,7 @@ impl Counts {
         self.small.is_empty()
     }
 
-    fn get(&self, v: u32) -> Option<u32> {
+    pub(crate) fn get(&self, v: u32) -> Option<u32> {
         match &self.big {
             Some(m) => m.get(&v).copied(),
             None => self.small.binary_search_by_key(&v, |e| e.0).ok().map(|i| self.small[i].1),
@@ -101,16 +101,6 @@ impl Counts {
         match &self.big {
             Some(m) => Box::new(m.iter().map(|(&t, &c)| (t, c))),
             None => Box::new(self.small.iter().copied()),
-        }
-    }
-
-    /// count(v)/total for each of `candidates_sorted` seen here; others untouched.
-    pub(crate) fn seen_sorted(&self, candidates_sorted: &[u32], out: &mut [f64]) {
-        let tot = self.total as f64;
-        for (&v, o) in candidates_sorted.iter().zip(out.iter_mut()) {
-            if let Some(c) = self.get(v) {
-                *o = c as f64 / tot;
-            }
         }
     }
 
@@ -375,6 +365,19 @@ impl Window {
             + self.tri.values().map(counts).sum::<usize>()
             + map(self.follow.capacity(), size_of::<(u64, VecDeque<u64>)>())
             + self.follow.values().map(|q| q.capacity() * 8).sum::<usize>()
+    }
+
+    /// The documents held now, oldest first (the first may have lost its front to eviction):
+    /// exactly the token runs whose n-grams the window counts.
+    pub fn documents(&self) -> impl Iterator<Item = Vec<u32>> + '_ {
+        let (x, y) = self.tokens.as_slices();
+        let mut all = x.iter().chain(y).copied().peekable();
+        std::iter::from_fn(move || {
+            all.peek()?;
+            let doc: Vec<u32> = all.by_ref().take_while(|&t| t != SEP).collect();
+            Some(doc)
+        })
+        .filter(|d| !d.is_empty())
     }
 
     /// The last tokens of the window (at most `n`), separators as `u32::MAX`; for tests.

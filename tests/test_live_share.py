@@ -1,0 +1,201 @@
+"""Live layers saved as delta indexes and shared between processes: a saved layer merged into
+a base index counts what an index built from all the documents counts (brute force), a layer
+reading other layers' deltas searches as the brute-force Eq. (10) over all their documents,
+decoders that share stay lossless, and bad delta files are refused with a clear error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dartcore import DartDecoder, DartError, IndexBuildError, TokenizerMismatchError
+from dartcore import tree as T
+from dartcore.cli import dart_index
+from dartcore.index import NgramIndex, build_index, merge_indexes
+from dartcore.live import LiveLayer, SharedLive
+from test_decoder_builders import setup  # noqa: F401 - the tiny target, drafter and index
+from test_live import MixedCounts, live_docs
+from test_tree import Counts, V, brute_eq10, corpus_index, random_rows, tree_dict  # noqa: F401
+
+CONTEXTS = [[], [1], [2, 3], [0, 0], [5, 7], [11], [3, 1]]
+
+
+def assert_counts(index: NgramIndex, docs) -> None:
+    ref = Counts(docs)
+    for ctx in CONTEXTS:
+        for uni in (True, False) if ctx else (True,):  # the empty context is the unigram
+            got = [index.prob(ctx, v, unigram_backoff=uni) for v in range(V)]
+            want = [ref.g(ctx, v, unigram_backoff=uni) for v in range(V)]
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-12, err_msg=f"{ctx} {uni}")
+
+
+def test_a_saved_layer_merged_into_a_base_counts_the_union(tmp_path, corpus_index):  # noqa: F811
+    docs, _ = corpus_index
+    tok = {"name": "t", "fingerprint": "abc"}
+    base = tmp_path / "base.idx"
+    build_index(docs, base, vocab_size=V, metadata={"tokenizer": tok})
+    layer = LiveLayer(V, capacity=64)
+    ldocs = live_docs(1, n=8)
+    for d in ldocs:
+        layer.insert(d)
+    delta = tmp_path / "live.delta"
+    layer.save(delta, tokenizer=tok)
+    # what the window holds now: its last 64 symbols, documents split at the separators
+    flat: list = []
+    for d in ldocs:
+        flat += ([None] if flat else []) + d
+    flat = flat[-64:]
+    held_docs, cur = [], []
+    for t in flat:
+        if t is None:
+            held_docs.append(cur)
+            cur = []
+        else:
+            cur.append(t)
+    held_docs.append(cur)
+    assert_counts(NgramIndex(delta), held_docs)
+    out = tmp_path / "merged.idx"
+    rc = dart_index.main(["merge", str(base), str(delta), "-o", str(out)])
+    assert rc == 0
+    merged = NgramIndex(out)
+    assert_counts(merged, [list(map(int, d)) for d in docs] + held_docs)
+    assert merged.metadata["tokenizer"] == tok
+    assert merged.metadata["merged"] == ["base.idx", "live.delta"]
+    merged.verify()
+
+
+def test_merge_refuses_foreign_corrupt_and_its_own_inputs(tmp_path, corpus_index, capsys):  # noqa: F811
+    docs, _ = corpus_index
+    base = tmp_path / "base.idx"
+    build_index(docs, base, vocab_size=V, metadata={"tokenizer": {"name": "t", "fingerprint": "a"}})
+    layer = LiveLayer(V)
+    layer.insert([1, 2, 3, 4])
+    other = tmp_path / "other.delta"
+    layer.save(other, tokenizer={"name": "u", "fingerprint": "b"})
+    with pytest.raises(TokenizerMismatchError, match="different tokenizers"):
+        merge_indexes([base, other], tmp_path / "m.idx")
+    bare = tmp_path / "bare.delta"
+    layer.save(bare)
+    with pytest.raises(TokenizerMismatchError):
+        merge_indexes([base, bare], tmp_path / "m.idx")
+    merge_indexes([base, bare], tmp_path / "m.idx", force=True)  # the user vouches for it
+    wide = LiveLayer(V + 1)
+    wide.insert([1, 2])
+    wide.save(tmp_path / "wide.delta")
+    with pytest.raises(IndexBuildError, match="vocabulary size"):
+        merge_indexes([base, tmp_path / "wide.delta"], tmp_path / "m2.idx", force=True)
+    pruned = tmp_path / "pruned.idx"
+    build_index(docs, pruned, vocab_size=V, min_count=2)
+    with pytest.raises(IndexBuildError, match="min_count"):
+        merge_indexes([base, pruned], tmp_path / "m3.idx", force=True)
+    bytes_ = bare.read_bytes()
+    (tmp_path / "cut.delta").write_bytes(bytes_[: len(bytes_) // 2])
+    (tmp_path / "junk.delta").write_bytes(b"\0" * 4096)
+    for bad in ("cut.delta", "junk.delta"):
+        with pytest.raises(DartError):
+            merge_indexes([base, tmp_path / bad], tmp_path / "m4.idx", force=True)
+        assert dart_index.main(["merge", str(base), str(tmp_path / bad), "-o", "m4"]) == 2
+    assert not (tmp_path / "m3.idx").exists() and not (tmp_path / "m4.idx").exists()
+    before = base.read_bytes()
+    assert dart_index.main(["merge", str(base), str(bare), "-o", str(base), "--force"]) == 2
+    assert "input" in capsys.readouterr().err
+    assert base.read_bytes() == before
+
+
+def test_shared_deltas_search_as_one_window_over_all_documents(tmp_path, corpus_index):  # noqa: F811
+    docs, index = corpus_index
+    a, b = LiveLayer(V), LiveLayer(V)
+    share_a = SharedLive(tmp_path, name="a")
+    share_b = SharedLive(tmp_path, name="b")
+    adocs, bdocs = live_docs(5), live_docs(6)
+    for d in adocs:
+        a.insert(d)
+    for d in bdocs:
+        b.insert(d)
+    share_a.sync(a, "t1")
+    share_b.sync(b, "t1")
+    share_a.sync(a, "t1")
+    assert a.shared_count == 1 and b.shared_count == 1
+    ref = Counts(adocs + bdocs)
+    for ctx in CONTEXTS[1:]:
+        want = [ref.g(ctx, v, unigram_backoff=False) for v in range(V)]
+        for layer in (a, b):
+            np.testing.assert_allclose(layer.probs(ctx, range(V)), want, rtol=0, atol=1e-12)
+    rng = np.random.default_rng(3)
+    for _ in range(6):
+        toks, lps = random_rows(rng, int(rng.integers(1, 5)), int(rng.integers(1, 6)))
+        context = [int(t) for t in rng.integers(0, V, size=2)]
+        weight = float(rng.choice([0.3, 0.7]))
+        kw = dict(beam_width=3, max_nodes=int(rng.integers(2, 20)), ngram_weight=1.0)
+        want = brute_eq10(MixedCounts(Counts(docs), ref, weight), context, toks, lps, **kw)
+        tree = T.beam_search(index, context, toks, lps, live=b, live_weight=weight, **kw)
+        got = tree_dict(tree)
+        assert set(got) == set(want)
+        for p, s in want.items():
+            assert got[p] == pytest.approx(s, rel=1e-9, abs=1e-12)
+    # another scope sees nothing of t1; forgetting removes a's delta from b's reads
+    c = LiveLayer(V)
+    SharedLive(tmp_path, name="c").sync(c, "t2")
+    assert c.shared_count == 0
+    share_a.forget("t1", a)
+    share_b.sync(b, "t1")
+    assert a.shared_count == 0 and b.shared_count == 0
+
+
+def test_bad_shared_deltas_are_skipped_and_named(tmp_path):
+    a = LiveLayer(V)
+    a.insert([1, 2, 3, 4, 5])
+    share = SharedLive(tmp_path, name="a")
+    d = share.scope_dir("s")
+    d.mkdir(parents=True)
+    good = LiveLayer(V)
+    good.insert([3, 4, 5])
+    good.save(d / "good.delta")
+    raw = (d / "good.delta").read_bytes()
+    (d / "cut.delta").write_bytes(raw[:-17])
+    (d / "junk.delta").write_bytes(b"DARTNGRM" + b"\1" * 600)
+    other = LiveLayer(V + 3)
+    other.insert([1, 2])
+    other.save(d / "foreign.delta")
+    share.sync(a, "s")
+    assert a.shared_count == 1
+    assert sorted(p.rsplit("/", 1)[1] for p in share.errors) == [
+        "cut.delta",
+        "foreign.delta",
+        "junk.delta",
+    ]
+    assert "vocabulary" in share.errors[str(d / "foreign.delta")]
+    with pytest.raises(DartError):
+        SharedLive(tmp_path, name="../x")
+    with pytest.raises(DartError):
+        SharedLive(tmp_path / "f", every_s=0)
+
+
+def test_decoders_sharing_a_directory_learn_from_each_other_losslessly(setup, tmp_path):  # noqa: F811
+    model, tok, drafter, index, prompts, refs = setup
+    shared = {n: SharedLive(tmp_path, name=n) for n in "ab"}
+    decs = {
+        n: DartDecoder(
+            model, tok, drafter, index, tree="dart+mix", max_nodes=8, eos_token_ids=(), learn=True
+        )
+        for n in "ab"
+    }
+    alone = DartDecoder(model, tok, drafter, index, tree="dart+mix", max_nodes=8, eos_token_ids=())
+    for prompt, ref in zip(prompts, refs):
+        assert decs["a"].generate(prompt, max_new_tokens=24).tokens == ref
+    shared["a"].sync(decs["a"].parts.live, "s")
+    shared["b"].sync(decs["b"].parts.live, "s")
+    assert decs["b"].parts.live.shared_count == 1 and len(decs["b"].parts.live) == 0
+    taus = {"shared": [], "alone": []}
+    for prompt, ref in zip(prompts, refs):
+        res = decs["b"].generate(prompt, max_new_tokens=24)
+        assert res.tokens == ref
+        taus["shared"].append(res.stats.tau)
+        res = alone.generate(prompt, max_new_tokens=24)
+        taus["alone"].append(res.stats.tau)
+    # b has served nothing of these before, yet drafts what a served
+    assert np.mean(taus["shared"]) > np.mean(taus["alone"]), taus
+    batch = decs["b"].generate_batch(prompts, max_new_tokens=24)
+    assert [r.tokens for r in batch] == refs
+    meta = NgramIndex(shared["a"].own_path("s")).metadata
+    assert meta["live"]["held"] == len(decs["a"].parts.live)
