@@ -5,6 +5,8 @@ decoders that share stay lossless, and bad delta files are refused with a clear 
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -199,3 +201,108 @@ def test_decoders_sharing_a_directory_learn_from_each_other_losslessly(setup, tm
     assert [r.tokens for r in batch] == refs
     meta = NgramIndex(shared["a"].own_path("s")).metadata
     assert meta["live"]["held"] == len(decs["a"].parts.live)
+
+
+class _Pipe:
+    """The worker's end of the front's pipe, keeping what the worker sends."""
+
+    def __init__(self):
+        self.sent = []
+
+    def send(self, msg):
+        self.sent.append(msg)
+
+
+def test_workers_share_their_layers_through_a_directory(setup, tmp_path):  # noqa: F811
+    from dartcore.engine import Engine
+    from dartcore.sampling import SamplingParams
+    from dartcore.serve.worker import Loaded, WorkerConfig, _Worker
+
+    model, tok, drafter, index, prompts, refs = setup
+    config = WorkerConfig(
+        learn=True, learn_scope="shared", learn_shared=str(tmp_path), learn_shared_every=3600.0
+    )
+
+    def worker(shared: bool):
+        dec = DartDecoder(
+            model, tok, drafter, index, tree="dart+mix", max_nodes=8, eos_token_ids=()
+        )
+        loaded = Loaded(
+            engine=Engine(dec, max_batch=2, budget=8), tokenizer=tok, context_length=256
+        )
+        return _Worker(_Pipe(), config if shared else WorkerConfig(learn=True), loaded)
+
+    def serve(w, tag):
+        for i, p in enumerate(prompts):
+            request = {"kind": "completion", "prompt": p, "max_tokens": 24, "echo": False}
+            w.add(f"{tag}{i}", {**request, "params": SamplingParams(), "scope": "anonymous"})
+        while w.engine.has_unfinished():
+            w.step()
+        done = {i["rid"]: i for m in w.conn.sent if m[0] == "step" for i in m[1] if i["finished"]}
+        return [done[f"{tag}{i}"] for i in range(len(prompts))]
+
+    a, b, alone = worker(True), worker(True), worker(False)
+    try:
+        first = serve(a, "a")
+        assert [r["completion_tokens"] for r in first] == [24] * len(prompts)
+        la = a.scopes.layer("anonymous")
+        a.shared.sync(la, "shared", force=True)
+        lb = b.scopes.layer("anonymous")
+        b.shared.sync(lb, "shared")
+        assert lb.shared_count == 1 and lb.inserted == 0
+        got, base = serve(b, "b"), serve(alone, "c")
+        assert [r["text"] for r in got] == [r["text"] for r in base] == [r["text"] for r in first]
+        # b never served these prompts, yet drafts what a served
+        tau = {k: np.mean([r["stats"]["tau"] for r in rs]) for k, rs in (("b", got), ("c", base))}
+        assert tau["b"] > tau["c"], tau
+        a.handle(("clear", 1, None))
+        assert not a.shared.own_path("shared").exists()
+        b.shared.sync(lb, "shared")
+        assert lb.shared_count == 0
+    finally:
+        for w in (a, b):
+            w.shared.stop()
+
+
+def test_two_servers_share_a_scope_through_a_directory(tmp_path):
+    from serve_process import ServerProcess
+    from test_live_scopes import MODEL, _args
+
+    shared = tmp_path / "live"
+    flags = ("--learn", "--learn-shared", str(shared), "--learn-shared-every", "0.2")
+    servers = [
+        ServerProcess(_args(*flags), env={"DART_FAKE_STEP_S": "0"}, log_path=tmp_path / f"{i}.log")
+        for i in range(2)
+    ]
+
+    def stats(srv, scope):
+        body = {"model": MODEL, "prompt": "hello", "max_tokens": 9, "dart": {"stats": True}}
+        body["dart"]["scope"] = scope
+        status, out, _ = srv.post("/v1/completions", body)
+        assert status == 200, out
+        return out["dart"]["stats"]
+
+    try:
+        x, y = servers
+        assert stats(x, "a")["live_tokens"] == 0  # x learns a's first request
+        assert stats(y, "a")["live_shared"] in (0, 1)  # y's layer of a starts now
+        assert stats(y, "b")["live_shared"] == 0
+        deadline = time.monotonic() + 30
+        while (s := stats(y, "a"))["live_shared"] != 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert s["live_shared"] == 1, "y reads x's delta of scope a"
+        assert stats(y, "b")["live_shared"] == 0  # x has served nothing in scope b
+    finally:
+        for srv in servers:
+            srv.stop()
+
+
+def test_serve_refuses_sharing_without_learning(tmp_path, capsys):
+    from dartcore.cli import dart_serve
+
+    assert dart_serve.main(["--learn-shared", str(tmp_path)]) != 0
+    assert "--learn-shared" in capsys.readouterr().err
+    assert dart_serve.main(
+        ["--learn", "--learn-shared", str(tmp_path), "--learn-shared-every", "0"]
+    )
+    assert "--learn-shared-every" in capsys.readouterr().err

@@ -29,6 +29,7 @@ before, as with prompt caches): give each tenant its own layer unless they trust
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import socket
@@ -170,6 +171,7 @@ def live_layer(learn, vocab_size: int) -> LiveLayer | None:
 # Delta files of a scope are <name>.delta in its directory; the builder's temporary files
 # start with a dot.
 _SUFFIX = ".delta"
+_instances = itertools.count()
 
 
 class SharedLive:
@@ -206,7 +208,7 @@ class SharedLive:
             raise DartError(f"cannot use {self.directory} for shared live layers: {e}") from None
         if not self.directory.is_dir():
             raise DartError(f"{self.directory} is not a directory")
-        self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}-{next(_instances)}"
         if not self.name or "/" in self.name or self.name.startswith("."):
             raise DartError(f"name must be a file name without '/' or a leading dot: {self.name!r}")
         self.every_s = float(every_s)

@@ -156,6 +156,10 @@ class LiveScopes:
                 dropped.append(sid)
         return {"scopes": dropped, "tokens": tokens}
 
+    def items(self) -> list[tuple[str, LiveLayer]]:
+        """(scope id, layer) pairs held, least recently used first."""
+        return list(self._layers.items())
+
     def scopes(self) -> list[str]:
         """Scope ids held, least recently used first."""
         return list(self._layers)
