@@ -78,7 +78,7 @@ pub fn live_probs(live: &Window, shared: &[Arc<Delta>], context: &[u32], candida
     let n = context.len();
     if n >= 2 {
         let (a, b) = (context[n - 2], context[n - 1]);
-        seen_summed(live.tri.get(&key2(a, b)), shared, &[a, b], candidates_sorted, out);
+        seen_summed(live.tri.get(&key2(a, b)).map(|e| &e.counts), shared, &[a, b], candidates_sorted, out);
     }
     if n >= 1 {
         let b = context[n - 1];
@@ -117,7 +117,7 @@ impl<S: NgramScorer + ?Sized> NgramScorer for Mixed<'_, S> {
         }
         let mut live3 = vec![f64::NAN; out.len()];
         seen_summed(
-            self.live.tri.get(&key2(context[0], context[1])),
+            self.live.tri.get(&key2(context[0], context[1])).map(|e| &e.counts),
             self.shared,
             &context,
             candidates_sorted,
@@ -165,7 +165,8 @@ impl<S: NgramScorer + ?Sized> NgramScorer for Mixed<'_, S> {
         }
         let mut cands: Vec<u32> = tokens.clone();
         let n = context.len();
-        let live_ctx = if n >= 2 { self.live.tri.get(&key2(context[n - 2], context[n - 1])) } else { None };
+        let live_ctx =
+            if n >= 2 { self.live.tri.get(&key2(context[n - 2], context[n - 1])).map(|e| &e.counts) } else { None };
         let live_ctx = live_ctx.or_else(|| context.last().and_then(|b| self.live.bi.get(b)));
         if let Some(c) = live_ctx {
             cands.extend(c.entries().map(|e| e.0));
