@@ -144,6 +144,16 @@ def test_shared_deltas_search_as_one_window_over_all_documents(tmp_path, corpus_
     assert a.shared_count == 0 and b.shared_count == 0
 
 
+def test_a_layer_beyond_the_index_format_vocabulary_cannot_be_saved(tmp_path):
+    layer = LiveLayer(3_000_000, capacity=16)
+    layer.insert([2_999_999, 1, 2])
+    with pytest.raises(ValueError, match="vocab_size"):
+        layer.save(tmp_path / "x.delta")
+    assert not (tmp_path / "x.delta").exists()
+    with pytest.raises(DartError, match="tokenizer"):
+        layer.save(tmp_path / "y.delta", tokenizer="smollm2")
+
+
 def test_bad_shared_deltas_are_skipped_and_named(tmp_path):
     a = LiveLayer(V)
     a.insert([1, 2, 3, 4, 5])

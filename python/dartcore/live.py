@@ -48,8 +48,11 @@ __all__ = ["DEFAULT_CAPACITY", "LIVE_WEIGHT", "LiveLayer", "SharedLive", "live_l
 
 # Tokens kept: vLLM's suffix decoding keeps the same order of finished-response tokens.
 DEFAULT_CAPACITY = 1_000_000
-# λ of the mix where the layer knows the context's last token.
-LIVE_WEIGHT = 0.5
+# λ of the mix where the layer knows the context's last token. Chosen by
+# `tools/bench_live.py --weights`: λ changes which tokens a tree holds, not its size or what a
+# round costs, so τ decides; τ on the repetitive workloads rose with λ over 0.25, 0.5, 0.75
+# for dart+mix and dart+live alike and stayed level on fresh prompts (docs/live.md).
+LIVE_WEIGHT = 0.75
 
 
 class LiveLayer:
