@@ -52,21 +52,25 @@ fn knows(live: &Window, shared: &[Arc<Delta>], b: u32) -> bool {
 
 /// Summed counts of `context` (one or two tokens) over the sources: count(context, v) / total
 /// for each candidate whose summed count is non-zero, into `out` where it is NaN on entry.
+/// Each delta resolves the context once for all candidates ([`dart_ngram::Index::counts`]).
 fn seen_summed(live: Option<&Counts>, shared: &[Arc<Delta>], context: &[u32], cands: &[u32], out: &mut [f64]) {
-    let first = cands.first().copied().unwrap_or(0);
-    let totals: u64 = shared.iter().map(|d| d.count(context, first).1).sum();
-    let total = totals + live.map_or(0, |c| c.total);
+    let mut n: Vec<u64> = cands.iter().map(|&v| live.and_then(|c| c.get(v)).map_or(0, u64::from)).collect();
+    let mut total = live.map_or(0, |c| c.total);
+    if !shared.is_empty() {
+        let mut one = vec![0u64; cands.len()];
+        for d in shared {
+            total += d.counts(context, cands, &mut one);
+            for (x, y) in n.iter_mut().zip(&one) {
+                *x += y;
+            }
+        }
+    }
     if total == 0 {
         return;
     }
-    for (&v, o) in cands.iter().zip(out.iter_mut()) {
-        if !o.is_nan() {
-            continue;
-        }
-        let n: u64 = live.and_then(|c| c.get(v)).map_or(0, u64::from)
-            + shared.iter().map(|d| d.count(context, v).0).sum::<u64>();
-        if n > 0 {
-            *o = n as f64 / total as f64;
+    for (o, &x) in out.iter_mut().zip(&n) {
+        if o.is_nan() && x > 0 {
+            *o = x as f64 / total as f64;
         }
     }
 }

@@ -786,6 +786,33 @@ impl<D: AsRef<[u8]>> Index<D> {
         }
     }
 
+    /// [`Index::count`] for many tokens of one context, resolved once: `out[i]` =
+    /// count(context, `tokens[i]`) (any order); returns total(context) (0 when the context is
+    /// not in the index, and then every count is 0).
+    ///
+    /// # Panics
+    /// If `out.len() != tokens.len()` (a programming error of the caller).
+    pub fn counts(&self, context: &[u32], tokens: &[u32], out: &mut [u64]) -> u64 {
+        assert_eq!(out.len(), tokens.len(), "counts: out and tokens differ in length");
+        out.fill(0);
+        let n = context.len();
+        let (lv, c) = match n {
+            0 => {
+                for (o, &t) in out.iter_mut().zip(tokens) {
+                    *o = self.uni_count(t);
+                }
+                return self.h.tokens;
+            }
+            1 => (self.l2(), self.ctx1(context[0])),
+            _ => (self.l3(), self.ctx2_of(context[n - 2], context[n - 1])),
+        };
+        let Some(c) = c else { return 0 };
+        for (o, &t) in out.iter_mut().zip(tokens) {
+            *o = lv.find(c.s, c.e, t).and_then(|j| Some(lv.count_of(j, lv.word(j)?))).unwrap_or(0);
+        }
+        c.total
+    }
+
     /// g(v|c) of docs/architecture.md: count(c,v)/total(c) for the longest suffix c of `context`
     /// (last two tokens, then the last one, then — if `unigram_backoff` or the context is
     /// empty — the empty context) after which `token` has been seen; 0.0 if never seen.

@@ -40,6 +40,17 @@ proptest! {
         let m1 = dir.path().join("m1.idx");
         merge_indexes(&[&ia], &m1, &opts(9), "{}").unwrap();
         prop_assert_eq!(std::fs::read(&m1).unwrap(), std::fs::read(&a).unwrap());
+        // counts() of one context equals count() token by token
+        let toks: Vec<u32> = (0..9).rev().collect();
+        for ctx in [vec![], vec![1], vec![2, 3], vec![0, 0]] {
+            let mut out = vec![7u64; toks.len()];
+            let total = ia.counts(&ctx, &toks, &mut out);
+            for (&t, &c) in toks.iter().zip(&out) {
+                let (want, tot) = ia.count(&ctx, t);
+                prop_assert_eq!(c, want);
+                prop_assert_eq!(total, tot);
+            }
+        }
     }
 }
 
