@@ -74,8 +74,9 @@ def test_merge_refuses_foreign_corrupt_and_its_own_inputs(tmp_path, corpus_index
     layer.insert([1, 2, 3, 4])
     other = tmp_path / "other.delta"
     layer.save(other, tokenizer={"name": "u", "fingerprint": "b"})
-    with pytest.raises(TokenizerMismatchError, match="different tokenizers"):
-        merge_indexes([base, other], tmp_path / "m.idx")
+    for force in (False, True):
+        with pytest.raises(TokenizerMismatchError, match="different tokenizers never merge"):
+            merge_indexes([base, other], tmp_path / "m.idx", force=force)
     bare = tmp_path / "bare.delta"
     layer.save(bare)
     with pytest.raises(TokenizerMismatchError):

@@ -581,12 +581,13 @@ def merge_indexes(
     """Merge index files (a base and deltas, e.g. saved live layers) into a new file at
     ``output`` -> summary dict. Its counts are the sums of theirs: it answers as an index
     built from all their documents. ``output`` is written to a temporary file and renamed,
-    never over an input. Refused (:class:`~dartcore.errors.TokenizerMismatchError`): inputs
-    whose tokenizers differ, or where some name a tokenizer and others do not (``force``
-    merges those when the vocabulary sizes agree); refused always
-    (:class:`~dartcore.errors.IndexBuildError`): different vocabulary sizes, an input built
-    with pruning (``min_count`` > 1, ``max_children``), a corrupt one. The metadata is the
-    first input's, with the totals of all and the names of the merged files."""
+    never over an input. Refused: inputs whose tokenizers differ, and (unless ``force``)
+    inputs where some name a tokenizer and others do not
+    (:class:`~dartcore.errors.TokenizerMismatchError`); different vocabulary sizes or an
+    input built with pruning (``min_count`` > 1, ``max_children``:
+    :class:`~dartcore.errors.IndexBuildError`); a corrupt or truncated input
+    (:class:`~dartcore.errors.IndexFormatError`). The metadata is the first input's, with the
+    totals of all and the names of the merged files."""
     from dartcore.errors import IndexBuildError, TokenizerMismatchError
 
     paths = [os.fspath(p) for p in inputs]
@@ -604,14 +605,16 @@ def merge_indexes(
     totals = {k: sum(int(st[k]) for st in stats) for k in ("documents", "tokens")}
     toks = [m.get("tokenizer") or {} for m in metas]
     prints = {t.get("fingerprint") for t in toks}
-    if not force and len(prints) > 1:
-        named = ", ".join(
+    named = prints - {None}
+    if len(named) > 1 or (len(named) == 1 and None in prints and not force):
+        listed = ", ".join(
             f"{p}: {t.get('name')!r} (fingerprint {t.get('fingerprint')})"
             for p, t in zip(paths, toks, strict=True)
         )
         raise TokenizerMismatchError(
-            f"the inputs were built with different tokenizers ({named}); an input without one "
-            "(a live layer saved without a tokenizer) can be merged with force=True / --force"
+            f"the inputs do not name one tokenizer ({listed}); inputs of different tokenizers "
+            "never merge, an input that names none (a live layer saved without one) merges "
+            "with force=True / --force"
         )
     meta = dict(metas[0])
     meta.update(totals)
