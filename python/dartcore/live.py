@@ -254,6 +254,7 @@ class SharedLive:
     def _others(self, d: Path, own: Path, vocab: int) -> list:
         out = []
         wall = time.time()
+        read = set()
         for p in sorted(d.iterdir()):
             if p == own or p.name.startswith(".") or not p.name.endswith(_SUFFIX):
                 continue
@@ -263,6 +264,7 @@ class SharedLive:
                 continue  # replaced or removed just now
             if wall - st.st_mtime > self.stale_s:
                 continue
+            read.add(p)
             key = (st.st_ino, st.st_mtime_ns, st.st_size)
             cached = self._open.get(p)
             if cached is not None and cached[0] == key:
@@ -279,6 +281,9 @@ class SharedLive:
             self.errors.pop(str(p), None)
             self._open[p] = (key, delta)
             out.append(delta)
+        # unmap what is gone, stale or bad (searches running on it keep their own reference)
+        for p in [p for p in self._open if p.parent == d and p not in read]:
+            del self._open[p]
         return out
 
     def forget(self, scope: str, layer: LiveLayer | None = None) -> None:
