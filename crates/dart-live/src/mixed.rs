@@ -47,7 +47,8 @@ impl<S: NgramScorer + ?Sized> Mixed<'_, S> {
 
 /// Whether a live source has seen `b` followed by anything.
 fn knows(live: &Window, shared: &[Arc<Delta>], b: u32) -> bool {
-    live.bi.contains_key(&b) || shared.iter().any(|d| d.count(&[b], 0).1 > 0)
+    // `counts` of no token: total(b) alone, from b's unigram record (no search).
+    live.bi.contains_key(&b) || shared.iter().any(|d| d.counts(&[b], &[], &mut []) > 0)
 }
 
 /// Summed counts of `context` (one or two tokens) over the sources: count(context, v) / total
