@@ -214,6 +214,19 @@ def test_decoders_sharing_a_directory_learn_from_each_other_losslessly(setup, tm
     assert meta["live"]["held"] == len(decs["a"].parts.live)
 
 
+def test_a_scope_dropped_as_least_recently_used_takes_its_delta(tmp_path):
+    from dartcore.serve.scopes import LiveScopes
+
+    share = SharedLive(tmp_path, name="w")
+    scopes = LiveScopes(V, max_scopes=1, capacity=64, on_drop=share.forget)
+    a = scopes.layer("scope:a")
+    a.insert([1, 2, 3])
+    share.sync(a, "scope:a")
+    assert share.own_path("scope:a").exists()
+    scopes.layer("scope:b")
+    assert not share.own_path("scope:a").exists() and scopes.scopes() == ["scope:b"]
+
+
 class _Pipe:
     """The worker's end of the front's pipe, keeping what the worker sends."""
 

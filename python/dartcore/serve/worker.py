@@ -177,6 +177,7 @@ class _Worker:
                 tokenizer=_index_tokenizer(config.index),
             )
             scopes = self.scopes
+            scopes.on_drop = self.shared.forget
             self.shared.start(lambda: list(scopes.items()))
         self.draining = False
         # Counters the front turns into /metrics (cumulative since this process started).
