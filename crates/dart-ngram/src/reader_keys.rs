@@ -82,7 +82,7 @@ impl<D: AsRef<[u8]>> Keys<'_, D> {
                 let mut sum_c = 0u64;
                 let buf = &mut self.buf;
                 ix.l3().decode(c.s, c.e, |t, n| {
-                    sum_c += n;
+                    sum_c = sum_c.saturating_add(n);
                     buf.push((pack_key(a, b as u64, t as u64), n));
                 });
                 if sum_c != c.total {
@@ -95,7 +95,7 @@ impl<D: AsRef<[u8]>> Keys<'_, D> {
                 if count_ab > c.total {
                     self.buf.push((pack_key(a, b as u64, KEY_END), count_ab - c.total));
                 }
-                self.open = Some((a, j + 1, e, total_a, count_a, sum_b + count_ab));
+                self.open = Some((a, j + 1, e, total_a, count_a, sum_b.saturating_add(count_ab)));
             } else {
                 self.open = None;
                 if sum_b != total_a {
@@ -111,7 +111,8 @@ impl<D: AsRef<[u8]>> Keys<'_, D> {
                 }
             }
         }
-        self.tokens += self.buf.iter().map(|x| x.1).sum::<u64>();
+        // saturating: a hostile body's counts must give an error below, never an overflow
+        self.tokens = self.buf.iter().fold(self.tokens, |t, x| t.saturating_add(x.1));
         Ok(true)
     }
 }

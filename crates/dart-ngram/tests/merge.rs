@@ -88,3 +88,26 @@ fn refuses_a_corrupt_body() {
     let e = merge_indexes(&[&ix], &dir.path().join("m.idx"), &opts(9), "{}").unwrap_err();
     assert!(matches!(e, Error::Format(_)), "{e}");
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, .. ProptestConfig::default() })]
+
+    /// An index read back as keys never panics on damaged bytes: items or an error.
+    #[test]
+    fn keys_of_damaged_bytes_never_panic(flips in prop::collection::vec((any::<usize>(), any::<u8>()), 1..6)) {
+        let dir = tempfile::tempdir().unwrap();
+        let docs = vec![vec![1, 2, 3, 1, 2, 4, 5, 6, 0, 0, 8], vec![2, 3, 1, 2, 3, 7, 7, 7]];
+        let mut bytes = std::fs::read(build(dir.path(), "a.idx", &docs, opts(9))).unwrap();
+        let n = bytes.len();
+        for (pos, x) in flips {
+            bytes[pos % n] ^= x | 1;
+        }
+        if let Ok(ix) = Index::from_bytes(bytes) {
+            for k in ix.keys() {
+                if k.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+}

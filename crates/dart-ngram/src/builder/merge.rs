@@ -201,7 +201,7 @@ pub fn merge_indexes<D: AsRef<[u8]>>(
         }
         ix.check(crate::Verify::Full)?;
     }
-    let documents = inputs.iter().map(|ix| ix.header().documents).sum();
+    let documents = inputs.iter().fold(0u64, |d, ix| d.saturating_add(ix.header().documents));
     let mut streams: Vec<_> = inputs.iter().map(|ix| ix.keys()).collect();
     let mut heap = BinaryHeap::with_capacity(streams.len());
     for (i, s) in streams.iter_mut().enumerate() {
@@ -214,7 +214,7 @@ pub fn merge_indexes<D: AsRef<[u8]>>(
     let mut cur: Option<(u64, u64)> = None;
     while let Some(Reverse((k, i, c))) = heap.pop() {
         match &mut cur {
-            Some((ck, cc)) if *ck == k => *cc += c,
+            Some((ck, cc)) if *ck == k => *cc = cc.saturating_add(c),
             _ => {
                 if let Some((ck, cc)) = cur.take() {
                     w.push(ck, cc)?;
