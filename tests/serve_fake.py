@@ -83,6 +83,7 @@ class _Seq:
     prompt: list = field(default_factory=list)
     live: object = None  # the request's live layer (dart-serve --learn)
     live_tokens: int = 0  # what that layer held when the request came
+    live_shared: int = 0  # the other processes' deltas it read then (--learn-shared)
 
 
 class FakeStats:
@@ -121,6 +122,7 @@ class FakeEngine:
                 prompt=list(prompt_ids),
                 live=live,
                 live_tokens=0 if live is None else len(live),
+                live_shared=0 if live is None else live.shared_count,
             )
         )
         return rid
@@ -180,6 +182,7 @@ class FakeEngine:
                         "accept_hist": [0] * accepted + [s.rounds],
                         "budget_hist": [0] * 4 + [s.rounds],
                         "live_tokens": s.live_tokens,
+                        "live_shared": s.live_shared,
                     },
                 )
             )

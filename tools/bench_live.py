@@ -18,6 +18,10 @@ source, the layer's bytes per million tokens, and one search with and without th
     python3 tools/bench_live.py --index artifacts/demo/smollm2.idx --repeats 3 \\
         --json tools/reports/bench_live_smollm2.json
 
+``--weights 0.25,0.5,0.75`` runs ``dart+mix`` and ``dart+live`` once per λ of the mix (shown
+as ``dart+mix@0.25``...), to choose ``dartcore.live.LIVE_WEIGHT``: ``weight_sweep`` in the
+report gives each one's speed over ``dart`` on the repetitive workloads and on fresh prompts.
+
 ``--serve`` adds the same through ``dart-serve`` on 127.0.0.1 (one worker): one client asks
 the five questions, another client of the same tenant asks them again, then the fresh
 prompts; servers with speculation off, ``dart`` and ``dart+ctx`` (both without learning), and
@@ -68,6 +72,8 @@ FRESH = [
     "Suggest a name for a small bakery.",
 ]
 METHODS = ["ar", "dart", "dart+ctx", "suffix", "dart+mix", "dart+live"]
+LIVE_MIXES = ("dart+mix", "dart+live")
+REPETITIVE = ("ask-again", "code-edit", "revise")
 
 
 def code_snippets() -> list[str]:
@@ -98,7 +104,11 @@ def workload(answers: dict[str, str]):
 def configure(dec, method: str, drafter, live, max_nodes=None):
     from dartcore.trees import make_tree_builder, node_budget
 
-    builder = make_tree_builder(method, **({} if max_nodes is None else {"max_nodes": max_nodes}))
+    name, _, weight = method.partition("@")  # "dart+mix@0.25": the mix at λ = 0.25
+    params = {} if max_nodes is None else {"max_nodes": max_nodes}
+    if weight:
+        params["live_weight"] = float(weight)
+    builder = make_tree_builder(name, **params)
     dec.parts.builder = builder
     dec.parts.drafter = drafter if builder.needs_drafter else None
     dec.parts.max_nodes = node_budget(
@@ -150,6 +160,15 @@ def micro(index, tok, repeats: int) -> dict:
     rng = np.random.default_rng(0)
     outs = [docs[int(rng.integers(len(docs)))] for _ in range(200)]
     outs = [d[:128] for d in outs if len(d) >= 128]
+    # at capacity every inserted token also evicts one
+    full = LiveLayer(vocab, capacity=held)
+    for d in docs:
+        full.insert(d)
+    ins_full = []
+    for o in outs:
+        t0 = time.perf_counter()
+        full.insert(o)
+        ins_full.append(time.perf_counter() - t0)
     ins = []
     probe = LiveLayer(vocab, capacity=held + 200 * 130)
     for d in docs:
@@ -175,6 +194,7 @@ def micro(index, tok, repeats: int) -> dict:
         "layer_tokens": held,
         "bytes_per_million_tokens": round(layer.nbytes() / held * 1e6),
         "insert_128_us_median": round(statistics.median(ins) * 1e6, 1),
+        "insert_128_at_capacity_us_median": round(statistics.median(ins_full) * 1e6, 1),
         "search_us_median": {k: round(v, 1) for k, v in timing.items()},
         "search_ratio": round(timing["with_live"] / timing["static"], 3),
     }
@@ -259,6 +279,11 @@ def main() -> None:
     ap.add_argument(
         "--max-nodes", type=int, default=None, help="every method's node budget (default: each own)"
     )
+    ap.add_argument(
+        "--weights",
+        default=None,
+        help="comma-separated λ of the live mix: dart+mix and dart+live once per value",
+    )
     ap.add_argument("--json", type=Path)
     ap.add_argument("--serve", action="store_true", help="also measure through dart-serve")
     args = ap.parse_args()
@@ -274,6 +299,13 @@ def main() -> None:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if methods[0] != "ar":
         methods.insert(0, "ar")
+    if args.weights:
+        weights = [float(w) for w in args.weights.split(",") if w.strip()]
+        methods = [
+            f"{m}@{w:g}" if w is not None else m
+            for m in methods
+            for w in (weights if m in LIVE_MIXES else [None])
+        ]
     runs = []
     identical = True
     for _ in range(max(1, args.repeats)):
@@ -303,6 +335,21 @@ def main() -> None:
         }
         for m in methods
     }
+    sweep = None
+    if args.weights and "dart" in methods:
+        sweep = {
+            m: {
+                "repetitive_vs_dart_mean": round(
+                    statistics.mean(table[m][c]["vs_dart"] for c in REPETITIVE if c in table[m]), 3
+                ),
+                "fresh_vs_dart": table[m].get("fresh", {}).get("vs_dart"),
+                "repetitive_tau_mean": round(
+                    statistics.mean(table[m][c]["tau"] for c in REPETITIVE if c in table[m]), 3
+                ),
+            }
+            for m in methods
+            if "@" in m
+        }
     mic = micro(dec.parts.index, dec.tokenizer, max(3, args.repeats))
     served = serve_section(args, torch.get_num_threads()) if args.serve else None
     report = {
@@ -326,6 +373,7 @@ def main() -> None:
         "repeats": args.repeats,
         "outputs_identical_to_ar": identical,
         "results": table,
+        "weight_sweep": sweep,
         "live_layer": mic,
         "serve": served,
     }
@@ -334,14 +382,16 @@ def main() -> None:
         f"{report['machine']['isa']}; {args.target} ({report['numerics']}), median of "
         f"{args.repeats}; tok/s (tau) [x dart]"
     )
-    print(f"{'method':<10}" + "".join(f"{c:>26}" for c in cats))
+    print(f"{'method':<16}" + "".join(f"{c:>26}" for c in cats))
     for m in methods:
         cells = []
         for c in cats:
             t = table[m][c]
             cells.append(f"{t['tok_s']:.1f} ({t['tau']:.2f}) [{t['vs_dart'] or 0:.2f}x]")
-        print(f"{m:<10}" + "".join(f"{x:>26}" for x in cells))
+        print(f"{m:<16}" + "".join(f"{x:>26}" for x in cells))
     print(f"outputs identical to ar: {identical}")
+    if sweep:
+        print("weight sweep: " + json.dumps(sweep))
     print(json.dumps(mic))
     if served:
         print("dart-serve, tok/s [x off]: " + json.dumps(served))

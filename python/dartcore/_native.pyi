@@ -15,6 +15,7 @@ __all__ = [
     "NgramIndex",
     "IndexBuilder",
     "merge_runs",
+    "merge_indexes",
     "merge_run_range",
     "set_num_threads",
     "num_threads",
@@ -41,6 +42,7 @@ __all__ = [
     "block_attention",
     "LayerStack",
     "LiveLayer",
+    "LiveDelta",
     "_bench",
     "_testing",
     "convert_dart_trie",
@@ -69,6 +71,21 @@ class LiveLayer:
     @property
     def vocab_size(self) -> int: ...
     def nbytes(self) -> int: ...
+    def save(self, path: str, metadata_json: str = "{}") -> dict[str, Any]: ...
+    def set_shared(self, deltas: list[LiveDelta]) -> None: ...
+    @property
+    def shared_count(self) -> int: ...
+
+@final
+class LiveDelta:
+    """A delta index mapped for sharing (use :class:`dartcore.live.SharedLive`)."""
+
+    def __new__(cls, path: str, vocab_size: int) -> LiveDelta: ...
+    @property
+    def tokens(self) -> int: ...
+    @property
+    def documents(self) -> int: ...
+    def metadata_json(self) -> str: ...
 
 @final
 class NgramIndex:
@@ -138,6 +155,19 @@ def convert_dart_trie(
     max_children: int | None = None,
     threads: int | None = None,
     progress: Callable[[str, int, int], object] | None = None,
+) -> dict[str, Any]: ...
+def merge_indexes(
+    inputs: list[str],
+    output: str,
+    *,
+    vocab_size: int,
+    metadata_json: str = "{}",
+    memory_limit: int = ...,
+    temp_dir: str | None = None,
+    min_count: int = 1,
+    max_children: int | None = None,
+    threads: int | None = None,
+    token_bits: int | None = None,
 ) -> dict[str, Any]: ...
 def merge_runs(
     runs: list[str],

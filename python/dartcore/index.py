@@ -36,6 +36,7 @@ __all__ = [
     "NgramIndex",
     "IndexBuilder",
     "build_index",
+    "merge_indexes",
     "merge_runs",
     "parse_size",
     "set_num_threads",
@@ -572,3 +573,57 @@ def num_threads() -> int:
     that is not an integer in 1..=MAX_THREADS is ignored with one warning on stderr (all
     CPUs are used), a larger one is capped at MAX_THREADS."""
     return _native.num_threads()
+
+
+def merge_indexes(
+    inputs: Sequence[str | os.PathLike], output: str | os.PathLike, *, force: bool = False
+) -> dict:
+    """Merge index files (a base and deltas, e.g. saved live layers) into a new file at
+    ``output`` -> summary dict. Its counts are the sums of theirs: it answers as an index
+    built from all their documents. ``output`` is written to a temporary file and renamed,
+    never over an input. Refused: inputs whose tokenizers differ, and (unless ``force``)
+    inputs where some name a tokenizer and others do not
+    (:class:`~dartcore.errors.TokenizerMismatchError`); different vocabulary sizes or an
+    input built with pruning (``min_count`` > 1, ``max_children``:
+    :class:`~dartcore.errors.IndexBuildError`); a corrupt or truncated input
+    (:class:`~dartcore.errors.IndexFormatError`). The metadata is the first input's, with the
+    totals of all and the names of the merged files."""
+    from dartcore.errors import IndexBuildError, TokenizerMismatchError
+
+    paths = [os.fspath(p) for p in inputs]
+    if not paths:
+        raise IndexBuildError("merge_indexes needs at least one input index")
+    stats = [NgramIndex(p).stats() for p in paths]
+    vocab = int(stats[0]["vocab_size"])
+    for p, st in zip(paths, stats, strict=True):
+        if st["vocab_size"] != vocab:
+            raise IndexBuildError(
+                f"{p} has vocabulary size {st['vocab_size']}, {paths[0]} {vocab}: indexes of "
+                "different tokenizers cannot be merged"
+            )
+    metas = [st.get("metadata", {}) for st in stats]
+    totals = {k: sum(int(st[k]) for st in stats) for k in ("documents", "tokens")}
+    toks = [m.get("tokenizer") or {} for m in metas]
+    prints = {t.get("fingerprint") for t in toks}
+    named = prints - {None}
+    if len(named) > 1 or (len(named) == 1 and None in prints and not force):
+        listed = ", ".join(
+            f"{p}: {t.get('name')!r} (fingerprint {t.get('fingerprint')})"
+            for p, t in zip(paths, toks, strict=True)
+        )
+        raise TokenizerMismatchError(
+            f"the inputs do not name one tokenizer ({listed}); inputs of different tokenizers "
+            "never merge, an input that names none (a live layer saved without one) merges "
+            "with force=True / --force"
+        )
+    meta = dict(metas[0])
+    meta.update(totals)
+    meta["merged"] = [os.path.basename(p) for p in paths]
+    return dict(
+        _native.merge_indexes(
+            paths,
+            os.fspath(output),
+            vocab_size=vocab,
+            metadata_json=json.dumps(meta, sort_keys=True),
+        )
+    )

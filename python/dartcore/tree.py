@@ -28,6 +28,7 @@ import numpy as np
 
 from dartcore import _native
 from dartcore.errors import TreeError
+from dartcore.live import LIVE_WEIGHT
 
 __all__ = [
     "ancestor_mask",
@@ -375,7 +376,7 @@ def beam_search(
     params: SearchParams | None = None,
     *,
     live: Any = None,
-    live_weight: float = 0.5,
+    live_weight: float = LIVE_WEIGHT,
     **overrides: Any,
 ) -> Tree:
     """DART's Eq. (10) beam search; the tree has at most ``max_nodes`` nodes plus the root.
@@ -420,7 +421,7 @@ def beam_search_batch(
     params: SearchParams | None = None,
     *,
     live: Any = None,
-    live_weight: float = 0.5,
+    live_weight: float = LIVE_WEIGHT,
     **overrides: Any,
 ) -> list[Tree]:
     """:func:`beam_search` for B sequences at once on dartcore's thread pool
@@ -457,7 +458,7 @@ def ngram_tree(
     params: SearchParams | None = None,
     *,
     live: Any = None,
-    live_weight: float = 0.5,
+    live_weight: float = LIVE_WEIGHT,
     **overrides: Any,
 ) -> Tree:
     """The n-gram-only tree (no drafter): level l expands each beam entry by the index's

@@ -278,7 +278,7 @@ class BeamBuilder:
             logprobs[:depth],
             self.search,
             live=live,
-            live_weight=self.live_weight if live is not None else 0.5,
+            live_weight=self.live_weight if live is not None else 0.0,
             max_nodes=budget,
             eos_token_ids=tuple(inputs.eos_token_ids),
         )

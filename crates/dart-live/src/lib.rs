@@ -10,12 +10,16 @@
 //!   reader takes the published copy (one `Arc` clone under a lock held for that clone alone)
 //!   and never waits on an insert; the writer waits for the last reader of the copy it is
 //!   about to write (a reader holding it for longer costs the writer a fresh copy of the
-//!   published one, never a deadlock). Memory is twice the window's.
+//!   published one, never a deadlock). Memory is twice the window's. It also holds the
+//!   *shared deltas* ([`LiveLayer::set_shared`]): other processes' windows, written as delta
+//!   indexes ([`write_delta`]) and mapped here, whose counts [`Mixed`] adds to the window's.
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
+mod delta;
 mod mixed;
 mod window;
 
+pub use delta::{open_delta, write_delta, Delta};
 pub use mixed::{live_probs, Mixed};
 use window::Op;
 pub use window::Window;
@@ -42,6 +46,7 @@ struct Writer {
 pub struct LiveLayer {
     published: RwLock<Arc<Window>>,
     writer: Mutex<Writer>,
+    shared: RwLock<Arc<[Arc<Delta>]>>,
 }
 
 impl LiveLayer {
@@ -51,7 +56,28 @@ impl LiveLayer {
         Ok(LiveLayer {
             published: RwLock::new(Arc::new(w.clone())),
             writer: Mutex::new(Writer { spare: Some(Arc::new(w)), pending: Vec::new() }),
+            shared: RwLock::new(Arc::from(Vec::new())),
         })
+    }
+
+    /// The shared deltas searches read beside the window (see [`Mixed`]).
+    pub fn shared(&self) -> Arc<[Arc<Delta>]> {
+        self.shared.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Replace the shared deltas (each of this layer's vocabulary); searches already running
+    /// keep the set they started with.
+    pub fn set_shared(&self, deltas: Vec<Arc<Delta>>) -> Result<(), Error> {
+        let vocab = self.snapshot().vocab_size();
+        if let Some(d) = deltas.iter().find(|d| d.vocab_size() != vocab) {
+            return Err(Error::Param {
+                name: "shared delta vocab_size",
+                value: d.vocab_size() as f64,
+                why: "must be the layer's own vocabulary size",
+            });
+        }
+        *self.shared.write().unwrap_or_else(PoisonError::into_inner) = Arc::from(deltas);
+        Ok(())
     }
 
     /// The window as of the last finished insert; hold it for one search.

@@ -1,25 +1,32 @@
 //! Eq. (10)'s g(v | c) over the static index and the live window together.
 //!
-//! The live window answers like the index does (the longest context seen: count(a, b, v) /
-//! total(a, b), else count(b, v) / total(b)) but has no unigram level: below the one-token
-//! context its g is 0. The two are interpolated per last token b:
+//! The live side is the window plus the shared deltas (other processes' windows), their counts
+//! added: count(c, v) and total(c) are sums over the sources. It answers like the index does
+//! (the longest context seen: count(a, b, v) / total(a, b), else count(b, v) / total(b)) but
+//! has no unigram level: below the one-token context its g is 0. The static and live sides
+//! are interpolated per last token b:
 //!
 //! g(v | a, b) = (1 - λ_b) · g_static(v | a, b) + λ_b · g_live(v | a, b),
-//! λ_b = `weight` when the window has seen b followed by anything, else 0.
+//! λ_b = `weight` when a live source has seen b followed by anything, else 0.
 //!
 //! λ depends only on b, so where neither source has seen (a, b, v) the mix backs off to exactly
 //! the mix at context (b): the property the search's column sharing relies on
 //! ([`NgramScorer::trigram_probs`]).
+use std::sync::Arc;
+
 use dart_tree::{NgramScorer, Result};
 
-use crate::window::{key2, Window};
+use crate::delta::Delta;
+use crate::window::{key2, Counts, Window};
 
-/// The static scorer `base` and the live window `live` mixed with weight `weight` in [0, 1].
-/// `unigram_backoff` must be the search's own flag: [`NgramScorer::trigram_probs`] does not
-/// receive it, and a mixed value's static term may back off to the unigram level.
+/// The static scorer `base` and the live side (the window `live` and the shared deltas
+/// `shared`) mixed with weight `weight` in [0, 1]. `unigram_backoff` must be the search's own
+/// flag: [`NgramScorer::trigram_probs`] does not receive it, and a mixed value's static term
+/// may back off to the unigram level.
 pub struct Mixed<'a, S: NgramScorer + ?Sized> {
     pub base: &'a S,
     pub live: &'a Window,
+    pub shared: &'a [Arc<Delta>],
     pub weight: f64,
     pub unigram_backoff: bool,
 }
@@ -27,36 +34,60 @@ pub struct Mixed<'a, S: NgramScorer + ?Sized> {
 impl<S: NgramScorer + ?Sized> Mixed<'_, S> {
     fn lambda(&self, context: &[u32]) -> f64 {
         match context.last() {
-            Some(b) if self.live.bi.contains_key(b) => self.weight,
+            Some(&b) if knows(self.live, self.shared, b) => self.weight,
             _ => 0.0,
         }
     }
 
-    /// The window's own g (no unigram level), for each candidate.
+    /// The live side's own g (no unigram level), for each candidate.
     pub fn live_probs(&self, context: &[u32], candidates_sorted: &[u32], out: &mut [f64]) {
-        live_probs(self.live, context, candidates_sorted, out)
+        live_probs(self.live, self.shared, context, candidates_sorted, out)
     }
 }
 
-/// The window's g(v | context): the trigram level where seen, else the bigram level, else 0.
-pub fn live_probs(live: &Window, context: &[u32], candidates_sorted: &[u32], out: &mut [f64]) {
+/// Whether a live source has seen `b` followed by anything.
+fn knows(live: &Window, shared: &[Arc<Delta>], b: u32) -> bool {
+    // `counts` of no token: total(b) alone, from b's unigram record (no search).
+    live.bi.contains_key(&b) || shared.iter().any(|d| d.counts(&[b], &[], &mut []) > 0)
+}
+
+/// Summed counts of `context` (one or two tokens) over the sources: count(context, v) / total
+/// for each candidate whose summed count is non-zero, into `out` where it is NaN on entry.
+/// Each delta resolves the context once for all candidates ([`dart_ngram::Index::counts`]).
+fn seen_summed(live: Option<&Counts>, shared: &[Arc<Delta>], context: &[u32], cands: &[u32], out: &mut [f64]) {
+    let mut n: Vec<u64> = cands.iter().map(|&v| live.and_then(|c| c.get(v)).map_or(0, u64::from)).collect();
+    let mut total = live.map_or(0, |c| c.total);
+    if !shared.is_empty() {
+        let mut one = vec![0u64; cands.len()];
+        for d in shared {
+            total += d.counts(context, cands, &mut one);
+            for (x, y) in n.iter_mut().zip(&one) {
+                *x += y;
+            }
+        }
+    }
+    if total == 0 {
+        return;
+    }
+    for (o, &x) in out.iter_mut().zip(&n) {
+        if o.is_nan() && x > 0 {
+            *o = x as f64 / total as f64;
+        }
+    }
+}
+
+/// The live g(v | context) of the window and the shared deltas: the trigram level where seen,
+/// else the bigram level, else 0.
+pub fn live_probs(live: &Window, shared: &[Arc<Delta>], context: &[u32], candidates_sorted: &[u32], out: &mut [f64]) {
     out.fill(f64::NAN);
     let n = context.len();
     if n >= 2 {
-        if let Some(c) = live.tri.get(&key2(context[n - 2], context[n - 1])) {
-            c.seen_sorted(candidates_sorted, out);
-        }
+        let (a, b) = (context[n - 2], context[n - 1]);
+        seen_summed(live.tri.get(&key2(a, b)).map(|e| &e.counts), shared, &[a, b], candidates_sorted, out);
     }
     if n >= 1 {
-        if let Some(c) = live.bi.get(&context[n - 1]) {
-            for (i, o) in out.iter_mut().enumerate() {
-                if o.is_nan() {
-                    let mut one = [f64::NAN];
-                    c.seen_sorted(&candidates_sorted[i..=i], &mut one);
-                    *o = one[0];
-                }
-            }
-        }
+        let b = context[n - 1];
+        seen_summed(live.bi.get(&b), shared, &[b], candidates_sorted, out);
     }
     for o in out.iter_mut() {
         if o.is_nan() {
@@ -90,9 +121,13 @@ impl<S: NgramScorer + ?Sized> NgramScorer for Mixed<'_, S> {
             return; // the window has not seen b, hence no (a, b, v) either
         }
         let mut live3 = vec![f64::NAN; out.len()];
-        if let Some(c) = self.live.tri.get(&key2(context[0], context[1])) {
-            c.seen_sorted(candidates_sorted, &mut live3);
-        }
+        seen_summed(
+            self.live.tri.get(&key2(context[0], context[1])).map(|e| &e.counts),
+            self.shared,
+            &context,
+            candidates_sorted,
+            &mut live3,
+        );
         if out.iter().zip(&live3).all(|(s, l)| s.is_nan() && l.is_nan()) {
             return;
         }
@@ -110,10 +145,14 @@ impl<S: NgramScorer + ?Sized> NgramScorer for Mixed<'_, S> {
 
     fn backoff_bound(&self, b: u32, unigram_backoff: bool) -> f64 {
         let s = self.base.backoff_bound(b, unigram_backoff);
-        match self.live.bi.get(&b) {
-            Some(c) => (1.0 - self.weight) * s + self.weight * c.max_prob(),
-            None => s,
+        if !knows(self.live, self.shared, b) {
+            return s;
         }
+        // A ratio of summed counts is a weighted mean of the sources' ratios, so the largest
+        // source's bound holds for the sum.
+        let own = self.live.bi.get(&b).map_or(0.0, Counts::max_prob);
+        let live = self.shared.iter().map(|d| d.max_backoff_prob(b, false)).fold(own, f64::max);
+        (1.0 - self.weight) * s + self.weight * live
     }
 
     fn top_children(
@@ -131,10 +170,17 @@ impl<S: NgramScorer + ?Sized> NgramScorer for Mixed<'_, S> {
         }
         let mut cands: Vec<u32> = tokens.clone();
         let n = context.len();
-        let live_ctx = if n >= 2 { self.live.tri.get(&key2(context[n - 2], context[n - 1])) } else { None };
+        let live_ctx =
+            if n >= 2 { self.live.tri.get(&key2(context[n - 2], context[n - 1])).map(|e| &e.counts) } else { None };
         let live_ctx = live_ctx.or_else(|| context.last().and_then(|b| self.live.bi.get(b)));
         if let Some(c) = live_ctx {
             cands.extend(c.entries().map(|e| e.0));
+        }
+        let mut kids = dart_ngram::Children::new();
+        for d in self.shared {
+            if d.children(context, k, &mut kids).is_ok() {
+                cands.extend_from_slice(kids.tokens());
+            }
         }
         cands.sort_unstable();
         cands.dedup();

@@ -86,7 +86,7 @@ proptest! {
         prop_assert_eq!(w.len(), f.len());
         let cands: Vec<u32> = (0..6).collect();
         let mut got = vec![0.0; 6];
-        live_probs(&w, &ctx, &cands, &mut got);
+        live_probs(&w, &[], &ctx, &cands, &mut got);
         for v in 0..6u32 {
             let want = brute_g(&f, &ctx, v);
             prop_assert!((got[v as usize] - want).abs() < 1e-12, "g({v}|{ctx:?}) {} vs {want}", got[v as usize]);
@@ -106,7 +106,7 @@ proptest! {
         let cands: Vec<u32> = (0..120).collect();
         for ctx in [vec![0], vec![a, 0], vec![0, a]] {
             let mut got = vec![0.0; 120];
-            live_probs(&w, &ctx, &cands, &mut got);
+            live_probs(&w, &[], &ctx, &cands, &mut got);
             for v in 0..120u32 {
                 let want = brute_g(&f, &ctx, v);
                 prop_assert!((got[v as usize] - want).abs() < 1e-12, "g({v}|{ctx:?}) {} vs {want}", got[v as usize]);
@@ -122,7 +122,7 @@ proptest! {
             w
         };
         let base = Window::new(64, 6).unwrap(); // an empty static source: everything backs off
-        let m = Mixed { base: &Static(&base), live: &w, weight, unigram_backoff: uni };
+        let m = Mixed { base: &Static(&base), live: &w, shared: &[], weight, unigram_backoff: uni };
         let cands: Vec<u32> = (0..6).collect();
         let mut tri = vec![0.0; 6];
         m.trigram_probs([a, b], &cands, &mut tri);
@@ -150,7 +150,7 @@ impl NgramScorer for Static<'_> {
         self.0.vocab_size()
     }
     fn cond_probs(&self, context: &[u32], c: &[u32], uni: bool, out: &mut [f64]) {
-        live_probs(self.0, context, c, out);
+        live_probs(self.0, &[], context, c, out);
         if uni {
             for o in out.iter_mut() {
                 if *o == 0.0 {
@@ -179,9 +179,9 @@ fn eviction_leaves_nothing_behind() {
     w.insert(&[1, 2, 3, 4, 5, 6, 7, 8, 9]); // longer than the window: its last 7 tokens stay
     assert_eq!(w.tail(8), vec![u32::MAX, 3, 4, 5, 6, 7, 8, 9]);
     let mut g = vec![0.0; 1];
-    live_probs(&w, &[3, 4], &[5], &mut g);
+    live_probs(&w, &[], &[3, 4], &[5], &mut g);
     assert_eq!(g[0], 1.0);
-    live_probs(&w, &[0], &[3], &mut g);
+    live_probs(&w, &[], &[0], &[3], &mut g);
     assert_eq!(g[0], 0.0, "evicted n-grams are gone");
     assert_eq!(w.suffix_match(&[9, 3, 4], 3, 2, 4), vec![5, 6, 7]);
     w.clear();
@@ -237,4 +237,71 @@ fn readers_see_whole_inserts_while_a_writer_runs() {
     layer.insert(&[3, 4]).unwrap();
     assert_eq!(layer.snapshot().inserted(), 4);
     assert_eq!(s.inserted(), 8000, "a snapshot never changes");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+
+    /// A window plus the deltas of other windows reads as one window over all their documents.
+    #[test]
+    fn shared_deltas_add_their_counts(own in docs_strategy(), others in prop::collection::vec(docs_strategy(), 1..3),
+                                      ctx in prop::collection::vec(0u32..6, 0..3), weight in 0.0f64..1.0, uni in any::<bool>()) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Window::new(1 << 12, 6).unwrap();
+        let mut union = Window::new(1 << 12, 6).unwrap();
+        for d in &own { w.insert(d); union.insert(d); }
+        let mut deltas = Vec::new();
+        for (i, docs) in others.iter().enumerate() {
+            let mut o = Window::new(1 << 12, 6).unwrap();
+            for d in docs { o.insert(d); union.insert(d); }
+            let p = dir.path().join(format!("{i}.delta"));
+            write_delta(&o, &p, "{}").unwrap();
+            deltas.push(Arc::new(open_delta(&p, 6).unwrap()));
+        }
+        let cands: Vec<u32> = (0..6).collect();
+        let (mut got, mut want) = (vec![0.0; 6], vec![0.0; 6]);
+        live_probs(&w, &deltas, &ctx, &cands, &mut got);
+        live_probs(&union, &[], &ctx, &cands, &mut want);
+        for i in 0..6 {
+            prop_assert!((got[i] - want[i]).abs() < 1e-12, "g({i}|{ctx:?}) {} vs {}", got[i], want[i]);
+        }
+        let base = Window::new(64, 6).unwrap();
+        let m = Mixed { base: &Static(&base), live: &w, shared: &deltas, weight, unigram_backoff: uni };
+        let u = Mixed { base: &Static(&base), live: &union, shared: &[], weight, unigram_backoff: uni };
+        m.cond_probs(&ctx, &cands, uni, &mut got);
+        u.cond_probs(&ctx, &cands, uni, &mut want);
+        for i in 0..6 {
+            prop_assert!((got[i] - want[i]).abs() < 1e-12);
+        }
+        if let Some(&b) = ctx.last() {
+            let mut back = vec![0.0; 6];
+            m.cond_probs(&[b], &cands, uni, &mut back);
+            let bound = m.backoff_bound(b, uni);
+            prop_assert!(back.iter().all(|&g| g <= bound + 1e-12));
+        }
+    }
+}
+
+#[test]
+fn a_delta_holds_the_window_documents() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Window::new(7, 10).unwrap();
+    w.insert(&[1, 2, 3, 4]);
+    w.insert(&[5, 6, 7]); // 1 is evicted: the window holds [2 3 4] | [5 6 7]
+    assert_eq!(w.documents().collect::<Vec<_>>(), vec![vec![2, 3, 4], vec![5, 6, 7]]);
+    let p = dir.path().join("x.delta");
+    write_delta(&w, &p, "{}").unwrap();
+    let d = open_delta(&p, 10).unwrap();
+    assert_eq!(d.header().tokens, 6);
+    assert_eq!(d.count(&[2, 3], 4), (1, 1));
+    assert_eq!(d.count(&[1], 2), (0, 0));
+    assert!(matches!(open_delta(&p, 11), Err(dart_ngram::Error::Merge(_))));
+    let bytes = std::fs::read(&p).unwrap();
+    std::fs::write(&p, &bytes[..bytes.len() - 9]).unwrap();
+    assert!(matches!(open_delta(&p, 10), Err(dart_ngram::Error::Format(_))));
+    std::fs::write(&p, b"not an index at all").unwrap();
+    assert!(matches!(open_delta(&p, 10), Err(dart_ngram::Error::Format(_))));
+    let layer = LiveLayer::new(16, 10).unwrap();
+    assert!(layer.set_shared(vec![Arc::new(d)]).is_ok());
+    assert_eq!(layer.shared().len(), 1);
 }

@@ -41,11 +41,17 @@ pub(crate) type Map<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 const SMALL: usize = 48;
 
 /// Continuation counts of one context: (token, count) pairs and their sum.
+///
+/// Most contexts have one continuation, kept inline in `one` (no heap access beyond the
+/// table's own entry: an insert is mostly cache misses, one per table entry and buffer it
+/// touches); a second one moves both to `small`, a sorted vector up to [`SMALL`] entries, then
+/// to `big`, a boxed hash table (boxed: an entry of every context stays small).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Counts {
     pub(crate) total: u64,
+    one: (u32, u32),        // the only continuation while `small` is empty and `big` is None
     small: Vec<(u32, u32)>, // sorted by token while `big` is None
-    big: Option<Map<u32, u32>>,
+    big: Option<Box<Map<u32, u32>>>,
 }
 
 impl Counts {
@@ -55,6 +61,15 @@ impl Counts {
             *m.entry(v).or_insert(0) += 1;
             return;
         }
+        if self.small.is_empty() {
+            if self.one.1 == 0 || self.one.0 == v {
+                self.one = (v, self.one.1 + 1);
+                return;
+            }
+            let first = std::mem::take(&mut self.one);
+            self.small = if first.0 < v { vec![first, (v, 1)] } else { vec![(v, 1), first] };
+            return;
+        }
         match self.small.binary_search_by_key(&v, |e| e.0) {
             Ok(i) => self.small[i].1 += 1,
             Err(i) if self.small.len() < SMALL => self.small.insert(i, (v, 1)),
@@ -62,7 +77,7 @@ impl Counts {
                 let mut m: Map<u32, u32> = self.small.drain(..).collect();
                 m.insert(v, 1);
                 self.small = Vec::new();
-                self.big = Some(m);
+                self.big = Some(Box::new(m));
             }
         }
     }
@@ -79,6 +94,13 @@ impl Counts {
             }
             return m.is_empty();
         }
+        if self.small.is_empty() {
+            if self.one.1 > 0 && self.one.0 == v {
+                self.total -= 1;
+                self.one.1 -= 1;
+            }
+            return self.one.1 == 0;
+        }
         if let Ok(i) = self.small.binary_search_by_key(&v, |e| e.0) {
             self.total -= 1;
             self.small[i].1 -= 1;
@@ -89,9 +111,10 @@ impl Counts {
         self.small.is_empty()
     }
 
-    fn get(&self, v: u32) -> Option<u32> {
+    pub(crate) fn get(&self, v: u32) -> Option<u32> {
         match &self.big {
             Some(m) => m.get(&v).copied(),
+            None if self.small.is_empty() => (self.one.1 > 0 && self.one.0 == v).then_some(self.one.1),
             None => self.small.binary_search_by_key(&v, |e| e.0).ok().map(|i| self.small[i].1),
         }
     }
@@ -100,17 +123,8 @@ impl Counts {
     pub(crate) fn entries(&self) -> Box<dyn Iterator<Item = (u32, u32)> + '_> {
         match &self.big {
             Some(m) => Box::new(m.iter().map(|(&t, &c)| (t, c))),
+            None if self.small.is_empty() => Box::new((self.one.1 > 0).then_some(self.one).into_iter()),
             None => Box::new(self.small.iter().copied()),
-        }
-    }
-
-    /// count(v)/total for each of `candidates_sorted` seen here; others untouched.
-    pub(crate) fn seen_sorted(&self, candidates_sorted: &[u32], out: &mut [f64]) {
-        let tot = self.total as f64;
-        for (&v, o) in candidates_sorted.iter().zip(out.iter_mut()) {
-            if let Some(c) = self.get(v) {
-                *o = c as f64 / tot;
-            }
         }
     }
 
@@ -127,12 +141,54 @@ impl Counts {
     fn nbytes(&self) -> usize {
         use std::mem::size_of;
         self.small.capacity() * size_of::<(u32, u32)>()
-            + self.big.as_ref().map_or(0, |m| m.capacity() * (size_of::<(u32, u32)>() + 1))
+            + self.big.as_ref().map_or(0, |m| size_of::<Map<u32, u32>>() + m.capacity() * (size_of::<(u32, u32)>() + 1))
     }
 }
 
 pub(crate) fn key2(a: u32, b: u32) -> u64 {
     ((a as u64) << 32) | b as u64
+}
+
+/// A two-token context (a, b): its continuation counts and where it occurred. One table for
+/// both: an insert or eviction looks the key up once, not twice (insert of a 128-token output
+/// with two tables ~20 % slower, tools/bench_live.py).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Tri {
+    pub(crate) counts: Counts,
+    /// Absolute positions p such that tokens[p-2..p] = (a, b), oldest first: the oldest inline
+    /// (most keys occur once), the others in `rest`; as many as `counts.total`.
+    first: u64,
+    rest: VecDeque<u64>,
+}
+
+impl Tri {
+    fn push(&mut self, t: u32, q: u64) {
+        if self.counts.total == 0 {
+            self.first = q;
+        } else {
+            self.rest.push_back(q);
+        }
+        self.counts.add(t);
+    }
+
+    /// Drop the oldest occurrence (at `p`, followed by `t`); true when none is left.
+    fn pop(&mut self, t: u32, p: u64) -> bool {
+        debug_assert_eq!(self.first, p);
+        let _ = p;
+        self.counts.remove(t);
+        match self.rest.pop_front() {
+            Some(q) => {
+                self.first = q;
+                false
+            }
+            None => true,
+        }
+    }
+
+    /// Positions, latest first.
+    fn latest_first(&self) -> impl Iterator<Item = u64> + '_ {
+        self.rest.iter().rev().copied().chain((self.counts.total > 0).then_some(self.first))
+    }
 }
 
 /// One operation on the window, replayed on both copies of a [`crate::LiveLayer`].
@@ -151,9 +207,7 @@ pub struct Window {
     tokens: VecDeque<u32>,
     base: u64,
     pub(crate) bi: Map<u32, Counts>,
-    pub(crate) tri: Map<u64, Counts>,
-    /// (a, b) -> absolute positions p such that tokens[p-2..p] = (a, b), oldest first.
-    follow: Map<u64, VecDeque<u64>>,
+    pub(crate) tri: Map<u64, Tri>,
     inserted: u64,
 }
 
@@ -177,7 +231,6 @@ impl Window {
             base: 0,
             bi: Map::default(),
             tri: Map::default(),
-            follow: Map::default(),
             inserted: 0,
         })
     }
@@ -264,8 +317,7 @@ impl Window {
         if a == SEP {
             return;
         }
-        self.tri.entry(key2(a, b)).or_default().add(t);
-        self.follow.entry(key2(a, b)).or_default().push_back(q);
+        self.tri.entry(key2(a, b)).or_default().push(t, q);
     }
 
     /// Drop the oldest token and every n-gram that starts with it.
@@ -283,15 +335,8 @@ impl Window {
                     let c = self.at(p + 2);
                     if c != SEP {
                         let k = key2(a, b);
-                        if self.tri.get_mut(&k).is_some_and(|n| n.remove(c)) {
+                        if self.tri.get_mut(&k).is_some_and(|e| e.pop(c, p + 2)) {
                             self.tri.remove(&k);
-                        }
-                        if let Some(q) = self.follow.get_mut(&k) {
-                            debug_assert_eq!(q.front(), Some(&(p + 2)));
-                            q.pop_front();
-                            if q.is_empty() {
-                                self.follow.remove(&k);
-                            }
                         }
                     }
                 }
@@ -306,7 +351,6 @@ impl Window {
         self.tokens.clear();
         self.bi.clear();
         self.tri.clear();
-        self.follow.clear();
         self.inserted = 0;
     }
 
@@ -319,12 +363,12 @@ impl Window {
         if n < 2 || max_len == 0 || max_match < 2 || min_match > max_match {
             return Vec::new();
         }
-        let Some(hits) = self.follow.get(&key2(context[n - 2], context[n - 1])) else {
+        let Some(hits) = self.tri.get(&key2(context[n - 2], context[n - 1])) else {
             return Vec::new();
         };
         let end = self.end();
         let mut best: Option<(usize, u64)> = None;
-        for &q in hits.iter().rev().take(MAX_PROBES) {
+        for q in hits.latest_first().take(MAX_PROBES) {
             if q >= end || self.at(q) == SEP {
                 continue; // the key ends the window or its document: nothing follows
             }
@@ -371,10 +415,21 @@ impl Window {
         self.tokens.capacity() * 4
             + map(self.bi.capacity(), size_of::<(u32, Counts)>())
             + self.bi.values().map(counts).sum::<usize>()
-            + map(self.tri.capacity(), size_of::<(u64, Counts)>())
-            + self.tri.values().map(counts).sum::<usize>()
-            + map(self.follow.capacity(), size_of::<(u64, VecDeque<u64>)>())
-            + self.follow.values().map(|q| q.capacity() * 8).sum::<usize>()
+            + map(self.tri.capacity(), size_of::<(u64, Tri)>())
+            + self.tri.values().map(|e| counts(&e.counts) + e.rest.capacity() * 8).sum::<usize>()
+    }
+
+    /// The documents held now, oldest first (the first may have lost its front to eviction):
+    /// exactly the token runs whose n-grams the window counts.
+    pub fn documents(&self) -> impl Iterator<Item = Vec<u32>> + '_ {
+        let (x, y) = self.tokens.as_slices();
+        let mut all = x.iter().chain(y).copied().peekable();
+        std::iter::from_fn(move || {
+            all.peek()?;
+            let doc: Vec<u32> = all.by_ref().take_while(|&t| t != SEP).collect();
+            Some(doc)
+        })
+        .filter(|d| !d.is_empty())
     }
 
     /// The last tokens of the window (at most `n`), separators as `u32::MAX`; for tests.

@@ -32,6 +32,9 @@ pub enum Error {
     /// A DART `.trie` file that cannot be converted ([`crate::convert_dart_trie`]).
     #[error("{}: {problem}", path.display())]
     Trie { path: PathBuf, problem: TrieProblem },
+    /// Indexes that cannot be merged: different vocabularies, or counts lost to pruning.
+    #[error("cannot merge: {0}")]
+    Merge(String),
     /// Bad build or query options.
     #[error("invalid option: {0}")]
     InvalidOption(String),

@@ -20,6 +20,10 @@ use memmap2::{Advice, Mmap, MmapOptions};
 use crate::error::{Error, Result};
 use crate::format::{self, get32, get64, Header, Sec, BLOCK, BLOCK3_LEN, SECTIONS, TOPK_K, TOPK_ROW, UNI_LEN};
 
+#[path = "reader_keys.rs"]
+mod keys;
+pub use keys::Keys;
+
 /// Options of [`Index::open_with`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct OpenOptions {
@@ -780,6 +784,33 @@ impl<D: AsRef<[u8]>> Index<D> {
                 None => (0, 0),
             },
         }
+    }
+
+    /// [`Index::count`] for many tokens of one context, resolved once: `out[i]` =
+    /// count(context, `tokens[i]`) (any order); returns total(context) (0 when the context is
+    /// not in the index, and then every count is 0).
+    ///
+    /// # Panics
+    /// If `out.len() != tokens.len()` (a programming error of the caller).
+    pub fn counts(&self, context: &[u32], tokens: &[u32], out: &mut [u64]) -> u64 {
+        assert_eq!(out.len(), tokens.len(), "counts: out and tokens differ in length");
+        out.fill(0);
+        let n = context.len();
+        let (lv, c) = match n {
+            0 => {
+                for (o, &t) in out.iter_mut().zip(tokens) {
+                    *o = self.uni_count(t);
+                }
+                return self.h.tokens;
+            }
+            1 => (self.l2(), self.ctx1(context[0])),
+            _ => (self.l3(), self.ctx2_of(context[n - 2], context[n - 1])),
+        };
+        let Some(c) = c else { return 0 };
+        for (o, &t) in out.iter_mut().zip(tokens) {
+            *o = lv.find(c.s, c.e, t).and_then(|j| Some(lv.count_of(j, lv.word(j)?))).unwrap_or(0);
+        }
+        c.total
     }
 
     /// g(v|c) of docs/architecture.md: count(c,v)/total(c) for the longest suffix c of `context`

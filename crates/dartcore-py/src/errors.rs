@@ -8,7 +8,7 @@
 //! | `dart_ngram::Error::NotAFile`          | `dartcore.IndexPathError`   |
 //! | `dart_ngram::Error::Io`                | `OSError`                   |
 //! | `dart_ngram::Error::Format`, `Trie`    | `dartcore.IndexFormatError` |
-//! | `dart_ngram::Error::Run`               | `dartcore.IndexBuildError`  |
+//! | `dart_ngram::Error::Run`, `Merge`      | `dartcore.IndexBuildError`  |
 //! | `TokenOutOfRange`, `InvalidOption`     | `ValueError`                |
 //! | any other `dart_ngram::Error`          | `dartcore.DartError`        |
 //! | `dart_tree::Error::Index(e)`           | as `dart_ngram` above       |
@@ -91,7 +91,7 @@ pub(crate) fn ngram(e: dart_ngram::Error) -> PyErr {
         E::NotAFile { .. } => new(Kind::IndexPath, msg),
         E::Io { .. } => PyOSError::new_err(msg),
         E::Format(_) | E::Trie { .. } => new(Kind::IndexFormat, msg),
-        E::Run { .. } => new(Kind::IndexBuild, msg),
+        E::Run { .. } | E::Merge(_) => new(Kind::IndexBuild, msg),
         E::TokenOutOfRange { .. } | E::InvalidOption(_) => PyValueError::new_err(msg),
         _ => new(Kind::Dart, msg),
     }

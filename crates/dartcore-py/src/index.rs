@@ -1,4 +1,5 @@
-//! Bindings of dart-ngram: `NgramIndex`, `IndexBuilder`, `merge_runs`, pool controls.
+//! Bindings of dart-ngram: `NgramIndex`, `IndexBuilder`, `merge_runs`, `merge_indexes`, pool
+//! controls.
 //! Thin: convert, release the GIL (`py.detach`), call one core function, convert back; every
 //! body runs inside `errors::guard`, so a panic is an `InternalError`, never `PanicException`.
 //! Arguments are validated (types, shapes, ranges) by the wrapper `dartcore.index`; the ranges
@@ -392,6 +393,30 @@ fn merge_runs<'py>(
     })
 }
 
+/// Merge index files into one: merge_indexes(inputs, output, *, metadata_json, and the build
+/// options ([`BuildArgs`], `vocab_size` required)); see `dart_ngram::merge_indexes`.
+#[pyfunction]
+#[pyo3(signature = (inputs, output, *, metadata_json = "{}", **options))]
+fn merge_indexes<'py>(
+    py: Python<'py>,
+    inputs: Vec<PathBuf>,
+    output: PathBuf,
+    metadata_json: &str,
+    options: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    guard("merge_indexes", || {
+        let opts = BuildArgs::options(py, "merge_indexes", options, None, &[])?;
+        let s = py
+            .detach(|| {
+                let ixs = inputs.iter().map(Index::open).collect::<dart_ngram::Result<Vec<_>>>()?;
+                let refs: Vec<&Index<Mmap>> = ixs.iter().collect();
+                dart_ngram::merge_indexes(&refs, &output, &opts, metadata_json)
+            })
+            .map_err(errors::ngram)?;
+        summary_dict(py, &s)
+    })
+}
+
 /// One partition of a partitioned reduce: the runs' entries with `lo <= key < hi`, merged
 /// into one sorted run at `output` (see `dart_ngram::merge_run_range`).
 #[pyfunction]
@@ -461,6 +486,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyNgramIndex>()?;
     m.add_class::<PyIndexBuilder>()?;
     m.add_function(wrap_pyfunction!(merge_runs, m)?)?;
+    m.add_function(wrap_pyfunction!(merge_indexes, m)?)?;
     m.add_function(wrap_pyfunction!(merge_run_range, m)?)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;

@@ -1,12 +1,16 @@
-//! Bindings of dart-live: the live n-gram layer (`dartcore._native.LiveLayer`).
-//! Inserts and queries release the GIL; the search functions of `tree.rs` take a layer too.
+//! Bindings of dart-live: the live n-gram layer (`dartcore._native.LiveLayer`) and the delta
+//! indexes it writes and shares (`dartcore._native.LiveDelta`). Inserts, queries, saves and
+//! opens release the GIL; the search functions of `tree.rs` take a layer too.
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use dart_live::{live_probs, LiveLayer};
+use dart_live::{live_probs, open_delta, write_delta, Delta, LiveLayer};
 use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use crate::errors::{self, guard, Kind};
+use crate::index::summary_dict;
 use crate::tree::ids;
 
 /// Map a dart-live error to `dartcore.DartError` (bad parameters, foreign ids).
@@ -79,13 +83,36 @@ impl PyLiveLayer {
             order.sort_by_key(|&i| c[i]);
             let sorted: Vec<u32> = order.iter().map(|&i| c[i]).collect();
             let mut out = vec![0.0; c.len()];
-            live_probs(&self.inner.snapshot(), &ctx, &sorted, &mut out);
+            live_probs(&self.inner.snapshot(), &self.inner.shared(), &ctx, &sorted, &mut out);
             let mut res = vec![0.0; c.len()];
             for (k, &i) in order.iter().enumerate() {
                 res[i] = out[k];
             }
             Ok(PyArray1::from_vec(py, res))
         })
+    }
+
+    /// Write the window as a delta index at `path` (temporary file, then rename).
+    #[pyo3(signature = (path, metadata_json = "{}"))]
+    fn save<'py>(&self, py: Python<'py>, path: PathBuf, metadata_json: &str) -> PyResult<Bound<'py, PyDict>> {
+        guard("LiveLayer.save", || {
+            let snap = self.inner.snapshot();
+            let s = py.detach(|| write_delta(&snap, &path, metadata_json)).map_err(errors::ngram)?;
+            summary_dict(py, &s)
+        })
+    }
+
+    /// Read these deltas (other layers' saves) together with the window from now on.
+    fn set_shared(&self, deltas: Vec<PyRef<'_, PyLiveDelta>>) -> PyResult<()> {
+        guard("LiveLayer.set_shared", || {
+            self.inner.set_shared(deltas.iter().map(|d| d.inner.clone()).collect()).map_err(live_err)
+        })
+    }
+
+    /// Shared deltas read now.
+    #[getter]
+    fn shared_count(&self) -> usize {
+        self.inner.shared().len()
     }
 
     /// Tokens (and document separators) held now.
@@ -114,6 +141,39 @@ impl PyLiveLayer {
     }
 }
 
+/// A delta index mapped for sharing (fully verified at open, of one vocabulary).
+#[pyclass(frozen, name = "LiveDelta", module = "dartcore._native")]
+pub struct PyLiveDelta {
+    inner: Arc<Delta>,
+}
+
+#[pymethods]
+impl PyLiveDelta {
+    #[new]
+    fn new(py: Python<'_>, path: PathBuf, vocab_size: u32) -> PyResult<Self> {
+        guard("LiveDelta", || {
+            let d = py.detach(|| open_delta(&path, vocab_size)).map_err(errors::ngram)?;
+            Ok(PyLiveDelta { inner: Arc::new(d) })
+        })
+    }
+
+    /// Tokens the delta counts.
+    #[getter]
+    fn tokens(&self) -> u64 {
+        self.inner.header().tokens
+    }
+
+    #[getter]
+    fn documents(&self) -> u64 {
+        self.inner.header().documents
+    }
+
+    fn metadata_json(&self) -> String {
+        self.inner.metadata_json().to_string()
+    }
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PyLiveLayer>()
+    m.add_class::<PyLiveLayer>()?;
+    m.add_class::<PyLiveDelta>()
 }

@@ -144,12 +144,12 @@ fn scorer(index: Option<&Bound<'_, PyNgramIndex>>, p: &SearchParams) -> PyResult
     }
 }
 
-/// Run `f` on the index (or the absent model), mixed with the live layer's snapshot when one
-/// is given (`dart_live::Mixed`, weight `live_weight`). Dynamic dispatch costs one indirect
+/// Run `f` on the index (or the absent model), mixed with the live layer's snapshot and shared
+/// deltas when one is given (`dart_live::Mixed`, weight `live_weight`). Dynamic dispatch costs one indirect
 /// call per index query (about 200 per search), not measurable next to the search itself.
 fn run<T>(
     ix: &Option<Arc<Index<Mmap>>>,
-    live: &Option<(Arc<dart_live::Window>, f64)>,
+    live: &Option<LivePart>,
     unigram_backoff: bool,
     f: impl FnOnce(&dyn NgramScorer) -> T,
 ) -> T {
@@ -158,17 +158,20 @@ fn run<T>(
         None => &NoNgram,
     };
     match live {
-        Some((w, weight)) => f(&Mixed { base, live: w, weight: *weight, unigram_backoff }),
+        Some((w, shared, weight)) => f(&Mixed { base, live: w, shared, weight: *weight, unigram_backoff }),
         None => f(base),
     }
 }
 
+/// What one search reads of a live layer: its window, its shared deltas, the weight.
+type LivePart = (Arc<dart_live::Window>, Arc<[Arc<dart_live::Delta>]>, f64);
+
 /// The live layer's snapshot for one search, with its weight checked.
-fn live_part(live: Option<&Bound<'_, PyLiveLayer>>, weight: f64) -> PyResult<Option<(Arc<dart_live::Window>, f64)>> {
+fn live_part(live: Option<&Bound<'_, PyLiveLayer>>, weight: f64) -> PyResult<Option<LivePart>> {
     if !(0.0..=1.0).contains(&weight) {
         return Err(errors::tree_msg(format!("live_weight = {weight}: must be in [0, 1]")));
     }
-    Ok(live.map(|l| (l.get().inner.snapshot(), weight)))
+    Ok(live.map(|l| (l.get().inner.snapshot(), l.get().inner.shared(), weight)))
 }
 
 /// beam_search(index, context int64[L], topk_tokens int64[d,k], topk_logprobs float32[d,k], params) -> tree

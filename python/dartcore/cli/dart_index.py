@@ -1,8 +1,9 @@
-"""dart-index: install, verify and describe index files.
+"""dart-index: install, verify, describe and merge index files.
 
-dart-index install NEW TARGET   check NEW, then replace TARGET by rename
-dart-index verify PATH          full check of a file (checksums and structure)
-dart-index info PATH            sizes, nodes and metadata
+dart-index install NEW TARGET            check NEW, then replace TARGET by rename
+dart-index verify PATH                   full check of a file (checksums and structure)
+dart-index info PATH                     sizes, nodes and metadata
+dart-index merge BASE DELTA... -o OUT    BASE plus deltas (saved live layers) into a new file
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from dartcore.cli._help import HelpFormatter
 from dartcore.errors import DartError, IndexBuildError, IndexFormatError
 
-__all__ = ["main", "install"]
+__all__ = ["main", "install", "merge"]
 
 INSTALL_HELP = """\
 Why not `cp new.idx x.idx`: cp writes into the existing file, in place. Every process
@@ -173,6 +174,48 @@ def install(
     return target
 
 
+MERGE_HELP = """\
+A delta is an index too: a live layer saved with dartcore.live.LiveLayer.save (or the
+deltas dart-serve --learn-shared writes), or any index built without pruning. OUT counts
+what BASE and every DELTA count, as an index built from all their documents would; it is
+written to a temporary file and renamed, and never over an input. Inputs whose tokenizers
+differ (or whose vocabulary sizes differ, or that were built with --min-count > 1 or
+--max-children) are refused. Put OUT in service with dart-index install.
+
+examples:
+  dart-index merge /srv/idx/qwen3.idx /srv/live/worker-0.delta -o /srv/idx/qwen3.idx.new
+  dart-index install /srv/idx/qwen3.idx.new /srv/idx/qwen3.idx
+"""
+
+
+def merge(
+    base: str | os.PathLike,
+    deltas: list[str | os.PathLike],
+    output: str | os.PathLike,
+    *,
+    force: bool = False,
+    log=print,
+) -> dict:
+    """Merge ``deltas`` into ``base`` as a new index at ``output`` (see MERGE_HELP)."""
+    from dartcore.index import merge_indexes
+
+    inputs = [Path(p).expanduser() for p in [base, *deltas]]
+    out = Path(output).expanduser()
+    for p in inputs:
+        if not p.is_file():
+            raise FileNotFoundError(2, f"{p} is not an index file", str(p))
+        if out.exists() and os.path.samefile(p, out):
+            raise IndexBuildError(f"OUT {out} is the input {p}; write the merged index elsewhere")
+    t0 = time.monotonic()
+    s = merge_indexes(inputs, out, force=force)
+    log(
+        f"merged {len(inputs)} indexes into {out}: {s['tokens']:,} tokens, {s['nodes']:,} nodes "
+        f"in {time.monotonic() - t0:.1f} s",
+        file=sys.stderr,
+    )
+    return s
+
+
 def _info(path: Path, as_json: bool) -> None:
     from dartcore.index import NgramIndex
 
@@ -199,7 +242,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
         epilog=INSTALL_HELP,
     )
-    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{install,verify,info}")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{install,verify,info,merge}")
     p = sub.add_parser(
         "install",
         help="verify NEW, then replace TARGET by rename (safe for running readers)",
@@ -233,6 +276,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--json", action="store_true", help="print every statistic and the metadata as JSON"
     )
+    p = sub.add_parser(
+        "merge",
+        help="BASE plus deltas (saved live layers, other indexes) into a new index file",
+        description="Write a new index whose counts are those of BASE and every DELTA.",
+        epilog=MERGE_HELP,
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("base", metavar="BASE", type=Path, help="the base index")
+    p.add_argument("deltas", metavar="DELTA", type=Path, nargs="+", help="indexes to add to it")
+    p.add_argument("-o", "--output", required=True, type=Path, help="the merged index (a new file)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="merge inputs that name no tokenizer (a layer saved without one) with those that do",
+    )
     return ap
 
 
@@ -247,10 +305,12 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{args.path}: ok ({args.path.stat().st_size / 2**20:,.1f} MiB in {time.monotonic() - t0:.1f} s)"
             )
+        elif args.cmd == "merge":
+            merge(args.base, args.deltas, args.output, force=args.force)
         else:
             _info(args.path, args.json)
         return 0
-    except (DartError, OSError) as e:
+    except (DartError, OSError, ValueError) as e:
         print(f"dart-index: error ({type(e).__name__}): {e}", file=sys.stderr)
         return 2
 

@@ -164,6 +164,30 @@ def _parser() -> argparse.ArgumentParser:
         "1M shared)",
     )
     p.add_argument(
+        "--learn-shared",
+        metavar="DIR",
+        type=Path,
+        default=None,
+        help="share the workers' live layers through DIR (with --learn): each worker writes its "
+        "layer of a scope there as a delta index (by rename) and reads the other workers' of "
+        "that scope with its own; any process given the same DIR joins. Scope rules still "
+        "apply; tenants in one scope can time each other's text across workers",
+    )
+    p.add_argument(
+        "--learn-shared-every",
+        metavar="SECONDS",
+        type=float,
+        default=10.0,
+        help="a worker writes its delta of a scope at most this often, sooner after "
+        "--learn-shared-tokens new tokens (default 10)",
+    )
+    p.add_argument(
+        "--learn-shared-tokens",
+        type=_positive("--learn-shared-tokens"),
+        default=1 << 16,
+        help="new tokens in a layer that make its delta due before --learn-shared-every (default 65536)",
+    )
+    p.add_argument(
         "--drain-timeout",
         type=float,
         default=60.0,
@@ -207,6 +231,10 @@ def _check(args) -> None:
 
 
 def _run(args) -> int:
+    if args.learn_shared is not None and not args.learn:
+        raise UsageError("--learn-shared shares live layers: it needs --learn")
+    if not args.learn_shared_every > 0:
+        raise UsageError(f"--learn-shared-every must be > 0 seconds, got {args.learn_shared_every}")
     if args.engine_factory == DEFAULT_FACTORY:
         _check(args)
     import uvicorn
@@ -231,6 +259,9 @@ def _run(args) -> int:
         learn_scope=args.learn_scope,
         learn_scopes=args.learn_scopes,
         learn_capacity=args.learn_capacity,
+        learn_shared=str(args.learn_shared) if args.learn_shared is not None else None,
+        learn_shared_every=args.learn_shared_every,
+        learn_shared_tokens=args.learn_shared_tokens,
         default_max_tokens=args.default_max_tokens,
         tree_params=dict(args.tree_param),
         engine_factory=args.engine_factory,

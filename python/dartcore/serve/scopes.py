@@ -13,7 +13,8 @@ layer per *scope* (``--learn-scope tenant``, the default) or one for all its req
 * ``"anonymous"`` otherwise.
 
 :class:`LiveScopes` holds a worker's layers: at most ``max_scopes``, the least recently used
-evicted whole, each at most ``capacity`` tokens.
+evicted whole (``on_drop`` is told: dart-serve ``--learn-shared`` then removes the worker's
+delta of it), each at most ``capacity`` tokens.
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ class LiveScopes:
         mode: str = "tenant",
         max_scopes: int = 64,
         capacity: int | None = None,
+        on_drop=None,
     ):
         if mode not in SCOPE_MODES:
             raise ValueError(f"mode must be one of {SCOPE_MODES}, got {mode!r}")
@@ -123,6 +125,8 @@ class LiveScopes:
         self.max_scopes = max_scopes
         self.capacity = capacity
         self.evicted = 0
+        # called with (scope id, layer) when the least recently used layer is dropped
+        self.on_drop = on_drop
         self._layers: OrderedDict[str, LiveLayer] = OrderedDict()
 
     def _id(self, scope: str) -> str:
@@ -135,9 +139,11 @@ class LiveScopes:
         live = self._layers.get(sid)
         if live is None:
             while len(self._layers) >= self.max_scopes:
-                _, old = self._layers.popitem(last=False)
+                old_sid, old = self._layers.popitem(last=False)
                 old.clear()  # requests still running on it stop drafting from its text
                 self.evicted += 1
+                if self.on_drop is not None:
+                    self.on_drop(old_sid, old)
             live = self._layers[sid] = LiveLayer(self.vocab_size, self.capacity)
         else:
             self._layers.move_to_end(sid)
@@ -155,6 +161,10 @@ class LiveScopes:
                 live.clear()
                 dropped.append(sid)
         return {"scopes": dropped, "tokens": tokens}
+
+    def items(self) -> list[tuple[str, LiveLayer]]:
+        """(scope id, layer) pairs held, least recently used first."""
+        return list(self._layers.items())
 
     def scopes(self) -> list[str]:
         """Scope ids held, least recently used first."""

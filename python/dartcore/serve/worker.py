@@ -33,7 +33,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dartcore.errors import DartError
-from dartcore.index import DECODE_PREFAULT
+from dartcore.index import DECODE_PREFAULT, NgramIndex
+from dartcore.live import SharedLive
 from dartcore.prompts import TextStream, chat_ids, check_ids, decode, text_ids
 from dartcore.sampling import DEFAULTS
 from dartcore.serve.scopes import ANONYMOUS, LiveScopes
@@ -68,6 +69,12 @@ class WorkerConfig:
     learn_scope: str = "tenant"
     learn_scopes: int = 64
     learn_capacity: int | None = None
+    # a directory through which the workers share their layers (dartcore.live.SharedLive):
+    # each writes its delta of a scope every learn_shared_every seconds (sooner after
+    # learn_shared_tokens new tokens) and reads the others' of that scope
+    learn_shared: str | None = None
+    learn_shared_every: float = 10.0
+    learn_shared_tokens: int = 1 << 16
     # "module:function" returning a Loaded; the default loads the real model and Engine.
     engine_factory: str = "dartcore.serve.worker:load_engine"
 
@@ -161,6 +168,17 @@ class _Worker:
                 max_scopes=config.learn_scopes,
                 capacity=config.learn_capacity,
             )
+        self.shared: SharedLive | None = None
+        if self.scopes is not None and config.learn_shared:
+            self.shared = SharedLive(
+                config.learn_shared,
+                every_s=config.learn_shared_every,
+                every_tokens=config.learn_shared_tokens,
+                tokenizer=_index_tokenizer(config.index),
+            )
+            scopes = self.scopes
+            scopes.on_drop = self.shared.forget
+            self.shared.start(lambda: list(scopes.items()))
         self.draining = False
         # Counters the front turns into /metrics (cumulative since this process started).
         self.counters: dict[str, Any] = {"steps": 0, "step_s": 0.0, "finished": 0, "aborted": 0}
@@ -270,7 +288,11 @@ class _Worker:
         elif kind == "clear":
             result = {"scopes": [], "tokens": 0}
             if self.scopes is not None:
+                layers = dict(self.scopes.items())
                 result = self.scopes.clear(msg[2])
+                if self.shared is not None:
+                    for sid in result["scopes"]:
+                        self.shared.forget(sid, layers.get(sid))
             self.conn.send(("cleared", msg[1], result))
         elif kind == "exit":
             return False
@@ -341,6 +363,16 @@ class _Worker:
                 self.step()
             elif not busy:
                 conn.send(("step", [], self.snapshot()))
+
+
+def _index_tokenizer(path: str | None) -> dict | None:
+    """The tokenizer block of the index's metadata, recorded in the shared deltas."""
+    if not path:
+        return None
+    try:
+        return NgramIndex(path).metadata.get("tokenizer")
+    except (DartError, OSError, ValueError):
+        return None
 
 
 def _engine_totals(engine) -> dict:

@@ -169,3 +169,70 @@ pub fn merge_runs(
     s.write_seconds = s.seconds;
     Ok(s)
 }
+
+/// Merge indexes into one at `output` (temporary file + rename; never over an input): its
+/// counts are the sums of theirs, so it equals, byte for byte, the index built from all their
+/// documents with the same options. Every input is fully verified first and must have
+/// `options.vocab_size` and keep every n-gram (see [`crate::Keys`]); `options.min_count` and
+/// `max_children_per_context` apply to the merged counts. Memory: the writer's, plus the keys
+/// of one two-token context per input.
+pub fn merge_indexes<D: AsRef<[u8]>>(
+    inputs: &[&crate::Index<D>],
+    output: &Path,
+    options: &BuildOptions,
+    metadata_json: &str,
+) -> Result<BuildSummary> {
+    let started = Instant::now();
+    options.check()?;
+    if inputs.is_empty() {
+        return Err(Error::Merge("no input index".into()));
+    }
+    let paths: Vec<PathBuf> = inputs.iter().filter_map(|ix| ix.path().map(Path::to_path_buf)).collect();
+    check_output(output, &paths)?;
+    let name = |i: usize| inputs[i].path().map_or_else(|| format!("input {i}"), |p| p.display().to_string());
+    for (i, ix) in inputs.iter().enumerate() {
+        if ix.vocab_size() != options.vocab_size {
+            return Err(Error::Merge(format!(
+                "{} has vocabulary size {}, the merge {}: indexes of different tokenizers cannot be merged",
+                name(i),
+                ix.vocab_size(),
+                options.vocab_size
+            )));
+        }
+        ix.check(crate::Verify::Full)?;
+    }
+    let documents = inputs.iter().fold(0u64, |d, ix| d.saturating_add(ix.header().documents));
+    let mut streams: Vec<_> = inputs.iter().map(|ix| ix.keys()).collect();
+    let mut heap = BinaryHeap::with_capacity(streams.len());
+    for (i, s) in streams.iter_mut().enumerate() {
+        if let Some(x) = s.next() {
+            let (k, c) = x?;
+            heap.push(Reverse((k, i, c)));
+        }
+    }
+    let mut w = IndexWriter::new(options, output)?;
+    let mut cur: Option<(u64, u64)> = None;
+    while let Some(Reverse((k, i, c))) = heap.pop() {
+        match &mut cur {
+            Some((ck, cc)) if *ck == k => *cc = cc.saturating_add(c),
+            _ => {
+                if let Some((ck, cc)) = cur.take() {
+                    w.push(ck, cc)?;
+                }
+                cur = Some((k, c));
+            }
+        }
+        if let Some(x) = streams[i].next() {
+            let (k2, c2) = x?;
+            heap.push(Reverse((k2, i, c2)));
+        }
+    }
+    if let Some((ck, cc)) = cur {
+        w.push(ck, cc)?;
+    }
+    let mut s = w.finish(output, metadata_json, documents)?;
+    s.runs = inputs.len();
+    s.seconds = started.elapsed().as_secs_f64();
+    s.write_seconds = s.seconds;
+    Ok(s)
+}

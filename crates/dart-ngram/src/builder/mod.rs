@@ -30,6 +30,8 @@ mod runs;
 mod writer;
 
 pub use count::Builder;
-pub use merge::{merge_run_range, merge_runs};
+pub use merge::{merge_indexes, merge_run_range, merge_runs};
 pub use options::{BuildOptions, BuildSummary};
 pub(crate) use runs::write_run;
+/// The key layout, for reading an index back as keys (`crate::reader::Keys`).
+pub(crate) use runs::{key as pack_key, END as KEY_END};

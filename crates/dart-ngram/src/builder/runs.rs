@@ -9,14 +9,14 @@ use crate::error::{Error, Result};
 use crate::format::{self, MAX_TOKEN_BITS};
 
 pub(super) const F: u32 = MAX_TOKEN_BITS;
-pub(super) const END: u64 = (1 << F) - 1;
+pub(crate) const END: u64 = (1 << F) - 1;
 pub(super) const FMASK: u64 = (1 << F) - 1;
 const RUN_MAGIC: [u8; 8] = *b"DARTRUN1";
 const RUN_HEADER: usize = 64;
 const RUN_VERSION: u32 = 1;
 
 #[inline]
-pub(super) fn key(a: u32, b: u64, c: u64) -> u64 {
+pub(crate) fn key(a: u32, b: u64, c: u64) -> u64 {
     ((a as u64) << (2 * F)) | (b << F) | c
 }
 
