@@ -749,11 +749,12 @@ class ScreenedWeight:
     """An LM head's product on blocks, refined where it matters: ``blocks`` (a
     :class:`BlockWeight` of ``weight``, e.g. Q4_0) computes every output, then each row's
     ``screen`` largest outputs are computed again from the float ``weight`` itself (float32
-    dot products of the gathered rows, plus ``bias``). A drafter's search reads only the top
-    of each row, so its tokens and their log-probabilities come out as the float weight's
-    (unless the blocks' error pushes one of them below the ``screen`` best), while the head
-    streams the blocks' bytes: SmolLM2's drafter head as Q4_0 alone agrees with the fp16
-    head's top token 75% of the time, screened (64) 98%."""
+    dot products of those rows of it, plus ``bias``: ``refine_top``, natively). A drafter's
+    search reads only the top of each row, so its tokens and their log-probabilities come out
+    as the float weight's (unless the blocks' error pushes one of them below the ``screen``
+    best), while the head streams the blocks' bytes: SmolLM2's drafter head as Q4_0 alone
+    agrees with the fp16 head's top token 75% of the time, screened (32 or 64; its other layers
+    Q8_0) 98%."""
 
     __slots__ = ("blocks", "weight", "bias", "screen")
 
@@ -761,8 +762,8 @@ class ScreenedWeight:
         self, blocks: BlockWeight, weight: torch.Tensor, bias: torch.Tensor | None, screen: int
     ):
         self.blocks = blocks
-        self.weight = weight.detach().numpy()
-        self.bias = None if bias is None else bias.detach().numpy()
+        self.weight = np.ascontiguousarray(weight.detach().numpy())
+        self.bias = None if bias is None else np.ascontiguousarray(bias.detach().numpy())
         self.screen = min(int(screen), blocks.shape[0])
 
     @property
@@ -770,15 +771,20 @@ class ScreenedWeight:
         return self.blocks.shape
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        from dartcore import _native
-
         out = self.blocks(x)
         if out.dim() != 2 or out.shape[0] == 0 or out.requires_grad:
             return out
-        values = out.numpy()
-        best = _native.topk_logprobs(values, self.screen, None)[0]  # [rows, screen]
-        exact = np.matmul(self.weight[best], x.detach().float().numpy()[:, :, None])[:, :, 0]
-        if self.bias is not None:
-            exact += self.bias[best]
-        np.put_along_axis(values, best, exact, 1)
+        self.refine(out.numpy(), x.detach().float().contiguous().numpy())
         return out
+
+    def native_parts(self) -> tuple[np.ndarray, str, np.ndarray | None] | None:
+        """The blocks' (see :meth:`BlockWeight.native_parts`); their products want
+        :meth:`refine`."""
+        return self.blocks.native_parts()
+
+    def refine(self, values: np.ndarray, x: np.ndarray) -> None:
+        """``values`` (float32 ``[rows, n]``, the blocks' products of ``x`` ``[rows, k]``) with
+        each row's ``screen`` largest made again from the float weight, in place."""
+        from dartcore import _native
+
+        _native.refine_top(values, x, self.weight, self.bias, self.screen)

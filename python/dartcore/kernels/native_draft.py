@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -46,10 +48,10 @@ __all__ = ["DRAFT_BLOCK", "HEAD_SCREEN", "NativeDraft"]
 # its LM head recomputes from the float weights after a Q4_0 pass (HEAD_SCREEN; 0: the head on
 # blocks of the layers' format alone). Top-1 agreement with the fp16 drafter's drafts on
 # held-out text (SmolLM2, tests/test_draft_int8.py): Q8_0 0.99 / 0.97 (first row / all 8),
-# Q4_0 layers with the screened head 0.95 / 0.92 for about half the bytes; a plain Q4_0 head
-# 0.75.
+# Q4_0 layers with the screened head 0.95 / 0.92 (screening 32 or 64 outputs alike) for about
+# half the bytes; a plain Q4_0 head 0.75.
 DRAFT_BLOCK = "q4_0"
-HEAD_SCREEN = 64
+HEAD_SCREEN = 32
 
 
 class NativeDraft:
@@ -199,6 +201,55 @@ class NativeDraft:
             lambda: dr.mask_rows()[0].detach().float().contiguous(),
         )
 
+    def _lean(self) -> _Lean | None:
+        """The draft step's products as the native kernel reads them, its norm weights and
+        MASK rows as arrays: made once, remade when a parameter of the drafter is replaced or
+        changed in place; None where a product has no native form (a ``product`` of the
+        caller's). One check a draft instead of one per product and norm."""
+        dr = self.drafter
+        key = tuple((p.data_ptr(), p._version) for p in dr.parameters())
+        cached = self._derived.get("lean")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        layer = dr.layer
+        products = []
+        for source in (
+            dr.fc,
+            self._fused("qkv", (layer.q_proj, layer.k_proj, layer.v_proj)),
+            layer.o_proj,
+            self._fused("gate_up", (layer.gate_proj, layer.up_proj)),
+            layer.down_proj,
+            dr.lm_head,
+        ):
+            if isinstance(source, torch.nn.Linear):
+                with torch.no_grad():
+                    source(torch.zeros(1, source.in_features))  # its native copy, current
+                source = source.__dict__.get("_native_weight", (None,))[0]
+            parts = getattr(source, "native_parts", lambda: None)()
+            if parts is None:
+                self._derived["lean"] = (key, None)
+                return None
+            w, fmt, b = parts
+            shape = source.shape if hasattr(source, "shape") else source.weight.shape
+            products.append(_LeanProduct(w, fmt, b, shape[0], getattr(source, "refine", None)))
+
+        def arr(t: torch.Tensor) -> np.ndarray:
+            return np.ascontiguousarray(t.detach().float().numpy())
+
+        qk = (arr(layer.q_norm.weight), arr(layer.k_norm.weight)) if layer.qk_norm else None
+        lean = _Lean(
+            *products,
+            emb_norm=arr(dr.emb_norm.weight),
+            hidden_norm=arr(dr.hidden_norm.weight),
+            post_norm=arr(layer.post_attention_layernorm.weight),
+            final_norm=arr(dr.norm.weight),
+            qk_norm=qk,
+            mask_x=arr(dr.mask_rows()[0]),
+            mask_hidden=arr(dr.mask_hidden),
+        )
+        self._derived["lean"] = (key, lean)
+        return lean
+
     def _rope_rows(self, start: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """cos, sin ``[rows, head_dim]`` of positions ``start..start + rows`` from a table of
         every position so far (grown by doubling): one slice instead of ~7 small ops a draft."""
@@ -234,6 +285,9 @@ class NativeDraft:
             return None
         from dartcore import _native
 
+        lean = self._lean()
+        if lean is not None:
+            return self._lean_block(lean, state, taps, next_tokens, n, nq)
         dr = self.drafter
         layer, eps = dr.layer, dr.config.rms_norm_eps
 
@@ -288,6 +342,64 @@ class NativeDraft:
         )
         mlp = layer.down_proj(F.silu(gate) * up)
         return dr.lm_head(norm(h, dr.norm, mlp)), h  # h += mlp; logits of norm(h)
+
+    def _lean_block(self, lean: _Lean, state, taps, next_tokens, n: int, nq: int):
+        """:meth:`block` on numpy arrays and the native calls alone (see :meth:`_lean`): the
+        same calls and values as the tensor path, without its per-op overhead."""
+        from dartcore import _native
+
+        dr, layer, threads = self.drafter, self.drafter.layer, self.threads
+        eps = dr.config.rms_norm_eps
+        hidden = dr.config.hidden_size
+        rows = n + nq - 1
+
+        def product(p: _LeanProduct, x: np.ndarray) -> np.ndarray:
+            out = np.empty((x.shape[0], p.n), dtype=np.float32)
+            _native.linear_rows(x, p.w, p.b, out, threads, p.fmt)
+            if p.refine is not None:
+                p.refine(out, x)
+            return out
+
+        def norm(x: np.ndarray, weight: np.ndarray, delta: np.ndarray | None = None):
+            out = np.empty_like(x)
+            _native.add_rms_norm(x, delta, weight, eps, out)
+            return out
+
+        g = product(lean.fc, np.ascontiguousarray(taps.detach().numpy(), dtype=np.float32))
+        emb = np.ascontiguousarray(dr.embed(next_tokens).numpy(), dtype=np.float32)
+        x = np.empty((rows, 2 * hidden), dtype=np.float32)
+        x[:n, :hidden] = norm(emb, lean.emb_norm)
+        x[:n, hidden:] = norm(g, lean.hidden_norm)
+        x[n:] = lean.mask_x[: nq - 1]
+        start = state.length
+        cos, sin = self._rope_rows(start, rows)
+        att = np.empty((rows, layer.nh * layer.hd), dtype=np.float32)
+        qn, kn = lean.qk_norm or (None, None)
+        _native.block_attention(
+            product(lean.qkv, x),
+            layer.nh,
+            layer.nkv,
+            cos,
+            sin,
+            state.k.numpy(),
+            state.v.numpy(),
+            start,
+            None,
+            layer.hd**-0.5,
+            att,
+            qn,
+            kn,
+            eps,
+            threads,
+        )
+        state.length += n  # the real rows' keys and values are in place
+        h = np.empty((nq, hidden), dtype=np.float32)  # the residual streams
+        h[0], h[1:] = g[-1], lean.mask_hidden[: nq - 1]
+        x = norm(h, lean.post_norm, product(lean.o, att[n - 1 :]))  # h += attention
+        gate, up = torch.from_numpy(product(lean.gate_up, x)).split(dr.config.intermediate_size, -1)
+        mlp = product(lean.down, (F.silu(gate) * up).numpy())
+        logits = product(lean.head, norm(h, lean.final_norm, mlp))  # h += mlp; norm(h)'s logits
+        return torch.from_numpy(logits), torch.from_numpy(h)
 
     @torch.no_grad()
     def draft_batch(self, states, taps, next_tokens, rows, *, return_hidden: bool = False) -> list:
@@ -376,3 +488,32 @@ class NativeDraft:
             )
             off += nq
         return result
+
+
+class _LeanProduct(NamedTuple):
+    """A product as :meth:`NativeDraft._lean_block` calls it: ``linear_rows``'s weight,
+    format and bias, its output columns, and the head's ``refine`` (or None)."""
+
+    w: np.ndarray
+    fmt: str
+    b: np.ndarray | None
+    n: int
+    refine: Callable[[np.ndarray, np.ndarray], None] | None
+
+
+class _Lean(NamedTuple):
+    """What :meth:`NativeDraft._lean_block` reads (see :meth:`NativeDraft._lean`)."""
+
+    fc: _LeanProduct
+    qkv: _LeanProduct
+    o: _LeanProduct
+    gate_up: _LeanProduct
+    down: _LeanProduct
+    head: _LeanProduct
+    emb_norm: np.ndarray
+    hidden_norm: np.ndarray
+    post_norm: np.ndarray
+    final_norm: np.ndarray
+    qk_norm: tuple[np.ndarray, np.ndarray] | None
+    mask_x: np.ndarray
+    mask_hidden: np.ndarray
