@@ -205,9 +205,14 @@ class NativeDraft:
         """The draft step's products as the native kernel reads them, its norm weights and
         MASK rows as arrays: made once, remade when a parameter of the drafter is replaced or
         changed in place; None where a product has no native form (a ``product`` of the
-        caller's). One check a draft instead of one per product and norm."""
+        caller's) or a projection the tensor path calls as a module has a forward hook. One
+        check a draft instead of one per product and norm."""
         dr = self.drafter
-        key = tuple((p.data_ptr(), p._version) for p in dr.parameters())
+        called = (dr.fc, dr.layer.o_proj, dr.layer.down_proj, dr.lm_head)
+        key = (
+            tuple((p.data_ptr(), p._version) for p in dr.parameters()),
+            tuple(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in called),
+        )
         cached = self._derived.get("lean")
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -222,6 +227,10 @@ class NativeDraft:
             dr.lm_head,
         ):
             if isinstance(source, torch.nn.Linear):
+                if source._forward_pre_hooks or source._forward_hooks:
+                    # a hook of the drafter's (the official head's input norm): module calls
+                    self._derived["lean"] = (key, None)
+                    return None
                 with torch.no_grad():
                     source(torch.zeros(1, source.in_features))  # its native copy, current
                 source = source.__dict__.get("_native_weight", (None,))[0]
