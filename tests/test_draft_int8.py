@@ -1,9 +1,9 @@
 """The DART drafter on the integer kernels (``draft_numerics="int8"``): its float weights as
-GGML Q8_0 blocks (``quantize_q8_0``, byte for byte the ``gguf`` package's quantiser), the
-native draft step on them equal to the drafter's own torch path on them, a drafter the blocks
-cannot hold drafting exactly with a warning, and (slow) the shipped SmolLM2 GGUF: DART greedy
-with the Q8_0 drafter equals the int8 target's own AR token for token, and its drafts agree
-with the fp16 drafter's on held-out text."""
+GGML Q4_0 (the default) or Q8_0 blocks (``quantize_q4_0`` / ``quantize_q8_0``, byte for byte
+the ``gguf`` package's quantisers), the native draft step on them equal to the drafter's own
+torch path on them, a drafter the blocks cannot hold drafting exactly with a warning, and
+(slow) the shipped SmolLM2 GGUF: DART greedy with the block drafter equals the int8 target's
+own AR token for token, and its drafts agree with the fp16 drafter's on held-out text."""
 
 from __future__ import annotations
 
@@ -21,9 +21,11 @@ from dartcore.errors import DartError, WeightFormatError
 from dartcore.kernels.linear import (
     BlockWeight,
     NativeWeight,
+    ScreenedWeight,
     int8_kernel,
     native_linear_available,
     native_product,
+    quantize_q4_0,
     quantize_q8_0,
 )
 
@@ -71,6 +73,81 @@ def test_q8_0_quantiser_is_the_gguf_packages_byte_for_byte():
     assert not got[0].any()  # zero blocks: zero scale, zero values
     # a tensor gives the same bytes
     assert np.array_equal(quantize_q8_0(torch.from_numpy(rows)), got)
+
+
+def test_q4_0_quantiser_is_the_gguf_packages_byte_for_byte():
+    rng = np.random.default_rng(1)
+    for scale in (1e-7, 1e-3, 0.05, 1.0, 3e3, 5e4):
+        x = (rng.standard_normal((19, 96)) * scale).astype(np.float32)
+        want = gguf_quantize(x, Q.Q4_0).reshape(19, -1)
+        assert np.array_equal(quantize_q4_0(x), want), scale
+    # zero blocks, a negative or positive peak (the sign of d), equal magnitudes of both signs
+    # (the first wins), values at the rounding edges (x / d + 8.5 at whole numbers), tiny scales
+    edges = (np.arange(32, dtype=np.float32) - 16) / 2
+    edges[0] = -8.0  # the peak: d = 1, x / d + 8.5 runs over halves
+    tie = np.zeros(32, np.float32)
+    tie[3], tie[9] = 2.0, -2.0
+    rows = np.stack(
+        [
+            np.zeros(64, np.float32),
+            np.tile(edges, 2),
+            np.tile(-edges, 2),
+            np.tile(tie, 2),
+            np.tile(-tie, 2),
+            np.full(64, 3e-9, np.float32) * np.tile([1, -1], 32),
+            np.concatenate([np.logspace(-20, 4, 32), -np.logspace(4, -20, 32)]).astype(np.float32),
+        ]
+    )
+    got = quantize_q4_0(rows)
+    assert np.array_equal(got, gguf_quantize(rows, Q.Q4_0).reshape(len(rows), -1))
+    assert got.shape == (7, 2 * 18) and got.dtype == np.uint8
+    assert np.array_equal(quantize_q4_0(torch.from_numpy(rows)), got)
+    for bad, match in (
+        (np.zeros((2, 40), np.float32), "32-value blocks"),
+        (np.array([[np.inf] + [0.0] * 31], np.float32), "non-finite"),
+        (np.array([[1e6] + [0.0] * 31], np.float32), "fp16"),
+    ):
+        with pytest.raises(WeightFormatError, match=match):
+            quantize_q4_0(bad)
+
+
+@int8
+def test_a_float_weight_as_q4_0_blocks_runs_the_gguf_blocks_products():
+    gen = torch.Generator().manual_seed(6)
+    w, b = torch.randn(40, 96, generator=gen) * 0.05, torch.randn(40, generator=gen)
+    x = torch.randn(5, 96, generator=gen)
+    mine = BlockWeight.from_float(w, b, fmt="q4_0")
+    want = gguf_quantize(w.numpy(), Q.Q4_0).reshape(40, -1)
+    ref = BlockWeight(want, 96, "q4_0", b, numerics="int8")
+    assert mine.numerics == "int8" and mine.format == "q4_0" and mine.nbytes < 0.6 * 40 * 96
+    assert torch.equal(mine(x), ref(x))
+    assert np.array_equal(mine.file_rows(), want)
+    assert isinstance(native_product(w, b, numerics="int8", block="q4_0"), BlockWeight)
+    with pytest.raises(WeightFormatError, match="fmt"):
+        BlockWeight.from_float(w, fmt="q4_1")
+    with pytest.raises(DartError, match="block"):
+        native_product(w, numerics="int8", block="q5_0")
+
+
+@int8
+def test_a_screened_head_is_its_blocks_products_with_each_rows_best_made_from_the_floats():
+    gen = torch.Generator().manual_seed(7)
+    w, b = torch.randn(300, 64, generator=gen) * 0.1, torch.randn(300, generator=gen) * 0.1
+    x = torch.randn(3, 64, generator=gen)
+    blocks = BlockWeight.from_float(w, b, fmt="q4_0")
+    head = native_product(w, b, numerics="int8", block="q4_0", screen=20)
+    assert isinstance(head, ScreenedWeight) and head.shape == (300, 64)
+    got, rough, floats = head(x), blocks(x), torch.addmm(b, x, w.T)
+    best = rough.topk(20, dim=-1).indices
+    changed = got != rough
+    assert changed.sum(-1).tolist() == [20, 20, 20]  # exactly each row's 20 best
+    assert torch.equal(changed, torch.zeros_like(changed).scatter_(1, best, True))
+    torch.testing.assert_close(got.gather(1, best), floats.gather(1, best), atol=1e-5, rtol=1e-5)
+    # the float products' best 5 are the screened head's best 5, the blocks' alone are not
+    top = floats.topk(5, dim=-1).indices
+    assert torch.equal(got.topk(5, dim=-1).indices, top)
+    assert not torch.equal(rough.topk(5, dim=-1).indices, top)
+    assert head(x[:0]).shape == (0, 300)
 
 
 @pytest.mark.parametrize(
@@ -136,16 +213,29 @@ def _taps(target, ids, taps):
 
 
 @int8
-def test_the_int8_native_draft_is_the_drafters_own_torch_draft_on_its_q8_0_weights():
-    """Every product of the drafter on Q8_0 blocks, native block and torch path alike (the
-    prompt goes through the torch path): the same drafts up to float32 rounding, close to the
-    exact drafter's."""
-    from dartcore.kernels.native_draft import NativeDraft
+@pytest.mark.parametrize(
+    "block, screen, close", [("q8_0", 0, 0.05), ("q4_0", 0, 0.3), ("q4_0", 6, 0.3)]
+)
+def test_the_int8_native_draft_is_the_drafters_own_torch_draft_on_its_block_weights(
+    block, screen, close
+):
+    """Every product of the drafter on blocks of ``block`` (the head screened: Q4_0, its
+    ``screen`` best outputs per row made again from the float weight), native block and torch
+    path alike (the prompt goes through the torch path): the same drafts up to float32
+    rounding, close to the exact drafter's (relative error of the logits below ``close``)."""
+    from dartcore.kernels.native_draft import DRAFT_BLOCK, HEAD_SCREEN, NativeDraft
 
+    assert DRAFT_BLOCK == "q4_0" and HEAD_SCREEN > 0
     dr, target = _drafter(64, 4, 2)
     exact, _ = _drafter(64, 4, 2)
-    nat = NativeDraft.adopt(dr, threads=1, numerics="int8")
-    assert nat.numerics == "int8" and isinstance(nat._derived["qkv"][1], BlockWeight)
+    nat = NativeDraft.adopt(dr, threads=1, numerics="int8", block=block, screen=screen)
+    qkv = nat._derived["qkv"][1]
+    assert nat.numerics == "int8" and isinstance(qkv, BlockWeight) and qkv.format == block
+    head = dr.lm_head._native_weight[0]
+    if screen:
+        assert isinstance(head, ScreenedWeight) and head.blocks.format == "q4_0"
+    else:
+        assert isinstance(head, BlockWeight) and head.format == block
     ref = NativeDraft.adopt(exact, threads=1)
     torch.manual_seed(4)
     ids = torch.randint(3, 64, (31,))
@@ -156,8 +246,9 @@ def test_the_int8_native_draft_is_the_drafters_own_torch_draft_on_its_q8_0_weigh
         want = dr.draft(s_torch, taps[a:b], nxt[a:b], rows=rows)
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
         fp16 = ref.draft(s_exact, taps[a:b], nxt[a:b], rows=rows)
-        assert not torch.equal(got, fp16)  # the Q8_0 weights' drafts, not the fp16 weights'
-        torch.testing.assert_close(got, fp16, atol=0.1, rtol=0.05)
+        assert not torch.equal(got, fp16)  # the blocks' drafts, not the fp16 weights'
+        rel = float((got - fp16).norm() / fp16.norm())
+        assert rel < close, rel
     torch.testing.assert_close(s_nat.k[:, :30], s_torch.k[:, :30], atol=1e-4, rtol=1e-4)
 
 
@@ -249,11 +340,12 @@ def int8_smollm2():
 
 @pytest.mark.slow
 @int8
-def test_smollm2_dart_with_the_q8_0_drafter_equals_the_int8_targets_own_ar(
+def test_smollm2_dart_with_the_block_drafter_equals_the_int8_targets_own_ar(
     int8_smollm2, test_data, tmp_path
 ):
     from dartcore import DartDecoder
     from dartcore.benchmark.datasets import load_prompts
+    from dartcore.kernels.native_draft import DRAFT_BLOCK, HEAD_SCREEN
 
     model, tok = int8_smollm2
     index = dolma_sample_index(tok, test_data, tmp_path, files=4)
@@ -262,8 +354,10 @@ def test_smollm2_dart_with_the_q8_0_drafter_equals_the_int8_targets_own_ar(
     dart = DartDecoder(model, tok, drafter, index, tree="dart")
     assert dart.backend.draft_numerics == "int8"  # the target's numerics by default
     native = dart.backend.native_drafts[id(drafter)]
-    assert native.numerics == "int8" and isinstance(drafter.lm_head._native_weight[0], BlockWeight)
-    assert isinstance(native._derived["gate_up"][1], BlockWeight)
+    head = drafter.lm_head._native_weight[0]
+    assert native.numerics == "int8" and isinstance(head, ScreenedWeight)
+    assert head.blocks.format == "q4_0" and head.screen == HEAD_SCREEN
+    assert native._derived["gate_up"][1].format == DRAFT_BLOCK
     prompts, wants = [], []
     for name in ("builtin", "humaneval", "gsm8k"):
         for messages in load_prompts(name, 2, test_data):
@@ -282,9 +376,10 @@ def test_smollm2_dart_with_the_q8_0_drafter_equals_the_int8_targets_own_ar(
 
 @pytest.mark.slow
 @int8
-def test_smollm2_q8_0_drafts_agree_with_the_fp16_drafters(int8_smollm2, test_data):
-    """Top-1 of every draft row, Q8_0 against fp16, each drafter on its own KV state along
-    held-out text (measured: 0.98 for the first row, 0.96 over the 8 rows)."""
+def test_smollm2_block_drafts_agree_with_the_fp16_drafters(int8_smollm2, test_data):
+    """Top-1 of every draft row, the default int8 drafter (Q4_0 layers, screened Q4_0 head)
+    against fp16, each drafter on its own KV state along held-out text (measured: 0.95 for the
+    first row, 0.92 over the 8 rows; Q8_0 throughout: 0.99 / 0.97)."""
     from dartcore.kernels.native_draft import NativeDraft
 
     model, tok = int8_smollm2
@@ -318,4 +413,4 @@ def test_smollm2_q8_0_drafts_agree_with_the_fp16_drafters(int8_smollm2, test_dat
             agree += (top["exact"] == top["int8"]).float()
             drafts += 1
     rate = agree / drafts
-    assert rate[0] >= 0.95 and rate.mean() >= 0.9, rate.tolist()
+    assert rate[0] >= 0.92 and rate.mean() >= 0.88, rate.tolist()

@@ -39,6 +39,7 @@ __all__ = [
     "int8_kernel",
     "deinterleave_rows",
     "add_rms_norm",
+    "refine_top",
     "block_attention",
     "LayerStack",
     "LiveLayer",
@@ -283,6 +284,13 @@ def pack_rows(w: npt.NDArray[np.uint8], out: npt.NDArray[np.uint8], format: str)
 # (crates/dartcore-py/src/ops.rs, stack.rs) a Llama-family block's rows through dart-linear.
 # Every array is C-contiguous; ``out`` and the caches are written in place.
 
+def refine_top(
+    values: npt.NDArray[np.float32],
+    x: npt.NDArray[np.float32],
+    w: npt.NDArray[np.float32],
+    bias: npt.NDArray[np.float32] | None,
+    m: int,
+) -> None: ...
 def add_rms_norm(
     h: npt.NDArray[np.float32],
     delta: npt.NDArray[np.float32] | None,

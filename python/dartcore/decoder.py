@@ -83,7 +83,7 @@ class DartDecoder:
     change, only speed. ``lazy_logits`` (default: on for CPU without the native
     kernels, off otherwise) computes the LM head only for the tree nodes the acceptance walk
     visits. ``draft_numerics`` (``"exact"`` / ``"int8"``, default the target's): the drafter's
-    products on the native CPU backend, fp16 weights or Q8_0 blocks (drafts only). Device and
+    products on the native CPU backend, fp16 weights or Q4_0 blocks (drafts only). Device and
     CPU specifics (weight layouts, native kernels, lazy logits) are the
     ``backend``'s (:mod:`dartcore.models.backend`), chosen here once.
     """

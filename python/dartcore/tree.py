@@ -352,8 +352,12 @@ class SearchParams:
         return dataclasses.replace(self, **changes)
 
     def native(self) -> dict[str, Any]:
-        """The struct the bindings read (``dartcore-py``'s ``Params``)."""
-        return dataclasses.asdict(self) | {"eos_token_ids": list(self.eos_token_ids)}
+        """The struct the bindings read (``dartcore-py``'s ``Params``): a new dict each call,
+        its values made once per (frozen) instance -- a search runs every round."""
+        fields = self.__dict__.get("_native_fields")
+        if fields is None:
+            fields = self.__dict__["_native_fields"] = dataclasses.asdict(self)
+        return fields | {"eos_token_ids": list(self.eos_token_ids)}
 
 
 def _search_params(params: SearchParams | None, overrides: dict[str, Any]) -> SearchParams:
@@ -364,8 +368,26 @@ def _search_params(params: SearchParams | None, overrides: dict[str, Any]) -> Se
         raise TypeError(
             f"unknown search parameter(s) {unknown}; SearchParams has {sorted(SearchParams.fields())}"
         )
-    base = params if params is not None else SearchParams()
-    return base.replace(**overrides) if overrides else base
+    base = params if params is not None else _DEFAULT_PARAMS
+    if not overrides:
+        return base
+    try:  # a builder passes the same overrides round after round: validated once
+        # (the types too: True == 1, but max_nodes=True is refused)
+        key = (base, tuple((k, type(v), v) for k, v in sorted(overrides.items())))
+        hash(key)
+    except TypeError:  # an unhashable value (a list of EOS ids): no reuse
+        return base.replace(**overrides)
+    made = _REPLACED.get(key)
+    if made is None:
+        if len(_REPLACED) >= 256:
+            _REPLACED.clear()
+        made = _REPLACED[key] = base.replace(**overrides)
+    return made
+
+
+_DEFAULT_PARAMS = SearchParams()
+# (base params, sorted overrides) -> the validated params (see _search_params)
+_REPLACED: dict[tuple, SearchParams] = {}
 
 
 def beam_search(

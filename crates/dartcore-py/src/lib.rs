@@ -13,6 +13,7 @@ mod index;
 mod linear;
 mod live;
 mod ops;
+mod screen;
 mod stack;
 mod tree;
 
@@ -25,6 +26,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     linear::register(m)?;
     live::register(m)?;
     ops::register(m)?;
+    screen::register(m)?;
     stack::register(m)?;
     bench::register(m)?;
     dart_trie::register(m)?;

@@ -14,8 +14,10 @@ its methods.
   tree's rows (the kernel computes a few rows for about the price of one).
 
 ``draft_numerics`` (:func:`resolve_draft_numerics`) chooses the drafter's products on the
-native CPU backend: ``"exact"`` (its fp16-exact weights) or ``"int8"`` (its weights as Q8_0
-blocks on the integer kernels, as a GGUF target's blocks); by default the target's numerics.
+native CPU backend: ``"exact"`` (its fp16-exact weights) or ``"int8"`` (its layers as Q4_0
+blocks on the integer kernels, as a GGUF target's blocks, its LM head screened:
+:data:`~dartcore.kernels.native_draft.DRAFT_BLOCK`, ``HEAD_SCREEN``); by default the target's
+numerics.
 """
 
 from __future__ import annotations
@@ -216,7 +218,7 @@ class NativeCpuBackend(TorchBackend):
         if isinstance(drafter, torch.nn.Module):
             drafter.to(self.device)
             # weights streamed once for the d rows: fp16 where they are fp16-exact (the shipped
-            # drafters are stored in fp16: same drafts, half the bytes), or Q8_0 blocks on the
+            # drafters are stored in fp16: same drafts, half the bytes), or Q4_0 blocks on the
             # integer path (draft_numerics "int8"); a DartDrafter's layer ops native too
             threads, numerics = self.target.threads, self.draft_numerics
             native = (
