@@ -943,15 +943,15 @@ mod x86 {
     /// interleaved layout already orders them) is unpacked to a buffer, and one `tdpbssd`
     /// against the A tile (the block's 32 quantised values of each row of `x`, read in place)
     /// leaves every row's sixteen integer sums in the C tile; the f32 step is the VNNI
-    /// kernel's, per row. Three C tiles (and two A and B tiles) rotate between blocks so that
-    /// a block's product runs while the sums of the one two blocks earlier are scaled. Each
-    /// thread loads its own tile configuration per call (one per thread) and releases the
-    /// tiles at the end.
+    /// kernel's, per row. Four C tiles (and two A and B tiles) rotate between blocks so that
+    /// a block's product runs while the sums of the one three blocks earlier are scaled. Each
+    /// thread loads its own tile configuration per call (the configuration is per thread) and
+    /// releases the tiles at the end.
     mod amx {
         use super::*;
         use std::arch::asm;
 
-        /// `ldtilecfg`'s 64 bytes (palette 1): C tiles tmm0, tmm1, tmm6 (`M` rows x 16 i32), A
+        /// `ldtilecfg`'s 64 bytes (palette 1): C tiles tmm0, tmm1, tmm6, tmm7 (`M` rows x 16 i32), A
         /// tiles tmm2, tmm3 (`M` rows x 32 bytes), B tiles tmm4, tmm5 (8 rows x 64 bytes).
         #[repr(C, align(64))]
         struct Config([u8; 64]);
@@ -961,7 +961,7 @@ mod x86 {
                 let mut c = [0u8; 64];
                 c[0] = 1;
                 for (t, rows, colsb) in
-                    [(0, m, 64u16), (1, m, 64), (6, m, 64), (2, m, 32), (3, m, 32), (4, 8, 64), (5, 8, 64)]
+                    [(0, m, 64u16), (1, m, 64), (6, m, 64), (7, m, 64), (2, m, 32), (3, m, 32), (4, 8, 64), (5, 8, 64)]
                 {
                     c[16 + 2 * t..18 + 2 * t].copy_from_slice(&colsb.to_le_bytes());
                     c[48 + t] = rows as u8;
@@ -974,7 +974,7 @@ mod x86 {
         #[repr(C, align(64))]
         struct Tile<const N: usize>([u8; N]);
 
-        /// Block product into C tile `C` (tmm0, tmm1 or tmm6) with A and B tiles `S` (tmm2 +
+        /// Block product into C tile `C` (tmm0, tmm1, tmm6 or tmm7) with A and B tiles `S` (tmm2 +
         /// `S`, tmm4 + `S`): B from `b` (64-byte rows), A from `a` (`M` rows, `stride`
         /// apart), C zeroed then `C += A · B`.
         #[inline(always)]
@@ -998,9 +998,11 @@ mod x86 {
                     (0, 0) => tiles!("0", "2", "4"),
                     (1, 0) => tiles!("1", "2", "4"),
                     (6, 0) => tiles!("6", "2", "4"),
+                    (7, 0) => tiles!("7", "2", "4"),
                     (0, _) => tiles!("0", "3", "5"),
                     (1, _) => tiles!("1", "3", "5"),
-                    _ => tiles!("6", "3", "5"),
+                    (6, _) => tiles!("6", "3", "5"),
+                    _ => tiles!("7", "3", "5"),
                 }
             }
         }
@@ -1022,7 +1024,8 @@ mod x86 {
                 match C {
                     0 => tile!("0"),
                     1 => tile!("1"),
-                    _ => tile!("6"),
+                    6 => tile!("6"),
+                    _ => tile!("7"),
                 }
             }
         }
@@ -1030,6 +1033,10 @@ mod x86 {
         /// B tiles unpacked ahead of their product: a tile load of bytes that vector stores
         /// wrote shortly before waits for them, a few blocks later it does not.
         const AHEAD: usize = 8;
+
+        /// C tiles in rotation: a block's sums are stored and scaled `LAG - 1` steps after its
+        /// product is issued (the product's latency is several steps' work).
+        const LAG: usize = 4;
 
         /// Records prefetched ahead of the unpacking, per group.
         const PREFETCH: usize = 4;
@@ -1178,7 +1185,7 @@ mod x86 {
 
         /// Groups `g0..g1` against all `M` rows of `x`, pairs of groups at a time, as one
         /// stream of (pair, block) steps: step `u`'s B tile is unpacked at step `u - AHEAD`,
-        /// its product issued at step `u` and its sums scaled at step `u + 2`, each row's
+        /// its product issued at step `u` and its sums scaled at step `u + LAG - 1`, each row's
         /// sixteen accumulators flushed to `out` after a pair's last block.
         ///
         /// # Safety
@@ -1203,7 +1210,7 @@ mod x86 {
             // B tiles: slot u % (2 · AHEAD) (step u + AHEAD's unpacking never writes the slot
             // step u's product reads); C tiles: two slots
             let mut ring = [const { Tile([0; 512]) }; 2 * AHEAD];
-            let mut cbuf = [const { Tile([0; 1024]) }; 3];
+            let mut cbuf = [const { Tile([0; 1024]) }; LAG];
             let ring = ring.as_mut_ptr().cast::<u8>();
             let cs = cbuf.each_mut().map(|c| c.0.as_mut_ptr());
             let slot = |u: usize| ring.wrapping_add(512 * (u % (2 * AHEAD)));
@@ -1214,21 +1221,22 @@ mod x86 {
             unsafe {
                 // the tiles are this thread's until the `tilerelease` below
                 asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack, preserves_flags, readonly));
-                // the cursors of steps u + AHEAD, u and u - 2
+                // the cursors of steps u + AHEAD, u and u + 1 - LAG
                 let (mut ahead, mut now, mut done) = ((g0, 0), (g0, 0), (g0, 0));
                 for u in 0..AHEAD.min(steps) {
                     st.unpack::<F>(ahead, slot(u));
                     ahead = st.next(ahead);
                 }
                 let xp = xq.q.as_ptr();
-                // step u's sums out of C tile u % 3 and scaled
+                // step u's sums out of C tile u % LAG and scaled
                 macro_rules! finish {
                     ($u:expr, $at:expr) => {
-                        let c = cs[$u % 3];
-                        match $u % 3 {
+                        let c = cs[$u % LAG];
+                        match $u % LAG {
                             0 => store::<0>(c),
                             1 => store::<1>(c),
-                            _ => store::<6>(c),
+                            2 => store::<6>(c),
+                            _ => store::<7>(c),
                         }
                         scale::<F, M>(st, $at, c, xq, n, bias, &out, &mut facc);
                     };
@@ -1240,25 +1248,23 @@ mod x86 {
                     let p = (ga * nb + ba + PREFETCH) * st.rec;
                     _mm_prefetch::<_MM_HINT_T0>(w.as_ptr().wrapping_add(p) as *const i8);
                     _mm_prefetch::<_MM_HINT_T0>(w.as_ptr().wrapping_add(p + nb * st.rec) as *const i8);
-                    match u % 6 {
+                    match u % 4 {
                         0 => product::<0, 0>(xp.add(b * 32), k, slot(u)),
                         1 => product::<1, 1>(xp.add(b * 32), k, slot(u)),
                         2 => product::<6, 0>(xp.add(b * 32), k, slot(u)),
-                        3 => product::<0, 1>(xp.add(b * 32), k, slot(u)),
-                        4 => product::<1, 0>(xp.add(b * 32), k, slot(u)),
-                        _ => product::<6, 1>(xp.add(b * 32), k, slot(u)),
+                        _ => product::<7, 1>(xp.add(b * 32), k, slot(u)),
                     }
                     if u + AHEAD < steps {
                         st.unpack::<F>(ahead, slot(u + AHEAD));
                         ahead = st.next(ahead);
                     }
-                    if u >= 2 {
-                        finish!(u - 2, done);
+                    if u >= LAG - 1 {
+                        finish!(u + 1 - LAG, done);
                         done = st.next(done);
                     }
                     now = st.next(now);
                 }
-                for u in steps.saturating_sub(2)..steps {
+                for u in steps.saturating_sub(LAG - 1)..steps {
                     finish!(u, done);
                     done = st.next(done);
                 }
