@@ -1038,8 +1038,9 @@ mod x86 {
         /// product is issued (the product's latency is several steps' work).
         const LAG: usize = 4;
 
-        /// Records prefetched ahead of the unpacking, per group.
-        const PREFETCH: usize = 4;
+        /// Records prefetched ahead of the unpacking, per group (the stream from memory: each
+        /// step is a few tens of nanoseconds).
+        const PREFETCH: usize = 16;
 
         /// A call's weights as one thread streams them: groups up to `g1`, `nb` blocks of
         /// `rec` bytes per group.
