@@ -79,7 +79,7 @@ impl Kernel {
         }
     }
 
-    /// Whether this CPU runs it (for AMX: and the kernel lets this process use the tiles).
+    /// Whether this CPU runs it (AMX: and Linux lets this process use the tiles).
     pub fn supported(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
@@ -951,8 +951,9 @@ mod x86 {
         use super::*;
         use std::arch::asm;
 
-        /// `ldtilecfg`'s 64 bytes (palette 1): C tiles tmm0, tmm1, tmm6, tmm7 (`M` rows x 16 i32), A
-        /// tiles tmm2, tmm3 (`M` rows x 32 bytes), B tiles tmm4, tmm5 (8 rows x 64 bytes).
+        /// `ldtilecfg`'s 64 bytes (palette 1): C tiles tmm0, tmm1, tmm6, tmm7 (`M` rows x 16
+        /// i32), A tiles tmm2, tmm3 (`M` rows x 32 bytes), B tiles tmm4, tmm5 (8 rows x 64
+        /// bytes).
         #[repr(C, align(64))]
         struct Config([u8; 64]);
 
@@ -974,8 +975,8 @@ mod x86 {
         #[repr(C, align(64))]
         struct Tile<const N: usize>([u8; N]);
 
-        /// Block product into C tile `C` (tmm0, tmm1, tmm6 or tmm7) with A and B tiles `S` (tmm2 +
-        /// `S`, tmm4 + `S`): B from `b` (64-byte rows), A from `a` (`M` rows, `stride`
+        /// Block product into C tile `C` (tmm0, tmm1, tmm6 or tmm7) with A and B tiles `S`
+        /// (tmm2 + `S`, tmm4 + `S`): B from `b` (64-byte rows), A from `a` (`M` rows, `stride`
         /// apart), C zeroed then `C += A · B`.
         #[inline(always)]
         unsafe fn product<const C: usize, const S: usize>(a: *const i8, stride: usize, b: *const u8) {
@@ -1209,7 +1210,7 @@ mod x86 {
             let steps = (g1 - g0).div_ceil(2) * nb;
             let config = Config::new(M);
             // B tiles: slot u % (2 · AHEAD) (step u + AHEAD's unpacking never writes the slot
-            // step u's product reads); C tiles: two slots
+            // step u's product reads); C tiles: one slot per C tile
             let mut ring = [const { Tile([0; 512]) }; 2 * AHEAD];
             let mut cbuf = [const { Tile([0; 1024]) }; LAG];
             let ring = ring.as_mut_ptr().cast::<u8>();
@@ -1249,7 +1250,8 @@ mod x86 {
                     let p = (ga * nb + ba + PREFETCH) * st.rec;
                     _mm_prefetch::<_MM_HINT_T0>(w.as_ptr().wrapping_add(p) as *const i8);
                     _mm_prefetch::<_MM_HINT_T0>(w.as_ptr().wrapping_add(p + nb * st.rec) as *const i8);
-                    match u % 4 {
+                    // C tile u % LAG (as `finish!` reads it), A and B tiles u % 2
+                    match u % LAG {
                         0 => product::<0, 0>(xp.add(b * 32), k, slot(u)),
                         1 => product::<1, 1>(xp.add(b * 32), k, slot(u)),
                         2 => product::<6, 0>(xp.add(b * 32), k, slot(u)),
