@@ -17,7 +17,8 @@ tok/s medians; every output checked against the int8 target's own AR):
 
 Prints a table; ``--json`` writes the report (machine, command, figures). ``--numerics int8
 --docs 0`` times the int8 forward alone (no held-out pass): quick before/after comparisons of
-the kernels, e.g. alternating two builds by ``PYTHONPATH``.
+the kernels, e.g. alternating two builds by ``PYTHONPATH``, or ``--int8-kernel vnni`` against
+the default kernel (the report's ``machine.int8_kernel`` names the one that ran).
 """
 
 from __future__ import annotations
@@ -62,7 +63,12 @@ def _command() -> str:
     """The command line, with the environment variables that change the kernels' setup."""
     env = [
         f"{k}={os.environ[k]}"
-        for k in ("DARTCORE_LINEAR_THREADS", "DARTCORE_LINEAR_ISA", "DARTCORE_NATIVE_LINEAR")
+        for k in (
+            "DARTCORE_LINEAR_THREADS",
+            "DARTCORE_LINEAR_ISA",
+            "DARTCORE_INT8_KERNEL",
+            "DARTCORE_NATIVE_LINEAR",
+        )
         if k in os.environ
     ]
     return " ".join([*env, "python3 tools/bench_int8.py", *sys.argv[1:]])
@@ -273,7 +279,20 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=4, help="built-in chat prompts (drafter)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--runs", type=int, default=3, help="dart runs over the prompts (drafter)")
+    p.add_argument(
+        "--int8-kernel",
+        choices=("amx", "vnni", "avx2"),
+        default=None,
+        help="the integer kernel (default: the fastest this CPU runs)",
+    )
     args = p.parse_args()
+    if args.int8_kernel:
+        # read once, when dartcore.kernels.linear is first imported (below)
+        os.environ["DARTCORE_INT8_KERNEL"] = args.int8_kernel
+        from dartcore.kernels.linear import int8_kernel
+
+        if int8_kernel() != args.int8_kernel:
+            sys.exit(f"--int8-kernel {args.int8_kernel}: this CPU runs {int8_kernel()}")
     if args.section == "drafter":
         return drafter_section(args)
 

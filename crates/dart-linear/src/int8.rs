@@ -31,13 +31,19 @@
 //! vectors whose byte `4r + j` of vector `c` is weight `4c + j` of row `r` plus 128 (so that it
 //! is an unsigned byte for `vpdpbusd`; the `128 · s_x` it adds is subtracted as an integer).
 //!
-//! Instruction sets ([`Kernel`]): AVX-512 VNNI with VL, two groups at a time in 512-bit
+//! Instruction sets ([`Kernel`]): AMX-INT8 from eight rows of `x` (the block's B tile, sixteen
+//! weight rows x 32 weights as signed bytes, unpacked from two groups' records through an
+//! aligned buffer; one `tdpbssd` against the A tile of every row's 32 quantised values leaves
+//! all the rows' integer sums of the block in the C tile, which is stored and scaled per row
+//! as below), else and for fewer rows AVX-512 VNNI with VL, two groups at a time in 512-bit
 //! vectors (low half group `g`'s 256-bit vector, high half group `g + 1`'s: one `vpdpbusd`
 //! and one f32 step per sixteen weight rows and row of `x`, the instruction count that bounds
 //! the cost of each extra row; a lone last group on 256-bit vectors; a lane's operations are
 //! the same either way), else AVX2 (`maddubs` + `madd`; Q8_0 through `sign` / `abs`, since an
 //! unsigned byte up to 255 times 127 would saturate `maddubs`' 16-bit pairs). The rows of `x`
-//! are quantised once per call, in AVX2 vectors where the CPU has them.
+//! are quantised once per call, in AVX2 vectors where the CPU has them. AMX needs the Linux
+//! kernel's permission for the tile state, asked once per process (without it the AMX kernel
+//! is not used); [`KERNEL_ENV`] picks a slower kernel for tests and measures.
 
 use crate::quant::{f16_to_f32, Format, BLOCK_WEIGHTS};
 use crate::{OutPart, ShapeError, Team, MAX_ROWS};
@@ -48,29 +54,41 @@ pub const GROUP: usize = 8;
 /// A kernel of the integer path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
+    /// AMX-INT8 tiles (`tdpbssd`: a block's integer sums for every row of `x` at once) from
+    /// eight rows of `x`, fewer on the VNNI kernel; with VNNI's prerequisites and AVX-512BW.
+    Amx,
     /// AVX-512 VNNI + VL (`vpdpbusd` on 256-bit vectors), with AVX2 + FMA + F16C.
     Vnni,
     /// AVX2 + FMA + F16C (`maddubs` + `madd`).
     Avx2,
 }
 
+/// The environment variable that picks the integer path's kernel (read once, at first use):
+/// `amx`, `vnni` or `avx2` where the CPU runs it and [`crate::isa`] allows it; unset or
+/// anything else: the fastest this CPU runs. Tests and measures a slower kernel on a faster
+/// machine.
+pub const KERNEL_ENV: &str = "DARTCORE_INT8_KERNEL";
+
 impl Kernel {
-    /// `"vnni"` or `"avx2"`.
+    /// `"amx"`, `"vnni"` or `"avx2"`.
     pub fn name(self) -> &'static str {
         match self {
+            Kernel::Amx => "amx",
             Kernel::Vnni => "vnni",
             Kernel::Avx2 => "avx2",
         }
     }
 
-    /// Whether this CPU runs it.
+    /// Whether this CPU runs it (AMX: and Linux lets this process use the tiles).
     pub fn supported(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
             let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+            let vnni = avx2 && has!("avx512vnni") && has!("avx512vl");
             match self {
-                Kernel::Vnni => avx2 && has!("avx512vnni") && has!("avx512vl"),
+                Kernel::Amx => vnni && has!("avx512bw") && amx_permitted(),
+                Kernel::Vnni => vnni,
                 Kernel::Avx2 => avx2,
             }
         }
@@ -82,18 +100,63 @@ impl Kernel {
 
     /// The kernels this CPU runs, fastest first (tests run each).
     pub fn supported_here() -> Vec<Kernel> {
-        [Kernel::Vnni, Kernel::Avx2].into_iter().filter(|k| k.supported()).collect()
+        [Kernel::Amx, Kernel::Vnni, Kernel::Avx2].into_iter().filter(|k| k.supported()).collect()
     }
 }
 
+/// Whether the CPU has AMX-TILE and AMX-INT8 (CPUID leaf 7, EDX bits 24 and 25) and Linux
+/// grants this process the tile data state (`arch_prctl(ARCH_REQ_XCOMP_PERM,
+/// XFEATURE_XTILEDATA)`: without it the first tile instruction faults). Asked once per
+/// process; the permission holds for all its threads and is inherited by a forked child.
+#[cfg(target_arch = "x86_64")]
+fn amx_permitted() -> bool {
+    static PERMITTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PERMITTED.get_or_init(|| {
+        use std::arch::x86_64::{__cpuid, __cpuid_count};
+        if __cpuid(0).eax < 7 || __cpuid_count(7, 0).edx & (3 << 24) != 3 << 24 {
+            return false;
+        }
+        #[cfg(target_os = "linux")]
+        {
+            const SYS_ARCH_PRCTL: i64 = 158;
+            const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
+            const XFEATURE_XTILEDATA: i64 = 18;
+            let ret: i64;
+            // SAFETY: the arch_prctl system call with two integer arguments; it reads and
+            // writes no memory of this process (the kernel clobbers rcx and r11).
+            unsafe {
+                std::arch::asm!(
+                    "syscall",
+                    inlateout("rax") SYS_ARCH_PRCTL => ret,
+                    in("rdi") ARCH_REQ_XCOMP_PERM,
+                    in("rsi") XFEATURE_XTILEDATA,
+                    lateout("rcx") _,
+                    lateout("r11") _,
+                    options(nostack),
+                )
+            };
+            ret == 0
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            false
+        }
+    })
+}
+
 /// The kernel the integer path uses: none where the f32 kernels are off ([`crate::isa`] None);
-/// AVX2 where [`crate::ISA_ENV`] forces `avx2` (tests and measures that path on a VNNI
-/// machine); else VNNI where the CPU has it, else AVX2.
+/// AVX2 where [`crate::ISA_ENV`] forces `avx2`; else the one [`KERNEL_ENV`] names where the CPU
+/// runs it, else the fastest this CPU runs (AMX, VNNI, AVX2).
 pub fn kernel() -> Option<Kernel> {
-    match crate::isa()? {
+    static CHOSEN: std::sync::OnceLock<Option<Kernel>> = std::sync::OnceLock::new();
+    *CHOSEN.get_or_init(|| match crate::isa()? {
         crate::Isa::Avx2 => Some(Kernel::Avx2).filter(|k| k.supported()),
-        crate::Isa::Avx512 => Kernel::supported_here().first().copied(),
-    }
+        crate::Isa::Avx512 => {
+            let want = std::env::var(KERNEL_ENV).unwrap_or_default();
+            let here = Kernel::supported_here();
+            here.iter().find(|k| k.name() == want.trim().to_ascii_lowercase()).or(here.first()).copied()
+        }
+    })
 }
 
 /// Bytes of `n` rows of `k` weights in the interleaved layout ([`interleave`]): whole groups.
@@ -485,10 +548,17 @@ mod x86 {
             };
         }
         match kernel {
-            Kernel::Vnni => go!(entry_vnni),
+            Kernel::Amx if rows >= AMX_MIN_ROWS => go!(entry_amx),
+            Kernel::Amx | Kernel::Vnni => go!(entry_vnni),
             Kernel::Avx2 => go!(entry_avx2),
         }
     }
+
+    /// Rows of `x` from which the AMX kernel runs the tiles: its fixed cost per block (the B
+    /// tile's unpacking through memory, the tile loads, the product and the C tile's store)
+    /// is several rows' worth of VNNI dot products, its cost per row a third of theirs
+    /// (`examples/int8_tile.rs`); fewer rows run the VNNI kernel (the same bits either way).
+    const AMX_MIN_ROWS: usize = 8;
 
     /// Rows of `x` per pass over a group: their i32 and f32 accumulators stay in registers
     /// (32 vector registers with AVX-512VL, 16 with AVX2); a group's records are in L1 for
@@ -528,6 +598,32 @@ mod x86 {
     ) {
         // SAFETY: the caller's contract; the features are enabled here.
         unsafe { groups::<F, false, AVX2_ROWS>(xq, rows, k, w, n, bias, out, g0, g1) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn entry_amx<const F: u8>(
+        xq: &QuantRows,
+        rows: usize,
+        k: usize,
+        w: &[u8],
+        n: usize,
+        bias: Option<&[f32]>,
+        out: OutPart,
+        g0: usize,
+        g1: usize,
+    ) {
+        macro_rules! go {
+            ($($m:literal),+) => {
+                match rows {
+                    // SAFETY: the caller's contract; the features are enabled here and the
+                    // process may use the tiles (`Kernel::Amx` supported).
+                    $($m => unsafe { amx::groups::<F, $m>(xq, k, w, n, bias, out, g0, g1) },)+
+                    _ => unreachable!("AMX_MIN_ROWS..=MAX_ROWS rows"),
+                }
+            };
+        }
+        go!(8, 9, 10, 11, 12, 13, 14, 15, 16)
     }
 
     const fn block_bytes(f: u8) -> usize {
@@ -841,6 +937,345 @@ mod x86 {
             }
         }
     }
+
+    /// The AMX kernel: per pair of groups (sixteen weight rows) and block, the block's B tile
+    /// (the weights as signed bytes: 8 tile rows of four weights x sixteen weight rows, as the
+    /// interleaved layout already orders them) is unpacked to a buffer, and one `tdpbssd`
+    /// against the A tile (the block's 32 quantised values of each row of `x`, read in place)
+    /// leaves every row's sixteen integer sums in the C tile; the f32 step is the VNNI
+    /// kernel's, per row. Four C tiles (and two A and B tiles) rotate between blocks so that
+    /// a block's product runs while the sums of the one three blocks earlier are scaled. Each
+    /// thread loads its own tile configuration per call (the configuration is per thread) and
+    /// releases the tiles at the end.
+    mod amx {
+        use super::*;
+        use std::arch::asm;
+
+        /// `ldtilecfg`'s 64 bytes (palette 1): C tiles tmm0, tmm1, tmm6, tmm7 (`M` rows x 16
+        /// i32), A tiles tmm2, tmm3 (`M` rows x 32 bytes), B tiles tmm4, tmm5 (8 rows x 64
+        /// bytes).
+        #[repr(C, align(64))]
+        struct Config([u8; 64]);
+
+        impl Config {
+            fn new(m: usize) -> Config {
+                let mut c = [0u8; 64];
+                c[0] = 1;
+                for (t, rows, colsb) in
+                    [(0, m, 64u16), (1, m, 64), (6, m, 64), (7, m, 64), (2, m, 32), (3, m, 32), (4, 8, 64), (5, 8, 64)]
+                {
+                    c[16 + 2 * t..18 + 2 * t].copy_from_slice(&colsb.to_le_bytes());
+                    c[48 + t] = rows as u8;
+                }
+                Config(c)
+            }
+        }
+
+        /// Tile-sized scratch: a B tile's 512 bytes, or a C tile's up to 16 x 64.
+        #[repr(C, align(64))]
+        struct Tile<const N: usize>([u8; N]);
+
+        /// Block product into C tile `C` (tmm0, tmm1, tmm6 or tmm7) with A and B tiles `S`
+        /// (tmm2 + `S`, tmm4 + `S`): B from `b` (64-byte rows), A from `a` (`M` rows, `stride`
+        /// apart), C zeroed then `C += A · B`.
+        #[inline(always)]
+        unsafe fn product<const C: usize, const S: usize>(a: *const i8, stride: usize, b: *const u8) {
+            macro_rules! tiles {
+                ($c:literal, $a:literal, $b:literal) => {
+                    asm!(
+                        concat!("tileloadd tmm", $b, ", [{b} + {sixty_four}*1]"),
+                        concat!("tileloadd tmm", $a, ", [{a} + {stride}*1]"),
+                        concat!("tilezero tmm", $c),
+                        concat!("tdpbssd tmm", $c, ", tmm", $a, ", tmm", $b),
+                        a = in(reg) a, b = in(reg) b, stride = in(reg) stride, sixty_four = in(reg) 64usize,
+                        options(nostack, preserves_flags, readonly),
+                    )
+                };
+            }
+            // SAFETY (caller): the tile configuration is loaded; `a` has the config's rows of
+            // 32 bytes `stride` apart, `b` 8 rows of 64 bytes.
+            unsafe {
+                match (C, S) {
+                    (0, 0) => tiles!("0", "2", "4"),
+                    (1, 0) => tiles!("1", "2", "4"),
+                    (6, 0) => tiles!("6", "2", "4"),
+                    (7, 0) => tiles!("7", "2", "4"),
+                    (0, _) => tiles!("0", "3", "5"),
+                    (1, _) => tiles!("1", "3", "5"),
+                    (6, _) => tiles!("6", "3", "5"),
+                    _ => tiles!("7", "3", "5"),
+                }
+            }
+        }
+
+        /// C tile `C`'s rows to `c` (64 bytes apart).
+        #[inline(always)]
+        unsafe fn store<const C: usize>(c: *mut u8) {
+            macro_rules! tile {
+                ($c:literal) => {
+                    asm!(
+                        concat!("tilestored [{c} + {sixty_four}*1], tmm", $c),
+                        c = in(reg) c, sixty_four = in(reg) 64usize,
+                        options(nostack, preserves_flags),
+                    )
+                };
+            }
+            // SAFETY (caller): `c` holds the config's rows of 64 bytes.
+            unsafe {
+                match C {
+                    0 => tile!("0"),
+                    1 => tile!("1"),
+                    6 => tile!("6"),
+                    _ => tile!("7"),
+                }
+            }
+        }
+
+        /// B tiles unpacked ahead of their product: a tile load of bytes that vector stores
+        /// wrote shortly before waits for them, a few blocks later it does not.
+        const AHEAD: usize = 8;
+
+        /// C tiles in rotation: a block's sums are stored and scaled `LAG - 1` steps after its
+        /// product is issued (the product's latency is several steps' work).
+        const LAG: usize = 4;
+
+        /// Records prefetched ahead of the unpacking, per group (the stream from memory: each
+        /// step is a few tens of nanoseconds).
+        const PREFETCH: usize = 16;
+
+        /// A call's weights as one thread streams them: groups up to `g1`, `nb` blocks of
+        /// `rec` bytes per group.
+        #[derive(Clone, Copy)]
+        struct Stream {
+            w: *const u8,
+            nb: usize,
+            rec: usize,
+            g1: usize,
+        }
+
+        impl Stream {
+            /// The step after (`g`, `b`): the next block of the pair, else the next pair's
+            /// first (a cursor instead of dividing step numbers).
+            #[inline(always)]
+            fn next(self, (g, b): (usize, usize)) -> (usize, usize) {
+                if b + 1 < self.nb {
+                    (g, b + 1)
+                } else {
+                    (g + 2, 0)
+                }
+            }
+
+            /// Group `g`'s block `b` record.
+            #[inline(always)]
+            unsafe fn records(self, g: usize, b: usize) -> *const u8 {
+                // SAFETY (caller): g < the call's groups.
+                unsafe { self.w.add((g * self.nb + b) * self.rec) }
+            }
+
+            /// Two groups' 256-bit vectors at byte `off` of block `b`'s records as one; a
+            /// lone group's high half zero.
+            #[inline(always)]
+            unsafe fn wide(self, g: usize, pair: bool, b: usize, off: usize) -> __m512i {
+                // SAFETY (caller): g (and g + 1 where `pair`) < the call's groups.
+                unsafe {
+                    let lo = _mm256_loadu_si256(self.records(g, b).add(off).cast());
+                    if pair {
+                        let hi = _mm256_loadu_si256(self.records(g + 1, b).add(off).cast());
+                        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+                    } else {
+                        _mm512_zextsi256_si512(lo)
+                    }
+                }
+            }
+
+            /// The sixteen fp16 scales at byte `off` of block `b`'s records as f32 (a lone
+            /// group's high half zero).
+            #[inline(always)]
+            unsafe fn halves(self, g: usize, pair: bool, b: usize, off: usize) -> __m512 {
+                // SAFETY (caller): as for `wide`.
+                unsafe {
+                    let lo = _mm_loadu_si128(self.records(g, b).add(off).cast());
+                    let hi = if pair {
+                        _mm_loadu_si128(self.records(g + 1, b).add(off).cast())
+                    } else {
+                        _mm_setzero_si128()
+                    };
+                    _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi))
+                }
+            }
+
+            /// Step (`g`, `b`)'s B tile into `buf`: tile row `c` holds weights `4c..4c + 3` of the
+            /// sixteen weight rows as signed bytes (Q4_0 `nibble − 8`, Q4_1 the nibble, Q8_0
+            /// the stored byte back from `+ 128`).
+            #[inline(always)]
+            unsafe fn unpack<const F: u8>(self, (g, b): (usize, usize), buf: *mut u8) {
+                let pair = g + 1 < self.g1;
+                let scales = if F == Q4_1 { 32 } else { 16 };
+                // SAFETY (caller): step u's groups are the call's; `buf` holds 512 bytes,
+                // 64-aligned.
+                unsafe {
+                    if F == Q8_0 {
+                        for c in 0..8 {
+                            let v = _mm512_xor_si512(self.wide(g, pair, b, scales + 32 * c), _mm512_set1_epi8(-128));
+                            _mm512_store_si512(buf.add(64 * c).cast(), v);
+                        }
+                    } else {
+                        let low = _mm512_set1_epi8(0x0f);
+                        for c in 0..4 {
+                            let v = self.wide(g, pair, b, scales + 32 * c);
+                            let mut lo = _mm512_and_si512(v, low);
+                            // (32-bit shifts: the bits crossing into a byte's high half are
+                            // masked off)
+                            let mut hi = _mm512_and_si512(_mm512_srli_epi32::<4>(v), low);
+                            if F == Q4_0 {
+                                lo = _mm512_sub_epi8(lo, _mm512_set1_epi8(8));
+                                hi = _mm512_sub_epi8(hi, _mm512_set1_epi8(8));
+                            }
+                            _mm512_store_si512(buf.add(64 * c).cast(), lo);
+                            _mm512_store_si512(buf.add(64 * (4 + c)).cast(), hi);
+                        }
+                    }
+                }
+            }
+        }
+
+        /// Step (`g`, `b`)'s f32 step from its integer sums in `c` (the VNNI pair kernel's
+        /// operations, row by row into `facc`); after a pair's last block its outputs (+ bias)
+        /// to `out` and `facc` back to zero.
+        #[inline(always)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn scale<const F: u8, const M: usize>(
+            st: Stream,
+            (g, b): (usize, usize),
+            c: *const u8,
+            xq: &QuantRows,
+            n: usize,
+            bias: Option<&[f32]>,
+            out: &OutPart,
+            facc: &mut [__m512; M],
+        ) {
+            let (pair, nb) = (g + 1 < st.g1, st.nb);
+            // SAFETY (caller): step u's groups are the call's, `c` holds M rows of 16 i32,
+            // rows 0..M of `xq` and of `out`.
+            unsafe {
+                let dw = st.halves(g, pair, b, 0);
+                let mw = if F == Q4_1 { st.halves(g, pair, b, 16) } else { _mm512_setzero_ps() };
+                for (m, f) in facc.iter_mut().enumerate() {
+                    let xb = m * nb + b;
+                    let s = _mm512_mul_ps(dw, _mm512_set1_ps(*xq.d.get_unchecked(xb)));
+                    let p = _mm512_load_si512(c.add(64 * m).cast());
+                    *f = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), *f);
+                    if F == Q4_1 {
+                        *f = _mm512_fmadd_ps(mw, _mm512_set1_ps(*xq.ds.get_unchecked(xb)), *f);
+                    }
+                }
+                if b + 1 == nb {
+                    let rr = (2 * GROUP).min(n - g * GROUP);
+                    let mut row = [0f32; 2 * GROUP];
+                    for (m, f) in facc.iter_mut().enumerate() {
+                        _mm512_storeu_ps(row.as_mut_ptr(), *f);
+                        *f = _mm512_setzero_ps();
+                        for (r, &v) in row[..rr].iter().enumerate() {
+                            let j = g * GROUP + r;
+                            // row m < rows and column j < n: inside out's rows x n
+                            *out.ptr.add(m * n + j) = v + bias.map_or(0.0, |b| b[j]);
+                        }
+                    }
+                }
+            }
+        }
+
+        /// Groups `g0..g1` against all `M` rows of `x`, pairs of groups at a time, as one
+        /// stream of (pair, block) steps: step `u`'s B tile is unpacked at step `u - AHEAD`,
+        /// its product issued at step `u` and its sums scaled at step `u + LAG - 1`, each row's
+        /// sixteen accumulators flushed to `out` after a pair's last block.
+        ///
+        /// # Safety
+        /// AVX-512F + BW + VL, F16C, FMA; tile use permitted; as at the call in
+        /// `linear_quantized`.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        #[allow(clippy::too_many_arguments)]
+        pub(super) unsafe fn groups<const F: u8, const M: usize>(
+            xq: &QuantRows,
+            k: usize,
+            w: &[u8],
+            n: usize,
+            bias: Option<&[f32]>,
+            out: OutPart,
+            g0: usize,
+            g1: usize,
+        ) {
+            let nb = k / BLOCK_WEIGHTS;
+            let st = Stream { w: w.as_ptr(), nb, rec: GROUP * block_bytes(F), g1 };
+            let steps = (g1 - g0).div_ceil(2) * nb;
+            let config = Config::new(M);
+            // B tiles: slot u % (2 · AHEAD) (step u + AHEAD's unpacking never writes the slot
+            // step u's product reads); C tiles: one slot per C tile
+            let mut ring = [const { Tile([0; 512]) }; 2 * AHEAD];
+            let mut cbuf = [const { Tile([0; 1024]) }; LAG];
+            let ring = ring.as_mut_ptr().cast::<u8>();
+            let cs = cbuf.each_mut().map(|c| c.0.as_mut_ptr());
+            let slot = |u: usize| ring.wrapping_add(512 * (u % (2 * AHEAD)));
+            let mut facc = [_mm512_setzero_ps(); M];
+            // SAFETY: every pointer below is inside groups g0..g1's records of `w` (a group
+            // g + 1 only read where it is < g1), rows 0..M of `xq` and `out`, or the buffers
+            // above.
+            unsafe {
+                // the tiles are this thread's until the `tilerelease` below
+                asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack, preserves_flags, readonly));
+                // the cursors of steps u + AHEAD, u and u + 1 - LAG
+                let (mut ahead, mut now, mut done) = ((g0, 0), (g0, 0), (g0, 0));
+                for u in 0..AHEAD.min(steps) {
+                    st.unpack::<F>(ahead, slot(u));
+                    ahead = st.next(ahead);
+                }
+                let xp = xq.q.as_ptr();
+                // step u's sums out of C tile u % LAG and scaled
+                macro_rules! finish {
+                    ($u:expr, $at:expr) => {
+                        let c = cs[$u % LAG];
+                        match $u % LAG {
+                            0 => store::<0>(c),
+                            1 => store::<1>(c),
+                            2 => store::<6>(c),
+                            _ => store::<7>(c),
+                        }
+                        scale::<F, M>(st, $at, c, xq, n, bias, &out, &mut facc);
+                    };
+                }
+                for u in 0..steps {
+                    let b = now.1;
+                    // the records a few steps past the unpacking (a prefetch never faults)
+                    let (ga, ba) = ahead;
+                    let p = (ga * nb + ba + PREFETCH) * st.rec;
+                    _mm_prefetch::<_MM_HINT_T0>(w.as_ptr().wrapping_add(p) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(w.as_ptr().wrapping_add(p + nb * st.rec) as *const i8);
+                    // C tile u % LAG (as `finish!` reads it), A and B tiles u % 2
+                    match u % LAG {
+                        0 => product::<0, 0>(xp.add(b * 32), k, slot(u)),
+                        1 => product::<1, 1>(xp.add(b * 32), k, slot(u)),
+                        2 => product::<6, 0>(xp.add(b * 32), k, slot(u)),
+                        _ => product::<7, 1>(xp.add(b * 32), k, slot(u)),
+                    }
+                    if u + AHEAD < steps {
+                        st.unpack::<F>(ahead, slot(u + AHEAD));
+                        ahead = st.next(ahead);
+                    }
+                    if u >= LAG - 1 {
+                        finish!(u + 1 - LAG, done);
+                        done = st.next(done);
+                    }
+                    now = st.next(now);
+                }
+                for u in steps.saturating_sub(LAG - 1)..steps {
+                    finish!(u, done);
+                    done = st.next(done);
+                }
+                // back to the tiles' initial state (cheaper context switches)
+                asm!("tilerelease", options(nostack, preserves_flags));
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -933,6 +1368,22 @@ mod tests {
                     assert_eq!(bits(&got), bits(&want1));
                 }
             }
+        }
+    }
+
+    #[test]
+    fn the_fastest_kernel_runs_unless_the_environment_names_another() {
+        let here = Kernel::supported_here();
+        #[cfg(target_arch = "x86_64")]
+        if Kernel::Amx.supported() {
+            // AMX-TILE and AMX-INT8 in CPUID, the VNNI kernel's prerequisites too
+            assert_eq!(std::arch::x86_64::__cpuid_count(7, 0).edx >> 24 & 3, 3);
+            assert!(Kernel::Vnni.supported());
+        }
+        let order = [Kernel::Amx, Kernel::Vnni, Kernel::Avx2];
+        assert!(here.windows(2).all(|p| order.iter().position(|&k| k == p[0]) < order.iter().position(|&k| k == p[1])));
+        if std::env::var(KERNEL_ENV).is_err() && std::env::var(crate::ISA_ENV).is_err() {
+            assert_eq!(kernel(), here.first().copied());
         }
     }
 
