@@ -45,7 +45,7 @@ import numpy as np
 
 from dartcore import rounds
 from dartcore.acceptance import keep_nodes
-from dartcore.controller import Acceptance, BudgetController, CostCurve
+from dartcore.controller import IDLE_STRIDE, Acceptance, BudgetController, CostCurve
 from dartcore.errors import ContextLengthError, DartError
 from dartcore.live import LiveLayer, live_layer
 from dartcore.models.kv_pool import KVPool
@@ -228,7 +228,9 @@ class Engine:
                 max_rows=self.max_batch * (self.max_nodes + 1),
                 remeasure=remeasure,
             )
-            self.controller = BudgetController(curve, max_nodes=self.max_nodes)
+            self.controller = BudgetController(
+                curve, max_nodes=self.max_nodes, idle_stride=IDLE_STRIDE
+            )
         self.stats = EngineStats()
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
@@ -453,7 +455,8 @@ class Engine:
                     ):
                         seq.budget = n
                 clock.lap("controller")
-                if any(seq.budget > 0 for seq in seqs):
+                drew = any(seq.budget > 0 for seq in seqs)
+                if drew:
                     drafted = rounds.draft(parts, seqs, depths)
                     clock.lap("draft")
                     trees = rounds.search(parts, seqs, drafted, depths)
@@ -485,13 +488,11 @@ class Engine:
             st.rows_verified = sum(len(t) for t in trees)
             st.budgets = [len(t) - 1 for t in trees]
             if self.controller is not None:
-                drafting = any(b > 0 for b in st.budgets)
+                self.controller.lap_ms(1e3 * st.seconds["controller"])
                 self.controller.timed(
                     rows=st.rows_verified,
                     verify_ms=1e3 * st.seconds["verify"],
-                    draft_ms=1e3 * (st.seconds["draft"] + st.seconds["search"])
-                    if drafting
-                    else None,
+                    draft_ms=1e3 * (st.seconds["draft"] + st.seconds["search"]) if drew else None,
                     per_token_ms=1e3 * st.seconds["accept"] / max(st.committed, 1),
                 )
         st.total_s = time.perf_counter() - t_start
