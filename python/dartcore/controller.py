@@ -77,7 +77,9 @@ switched off (every step plain, the model not consulted) for :data:`OFF_MIN` rou
 trial lets the model draft again and the judge measures it: a losing trial doubles the next
 off stretch up to :data:`OFF_MAX` rounds, a winning one leaves drafting on. The model still
 chooses the budgets while drafting wins, and its probes still find drafting where the model
-alone would not. At budget 0 by the model's own choice the engine consults it one round in
+alone would not -- but after a losing verdict they wait as long as the next off stretch, so
+that probes the model judges won cannot restart drafting the judge measured losing sooner
+than a trial would. At budget 0 by the model's own choice the engine consults it one round in
 :data:`IDLE_STRIDE` (``idle_stride``): its choice there moves only as the marginals relax.
 
 Two decisions a step. Before drafting (:meth:`BudgetController.choose`), which sequences
@@ -754,7 +756,9 @@ class BudgetController:
         if not any(budgets):
             self._rounds_idle += 1
             open_ = [i for i, c in enumerate(caps) if c > 0]
-            if open_ and self._rounds_idle > max(self.probe_interval, self._probe_spacing):
+            # where the judge last measured drafting losing, probes wait as long as its trials
+            judged = self._off_len if self.speedup is not None and self.speedup < 1.0 else 0
+            if open_ and self._rounds_idle > max(self.probe_interval, self._probe_spacing, judged):
                 i = max(open_, key=lambda j: (accs[j].gains[0], -j))
                 budgets[i] = min(caps[i], PROBE_NODES)
                 self._probe_index, self._probe_acc, self._probe_marginals = i, accs[i], None
