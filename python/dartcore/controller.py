@@ -459,6 +459,10 @@ class BudgetController:
                 : max(int(cap), 0)
             ].copy()
 
+    def observe_plain(self, sequences: int) -> None:
+        """A plain step: each of ``sequences`` committed one token (no node to observe)."""
+        self._tokens += int(sequences)
+
     def observe_verified(self, tree, path) -> None:
         """The verified ``tree`` and its accepted ``path`` (node indices from the root):
         every non-root node is one observation of its calibration cell. The path's tokens

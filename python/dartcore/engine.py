@@ -53,7 +53,7 @@ from dartcore.prompts import cut_at_stop, decode, prompt_ids, prompt_kind
 from dartcore.rounds import GenerationResult, GenerationStats, Parts, StageClock
 from dartcore.sampling import DEFAULTS, SamplingParams, check_seed
 from dartcore.tree import Tree
-from dartcore.trees import ArBuilder, root_only
+from dartcore.trees import ArBuilder
 
 __all__ = [
     "Engine",
@@ -464,29 +464,29 @@ class Engine:
                     if self.controller is not None:
                         trees = self._refine(running, trees)
                         clock.lap("controller")
-                else:  # an AR step for every sequence: nothing to draft, search or cut
-                    trees = [root_only(seq.committed[-1]) for seq in seqs]
-                outs = rounds.verify(parts, seqs, trees)
-                clock.lap("verify")
-                logits = parts.backend.tree_logits_batch(outs, trees)
-                for req, seq, tree, out, lg in zip(running, seqs, trees, outs, logits):
-                    base = len(seq.generated)
-                    done = rounds.accept(parts, seq, tree, out, lg)
-                    new = seq.generated[base:]
-                    req.budgets.append(len(tree) - 1)
+                    outs = rounds.verify(parts, seqs, trees)
+                    clock.lap("verify")
+                    logits = parts.backend.tree_logits_batch(outs, trees)
+                    for req, seq, tree, out, lg in zip(running, seqs, trees, outs, logits):
+                        base = len(seq.generated)
+                        done = rounds.accept(parts, seq, tree, out, lg)
+                        req.budgets.append(len(tree) - 1)
+                        if self.controller is not None:
+                            self.controller.observe_verified(tree, seq.path)
+                        self._emit(req, seq.generated[base:], done, st, outputs)
+                    budgets = [len(t) - 1 for t in trees]
+                else:  # a plain step for every sequence: nothing to draft, search or cut
+                    dones = rounds.plain(parts, seqs, clock)
                     if self.controller is not None:
-                        self.controller.observe_verified(tree, seq.path)
-                    st.committed += len(new)
-                    if done:
-                        self._running.remove(req)
-                        outputs.append(self._output(req, new, _reason(seq.stats.finish_reason)))
-                        self._finish(req)
-                    else:
-                        outputs.append(self._output(req, new, None))
+                        self.controller.observe_plain(len(seqs))
+                    for req, seq, done in zip(running, seqs, dones):
+                        req.budgets.append(0)
+                        self._emit(req, seq.generated[-1:], done, st, outputs)
+                    budgets = [0] * len(seqs)
             clock.lap("accept")
             st.sequences = len(seqs)
-            st.rows_verified = sum(len(t) for t in trees)
-            st.budgets = [len(t) - 1 for t in trees]
+            st.rows_verified = len(seqs) + sum(budgets)
+            st.budgets = budgets
             if self.controller is not None:
                 self.controller.lap_ms(1e3 * st.seconds["controller"])
                 self.controller.timed(
@@ -500,6 +500,19 @@ class Engine:
         return outputs
 
     # -- helpers ------------------------------------------------------------------------------
+
+    def _emit(
+        self, req: _Request, new: list[int], done: bool, st: StepStats, outputs: list
+    ) -> None:
+        """A running request's output of this step (``new``: the tokens it committed); a
+        finished one leaves the engine."""
+        st.committed += len(new)
+        if done:
+            self._running.remove(req)
+            outputs.append(self._output(req, new, _reason(req.seq.stats.finish_reason)))
+            self._finish(req)
+        else:
+            outputs.append(self._output(req, new, None))
 
     def _refine(self, running: list[_Request], trees: list[Tree]) -> list[Tree]:
         """The controller's second decision (dartcore.controller): each drawn tree's nodes
