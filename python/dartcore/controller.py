@@ -161,9 +161,10 @@ ROW_DECAY = 0.995
 FIT_WEIGHT = 0.5
 # The table is built again after this many steps, or at once when a step measured a row count
 # that had no weight in the map (a probe's count re-prices the nodes at the next choice).
-# Building it (the map's fit and the pooling) takes ~0.3 ms on the 2-vCPU dev VM: every step
-# of a batch at budget 0 paid it.
-REFIT_STEPS = 8
+# Building it (the map's fit and the pooling) takes ~0.3 ms on the 2-vCPU dev VM, more than a
+# tenth of an int8 plain step there; a count's mean moves by ~1/200 a step (ROW_DECAY), so a
+# table 32 steps old differs from a fresh one by what one fresh measurement would change.
+REFIT_STEPS = 32
 # Row counts the verify table holds (larger ones are computed when asked for).
 TABLE_ROWS = 257
 # Until a draft was timed, it is priced at this share of a one-row verify (SmolLM2's drafter is
@@ -184,6 +185,8 @@ PROBE_SHARE = 0.01
 # A cached curve is marked stale once the smallest row count the engine measured this many
 # (decayed) times ran more than DISAGREE (dartcore.cost) times faster than the curve says.
 STALE_STEPS = 16.0
+# ... checked once every this many steps timed
+STALE_CHECK_STEPS = 8
 # A sequence that drafts draws a tree of its chosen budget plus this many nodes (module docs).
 DRAW_SLACK = 2
 # The measured-rate judge (module docs, "Measured rates"). Drafting steps are compared with the
@@ -205,7 +208,7 @@ TRIAL_ROUNDS = 32
 CATCHUP_IDLE = 8
 # The engine's idle stride: after the model gives every sequence budget 0, the next
 # IDLE_STRIDE - 1 rounds are plain without consulting it (its choice moves slowly there: the
-# marginals relax by RELAX a round), so a batch at budget 0 pays for the model every fourth step.
+# marginals relax by RELAX a round), so a batch at budget 0 pays for the model one step in four.
 IDLE_STRIDE = 4
 
 
@@ -514,8 +517,8 @@ class BudgetController:
             self._since_fit += 1
             if new_count or self._since_fit >= REFIT_STEPS:
                 self._verify_table = None
-                if self.stale is None:
-                    self._check_curve()
+            if self.stale is None and self._since_fit % STALE_CHECK_STEPS == 0:
+                self._check_curve()
         if draft_ms is not None:
             if not self._catchup:  # steady: the cost of drafting round after round
                 if self._draft_steady:
