@@ -17,6 +17,7 @@ from dartcore.controller import (
     JUDGE_WEIGHT,
     OFF_MAX,
     OFF_MIN,
+    PROBE_MIN,
     REF_STEPS,
     TRIAL_ROUNDS,
     BudgetController,
@@ -163,3 +164,28 @@ def test_the_idle_stride_consults_the_model_every_few_rounds():
     for _ in range(rounds_relaxed):
         one.choose([acc], [6])
     np.testing.assert_allclose(runs[IDLE_STRIDE][1], acc.gains)
+
+
+def test_a_probe_across_the_kernels_row_cliff_waits_for_its_share_first():
+    """At batch 16 on the CPU a probe's 3 nodes cross the native kernel's 16 rows (~147 ms
+    against 44): its first try waits until its predicted extra time is PROBE_SHARE of the
+    plain steps since, not PROBE_MIN rounds; a batch below the cliff probes as before."""
+    curve = CostCurve(
+        [{"rows": 1, "ms": 30.0}, {"rows": 16, "ms": 44.0}, {"rows": 17, "ms": 146.0}]
+        + [{"rows": 64, "ms": 200.0}]
+    )
+
+    def first_probe(batch: int) -> int:
+        ctrl = BudgetController(curve, max_nodes=4, draft_ms=5.0, clock=lambda: 0.0)
+        accs = [ctrl.new_sequence() for _ in range(batch)]
+        for acc in accs:
+            acc.gains[:] = 0.01
+        ctrl.prior.gains[:] = 0.01
+        for t in range(2000):
+            if any(ctrl.choose(accs, [4] * batch)):
+                return t
+        return -1
+
+    assert first_probe(8) == PROBE_MIN
+    late = first_probe(16)
+    assert late > 100  # (146 - 44 + 5) ms over 1 % of a ~44 ms step: ~240 rounds

@@ -47,7 +47,9 @@ measured a step with more rows that would have shown it wrong. Four things undo 
   at most :data:`PROBE_SHARE` (1 %) of the time. Where drafting truly loses, a probe costs
   3 verify rows and a draft that catches up on the rounds since: tens of ms on the dev VM
   at batch 1, but at batch 16 its rows take the CPU forward past the native kernel's 16
-  rows (146-149 ms against 44 for the batch's AR step), which once per 64 rounds was ~5 %.
+  rows (146-149 ms against 44 for the batch's AR step), which once per 64 rounds was ~5 %;
+  so a probe whose rows cross such a cliff (one row dearer than :data:`CLIFF` plain steps
+  and than the probe's other rows) waits its predicted share before its first try too.
 * **the draft as a steady cost**: a sequence that has not drafted for k rounds (a new one:
   its whole prompt) makes its next draft read every position since -- ~160 ms for a
   200-token chat prompt against 5-8 ms a steady draft (2-vCPU VM, SmolLM2 drafter). Only a
@@ -182,6 +184,9 @@ PROBE_MAX = 64
 # batch 16 on the CPU its 3 nodes take the forward past the native kernel's 16 rows (19 rows:
 # 146-149 ms against 44 for the batch's AR step), and a probe every 64 steps cost ~5 %.
 PROBE_SHARE = 0.01
+# A probe whose rows cross a cliff of the verify cost (one row costing more than CLIFF times a
+# plain step) waits its PROBE_SHARE spacing before its first try, not only after it lost.
+CLIFF = 0.75
 # A cached curve is marked stale once the smallest row count the engine measured this many
 # (decayed) times ran more than DISAGREE (dartcore.cost) times faster than the curve says.
 STALE_STEPS = 16.0
@@ -765,8 +770,11 @@ class BudgetController:
             open_ = [i for i, c in enumerate(caps) if c > 0]
             # where the judge last measured drafting losing, probes wait as long as its trials
             judged = self._off_len if self.speedup is not None and self.speedup < 1.0 else 0
-            if open_ and self._rounds_idle > max(self.probe_interval, self._probe_spacing, judged):
-                i = max(open_, key=lambda j: (accs[j].gains[0], -j))
+            wait = max(self.probe_interval, self._probe_spacing, judged)
+            i = max(open_, key=lambda j: (accs[j].gains[0], -j)) if open_ else -1
+            if open_ and self._rounds_idle > wait:
+                wait = self._cliff_spacing(len(accs), min(caps[i], PROBE_NODES))
+            if open_ and self._rounds_idle > wait:
                 budgets[i] = min(caps[i], PROBE_NODES)
                 self._probe_index, self._probe_acc, self._probe_marginals = i, accs[i], None
                 self._probe_batch = len(accs)
@@ -790,6 +798,21 @@ class BudgetController:
             self._skip = self.idle_stride - 1
         self._timed_choice(t0)
         return budgets
+
+    def _cliff_spacing(self, batch: int, nodes: int) -> float:
+        """Rounds a probe of ``nodes`` nodes at ``batch`` sequences waits before its first try
+        where its rows cross a cliff of the verify cost (one row costing more than
+        :data:`CLIFF` plain steps and 4 times the probe's median row: past the CPU kernel's 16
+        rows, 44 ms for 16 and ~147 for 19):
+        its predicted extra time over :data:`PROBE_SHARE` of a plain step's. 0 elsewhere."""
+        v = np.asarray(self.verify_ms(np.arange(batch, batch + nodes + 1)), dtype=np.float64)
+        d = np.diff(v)
+        # a cliff: one row far dearer than a plain step and than the probe's other rows (a
+        # curve whose every row is dear is no cliff: its probes are priced as before)
+        if len(d) < 2 or not float(d.max()) > max(CLIFF * v[0], 4.0 * float(np.median(d))):
+            return 0.0
+        base = float(v[0]) + self.per_token_ms * batch
+        return (float(v[-1] - v[0]) + self.draft_cost()) / (PROBE_SHARE * max(base, 1e-3))
 
     def _judge_probe(self, batch: int) -> None:
         """Last round's probe, with what it showed (its tree's chances, the times of its
