@@ -451,3 +451,44 @@ def test_engine_generate_is_the_batch_api_and_needs_an_idle_engine():
     engine.add_request(prompts[0], SamplingParams(max_new_tokens=4))
     with pytest.raises(DartError, match="idle engine"):
         engine.generate(prompts[:1], max_new_tokens=4)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_the_plain_step_is_a_round_of_root_only_trees(temperature):
+    """rounds.plain (the engine's step when no sequence drafts) commits what verify + accept
+    with root-only trees commit: the same tokens, stats and cache lengths, the samplers drawing
+    in the same order."""
+    from dartcore import rounds
+    from dartcore.rounds import GenerationStats
+    from dartcore.sampling import Sampler
+    from dartcore.trees import root_only
+
+    model = tiny_model("llama", seed=21)
+    model.generation_config.eos_token_id = None
+    prompts, refs = prompts_and_refs(model, 3, 10, seed=22, lengths=[5, 17, 9])
+    parts = oracle_decoder(model, prompts, refs).parts
+    params = SamplingParams(max_new_tokens=10, temperature=temperature)
+
+    def start():
+        seqs = [
+            rounds.new_sequence(parts, p, 10, Sampler(params, seed=i), (), GenerationStats())
+            for i, p in enumerate(prompts)
+        ]
+        for s in seqs:
+            rounds.prefill(parts, s)
+        return seqs
+
+    a, b = start(), start()
+    for _ in range(9):
+        done_a = rounds.plain(parts, a)
+        trees = [root_only(s.committed[-1]) for s in b]
+        outs = rounds.verify(parts, b, trees)
+        lgs = parts.backend.tree_logits_batch(outs, trees)
+        done_b = [rounds.accept(parts, s, t, o, lg) for s, t, o, lg in zip(b, trees, outs, lgs)]
+        assert done_a == done_b
+    for x, y in zip(a, b):
+        assert x.generated == y.generated and x.committed == y.committed
+        assert x.cache.length == y.cache.length and x.path == y.path == [0]
+        assert x.stats.accept_hist == y.stats.accept_hist and x.stats.rounds == y.stats.rounds
+    if temperature == 0.0:
+        assert [s.generated for s in a] == [r[:10] for r in refs]

@@ -47,7 +47,9 @@ measured a step with more rows that would have shown it wrong. Four things undo 
   at most :data:`PROBE_SHARE` (1 %) of the time. Where drafting truly loses, a probe costs
   3 verify rows and a draft that catches up on the rounds since: tens of ms on the dev VM
   at batch 1, but at batch 16 its rows take the CPU forward past the native kernel's 16
-  rows (146-149 ms against 44 for the batch's AR step), which once per 64 rounds was ~5 %.
+  rows (146-149 ms against 44 for the batch's AR step), which once per 64 rounds was ~5 %;
+  so a probe whose rows cross such a cliff (one row dearer than :data:`CLIFF` plain steps
+  and than the probe's other rows) waits its predicted share before its first try too.
 * **the draft as a steady cost**: a sequence that has not drafted for k rounds (a new one:
   its whole prompt) makes its next draft read every position since -- ~160 ms for a
   200-token chat prompt against 5-8 ms a steady draft (2-vCPU VM, SmolLM2 drafter). Only a
@@ -62,6 +64,25 @@ measured a step with more rows that would have shown it wrong. Four things undo 
   :data:`~dartcore.cost.DISAGREE` (1.5) times a spot measurement at load; and a running
   controller that sees the engine's forwards that much faster than the curve marks the
   cache file stale, so the next process measures it again.
+
+Measured rates. The model can be wrong where its parts are right: costs it does not price (the
+tree's logits and walk on a drafting step, the search's Python side, a machine whose small
+forwards grow with rows differently from the curve's) can make every budget it picks commit
+fewer tokens per second than plain steps -- on the CPU int8 path the model drafted 2-3 node
+trees at 0.91-0.95x of budget 0. So a judge compares what the engine measured: per batch size,
+the plain step's time (a decayed mean over at least :data:`REF_STEPS` plain steps, measured
+first where drafting steps have none to compare with, and again every :data:`REF_AGE`
+drafting steps), and the recent drafting steps' committed tokens at that plain rate against
+their measured time (decayed, the last ~10 steps; a step whose drafter caught up on a long
+idle stretch or a whole prompt does not count). When drafting commits more slowly, drafting is
+switched off (every step plain, the model not consulted) for :data:`OFF_MIN` rounds, then a
+trial lets the model draft again and the judge measures it: a losing trial doubles the next
+off stretch up to :data:`OFF_MAX` rounds, a winning one leaves drafting on. The model still
+chooses the budgets while drafting wins, and its probes still find drafting where the model
+alone would not -- but after a losing verdict they wait as long as the next off stretch, so
+that probes the model judges won cannot restart drafting the judge measured losing sooner
+than a trial would. At budget 0 by the model's own choice the engine consults it one round in
+:data:`IDLE_STRIDE` (``idle_stride``): its choice there moves only as the marginals relax.
 
 Two decisions a step. Before drafting (:meth:`BudgetController.choose`), which sequences
 draft at all, from each sequence's expected marginals ``p_{i,j}`` of its recent trees
@@ -142,9 +163,10 @@ ROW_DECAY = 0.995
 FIT_WEIGHT = 0.5
 # The table is built again after this many steps, or at once when a step measured a row count
 # that had no weight in the map (a probe's count re-prices the nodes at the next choice).
-# Building it (the map's fit and the pooling) takes ~0.3 ms on the 2-vCPU dev VM: every step
-# of a batch at budget 0 paid it.
-REFIT_STEPS = 8
+# Building it (the map's fit and the pooling) takes ~0.3 ms on the 2-vCPU dev VM, more than a
+# tenth of an int8 plain step there; a count's mean moves by ~1/200 a step (ROW_DECAY), so a
+# table 32 steps old differs from a fresh one by what one fresh measurement would change.
+REFIT_STEPS = 32
 # Row counts the verify table holds (larger ones are computed when asked for).
 TABLE_ROWS = 257
 # Until a draft was timed, it is priced at this share of a one-row verify (SmolLM2's drafter is
@@ -162,11 +184,37 @@ PROBE_MAX = 64
 # batch 16 on the CPU its 3 nodes take the forward past the native kernel's 16 rows (19 rows:
 # 146-149 ms against 44 for the batch's AR step), and a probe every 64 steps cost ~5 %.
 PROBE_SHARE = 0.01
+# A probe whose rows cross a cliff of the verify cost (one row costing more than CLIFF times a
+# plain step) waits its PROBE_SHARE spacing before its first try, not only after it lost.
+CLIFF = 0.75
 # A cached curve is marked stale once the smallest row count the engine measured this many
 # (decayed) times ran more than DISAGREE (dartcore.cost) times faster than the curve says.
 STALE_STEPS = 16.0
+# ... checked once every this many steps timed
+STALE_CHECK_STEPS = 8
 # A sequence that drafts draws a tree of its chosen budget plus this many nodes (module docs).
 DRAW_SLACK = 2
+# The measured-rate judge (module docs, "Measured rates"). Drafting steps are compared with the
+# plain steps of the same batch size: a verdict needs JUDGE_WEIGHT of the drafting steps' decayed
+# weight (JUDGE_DECAY per step: the last ~10 count), against a plain step time measured over at
+# least REF_STEPS plain steps (each moves it by REF_ALPHA), measured again after REF_AGE drafting
+# steps. A losing verdict switches drafting off for OFF_MIN rounds, doubling per losing trial up
+# to OFF_MAX; a trial whose model drafts in too few steps for a verdict ends after TRIAL_ROUNDS.
+# A drafting step whose drafter caught up on more than CATCHUP_IDLE rounds (or a whole prompt)
+# is not judged: a sequence that drafts round after round never pays that.
+JUDGE_WEIGHT = 6.0
+JUDGE_DECAY = 0.9
+REF_STEPS = 3
+REF_ALPHA = 0.3
+REF_AGE = 128
+OFF_MIN = 32
+OFF_MAX = 1024
+TRIAL_ROUNDS = 32
+CATCHUP_IDLE = 8
+# The engine's idle stride: after the model gives every sequence budget 0, the next
+# IDLE_STRIDE - 1 rounds are plain without consulting it (its choice moves slowly there: the
+# marginals relax by RELAX a round), so a batch at budget 0 pays for the model one step in four.
+IDLE_STRIDE = 4
 
 
 def expected_tokens(gains: np.ndarray, n: int) -> float:
@@ -180,6 +228,18 @@ def prior_gains(n: int) -> np.ndarray:
     return PRIOR_RATE ** np.arange(1, n + 1, dtype=np.float64)
 
 
+_PRIOR_GAINS: dict[int, np.ndarray] = {}
+
+
+def _prior_gains_shared(n: int) -> np.ndarray:
+    """:func:`prior_gains`, one read-only array per length (relaxing reads it every round)."""
+    g = _PRIOR_GAINS.get(n)
+    if g is None:
+        g = _PRIOR_GAINS[n] = prior_gains(n)
+        g.flags.writeable = False
+    return g
+
+
 @dataclass
 class Acceptance:
     """One sequence's (or the batch prior's) expected marginals: ``gains[j]``, the calibrated
@@ -188,6 +248,7 @@ class Acceptance:
 
     gains: np.ndarray
     idle: int = 0  # rounds since it last drew a tree: positions its drafter has to catch up on
+    drafts: int = 0  # trees it drew (its first draft reads the whole prompt)
 
     @classmethod
     def prior(cls, depth: int) -> Acceptance:
@@ -199,7 +260,7 @@ class Acceptance:
     def relax(self, alpha: float = RELAX) -> None:
         """A round this sequence could have drafted and did not: the marginals move toward the
         prior's (see the module docs)."""
-        self.gains += alpha * (prior_gains(len(self.gains)) - self.gains)
+        self.gains += alpha * (_prior_gains_shared(len(self.gains)) - self.gains)
 
     def observe(self, marginals: np.ndarray, cap: int, alpha: float = ALPHA) -> None:
         """One tree of ``cap`` nodes (fewer when the search found fewer) had these ranked
@@ -207,8 +268,10 @@ class Acceptance:
         cap = min(int(cap), len(self.gains))
         if cap <= 0:
             return
-        m = np.asarray(marginals, dtype=np.float64)[:cap]
-        self.gains[:cap] += alpha * (np.pad(m, (0, cap - len(m))) - self.gains[:cap])
+        m = np.zeros(cap)
+        seen = np.asarray(marginals, dtype=np.float64)[:cap]
+        m[: len(seen)] = seen
+        self.gains[:cap] += alpha * (m - self.gains[:cap])
         np.minimum.accumulate(self.gains, out=self.gains)
 
 
@@ -321,6 +384,14 @@ class BudgetController:
     probe_wins: int = 0
     probe_interval: int = PROBE_MIN
     stale: dict | None = None  # why the curve was marked stale, once it was
+    judge: bool = True  # the measured-rate judge (module docs, "Measured rates")
+    # after a choice of budget 0 for every sequence, the next idle_stride - 1 rounds are plain
+    # without consulting the model (module docs, "Measured rates"); 1: every round decides
+    idle_stride: int = 1
+    mode: str = "on"  # the judge's: "on" (the model decides), "off" (budget 0), "trial"
+    speedup: float | None = None  # the judge's last measured drafting / plain rate
+    trials: int = 0  # trials the judge ran after switching drafting off, and how many lost
+    trials_lost: int = 0
 
     def __post_init__(self):
         if self.max_nodes < 0:
@@ -353,6 +424,19 @@ class BudgetController:
         self._same_rows = 0
         if self.draft_ms is None:
             self.draft_ms = DRAFT_SHARE * float(self.curve(1))
+        # the judge: per batch size the plain step's measured ms, its plain steps since it was
+        # last refreshed and the drafting steps since; the drafting steps' decayed AR-equivalent
+        # time, measured time and weight; the rounds left off, the next off stretch, a trial's
+        # rounds; this step's batch, committed tokens, controller ms and whether it is judged
+        self._ar_ms: dict[int, float] = {}
+        self._ar_n: dict[int, int] = {}
+        self._ar_age: dict[int, int] = {}
+        self._curve_ms: dict[int, float] = {}  # the curve at the row counts asked so far
+        self._need_ref: set[int] = set()  # batch sizes whose plain time a drafting step awaits
+        self._gain = self._spend = self._weight = 0.0
+        self._off_left, self._off_len, self._trial_rounds = 0, OFF_MIN, 0
+        self._skip = self._skipped = 0  # the idle stride's rounds left, and skipped since
+        self._batch, self._tokens, self._ctrl_ms, self._steady = 0, 0, 0.0, False
 
     def new_sequence(self) -> Acceptance:
         """A new sequence's expected marginals: the batch's prior. Its first draft catches up
@@ -383,9 +467,15 @@ class BudgetController:
                 : max(int(cap), 0)
             ].copy()
 
+    def observe_plain(self, sequences: int) -> None:
+        """A plain step: each of ``sequences`` committed one token (no node to observe)."""
+        self._tokens += int(sequences)
+
     def observe_verified(self, tree, path) -> None:
         """The verified ``tree`` and its accepted ``path`` (node indices from the root):
-        every non-root node is one observation of its calibration cell."""
+        every non-root node is one observation of its calibration cell. The path's tokens
+        (accepted nodes + the bonus) count in the step's committed tokens for the judge."""
+        self._tokens += len(path)
         if len(tree) < 2:
             return
         accepted = np.zeros(len(tree) - 1)
@@ -399,14 +489,23 @@ class BudgetController:
     ) -> None:
         """Fold one step's measured times into the model: its verify forward of ``rows`` rows,
         its draft + search (None when nothing was drafted) and its acceptance time per
-        committed token."""
+        committed token. The step's time -- these plus the controller's own -- and its
+        committed tokens (:meth:`observe_verified`) go to the judge."""
+        tokens, self._tokens = self._tokens, 0
+        self._judge_step(
+            rows,
+            draft_ms is not None,
+            tokens,
+            verify_ms + (draft_ms or 0.0) + (per_token_ms or 0.0) * tokens + self._ctrl_ms,
+        )
+        self._ctrl_ms = 0.0
         a = 0.2
         if self._probe_index is not None and self._probe_batch:
             # the probe's step against the AR step the batch would have taken
             self._probe_extra = max(verify_ms - float(self.verify_ms(self._probe_batch)), 0.0) + (
                 draft_ms or 0.0
             )
-        predicted = float(self.curve(rows))
+        predicted = self._curve_at(int(rows))
         if predicted > 0 and verify_ms > 0 and rows >= 1:
             self.verify_scale += a * (verify_ms / predicted - self.verify_scale)
             if rows >= len(self._ms_n):
@@ -423,7 +522,7 @@ class BudgetController:
             self._since_fit += 1
             if new_count or self._since_fit >= REFIT_STEPS:
                 self._verify_table = None
-            if self.stale is None:
+            if self.stale is None and self._since_fit % STALE_CHECK_STEPS == 0:
                 self._check_curve()
         if draft_ms is not None:
             if not self._catchup:  # steady: the cost of drafting round after round
@@ -437,6 +536,13 @@ class BudgetController:
                 self._draft_bound = min(self._draft_bound, float(draft_ms))
         if per_token_ms is not None:
             self.per_token_ms += a * (per_token_ms - self.per_token_ms)
+
+    def _curve_at(self, rows: int) -> float:
+        """The curve at one row count (remembered: the engine asks for the same few every step)."""
+        ms = self._curve_ms.get(rows)
+        if ms is None:
+            ms = self._curve_ms[rows] = float(self.curve(rows))
+        return ms
 
     def draft_cost(self) -> float:
         """The draft + search time of a step that drafts, as a steady cost (module docs):
@@ -454,7 +560,7 @@ class BudgetController:
             return
         r = int(seen[0])
         live = self._ms_sum[r] / self._ms_n[r]
-        cached = float(self.curve(r))
+        cached = self._curve_at(r)
         if cached > DISAGREE * live:
             self.stale = {"rows": r, "curve_ms": cached, "engine_ms": float(live)}
             self.curve.mark_stale(self.stale)
@@ -559,6 +665,75 @@ class BudgetController:
             + self.controller_ms
         )
 
+    # -- the measured-rate judge ------------------------------------------------------------
+
+    def _forced_plain(self, batch: int) -> bool:
+        """Whether the judge makes this step a plain one for every sequence: drafting is off
+        (until its trial), or a drafting step awaits the plain step time of this batch size
+        (module docs, "Measured rates")."""
+        if not self.judge:
+            return False
+        if self.mode == "off":
+            if self._off_left > 0:
+                self._off_left -= 1
+                return True
+            self.mode, self._trial_rounds = "trial", 0
+            self._gain = self._spend = self._weight = 0.0
+            self.trials += 1
+        if self.mode == "trial":
+            self._trial_rounds += 1
+            if self._trial_rounds > TRIAL_ROUNDS:  # the model hardly drafts: it decides
+                self.mode = "on"
+        return batch in self._need_ref
+
+    def lap_ms(self, ms: float) -> None:
+        """This step's controller time as the engine measured it (choosing, ranking the trees,
+        cutting them): the judge counts it instead of the controller's own timing of
+        :meth:`choose` and :meth:`refine`. Call before :meth:`timed`."""
+        self._ctrl_ms = float(ms)
+
+    def _judge_step(self, rows: int, drafted: bool, tokens: int, ms: float) -> None:
+        """One step's measured time and committed tokens (module docs, "Measured rates"): a
+        plain step updates its batch size's plain time; a steady drafting step counts, at the
+        plain rate of its batch size, as the time plain steps would have taken to commit its
+        tokens, and once enough did, drafting that commits more slowly than plain steps is
+        switched off."""
+        b = self._batch
+        self._batch = 0
+        if not self.judge or b <= 0 or tokens <= 0 or ms <= 0:
+            return
+        if not drafted:
+            if rows == b:
+                old = self._ar_ms.get(b)
+                self._ar_ms[b] = ms if old is None else old + REF_ALPHA * (ms - old)
+                self._ar_n[b] = self._ar_n.get(b, 0) + 1
+                self._ar_age[b] = 0
+                if self._ar_n[b] >= REF_STEPS:
+                    self._need_ref.discard(b)
+            return
+        if not self._steady:
+            return
+        if self._ar_n.get(b, 0) < REF_STEPS:  # the next steps measure the plain time first
+            self._need_ref.add(b)
+            return
+        self._ar_age[b] = self._ar_age.get(b, 0) + 1
+        if self._ar_age[b] >= REF_AGE:  # measure the plain time again
+            self._ar_n[b] = 0
+        self._gain = JUDGE_DECAY * self._gain + tokens / b * self._ar_ms[b]
+        self._spend = JUDGE_DECAY * self._spend + ms
+        self._weight = JUDGE_DECAY * self._weight + 1.0
+        if self._weight < JUDGE_WEIGHT:
+            return
+        self.speedup = self._gain / self._spend
+        if self.speedup < 1.0:
+            if self.mode == "trial":
+                self.trials_lost += 1
+            self.mode, self._off_left = "off", self._off_len
+            self._off_len = min(2 * self._off_len, OFF_MAX)
+            self._gain = self._spend = self._weight = 0.0
+        elif self.mode == "trial":  # a won trial halves the next off stretch (noise can win one)
+            self.mode, self._off_len = "on", max(self._off_len // 2, OFF_MIN)
+
     # -- the two decisions --------------------------------------------------------------------
 
     def choose(self, accs: list[Acceptance], caps: list[int]) -> list[int]:
@@ -567,7 +742,25 @@ class BudgetController:
         draws a tree. A round in which none would, :data:`PROBE_MIN` to :data:`PROBE_MAX`
         rounds after the batch stopped drafting, one sequence probes."""
         t0 = self.clock()
+        self._batch, self._tokens = len(accs), 0
+        skip = self._skip > 0
+        if skip or self._forced_plain(len(accs)):
+            # a plain step without the model: the judge's, or one of the idle stride's (whose
+            # rounds the next choice relaxes for); no relaxing while the judge keeps it off
+            if skip:
+                self._skip -= 1
+                self._skipped += 1
+            for acc in accs:
+                acc.idle += 1
+            self._probe_index = self._probe_acc = None
+            self._rounds_idle += 1
+            self._steady = False
+            self._ctrl_ms += 1e3 * (self.clock() - t0)
+            return [0] * len(accs)
         caps = [min(int(c), self.max_nodes, len(a.gains)) for a, c in zip(accs, caps)]
+        # relax for this round and the stride's rounds skipped since the last choice
+        relax = 1.0 - (1.0 - self.alpha / 4) ** (1 + self._skipped)
+        self._skipped = 0
         if self._judge:
             self._judge_probe(len(accs))
         budgets = self._allocate([a.gains[:c] for a, c in zip(accs, caps)], self.draft_cost())
@@ -575,8 +768,13 @@ class BudgetController:
         if not any(budgets):
             self._rounds_idle += 1
             open_ = [i for i, c in enumerate(caps) if c > 0]
-            if open_ and self._rounds_idle > max(self.probe_interval, self._probe_spacing):
-                i = max(open_, key=lambda j: (accs[j].gains[0], -j))
+            # where the judge last measured drafting losing, probes wait as long as its trials
+            judged = self._off_len if self.speedup is not None and self.speedup < 1.0 else 0
+            wait = max(self.probe_interval, self._probe_spacing, judged)
+            i = max(open_, key=lambda j: (accs[j].gains[0], -j)) if open_ else -1
+            if open_ and self._rounds_idle > wait:
+                wait = self._cliff_spacing(len(accs), min(caps[i], PROBE_NODES))
+            if open_ and self._rounds_idle > wait:
                 budgets[i] = min(caps[i], PROBE_NODES)
                 self._probe_index, self._probe_acc, self._probe_marginals = i, accs[i], None
                 self._probe_batch = len(accs)
@@ -584,18 +782,37 @@ class BudgetController:
                 self.probes += 1
         if any(budgets):
             self._rounds_idle = 0
-        self._catchup = any(acc.idle > 0 for acc, n in zip(accs, budgets) if n > 0)
+        drafting = [acc for acc, n in zip(accs, budgets) if n > 0]
+        self._catchup = any(acc.idle > 0 for acc in drafting)
+        self._steady = all(acc.drafts > 0 and acc.idle <= CATCHUP_IDLE for acc in drafting)
         for acc, cap, n in zip(accs, caps, budgets):
             if n > 0:
                 acc.idle = 0
+                acc.drafts += 1
             else:
                 acc.idle += 1
                 if cap > 0:
-                    acc.relax(self.alpha / 4)
+                    acc.relax(relax)
         if not any(budgets) and any(c > 0 for c in caps):
-            self.prior.relax(self.alpha / 4)
+            self.prior.relax(relax)
+            self._skip = self.idle_stride - 1
         self._timed_choice(t0)
         return budgets
+
+    def _cliff_spacing(self, batch: int, nodes: int) -> float:
+        """Rounds a probe of ``nodes`` nodes at ``batch`` sequences waits before its first try
+        where its rows cross a cliff of the verify cost (one row costing more than
+        :data:`CLIFF` plain steps and 4 times the probe's median row: past the CPU kernel's 16
+        rows, 44 ms for 16 and ~147 for 19):
+        its predicted extra time over :data:`PROBE_SHARE` of a plain step's. 0 elsewhere."""
+        v = np.asarray(self.verify_ms(np.arange(batch, batch + nodes + 1)), dtype=np.float64)
+        d = np.diff(v)
+        # a cliff: one row far dearer than a plain step and than the probe's other rows (a
+        # curve whose every row is dear is no cliff: its probes are priced as before)
+        if len(d) < 2 or not float(d.max()) > max(CLIFF * v[0], 4.0 * float(np.median(d))):
+            return 0.0
+        base = float(v[0]) + self.per_token_ms * batch
+        return (float(v[-1] - v[0]) + self.draft_cost()) / (PROBE_SHARE * max(base, 1e-3))
 
     def _judge_probe(self, batch: int) -> None:
         """Last round's probe, with what it showed (its tree's chances, the times of its
@@ -648,6 +865,7 @@ class BudgetController:
 
     def _timed_choice(self, t0: float) -> None:
         dt = self.clock() - t0
+        self._ctrl_ms += 1e3 * dt
         self.choose_s += dt
         self.controller_ms += 0.2 * (1e3 * dt - self.controller_ms)
 
@@ -655,16 +873,12 @@ class BudgetController:
         """The exact optimum of ``E / T`` over budgets ``n_i <= len(marginals[i])`` for
         marginals that never grow along a sequence (see the module docs)."""
         b = len(marginals)
-        owners, gains = [], []
-        for i, m in enumerate(marginals):
-            if len(m):
-                gains.append(np.asarray(m, dtype=np.float64))
-                owners.append(np.full(len(m), i))
+        sizes = [len(m) for m in marginals]
         budgets = [0] * b
-        if not gains:
+        if not any(sizes):
             return budgets
-        gain = np.concatenate(gains)
-        owner = np.concatenate(owners)
+        gain = np.concatenate(marginals, dtype=np.float64)
+        owner = np.repeat(np.arange(b), sizes)
         # Largest marginal first; ties keep each sequence's nodes in order (stable sort).
         order = np.argsort(-gain, kind="stable")
         e = b + np.concatenate(([0.0], np.cumsum(gain[order])))

@@ -91,14 +91,16 @@ CURVE_SIZES = (
 
 def _decreasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """The weighted least-squares non-increasing fit of ``values`` (pool adjacent violators)."""
+    if len(values) < 2 or bool(np.all(values[1:] <= values[:-1])):
+        return values.astype(np.float64, copy=True)  # already non-increasing (the usual case)
     blocks: list[list[float]] = []  # [mean, weight, count]
-    for v, w in zip(values, weights):
-        blocks.append([float(v), float(w), 1])
+    for v, w in zip(values.tolist(), weights.tolist()):
+        blocks.append([v, w, 1])
         while len(blocks) > 1 and blocks[-2][0] < blocks[-1][0]:
             m2, w2, c2 = blocks.pop()
             m1, w1, c1 = blocks[-1]
             blocks[-1] = [(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, c1 + c2]
-    return np.concatenate([np.full(c, m) for m, _, c in blocks]) if blocks else np.zeros(0)
+    return np.array([m for m, _, c in blocks for _ in range(c)], dtype=np.float64)
 
 
 def increasing(values, weights) -> np.ndarray:

@@ -45,7 +45,7 @@ import numpy as np
 
 from dartcore import rounds
 from dartcore.acceptance import keep_nodes
-from dartcore.controller import Acceptance, BudgetController, CostCurve
+from dartcore.controller import IDLE_STRIDE, Acceptance, BudgetController, CostCurve
 from dartcore.errors import ContextLengthError, DartError
 from dartcore.live import LiveLayer, live_layer
 from dartcore.models.kv_pool import KVPool
@@ -53,7 +53,7 @@ from dartcore.prompts import cut_at_stop, decode, prompt_ids, prompt_kind
 from dartcore.rounds import GenerationResult, GenerationStats, Parts, StageClock
 from dartcore.sampling import DEFAULTS, SamplingParams, check_seed
 from dartcore.tree import Tree
-from dartcore.trees import ArBuilder, root_only
+from dartcore.trees import ArBuilder
 
 __all__ = [
     "Engine",
@@ -228,7 +228,9 @@ class Engine:
                 max_rows=self.max_batch * (self.max_nodes + 1),
                 remeasure=remeasure,
             )
-            self.controller = BudgetController(curve, max_nodes=self.max_nodes)
+            self.controller = BudgetController(
+                curve, max_nodes=self.max_nodes, idle_stride=IDLE_STRIDE
+            )
         self.stats = EngineStats()
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
@@ -453,7 +455,8 @@ class Engine:
                     ):
                         seq.budget = n
                 clock.lap("controller")
-                if any(seq.budget > 0 for seq in seqs):
+                drew = any(seq.budget > 0 for seq in seqs)
+                if drew:
                     drafted = rounds.draft(parts, seqs, depths)
                     clock.lap("draft")
                     trees = rounds.search(parts, seqs, drafted, depths)
@@ -461,37 +464,35 @@ class Engine:
                     if self.controller is not None:
                         trees = self._refine(running, trees)
                         clock.lap("controller")
-                else:  # an AR step for every sequence: nothing to draft, search or cut
-                    trees = [root_only(seq.committed[-1]) for seq in seqs]
-                outs = rounds.verify(parts, seqs, trees)
-                clock.lap("verify")
-                logits = parts.backend.tree_logits_batch(outs, trees)
-                for req, seq, tree, out, lg in zip(running, seqs, trees, outs, logits):
-                    base = len(seq.generated)
-                    done = rounds.accept(parts, seq, tree, out, lg)
-                    new = seq.generated[base:]
-                    req.budgets.append(len(tree) - 1)
+                    outs = rounds.verify(parts, seqs, trees)
+                    clock.lap("verify")
+                    logits = parts.backend.tree_logits_batch(outs, trees)
+                    for req, seq, tree, out, lg in zip(running, seqs, trees, outs, logits):
+                        base = len(seq.generated)
+                        done = rounds.accept(parts, seq, tree, out, lg)
+                        req.budgets.append(len(tree) - 1)
+                        if self.controller is not None:
+                            self.controller.observe_verified(tree, seq.path)
+                        self._emit(req, seq.generated[base:], done, st, outputs)
+                    budgets = [len(t) - 1 for t in trees]
+                else:  # a plain step for every sequence: nothing to draft, search or cut
+                    dones = rounds.plain(parts, seqs, clock)
                     if self.controller is not None:
-                        self.controller.observe_verified(tree, seq.path)
-                    st.committed += len(new)
-                    if done:
-                        self._running.remove(req)
-                        outputs.append(self._output(req, new, _reason(seq.stats.finish_reason)))
-                        self._finish(req)
-                    else:
-                        outputs.append(self._output(req, new, None))
+                        self.controller.observe_plain(len(seqs))
+                    for req, seq, done in zip(running, seqs, dones):
+                        req.budgets.append(0)
+                        self._emit(req, seq.generated[-1:], done, st, outputs)
+                    budgets = [0] * len(seqs)
             clock.lap("accept")
             st.sequences = len(seqs)
-            st.rows_verified = sum(len(t) for t in trees)
-            st.budgets = [len(t) - 1 for t in trees]
+            st.rows_verified = len(seqs) + sum(budgets)
+            st.budgets = budgets
             if self.controller is not None:
-                drafting = any(b > 0 for b in st.budgets)
+                self.controller.lap_ms(1e3 * st.seconds["controller"])
                 self.controller.timed(
                     rows=st.rows_verified,
                     verify_ms=1e3 * st.seconds["verify"],
-                    draft_ms=1e3 * (st.seconds["draft"] + st.seconds["search"])
-                    if drafting
-                    else None,
+                    draft_ms=1e3 * (st.seconds["draft"] + st.seconds["search"]) if drew else None,
                     per_token_ms=1e3 * st.seconds["accept"] / max(st.committed, 1),
                 )
         st.total_s = time.perf_counter() - t_start
@@ -499,6 +500,19 @@ class Engine:
         return outputs
 
     # -- helpers ------------------------------------------------------------------------------
+
+    def _emit(
+        self, req: _Request, new: list[int], done: bool, st: StepStats, outputs: list
+    ) -> None:
+        """A running request's output of this step (``new``: the tokens it committed); a
+        finished one leaves the engine."""
+        st.committed += len(new)
+        if done:
+            self._running.remove(req)
+            outputs.append(self._output(req, new, _reason(req.seq.stats.finish_reason)))
+            self._finish(req)
+        else:
+            outputs.append(self._output(req, new, None))
 
     def _refine(self, running: list[_Request], trees: list[Tree]) -> list[Tree]:
         """The controller's second decision (dartcore.controller): each drawn tree's nodes

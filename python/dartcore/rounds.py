@@ -51,6 +51,7 @@ __all__ = [
     "search",
     "verify",
     "accept",
+    "plain",
     "commit",
 ]
 
@@ -419,6 +420,57 @@ def accept(parts: Parts, seq: Sequence, tree: Tree, out: ForwardOutput, logits=N
         seq.new_taps.append(taps)
         seq.new_next.extend(new)
     return commit(parts, seq, new)
+
+
+def plain(parts: Parts, seqs: list[Sequence], clock: StageClock | None = None) -> list[bool]:
+    """One plain (autoregressive) step for every sequence of ``seqs``: what :func:`verify` and
+    :func:`accept` do with root-only trees, without building them -- one target forward over
+    the sequences' last tokens, each at its own position, and one choice per sequence (for
+    greedy samplers one argmax over the batch). The batched engine takes it for a step in which
+    no sequence drafts, so a batch at budget 0 pays per sequence no more than a plain decoding
+    loop would. ``clock`` laps "verify" after the forward. True per sequence when its
+    generation is over."""
+    n = len(seqs)
+    backend = parts.backend
+    out = parts.target.forward_batch(
+        [s.cache for s in seqs],
+        [1] * n,
+        torch.tensor([s.committed[-1] for s in seqs], dtype=torch.long),
+        torch.tensor([s.prefix for s in seqs], dtype=torch.long),
+        [None] * n,
+        taps=parts.taps,
+        logits_rows=backend.verify_logits_rows(),
+    )
+    if clock is not None:
+        clock.lap("verify")
+    # the rows the acceptance walk reads: every row's logits, in one LM-head product where the
+    # forward left them out (as backend.tree_logits_batch computes the roots' rows)
+    logits = out.logits if out.logits.shape[0] == n else parts.target.logits(out.hidden)
+    chosen = _choose_rows([s.sampler for s in seqs], logits)
+    taps = out.taps
+    done = []
+    for i, (seq, token) in enumerate(zip(seqs, chosen)):
+        seq.cache.commit(1)
+        seq.stats.count(0, 0)
+        seq.path = [0]
+        seq.committed.append(token)
+        if parts.drafter is not None:
+            seq.new_taps.append(taps[i : i + 1])
+            seq.new_next.append(token)
+        done.append(commit(parts, seq, [token]))
+    return done
+
+
+def _choose_rows(samplers: list[Sampler], logits: torch.Tensor) -> list[int]:
+    """``samplers[i].choose(logits[i])`` for every row; greedy CPU rows by one numpy argmax
+    over the batch (the same index per row: the first maximum, a NaN winning)."""
+    if (
+        all(s.params.greedy for s in samplers)
+        and logits.device.type == "cpu"
+        and logits.dtype in (torch.float32, torch.float64, torch.float16)
+    ):
+        return np.argmax(logits.detach().numpy(), axis=1).tolist()
+    return [s.choose(row) for s, row in zip(samplers, logits)]
 
 
 def commit(parts: Parts, seq: Sequence, new: list[int]) -> bool:
