@@ -38,8 +38,8 @@ Elsewhere (more rows, no kernel) it dequantises into a temporary float32 matrix 
 Two numerics for block weights (:data:`NUMERICS`): ``"exact"`` is the above (the products of
 the dequantised float32 weight, = Hugging Face on the float32 conversion); ``"int8"`` runs
 the integer path (crates/dart-linear/src/int8.rs): each row of ``x`` quantised to int8 per
-32-value block (scale amax / 127), integer block dot products (AMX-INT8 tiles from eight rows,
-else and for fewer rows AVX-512 VNNI, else AVX2), the
+32-value block (scale amax / 127), integer block dot products (AVX-512 VNNI, else AVX2; AMX-INT8
+tiles from eight rows where ``DARTCORE_INT8_KERNEL=amx`` asks for them), the
 blocks' partial sums scaled and accumulated in one fixed order -- so each output row is the
 same bits whatever the other rows and threads (a tree's verify computes each node as a plain
 step would), and an extra row costs a fraction of the exact path's. Its weights are
@@ -117,9 +117,9 @@ NUMERICS = ("exact", "int8")
 
 
 def int8_kernel() -> str | None:
-    """The integer path's kernel here: ``"amx"`` (AMX-INT8 tiles from eight rows of ``x``, the
-    VNNI kernel for fewer), ``"vnni"`` (AVX-512 VNNI), ``"avx2"``, or None where it does not run
-    (no AVX2, the native kernels off)."""
+    """The integer path's kernel here: ``"vnni"`` (AVX-512 VNNI), ``"avx2"``, ``"amx"`` (AMX-INT8
+    tiles from eight rows of ``x``, the VNNI kernel for fewer; only where ``DARTCORE_INT8_KERNEL=amx``
+    names it), or None where it does not run (no AVX2, the native kernels off)."""
     return _INT8
 
 
