@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     from dartcore import DartDecoder
+    from dartcore.benchmark.runner import machine_info
     from dartcore.engine import Engine, SamplingParams
     from dartcore.index import NgramIndex
     from dartcore.models.hub import load_drafter, load_target
@@ -229,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         "backend": dec.backend.name,
         "torch_threads": torch.get_num_threads(),
         "load_average": os.getloadavg()[0],
+        "machine": machine_info(),
+        "command": " ".join(["python3", *sys.argv]),
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

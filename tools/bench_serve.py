@@ -342,10 +342,14 @@ def main(argv: list[str] | None = None) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     prompts = _prompts(args.prompts)
     levels = [int(x) for x in args.levels.split(",") if x]
+    from dartcore.benchmark.runner import machine_info
+
     result = {
         "config": {k: v for k, v in vars(args).items() if k not in ("json", "out")},
         "index_bytes": os.path.getsize(args.index),
         "cpus": os.cpu_count(),
+        "machine": machine_info(),
+        "command": " ".join(["python3", *sys.argv]),
         "modes": {},
     }
     for mode in [m for m in args.modes.split(",") if m]:

@@ -89,7 +89,26 @@ def machine_info() -> dict:
 
     import os
 
+    cpu, flags = platform.processor() or platform.machine(), []
+    try:
+        for line in open("/proc/cpuinfo").read().splitlines():
+            if line.startswith("model name") and cpu == (
+                platform.processor() or platform.machine()
+            ):
+                cpu = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = line.split(":", 1)[1].split()
+    except OSError:
+        pass
+    from dartcore.kernels.linear import int8_kernel, native_linear_isa
+
     return {
+        "cpu": cpu,
+        "isa": native_linear_isa(),
+        "int8_kernel": int8_kernel(),
+        "isa_flags": sorted(
+            f for f in flags if f.startswith(("avx", "amx")) or f in ("fma", "f16c", "bmi2")
+        ),
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),
