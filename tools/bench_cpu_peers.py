@@ -46,7 +46,6 @@ import contextlib
 import inspect
 import json
 import os
-import platform
 import re
 import socket
 import statistics
@@ -84,23 +83,10 @@ def _rss_mb() -> float:
 
 def machine_info(threads: int) -> dict:
     """CPU model, vCPUs and the x86 feature flags a llama.cpp or dartcore kernel may use."""
-    name, flags = platform.processor() or platform.machine(), []
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and name == (
-                platform.processor() or platform.machine()
-            ):
-                name = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = line.split(":", 1)[1].split()
-    wanted = re.compile(r"^(avx.*|fma|f16c|bmi2|amx.*|sse4_2)$")
-    return {
-        "cpu": name,
-        "cpus": os.cpu_count(),
-        "threads": threads,
-        "isa_flags": sorted(f for f in flags if wanted.match(f)),
-        "platform": platform.platform(),
-    }
+    from dartcore.benchmark.runner import machine_info as common
+
+    m = common()
+    return {k: m[k] for k in ("cpu", "cpus", "isa_flags", "platform")} | {"threads": threads}
 
 
 def read_bandwidth(threads: int, mb: int = 512, repeats: int = 7) -> float:

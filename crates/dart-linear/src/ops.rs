@@ -20,7 +20,7 @@ fn shape_error<T>(msg: String) -> Result<T, ShapeError> {
 
 /// Sum of `a[i] * b[i]` in sixteen interleaved partial sums (vectorisable, fixed order).
 #[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 16];
     let (ac, at) = a.as_chunks::<16>();
     let (bc, bt) = b.as_chunks::<16>();

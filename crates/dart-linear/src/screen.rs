@@ -5,6 +5,7 @@
 //! the float weight's while the head streams the blocks' bytes, and the recomputation reads
 //! only `m` weight rows per row (a few hundred KB at most, against megabytes for the head).
 
+use crate::ops::dot;
 use crate::ShapeError;
 
 /// The `m` largest of `values` (ties: the lower index first), in no particular order, into
@@ -68,31 +69,6 @@ fn top_indices(values: &[f32], m: usize, out: &mut Vec<usize>) {
         push(&mut heap, v, m + 16 * blocks.len() + l);
     }
     out.extend(heap.iter().map(|&(_, j)| j));
-}
-
-/// Sum of `a[i] * b[i]` in sixteen interleaved partial sums added pairwise (vectorisable,
-/// a fixed order).
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 16];
-    let (ac, at) = a.as_chunks::<16>();
-    let (bc, bt) = b.as_chunks::<16>();
-    for (x, y) in ac.iter().zip(bc) {
-        for l in 0..16 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    for (l, (x, y)) in at.iter().zip(bt).enumerate() {
-        acc[l] += x * y;
-    }
-    let mut w = 8;
-    while w > 0 {
-        for l in 0..w {
-            acc[l] += acc[l + w];
-        }
-        w /= 2;
-    }
-    acc[0]
 }
 
 /// For each of the `rows` rows of `values` (`[rows, n]`: the products of `x` `[rows, k]` with

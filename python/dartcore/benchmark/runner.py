@@ -107,7 +107,9 @@ def machine_info() -> dict:
         "isa": native_linear_isa(),
         "int8_kernel": int8_kernel(),
         "isa_flags": sorted(
-            f for f in flags if f.startswith(("avx", "amx")) or f in ("fma", "f16c", "bmi2")
+            f
+            for f in flags
+            if f.startswith(("avx", "amx")) or f in ("fma", "f16c", "bmi2", "sse4_2")
         ),
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
