@@ -46,7 +46,7 @@ from dartcore.errors import ContextLengthError, DartError, TreeError
 from dartcore.kernels.linear import linear_threads, native_linear_available, native_linears_
 from dartcore.kernels.tree_attention import backend_for, tree_attention
 from dartcore.models.cache import KVCache
-from dartcore.models.transformer import ForwardOutput, TargetModel
+from dartcore.models.transformer import ForwardOutput, TargetModel, check_batch
 
 __all__ = [
     "HybridTarget",
@@ -463,22 +463,7 @@ class HybridTarget:
         logits_rows: torch.Tensor | slice | None = None,
     ) -> ForwardOutput:
         """Several sequences' blocks packed in one pass (see ``TargetModel.forward_batch``)."""
-        n = int(tokens.shape[0])
-        if len(caches) != len(sizes) or len(caches) != len(block_masks) or sum(sizes) != n:
-            raise ValueError(
-                f"forward_batch: {len(caches)} caches, {len(sizes)} sizes summing to {sum(sizes)}, "
-                f"{len(block_masks)} masks for {n} rows"
-            )
-        for cache, size in zip(caches, sizes):
-            cache.check_block(int(size))
-        if self.max_positions is not None and int(positions.max()) >= self.max_positions:
-            raise DartError(
-                f"position {int(positions.max())} is past the model's context of {self.max_positions}"
-            )
-        tap_set = {int(t) for t in taps}
-        for t in tap_set:
-            if not 0 <= t <= self.num_layers:
-                raise ValueError(f"tap index {t} out of range for a {self.num_layers}-layer model")
+        tap_set = check_batch(self, caches, sizes, tokens, positions, block_masks, taps)
         dev = self.device
         tokens, positions = tokens.to(dev), positions.to(dev)
         segments, a = [], 0

@@ -57,6 +57,29 @@ class ForwardOutput:
     hidden: torch.Tensor  # [n, H] final normed hidden states (the LM head's input)
 
 
+def check_batch(model, caches, sizes, tokens, positions, block_masks, taps) -> set[int]:
+    """The checks every target's ``forward_batch`` makes before it runs (one block per cache,
+    the rows' count, each cache's room, positions within ``model.max_positions``, tap indices
+    within ``model.num_layers``); returns the tap indices as a set."""
+    n = int(tokens.shape[0])
+    if len(caches) != len(sizes) or len(caches) != len(block_masks) or sum(sizes) != n:
+        raise ValueError(
+            f"forward_batch: {len(caches)} caches, {len(sizes)} sizes summing to {sum(sizes)}, "
+            f"{len(block_masks)} masks for {n} rows"
+        )
+    for cache, size in zip(caches, sizes):
+        cache.check_block(int(size))
+    if model.max_positions is not None and int(positions.max()) >= model.max_positions:
+        raise DartError(
+            f"position {int(positions.max())} is past the model's context of {model.max_positions}"
+        )
+    tap_set = {int(t) for t in taps}
+    for t in tap_set:
+        if not 0 <= t <= model.num_layers:
+            raise ValueError(f"tap index {t} out of range for a {model.num_layers}-layer model")
+    return tap_set
+
+
 class TargetModel:
     """The target LM behind a lean forward (batch 1, explicit cache and mask).
 
@@ -313,17 +336,7 @@ class TargetModel:
         the rows its mask allows: the products run once over all rows, the attention once
         per sequence on its own cache. Outputs are packed the same way."""
         n = int(tokens.shape[0])
-        if len(caches) != len(sizes) or len(caches) != len(block_masks) or sum(sizes) != n:
-            raise ValueError(
-                f"forward_batch: {len(caches)} caches, {len(sizes)} sizes summing to {sum(sizes)}, "
-                f"{len(block_masks)} masks for {n} rows"
-            )
-        for cache, size in zip(caches, sizes):
-            cache.check_block(int(size))
-        if self.max_positions is not None and int(positions.max()) >= self.max_positions:
-            raise DartError(
-                f"position {int(positions.max())} is past the model's context of {self.max_positions}"
-            )
+        tap_set = check_batch(self, caches, sizes, tokens, positions, block_masks, taps)
         dev = self.device
         tokens = tokens.to(dev)
         positions = positions.to(dev)
@@ -334,10 +347,6 @@ class TargetModel:
             (cache, starts[i], starts[i + 1], None if m is None else m.to(dev))
             for i, (cache, m) in enumerate(zip(caches, block_masks))
         ]
-        tap_set = {int(t) for t in taps}
-        for t in tap_set:
-            if not 0 <= t <= self.num_layers:
-                raise ValueError(f"tap index {t} out of range for a {self.num_layers}-layer model")
         # The native layer stack takes at most MAX_ROWS rows per call (the products' register
         # blocking); a bigger packed block takes the torch path for this forward.
         native = self._ops is not None and (
