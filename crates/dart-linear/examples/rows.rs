@@ -72,7 +72,8 @@ fn main() {
         .chain(int8::Kernel::supported_here().into_iter().filter(|_| int8).map(|k| (Isa::Avx2, Some(k))))
         .collect();
     for (isa, kernel) in runs {
-        let mut line = format!("{:>7}:", kernel.map_or(isa.name(), int8::Kernel::name));
+        let name = kernel.map_or_else(|| isa.name().to_string(), |k| format!("int8 {}", k.name()));
+        let mut line = format!("{name:>12}:");
         for &rows in &counts {
             let mut times: Vec<f64> = (0..repeats + 1)
                 .map(|_| {
