@@ -120,23 +120,29 @@ def test_int8_rows_are_the_same_bits_at_any_rows_threads_and_instruction_set(tmp
     _rows_alone_and_together(str(here))
     want = dict(np.load(here))
     assert str(want.pop("int8_kernel")) == int8_kernel()
-    # the other kernels forced in fresh processes (the kernel is chosen at import): AVX2, and
-    # AMX where the CPU has it (it runs only when named)
-    forced = {"avx2": {"DARTCORE_LINEAR_ISA": "avx2"}}
-    if int8_kernel() == "vnni" and "amx_int8" in Path("/proc/cpuinfo").read_text():
-        forced["amx"] = {"DARTCORE_INT8_KERNEL": "amx"}
+    # the other kernels forced in fresh processes (the kernel is chosen at import): AVX2,
+    # AVX-VNNI and AMX where the CPU has them (AMX runs only when named), and the 256-bit
+    # instruction set's default (AVX-VNNI, else AVX2, as on a CPU without AVX-512)
+    cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    forced = [("avx2", {"DARTCORE_INT8_KERNEL": "avx2"})]
+    if "avx_vnni" in cpu:
+        forced.append(("avxvnni", {"DARTCORE_INT8_KERNEL": "avxvnni"}))
+    if int8_kernel() == "vnni" and "amx_int8" in cpu:
+        forced.append(("amx", {"DARTCORE_INT8_KERNEL": "amx"}))
+    narrow = "avxvnni" if "avx_vnni" in cpu else "avx2"
+    forced.append((narrow, {"DARTCORE_LINEAR_ISA": "avx2", "DARTCORE_INT8_KERNEL": ""}))
     code = "import sys; from test_kernels_int8 import _rows_alone_and_together as f; f(sys.argv[1])"
-    for kernel, env in forced.items():
+    for i, (kernel, env) in enumerate(forced):
         subprocess.run(
-            [sys.executable, "-c", code, str(tmp_path / f"{kernel}.npz")],
+            [sys.executable, "-c", code, str(tmp_path / f"{i}.npz")],
             env=dict(os.environ, **env),
             cwd=Path(__file__).parent,
             check=True,
         )
-        got = dict(np.load(tmp_path / f"{kernel}.npz"))
-        assert str(got.pop("int8_kernel")) == kernel
+        got = dict(np.load(tmp_path / f"{i}.npz"))
+        assert str(got.pop("int8_kernel")) == kernel, env
         for name, values in want.items():
-            assert np.array_equal(values.view(np.uint32), got[name].view(np.uint32)), (kernel, name)
+            assert np.array_equal(values.view(np.uint32), got[name].view(np.uint32)), (env, name)
 
 
 def test_bad_numerics_are_errors():

@@ -281,7 +281,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3, help="dart runs over the prompts (drafter)")
     p.add_argument(
         "--int8-kernel",
-        choices=("amx", "vnni", "avx2"),
+        choices=("amx", "vnni", "avxvnni", "avx2"),
         default=None,
         help="the integer kernel (default: the fastest this CPU runs)",
     )

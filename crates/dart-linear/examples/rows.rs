@@ -3,12 +3,12 @@
 //! the median of `REPEATS` passes, in ms. Weights f32, or a GGML block format named by the
 //! environment's `DART_LINEAR_FORMAT` (q4_0, q4_1, q8_0: random blocks), on the exact path
 //! (`Weights::Packed`) or, with `DART_LINEAR_NUMERICS=int8`, on the integer path
-//! (`Weights::Int8`).
+//! (`Weights::Int8`), then per integer kernel this CPU runs.
 //!
 //!     [DART_LINEAR_FORMAT=q4_1 [DART_LINEAR_NUMERICS=int8]] cargo run --release -p dart-linear --example rows [threads] [repeats] [rows ...]
 
 use dart_linear::quant::Format;
-use dart_linear::{linear_on, Isa, Weights};
+use dart_linear::{int8, linear_on, Isa, Weights};
 use std::time::Instant;
 
 fn main() {
@@ -65,8 +65,15 @@ fn main() {
         format.map_or("f32", Format::name),
         if int8 { " int8" } else { "" }
     );
-    for isa in Isa::supported_here() {
-        let mut line = format!("{:>6}:", isa.name());
+    // the instruction sets, then (integer path) each kernel on its own
+    let runs: Vec<(Isa, Option<int8::Kernel>)> = Isa::supported_here()
+        .into_iter()
+        .map(|isa| (isa, None))
+        .chain(int8::Kernel::supported_here().into_iter().filter(|_| int8).map(|k| (Isa::Avx2, Some(k))))
+        .collect();
+    for (isa, kernel) in runs {
+        let name = kernel.map_or_else(|| isa.name().to_string(), |k| format!("int8 {}", k.name()));
+        let mut line = format!("{name:>12}:");
         for &rows in &counts {
             let mut times: Vec<f64> = (0..repeats + 1)
                 .map(|_| {
@@ -77,7 +84,14 @@ fn main() {
                             Some(f) => Weights::Packed(f, &blocks[j]),
                             None => Weights::F32(&weights[j]),
                         };
-                        linear_on(isa, &x[..rows * k], rows, k, w, n, None, &mut out[..rows * n], threads).unwrap();
+                        let (x, out) = (&x[..rows * k], &mut out[..rows * n]);
+                        match (kernel, format) {
+                            (Some(kernel), Some(f)) => {
+                                int8::linear_on(kernel, f, x, rows, k, &blocks[j], n, None, out, threads)
+                            }
+                            _ => linear_on(isa, x, rows, k, w, n, None, out, threads),
+                        }
+                        .unwrap();
                     }
                     t.elapsed().as_secs_f64() * 1e3
                 })

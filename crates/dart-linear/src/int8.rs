@@ -39,8 +39,11 @@
 //! vectors (low half group `g`'s 256-bit vector, high half group `g + 1`'s: one `vpdpbusd`
 //! and one f32 step per sixteen weight rows and row of `x`, the instruction count that bounds
 //! the cost of each extra row; a lone last group on 256-bit vectors; a lane's operations are
-//! the same either way), else AVX2 (`maddubs` + `madd`; Q8_0 through `sign` / `abs`, since an
-//! unsigned byte up to 255 times 127 would saturate `maddubs`' 16-bit pairs). The rows of `x`
+//! the same either way), else AVX-VNNI (the VEX-encoded 256-bit `vpdpbusd` of CPUs without
+//! AVX-512: the AVX2 kernel's passes, one group per vector and four rows of `x` per pass in
+//! sixteen registers, with one `vpdpbusd` for each `maddubs` + `madd`), else AVX2 (`maddubs` +
+//! `madd`; Q8_0 through `sign` / `abs`, since an unsigned byte up to 255 times 127 would
+//! saturate `maddubs`' 16-bit pairs). The rows of `x`
 //! are quantised once per call, in AVX2 vectors where the CPU has them. AMX needs the Linux
 //! kernel's permission for the tile state, asked once per process (without it the AMX kernel
 //! is not used), and runs only where [`KERNEL_ENV`] names it ([`kernel`] says why); the same
@@ -58,24 +61,32 @@ pub enum Kernel {
     /// AMX-INT8 tiles (`tdpbssd`: a block's integer sums for every row of `x` at once) from
     /// eight rows of `x`, fewer on the VNNI kernel; with VNNI's prerequisites and AVX-512BW.
     Amx,
-    /// AVX-512 VNNI + VL (`vpdpbusd` on 256-bit vectors), with AVX2 + FMA + F16C.
+    /// AVX-512 VNNI + VL (`vpdpbusd` on 512-bit vectors, two groups each), with AVX2 + FMA +
+    /// F16C.
     Vnni,
+    /// AVX-VNNI (the VEX-encoded 256-bit `vpdpbusd`, one group per vector), with AVX2 + FMA +
+    /// F16C: CPUs with the instruction but without AVX-512.
+    AvxVnni,
     /// AVX2 + FMA + F16C (`maddubs` + `madd`).
     Avx2,
 }
 
 /// The environment variable that picks the integer path's kernel (read once, at first use):
-/// `amx`, `vnni` or `avx2` where the CPU runs it and [`crate::isa`] allows it; unset or
-/// anything else: VNNI, else AVX2 ([`kernel`]). Turns AMX on, and tests and measures a slower
-/// kernel on a faster machine.
+/// `amx`, `vnni`, `avxvnni` or `avx2` where the CPU runs it and [`crate::isa`] allows it;
+/// unset or anything else: the fastest allowed ([`kernel`]). Turns AMX on, and tests and
+/// measures a slower kernel on a faster machine.
 pub const KERNEL_ENV: &str = "DARTCORE_INT8_KERNEL";
 
 impl Kernel {
-    /// `"amx"`, `"vnni"` or `"avx2"`.
+    /// Every kernel, fastest first.
+    pub const ALL: [Kernel; 4] = [Kernel::Amx, Kernel::Vnni, Kernel::AvxVnni, Kernel::Avx2];
+
+    /// `"amx"`, `"vnni"`, `"avxvnni"` or `"avx2"`.
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Amx => "amx",
             Kernel::Vnni => "vnni",
+            Kernel::AvxVnni => "avxvnni",
             Kernel::Avx2 => "avx2",
         }
     }
@@ -90,6 +101,7 @@ impl Kernel {
             match self {
                 Kernel::Amx => vnni && has!("avx512bw") && amx_permitted(),
                 Kernel::Vnni => vnni,
+                Kernel::AvxVnni => avx2 && has!("avxvnni"),
                 Kernel::Avx2 => avx2,
             }
         }
@@ -101,7 +113,17 @@ impl Kernel {
 
     /// The kernels this CPU runs, fastest first (tests run each).
     pub fn supported_here() -> Vec<Kernel> {
-        [Kernel::Amx, Kernel::Vnni, Kernel::Avx2].into_iter().filter(|k| k.supported()).collect()
+        Kernel::ALL.into_iter().filter(|k| k.supported()).collect()
+    }
+
+    /// The kernels an instruction set of the f32 kernels allows: all on AVX-512, the 256-bit
+    /// ones (AVX-VNNI, AVX2) on AVX2, so that forcing [`crate::ISA_ENV`] to `avx2` on an
+    /// AVX-512 machine runs what a CPU without AVX-512 runs.
+    pub fn allowed(isa: crate::Isa) -> &'static [Kernel] {
+        match isa {
+            crate::Isa::Avx512 => &Kernel::ALL,
+            crate::Isa::Avx2 => &[Kernel::AvxVnni, Kernel::Avx2],
+        }
     }
 }
 
@@ -146,20 +168,19 @@ fn amx_permitted() -> bool {
 }
 
 /// The kernel the integer path uses: none where the f32 kernels are off ([`crate::isa`] None);
-/// AVX2 where [`crate::ISA_ENV`] forces `avx2`; else the one [`KERNEL_ENV`] names where the CPU
-/// runs it, else VNNI, else AVX2. AMX runs only when named: in a whole forward it measured no
-/// faster than VNNI on the 2-vCPU Xeon it was built on (`tools/bench_int8.py --int8-kernel`),
-/// and the tile permission it asks for enlarges every signal frame of the process, so the
-/// default never asks for it.
+/// else, among the kernels [`crate::isa`] allows ([`Kernel::allowed`]), the one [`KERNEL_ENV`]
+/// names where the CPU runs it, else VNNI, else AVX-VNNI, else AVX2. AMX runs only when named:
+/// in a whole forward it measured no faster than VNNI on the 2-vCPU Xeon it was built on
+/// (`tools/bench_int8.py --int8-kernel`), and the tile permission it asks for enlarges every
+/// signal frame of the process, so the default never asks for it.
 pub fn kernel() -> Option<Kernel> {
     static CHOSEN: std::sync::OnceLock<Option<Kernel>> = std::sync::OnceLock::new();
-    *CHOSEN.get_or_init(|| match crate::isa()? {
-        crate::Isa::Avx2 => Some(Kernel::Avx2).filter(|k| k.supported()),
-        crate::Isa::Avx512 => {
-            let want = std::env::var(KERNEL_ENV).unwrap_or_default().trim().to_ascii_lowercase();
-            let named = [Kernel::Amx, Kernel::Vnni, Kernel::Avx2].into_iter().find(|k| k.name() == want);
-            named.filter(|k| k.supported()).or_else(|| [Kernel::Vnni, Kernel::Avx2].into_iter().find(|k| k.supported()))
-        }
+    *CHOSEN.get_or_init(|| {
+        let allowed = Kernel::allowed(crate::isa()?);
+        let want = std::env::var(KERNEL_ENV).unwrap_or_default().trim().to_ascii_lowercase();
+        let runs = |k: &&Kernel| k.supported();
+        let named = allowed.iter().filter(|k| k.name() == want).find(runs);
+        named.or_else(|| allowed.iter().filter(|&&k| k != Kernel::Amx).find(runs)).copied()
     })
 }
 
@@ -554,6 +575,7 @@ mod x86 {
         match kernel {
             Kernel::Amx if rows >= AMX_MIN_ROWS => go!(entry_amx),
             Kernel::Amx | Kernel::Vnni => go!(entry_vnni),
+            Kernel::AvxVnni => go!(entry_avxvnni),
             Kernel::Avx2 => go!(entry_avx2),
         }
     }
@@ -570,6 +592,13 @@ mod x86 {
     const VNNI_ROWS: usize = 8;
     const AVX2_ROWS: usize = 4;
 
+    /// How [`pass`] multiplies the bytes: `maddubs` + `madd` (AVX2), `vpdpbusd` EVEX-encoded
+    /// (AVX-512 VNNI + VL; [`groups`] pairs the groups in 512-bit vectors) or VEX-encoded
+    /// (AVX-VNNI). Both `vpdpbusd` give the same exact i32 sums.
+    const MADD: u8 = 0;
+    const DP_EVEX: u8 = 1;
+    const DP_VEX: u8 = 2;
+
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn entry_vnni<const F: u8>(
@@ -584,7 +613,7 @@ mod x86 {
         g1: usize,
     ) {
         // SAFETY: the caller's contract; the features are enabled here.
-        unsafe { groups::<F, true, VNNI_ROWS>(xq, rows, k, w, n, bias, out, g0, g1) }
+        unsafe { groups::<F, DP_EVEX, VNNI_ROWS>(xq, rows, k, w, n, bias, out, g0, g1) }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -601,7 +630,26 @@ mod x86 {
         g1: usize,
     ) {
         // SAFETY: the caller's contract; the features are enabled here.
-        unsafe { groups::<F, false, AVX2_ROWS>(xq, rows, k, w, n, bias, out, g0, g1) }
+        unsafe { groups::<F, MADD, AVX2_ROWS>(xq, rows, k, w, n, bias, out, g0, g1) }
+    }
+
+    /// The AVX2 kernel's passes with `vpdpbusd` in place of `maddubs` + `madd` (16 vector
+    /// registers: AVX2's rows per pass).
+    #[target_feature(enable = "avxvnni,avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn entry_avxvnni<const F: u8>(
+        xq: &QuantRows,
+        rows: usize,
+        k: usize,
+        w: &[u8],
+        n: usize,
+        bias: Option<&[f32]>,
+        out: OutPart,
+        g0: usize,
+        g1: usize,
+    ) {
+        // SAFETY: the caller's contract; the features are enabled here.
+        unsafe { groups::<F, DP_VEX, AVX2_ROWS>(xq, rows, k, w, n, bias, out, g0, g1) }
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -641,7 +689,7 @@ mod x86 {
     /// Groups `g0..g1` for every row of `x`, `MC` rows per pass.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn groups<const F: u8, const VNNI: bool, const MC: usize>(
+    unsafe fn groups<const F: u8, const DP: u8, const MC: usize>(
         xq: &QuantRows,
         rows: usize,
         k: usize,
@@ -656,10 +704,10 @@ mod x86 {
         let group_bytes = nb * GROUP * block_bytes(F);
         let mut g = g0;
         while g < g1 {
-            // Two groups at a time in 512-bit vectors where VNNI runs (one vpdpbusd and one
-            // f32 step per sixteen weight rows); a lane's operations are the 256-bit pass's,
-            // so the pairing changes no bit.
-            let groups = if VNNI && g + 1 < g1 { 2 } else { 1 };
+            // Two groups at a time in 512-bit vectors where AVX-512 VNNI runs (one vpdpbusd and
+            // one f32 step per sixteen weight rows); a lane's operations are the 256-bit
+            // pass's, so the pairing changes no bit.
+            let groups = if DP == DP_EVEX && g + 1 < g1 { 2 } else { 1 };
             // SAFETY: group g (and g + 1 when paired) < groups of `w` (checked by the caller).
             let gp = unsafe { w.as_ptr().add(g * group_bytes) };
             let ahead = g + groups < g1;
@@ -670,14 +718,14 @@ mod x86 {
                 macro_rules! pass {
                     ($($m:literal),+) => {
                         match (groups, mc) {
-                            $((1, $m) => unsafe { pass::<F, VNNI, $m>(xq, m0, k, gp, ahead, &mut acc) },)+
+                            $((1, $m) => unsafe { pass::<F, DP, $m>(xq, m0, k, gp, ahead, &mut acc) },)+
                             $((_, $m) => unsafe { pair::pass::<F, $m>(xq, m0, k, gp, group_bytes, ahead, &mut acc) },)+
                             _ => unreachable!("1..=MC rows"),
                         }
                     };
                 }
                 // SAFETY: rows m0..m0 + mc of `xq`, the groups' records in `w`; the paired
-                // pass only where VNNI (this function's features then include AVX-512F, VL,
+                // pass only where DP_EVEX (this function's features then include AVX-512F, VL,
                 // VNNI).
                 if MC == 8 {
                     pass!(1, 2, 3, 4, 5, 6, 7, 8)
@@ -703,7 +751,7 @@ mod x86 {
     /// One group's blocks against rows `m0..m0 + M` of `x`: each row's eight outputs into
     /// `acc[m * 8..]`. `ahead`: a next group follows in `w` (prefetched).
     #[inline(always)]
-    unsafe fn pass<const F: u8, const VNNI: bool, const M: usize>(
+    unsafe fn pass<const F: u8, const DP: u8, const M: usize>(
         xq: &QuantRows,
         m0: usize,
         k: usize,
@@ -714,6 +762,7 @@ mod x86 {
         let nb = k / BLOCK_WEIGHTS;
         let rec = GROUP * block_bytes(F);
         let scales = if F == Q4_1 { 32 } else { 16 };
+        let vnni = DP != MADD;
         unsafe {
             let mut facc = [_mm256_setzero_ps(); M];
             let low = _mm256_set1_epi8(0x0f);
@@ -734,7 +783,7 @@ mod x86 {
                     let xb = (m0 + m) * nb + b;
                     match F {
                         Q4_0 => _mm256_set1_epi32(*xq.s8.get_unchecked(xb)),
-                        Q8_0 if VNNI => _mm256_set1_epi32(*xq.s128.get_unchecked(xb)),
+                        Q8_0 if vnni => _mm256_set1_epi32(*xq.s128.get_unchecked(xb)),
                         _ => _mm256_setzero_si256(),
                     }
                 };
@@ -751,7 +800,7 @@ mod x86 {
                 // AVX2 on Q4: the block's eight `maddubs` products add up in i16 lanes and
                 // widen once (`madd`) at the end: a lane's pairs are at most 2 · 15 · 127, so
                 // eight of them stay within i16 (30480) and the sum is exact
-                let wide16 = !VNNI && F != Q8_0;
+                let wide16 = !vnni && F != Q8_0;
                 let zero = _mm256_setzero_si256();
                 let mut isum: [[__m256i; 4]; M] =
                     std::array::from_fn(|m| [if wide16 { zero } else { isum_start(m) }, zero, zero, zero]);
@@ -763,8 +812,10 @@ mod x86 {
                         for m in 0..M {
                             let xv = _mm256_set1_epi32(xp.add(m * k + b * 32 + $off).cast::<i32>().read_unaligned());
                             let acc = isum[m][ch];
-                            isum[m][ch] = if VNNI {
+                            isum[m][ch] = if DP == DP_EVEX {
                                 _mm256_dpbusd_epi32(acc, $u, xv)
+                            } else if DP == DP_VEX {
+                                _mm256_dpbusd_avx_epi32(acc, $u, xv)
                             } else if F == Q8_0 {
                                 // |w| (unsigned, <= 128) against sign(x, w): the pairs stay
                                 // within i16 (2 · 128 · 127)
@@ -779,7 +830,7 @@ mod x86 {
                 if F == Q8_0 {
                     for c in 0..8 {
                         let v = _mm256_loadu_si256(qp.add(32 * c).cast());
-                        if VNNI {
+                        if vnni {
                             dot!(v, v, 4 * c, c);
                         } else {
                             let s = _mm256_xor_si256(v, _mm256_set1_epi8(-128));
@@ -1376,19 +1427,37 @@ mod tests {
     }
 
     #[test]
-    fn vnni_or_avx2_runs_unless_the_environment_names_a_kernel() {
+    fn the_fastest_kernel_but_amx_runs_unless_the_environment_names_one() {
         let here = Kernel::supported_here();
         #[cfg(target_arch = "x86_64")]
-        if Kernel::Amx.supported() {
-            // AMX-TILE and AMX-INT8 in CPUID, the VNNI kernel's prerequisites too
-            assert_eq!(std::arch::x86_64::__cpuid_count(7, 0).edx >> 24 & 3, 3);
-            assert!(Kernel::Vnni.supported());
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if Kernel::Amx.supported() {
+                // AMX-TILE and AMX-INT8 in CPUID, the VNNI kernel's prerequisites too
+                assert_eq!(std::arch::x86_64::__cpuid_count(7, 0).edx >> 24 & 3, 3);
+                assert!(Kernel::Vnni.supported());
+            }
+            // AVX-VNNI wherever the CPU has it, AVX-512 or not (the tests run it here)
+            assert_eq!(Kernel::AvxVnni.supported(), Kernel::Avx2.supported() && has!("avxvnni"));
         }
-        let order = [Kernel::Amx, Kernel::Vnni, Kernel::Avx2];
+        let order = Kernel::ALL;
         assert!(here.windows(2).all(|p| order.iter().position(|&k| k == p[0]) < order.iter().position(|&k| k == p[1])));
+        assert!(Kernel::allowed(crate::Isa::Avx2).iter().all(|k| matches!(k, Kernel::AvxVnni | Kernel::Avx2)));
         if std::env::var(KERNEL_ENV).is_err() && std::env::var(crate::ISA_ENV).is_err() {
-            // AMX only when named
+            // AMX only when named; the widest instruction set's fastest else
+            let allowed = crate::isa().map_or(&[][..], Kernel::allowed);
+            assert_eq!(kernel(), allowed.iter().copied().find(|&k| k != Kernel::Amx && k.supported()));
             assert_eq!(kernel(), here.iter().copied().find(|&k| k != Kernel::Amx));
+        }
+        for name in ["amx", "vnni", "avxvnni", "avx2"] {
+            assert!(Kernel::ALL.iter().any(|k| k.name() == name));
+        }
+        // a kernel the CPU lacks is an error that names it
+        let (f, k, n) = (Format::Q4_0, 32, 8);
+        let w = interleave(f, &vec![0u8; n * f.row_bytes(k).unwrap()], n, k).unwrap();
+        for lacking in Kernel::ALL.into_iter().filter(|k| !k.supported()) {
+            let err = linear_on(lacking, f, &[0.0; 32], 1, k, &w, n, None, &mut [0.0; 8], 1).unwrap_err();
+            assert!(err.0.contains(lacking.name()), "{err:?}");
         }
     }
 

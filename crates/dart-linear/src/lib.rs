@@ -241,11 +241,9 @@ pub fn linear_on<'w>(
         return Ok(());
     }
     if let Weights::Int8(f, bytes) = w {
-        // AVX-512 runs the VNNI kernel where the CPU has it; AVX2 (forced or not) the AVX2 one.
-        let kernel = match isa {
-            Isa::Avx512 => int8::Kernel::supported_here().first().copied(),
-            Isa::Avx2 => Some(int8::Kernel::Avx2).filter(|k| k.supported()),
-        };
+        // The fastest kernel the instruction set allows where the CPU runs it: AVX-512 the VNNI
+        // kernel, AVX2 (forced or not) the AVX-VNNI one, else the AVX2 one.
+        let kernel = int8::Kernel::allowed(isa).iter().copied().find(|k| k.supported());
         let kernel = kernel.ok_or_else(|| {
             ShapeError(format!("the integer path does not run with {} here: use the exact path", isa.name()))
         })?;

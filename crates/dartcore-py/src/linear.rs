@@ -250,9 +250,10 @@ fn deinterleave_rows<'py>(
     })
 }
 
-/// The integer path's kernel here: "vnni" (AVX-512 VNNI), "avx2", "amx" (AMX-INT8 from eight
-/// rows, VNNI for fewer; only where DARTCORE_INT8_KERNEL names it), or None (the kernels do not
-/// run, or DARTCORE_LINEAR_ISA turned them off); DARTCORE_INT8_KERNEL also picks a slower one.
+/// The integer path's kernel here: "vnni" (AVX-512 VNNI), "avxvnni" (AVX-VNNI, without
+/// AVX-512 or with DARTCORE_LINEAR_ISA=avx2), "avx2", "amx" (AMX-INT8 from eight rows, VNNI for
+/// fewer; only where DARTCORE_INT8_KERNEL names it), or None (the kernels do not run, or
+/// DARTCORE_LINEAR_ISA turned them off); DARTCORE_INT8_KERNEL also picks a slower one.
 #[pyfunction]
 fn int8_kernel() -> Option<&'static str> {
     dart_linear::int8::kernel().map(dart_linear::int8::Kernel::name)

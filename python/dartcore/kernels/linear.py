@@ -38,14 +38,15 @@ Elsewhere (more rows, no kernel) it dequantises into a temporary float32 matrix 
 Two numerics for block weights (:data:`NUMERICS`): ``"exact"`` is the above (the products of
 the dequantised float32 weight, = Hugging Face on the float32 conversion); ``"int8"`` runs
 the integer path (crates/dart-linear/src/int8.rs): each row of ``x`` quantised to int8 per
-32-value block (scale amax / 127), integer block dot products (AVX-512 VNNI, else AVX2; AMX-INT8
-tiles from eight rows where ``DARTCORE_INT8_KERNEL=amx`` asks for them), the
+32-value block (scale amax / 127), integer block dot products (AVX-512 VNNI, else AVX-VNNI,
+else AVX2; AMX-INT8 tiles from eight rows where ``DARTCORE_INT8_KERNEL=amx`` asks for them), the
 blocks' partial sums scaled and accumulated in one fixed order -- so each output row is the
 same bits whatever the other rows and threads (a tree's verify computes each node as a plain
 step would), and an extra row costs a fraction of the exact path's. Its weights are
 interleaved eight rows at a time once (:func:`interleave_blocks`); :func:`int8_kernel` names
-the kernel that runs here, ``DARTCORE_INT8_KERNEL=vnni`` (or ``avx2``) in the environment at
-import picks a slower one.
+the kernel that runs here, ``DARTCORE_INT8_KERNEL=vnni`` (or ``avxvnni``, ``avx2``) in the
+environment at import picks a slower one; ``DARTCORE_LINEAR_ISA=avx2`` leaves the 256-bit ones
+(AVX-VNNI where the CPU has it, else AVX2), as on a CPU without AVX-512.
 """
 
 from __future__ import annotations
@@ -117,8 +118,9 @@ NUMERICS = ("exact", "int8")
 
 
 def int8_kernel() -> str | None:
-    """The integer path's kernel here: ``"vnni"`` (AVX-512 VNNI), ``"avx2"``, ``"amx"`` (AMX-INT8
-    tiles from eight rows of ``x``, the VNNI kernel for fewer; only where ``DARTCORE_INT8_KERNEL=amx``
+    """The integer path's kernel here: ``"vnni"`` (AVX-512 VNNI), ``"avxvnni"`` (AVX-VNNI, the
+    256-bit ``vpdpbusd`` of CPUs without AVX-512), ``"avx2"``, ``"amx"`` (AMX-INT8 tiles from
+    eight rows of ``x``, the VNNI kernel for fewer; only where ``DARTCORE_INT8_KERNEL=amx``
     names it), or None where it does not run (no AVX2, the native kernels off)."""
     return _INT8
 
