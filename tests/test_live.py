@@ -124,6 +124,32 @@ def test_mixed_search_equals_brute_force(corpus_index, seed):  # noqa: F811
     assert tree_dict(batched) == got
 
 
+def test_native_searches_default_to_the_one_weight(corpus_index):  # noqa: F811
+    """The native searches' live_weight default is the crate's LIVE_WEIGHT, which the package
+    exports: a call without it builds the tree of a call with it (and not that of another
+    weight)."""
+    from dartcore import _native, live
+
+    assert live.LIVE_WEIGHT == _native.LIVE_WEIGHT
+    docs, index = corpus_index
+    rng = np.random.default_rng(5)
+    layer = LiveLayer(V)
+    for d in docs[:3]:
+        layer.insert(d)
+    toks, lps = random_rows(rng, 3, 4)
+    ctx = T._tail(docs[0][:5])
+    p = T._search_params(None, {"max_nodes": 12}).native()
+    inner, lv = T._native_index(index), live.native(layer)
+    plain = _native.beam_search(inner, ctx, toks, lps, p, lv)
+    weighted = _native.beam_search(inner, ctx, toks, lps, p, lv, live.LIVE_WEIGHT)
+    assert all(np.array_equal(a, b) for a, b in zip(plain, weighted))
+    other = _native.beam_search(inner, ctx, toks, lps, p, lv, 0.5)
+    assert not np.array_equal(plain[3], other[3]), "the weight shows in the scores"
+    plain = _native.ngram_tree(inner, ctx, 3, 4, p, lv)
+    weighted = _native.ngram_tree(inner, ctx, 3, 4, p, lv, live.LIVE_WEIGHT)
+    assert all(np.array_equal(a, b) for a, b in zip(plain, weighted))
+
+
 def test_empty_layer_changes_no_tree(corpus_index):  # noqa: F811
     docs, index = corpus_index
     rng = np.random.default_rng(0)

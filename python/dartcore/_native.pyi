@@ -42,6 +42,7 @@ __all__ = [
     "refine_top",
     "block_attention",
     "LayerStack",
+    "LIVE_WEIGHT",
     "LiveLayer",
     "LiveDelta",
     "_bench",
@@ -50,6 +51,8 @@ __all__ = [
 ]
 
 # ----------------------------------------------------------------------------- index
+
+LIVE_WEIGHT: float
 
 @final
 class LiveLayer:
@@ -216,7 +219,7 @@ def beam_search(
     topk_logprobs: npt.NDArray[np.float32],
     params: dict[str, Any],
     live: LiveLayer | None = None,
-    live_weight: float = 0.5,
+    live_weight: float = ...,
 ) -> _TreeArrays: ...
 def beam_search_batch(
     index: NgramIndex | None,
@@ -226,7 +229,7 @@ def beam_search_batch(
     topk_logprobs: npt.NDArray[np.float32],
     params: dict[str, Any],
     live: LiveLayer | None = None,
-    live_weight: float = 0.5,
+    live_weight: float = ...,
 ) -> list[_TreeArrays]: ...
 def ngram_tree(
     index: NgramIndex,
@@ -235,7 +238,7 @@ def ngram_tree(
     k: int,
     params: dict[str, Any],
     live: LiveLayer | None = None,
-    live_weight: float = 0.5,
+    live_weight: float = ...,
 ) -> _TreeArrays: ...
 def top_b(
     parents: npt.NDArray[np.int64], scores: npt.NDArray[np.float64], b: int

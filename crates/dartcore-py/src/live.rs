@@ -174,6 +174,7 @@ impl PyLiveDelta {
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("LIVE_WEIGHT", dart_live::LIVE_WEIGHT)?;
     m.add_class::<PyLiveLayer>()?;
     m.add_class::<PyLiveDelta>()
 }
