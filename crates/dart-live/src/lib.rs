@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 mod delta;
 mod mixed;
+mod table;
 mod window;
 
 pub use delta::{open_delta, write_delta, Delta};

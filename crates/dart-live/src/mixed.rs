@@ -79,7 +79,7 @@ impl<S: NgramScorer + ?Sized> Mixed<'_, S> {
 /// Whether a live source has seen `b` followed by anything.
 fn knows(live: &Window, shared: &[Arc<Delta>], b: u32) -> bool {
     // `counts` of no token: total(b) alone, from b's unigram record (no search).
-    live.bi.contains_key(&b) || shared.iter().any(|d| d.counts(&[b], &[], &mut []) > 0)
+    live.bi.get(b).is_some() || shared.iter().any(|d| d.counts(&[b], &[], &mut []) > 0)
 }
 
 /// Summed counts of `context` (one or two tokens) over the sources: count(context, v) / total
@@ -118,7 +118,7 @@ pub fn live_probs(live: &Window, shared: &[Arc<Delta>], context: &[u32], candida
     }
     if n >= 1 {
         let b = context[n - 1];
-        seen_summed(live.bi.get(&b), shared, &[b], candidates_sorted, out);
+        seen_summed(live.bi.get(b), shared, &[b], candidates_sorted, out);
     }
     for o in out.iter_mut() {
         if o.is_nan() {
@@ -162,7 +162,7 @@ impl<S: NgramScorer + ?Sized> NgramScorer for Mixed<'_, S> {
         }
         let [a, b] = context;
         let own = self.live.tri.get(&key2(a, b)).map_or(0.0, |e| e.counts.max_prob());
-        let own = own.max(self.live.bi.get(&b).map_or(0.0, Counts::max_prob));
+        let own = own.max(self.live.bi.get(b).map_or(0.0, Counts::max_prob));
         let live =
             self.shared.iter().fold(own, |m, d| m.max(d.trigram_context(a, b).1).max(d.max_backoff_prob(b, false)));
         let stat = bound.max(self.base.backoff_bound(b, self.unigram_backoff));
@@ -181,7 +181,7 @@ impl<S: NgramScorer + ?Sized> NgramScorer for Mixed<'_, S> {
         }
         // A ratio of summed counts is a weighted mean of the sources' ratios, so the largest
         // source's bound holds for the sum.
-        let own = self.live.bi.get(&b).map_or(0.0, Counts::max_prob);
+        let own = self.live.bi.get(b).map_or(0.0, Counts::max_prob);
         let live = self.shared.iter().map(|d| d.max_backoff_prob(b, false)).fold(own, f64::max);
         (1.0 - self.weight) * s + self.weight * live
     }
@@ -203,7 +203,7 @@ impl<S: NgramScorer + ?Sized> NgramScorer for Mixed<'_, S> {
         let n = context.len();
         let live_ctx =
             if n >= 2 { self.live.tri.get(&key2(context[n - 2], context[n - 1])).map(|e| &e.counts) } else { None };
-        let live_ctx = live_ctx.or_else(|| context.last().and_then(|b| self.live.bi.get(b)));
+        let live_ctx = live_ctx.or_else(|| context.last().and_then(|b| self.live.bi.get(*b)));
         if let Some(c) = live_ctx {
             cands.extend(c.entries().map(|e| e.0));
         }

@@ -4,6 +4,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
+use crate::table::KeyTable;
 use crate::Error;
 
 /// Separates documents in the window: no n-gram and no match crosses it. Never a token id
@@ -232,9 +233,82 @@ impl Counts {
     }
 }
 
+/// Ids below this have their bigram counts in a vector indexed by the id (no hash lookup: one
+/// cache line read instead of a probe and an entry); larger ones in a table.
+const DIRECT: u32 = 1 << 18;
+
+/// The bigram counts of every context token b seen followed by something: `direct[b]` for b
+/// below [`DIRECT`] (the vector grows to the largest such id seen; an empty entry is an unseen
+/// context), `far` beyond.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Bigrams {
+    direct: Vec<Counts>,
+    far: Map<u32, Counts>,
+}
+
+impl Bigrams {
+    /// b's counts, None where nothing follows b in the window.
+    pub(crate) fn get(&self, b: u32) -> Option<&Counts> {
+        let c = if b < DIRECT { self.direct.get(b as usize) } else { self.far.get(&b) };
+        c.filter(|c| c.total > 0)
+    }
+
+    fn add(&mut self, b: u32, t: u32) {
+        if b < DIRECT {
+            let i = b as usize;
+            if self.direct.len() <= i {
+                self.direct.resize_with(i + 1, Counts::default);
+            }
+            self.direct[i].add(t);
+        } else {
+            self.far.entry(b).or_default().add(t);
+        }
+    }
+
+    /// Remove one occurrence of (b, t); an emptied context frees what it held.
+    fn remove(&mut self, b: u32, t: u32) {
+        if b < DIRECT {
+            if let Some(c) = self.direct.get_mut(b as usize) {
+                if c.total > 0 && c.remove(t) {
+                    *c = Counts::default();
+                }
+            }
+        } else if let Entry::Occupied(mut e) = self.far.entry(b) {
+            if e.get_mut().remove(t) {
+                e.remove();
+            }
+        }
+    }
+
+    /// Read the line of b's entry and what adding or removing (b, t) will touch (see
+    /// [`Window::warm`]).
+    fn warm(&self, b: u32, t: u32) -> u64 {
+        self.get(b).map_or(0, |c| c.warm(t))
+    }
+
+    /// Ask for b's entry to be brought into the cache (below [`DIRECT`]; nothing is read).
+    fn prefetch(&self, b: u32) {
+        if (b as usize) < self.direct.len() {
+            prefetch(self.direct.as_ptr().wrapping_add(b as usize));
+        }
+    }
+
+    fn clear(&mut self) {
+        self.direct.clear();
+        self.far.clear();
+    }
+
+    fn nbytes(&self) -> usize {
+        use std::mem::size_of;
+        self.direct.capacity() * size_of::<Counts>()
+            + self.far.capacity() * (size_of::<(u32, Counts)>() + 1)
+            + self.direct.iter().chain(self.far.values()).map(Counts::nbytes).sum::<usize>()
+    }
+}
+
 /// Ask for the cache line at `p` (any address: nothing is read, nothing can fault).
 #[inline(always)]
-fn prefetch<T>(p: *const T) {
+pub(crate) fn prefetch<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is a hint; it neither reads into the program nor faults.
     unsafe {
@@ -279,8 +353,8 @@ pub struct Window {
     /// key holds exactly its `counts.total` positions, latest first (anything else: unused).
     links: VecDeque<u64>,
     base: u64,
-    pub(crate) bi: Map<u32, Counts>,
-    pub(crate) tri: Map<u64, Tri>,
+    pub(crate) bi: Bigrams,
+    pub(crate) tri: KeyTable<Tri>,
     inserted: u64,
 }
 
@@ -303,8 +377,8 @@ impl Window {
             tokens: VecDeque::new(),
             links: VecDeque::new(),
             base: 0,
-            bi: Map::default(),
-            tri: Map::default(),
+            bi: Bigrams::default(),
+            tri: KeyTable::default(),
             inserted: 0,
         })
     }
@@ -377,30 +451,34 @@ impl Window {
     /// another, so the processor overlaps them, where the writes, one after another, wait for
     /// each miss in turn.
     fn warm(&self, evictions: usize, ids: &[u32]) {
-        let mut seen = 0u64;
-        let mut bi = |a: u32, b: u32| {
-            if a != SEP && b != SEP {
-                seen ^= self.bi.get(&a).map_or(0, |e| e.warm(b));
-            }
-        };
         let (x, y) = self.tokens.as_slices();
         let old = x.iter().chain(y).copied();
-        for (a, b) in old.clone().zip(old.clone().skip(1)).take(evictions) {
-            bi(a, b);
+        let evicted = old.clone().zip(old.clone().skip(1)).zip(old.skip(2)).take(evictions);
+        let grams: Vec<(u32, u32, u32)> = evicted
+            .map(|((a, b), c)| (a, b, c))
+            .chain(ids.windows(3).map(|w| (w[0], w[1], w[2])))
+            .filter(|&(a, b, _)| a != SEP && b != SEP)
+            .collect();
+        // Addresses that need no read first (the trigram slots, the bigram entries), then
+        // what they point to, each step's misses overlapping.
+        for &(a, b, _) in &grams {
+            self.tri.prefetch(key2(a, b));
+            self.bi.prefetch(a);
         }
-        for w in ids.windows(2) {
-            bi(w[0], w[1]);
+        let slots: Vec<(usize, u32)> = grams
+            .iter()
+            .filter(|g| g.2 != SEP)
+            .filter_map(|&(a, b, c)| self.tri.find(key2(a, b)).map(|i| (i, c)))
+            .collect();
+        for &(i, _) in &slots {
+            self.tri.prefetch_value(i);
         }
-        let mut tri = |a: u32, b: u32, c: u32| {
-            if a != SEP && b != SEP && c != SEP {
-                seen ^= self.tri.get(&key2(a, b)).map_or(0, |e| e.counts.warm(c));
-            }
-        };
-        for ((a, b), c) in old.clone().zip(old.clone().skip(1)).zip(old.skip(2)).take(evictions) {
-            tri(a, b, c);
+        let mut seen = 0u64;
+        for &(a, b, _) in &grams {
+            seen ^= self.bi.warm(a, b);
         }
-        for w in ids.windows(3) {
-            tri(w[0], w[1], w[2]);
+        for &(i, c) in &slots {
+            seen ^= self.tri.value_at(i).counts.warm(c);
         }
         std::hint::black_box(seen);
     }
@@ -425,7 +503,7 @@ impl Window {
         if b == SEP {
             return 0;
         }
-        self.bi.entry(b).or_default().add(t);
+        self.bi.add(b, t);
         if q < self.base + 2 {
             return 0;
         }
@@ -433,7 +511,7 @@ impl Window {
         if a == SEP {
             return 0;
         }
-        let e = self.tri.entry(key2(a, b)).or_default();
+        let e = self.tri.get_or_default(key2(a, b));
         let link = if e.counts.total > 0 { e.latest } else { 0 };
         e.latest = q;
         e.counts.add(t);
@@ -449,17 +527,13 @@ impl Window {
         if a != SEP && p + 1 < end {
             let b = self.at(p + 1);
             if b != SEP {
-                if let Entry::Occupied(mut e) = self.bi.entry(a) {
-                    if e.get_mut().remove(b) {
-                        e.remove();
-                    }
-                }
+                self.bi.remove(a, b);
                 if p + 2 < end {
                     let c = self.at(p + 2);
                     if c != SEP {
-                        if let Entry::Occupied(mut e) = self.tri.entry(key2(a, b)) {
-                            if e.get_mut().counts.remove(c) {
-                                e.remove();
+                        if let Some(i) = self.tri.find(key2(a, b)) {
+                            if self.tri.value_mut(i).counts.remove(c) {
+                                self.tri.remove_at(i);
                             }
                         }
                     }
@@ -547,13 +621,11 @@ impl Window {
     /// hash maps: entries plus one control byte each).
     pub fn nbytes(&self) -> usize {
         use std::mem::size_of;
-        let map = |cap: usize, entry: usize| cap * (entry + 1);
         let counts = |c: &Counts| c.nbytes();
         self.tokens.capacity() * 4
             + self.links.capacity() * 8
-            + map(self.bi.capacity(), size_of::<(u32, Counts)>())
-            + self.bi.values().map(counts).sum::<usize>()
-            + map(self.tri.capacity(), size_of::<(u64, Tri)>())
+            + self.bi.nbytes()
+            + self.tri.slots() * (8 + size_of::<Tri>())
             + self.tri.values().map(|e| counts(&e.counts)).sum::<usize>()
     }
 
