@@ -356,7 +356,13 @@ pub struct Window {
     pub(crate) bi: Bigrams,
     pub(crate) tri: KeyTable<Tri>,
     inserted: u64,
+    /// Buffers of [`Window::warm`], kept between inserts.
+    scratch: Scratch,
 }
+
+/// [`Window::warm`]'s buffers: the trigrams an insert touches, and their slots (with the
+/// continuation) in the trigram table.
+type Scratch = (Vec<(u32, u32, u32)>, Vec<(usize, u32)>);
 
 /// Most earlier occurrences of the two-token key examined per suffix query (latest first).
 const MAX_PROBES: usize = 64;
@@ -380,6 +386,7 @@ impl Window {
             bi: Bigrams::default(),
             tri: KeyTable::default(),
             inserted: 0,
+            scratch: Default::default(),
         })
     }
 
@@ -450,28 +457,29 @@ impl Window {
     /// write, before writing any. Each access is a cache miss; these reads do not depend on one
     /// another, so the processor overlaps them, where the writes, one after another, wait for
     /// each miss in turn.
-    fn warm(&self, evictions: usize, ids: &[u32]) {
-        let (x, y) = self.tokens.as_slices();
-        let old = x.iter().chain(y).copied();
-        let evicted = old.clone().zip(old.clone().skip(1)).zip(old.skip(2)).take(evictions);
-        let grams: Vec<(u32, u32, u32)> = evicted
-            .map(|((a, b), c)| (a, b, c))
-            .chain(ids.windows(3).map(|w| (w[0], w[1], w[2])))
-            .filter(|&(a, b, _)| a != SEP && b != SEP)
-            .collect();
+    fn warm(&mut self, evictions: usize, ids: &[u32]) {
+        let (mut grams, mut slots) = std::mem::take(&mut self.scratch);
+        grams.clear();
+        slots.clear();
+        let n = self.tokens.len();
+        for p in 0..evictions.min(n.saturating_sub(2)) {
+            grams.push((self.tokens[p], self.tokens[p + 1], self.tokens[p + 2]));
+        }
+        grams.extend(ids.windows(3).map(|w| (w[0], w[1], w[2])));
+        grams.retain(|&(a, b, _)| a != SEP && b != SEP);
         // Addresses that need no read first (the trigram slots, the bigram entries), then
         // what they point to, each step's misses overlapping.
         for &(a, b, _) in &grams {
             self.tri.prefetch(key2(a, b));
             self.bi.prefetch(a);
         }
-        let slots: Vec<(usize, u32)> = grams
-            .iter()
-            .filter(|g| g.2 != SEP)
-            .filter_map(|&(a, b, c)| self.tri.find(key2(a, b)).map(|i| (i, c)))
-            .collect();
-        for &(i, _) in &slots {
-            self.tri.prefetch_value(i);
+        for &(a, b, c) in &grams {
+            if c != SEP {
+                if let Some(i) = self.tri.find(key2(a, b)) {
+                    self.tri.prefetch_value(i);
+                    slots.push((i, c));
+                }
+            }
         }
         let mut seen = 0u64;
         for &(a, b, _) in &grams {
@@ -481,6 +489,7 @@ impl Window {
             seen ^= self.tri.value_at(i).counts.warm(c);
         }
         std::hint::black_box(seen);
+        self.scratch = (grams, slots);
     }
 
     fn push(&mut self, t: u32) {
