@@ -326,7 +326,7 @@ pub(crate) fn key2(a: u32, b: u32) -> u64 {
 /// for both: an insert or eviction looks the key up once, not twice (insert of a 128-token
 /// output with two tables ~20 % slower, tools/bench_live.py). The earlier occurrences are
 /// chained through the window's `links`, so eviction touches the entry alone (a per-key
-/// queue of positions costs a cache miss at each end: ~40 % of an insert into a full window).
+/// queue of positions would cost a cache miss at each of its ends).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Tri {
     pub(crate) counts: Counts,
