@@ -67,6 +67,25 @@ def test_counts_and_suffix_match_equal_brute_force():
         assert got == brute_suffix(docs, ctx, 5, 2, 4)
 
 
+def test_a_list_and_an_array_insert_the_same():
+    """A list of ints is read as it is; an array, or a list of numpy integers, through an
+    array: the layers are the same (eviction included)."""
+    docs = live_docs(6, n=8)
+    layers = [LiveLayer(V, capacity=64) for _ in range(3)]
+    for d in docs:
+        layers[0].insert(d)
+        layers[1].insert(np.array(d))
+        layers[2].insert([np.int64(t) for t in d])
+    want = layers[0]
+    for other in layers[1:]:
+        assert len(other) == len(want) and other.inserted == want.inserted
+        for ctx in ([1], [2, 3], [5, 7], docs[-1][-3:]):
+            np.testing.assert_array_equal(
+                other.probs(ctx, list(range(V))), want.probs(ctx, list(range(V)))
+            )
+            assert other.suffix_match(ctx, 4).tolist() == want.suffix_match(ctx, 4).tolist()
+
+
 def brute_suffix(docs, ctx, max_len, min_match, max_match):
     """The continuation after the longest match (ties: the latest) of ctx's end, in order
     of insertion, never across documents."""

@@ -76,6 +76,10 @@ class LiveLayer:
     def insert(self, tokens: Sequence[int]) -> None:
         """Add one document (a prompt, an output, or both joined). Ids outside the vocabulary
         raise :class:`~dartcore.errors.DartError` and change nothing."""
+        # A list of ints is read as it is, without an array made of it first; a list with
+        # other elements (numpy integers, bools) goes through the array like any sequence.
+        if type(tokens) is list and self._inner.insert_list(tokens):
+            return
         self._inner.insert(self._ids(tokens, "tokens"))
 
     def learn(self, prompt: Sequence[int], output: Sequence[int]) -> None:

@@ -112,7 +112,7 @@ fn search_official(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     guard("search_official", || params_dict(py, SearchParams::official()))
 }
 
-fn id(t: i64, what: &str) -> PyResult<u32> {
+pub(crate) fn id(t: i64, what: &str) -> PyResult<u32> {
     u32::try_from(t)
         .map_err(|_| errors::tree_msg(format!("token id {t} in {what} is not a valid token id (0 ..= 2^32-1)")))
 }
