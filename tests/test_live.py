@@ -67,6 +67,25 @@ def test_counts_and_suffix_match_equal_brute_force():
         assert got == brute_suffix(docs, ctx, 5, 2, 4)
 
 
+def test_a_list_and_an_array_insert_the_same():
+    """A list of ints is read as it is; an array, or a list of numpy integers, through an
+    array: the layers are the same (eviction included)."""
+    docs = live_docs(6, n=8)
+    layers = [LiveLayer(V, capacity=64) for _ in range(3)]
+    for d in docs:
+        layers[0].insert(d)
+        layers[1].insert(np.array(d))
+        layers[2].insert([np.int64(t) for t in d])
+    want = layers[0]
+    for other in layers[1:]:
+        assert len(other) == len(want) and other.inserted == want.inserted
+        for ctx in ([1], [2, 3], [5, 7], docs[-1][-3:]):
+            np.testing.assert_array_equal(
+                other.probs(ctx, list(range(V))), want.probs(ctx, list(range(V)))
+            )
+            assert other.suffix_match(ctx, 4).tolist() == want.suffix_match(ctx, 4).tolist()
+
+
 def brute_suffix(docs, ctx, max_len, min_match, max_match):
     """The continuation after the longest match (ties: the latest) of ctx's end, in order
     of insertion, never across documents."""
@@ -122,6 +141,32 @@ def test_mixed_search_equals_brute_force(corpus_index, seed):  # noqa: F811
         **kw,
     )
     assert tree_dict(batched) == got
+
+
+def test_native_searches_default_to_the_one_weight(corpus_index):  # noqa: F811
+    """The native searches' live_weight default is the crate's LIVE_WEIGHT, which the package
+    exports: a call without it builds the tree of a call with it (and not that of another
+    weight)."""
+    from dartcore import _native, live
+
+    assert live.LIVE_WEIGHT == _native.LIVE_WEIGHT
+    docs, index = corpus_index
+    rng = np.random.default_rng(5)
+    layer = LiveLayer(V)
+    for d in docs[:3]:
+        layer.insert(d)
+    toks, lps = random_rows(rng, 3, 4)
+    ctx = T._tail(docs[0][:5])
+    p = T._search_params(None, {"max_nodes": 12}).native()
+    inner, lv = T._native_index(index), live.native(layer)
+    plain = _native.beam_search(inner, ctx, toks, lps, p, lv)
+    weighted = _native.beam_search(inner, ctx, toks, lps, p, lv, live.LIVE_WEIGHT)
+    assert all(np.array_equal(a, b) for a, b in zip(plain, weighted))
+    other = _native.beam_search(inner, ctx, toks, lps, p, lv, 0.5)
+    assert not np.array_equal(plain[3], other[3]), "the weight shows in the scores"
+    plain = _native.ngram_tree(inner, ctx, 3, 4, p, lv)
+    weighted = _native.ngram_tree(inner, ctx, 3, 4, p, lv, live.LIVE_WEIGHT)
+    assert all(np.array_equal(a, b) for a, b in zip(plain, weighted))
 
 
 def test_empty_layer_changes_no_tree(corpus_index):  # noqa: F811

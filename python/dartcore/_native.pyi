@@ -42,6 +42,7 @@ __all__ = [
     "refine_top",
     "block_attention",
     "LayerStack",
+    "LIVE_WEIGHT",
     "LiveLayer",
     "LiveDelta",
     "_bench",
@@ -51,12 +52,15 @@ __all__ = [
 
 # ----------------------------------------------------------------------------- index
 
+LIVE_WEIGHT: float
+
 @final
 class LiveLayer:
     """The live n-gram layer (use :class:`dartcore.live.LiveLayer`)."""
 
     def __new__(cls, capacity: int, vocab_size: int) -> LiveLayer: ...
     def insert(self, tokens: npt.NDArray[np.int64]) -> None: ...
+    def insert_list(self, tokens: list[int]) -> bool: ...
     def clear(self) -> None: ...
     def suffix_match(
         self, context: npt.NDArray[np.int64], max_len: int, min_match: int, max_match: int
@@ -216,7 +220,7 @@ def beam_search(
     topk_logprobs: npt.NDArray[np.float32],
     params: dict[str, Any],
     live: LiveLayer | None = None,
-    live_weight: float = 0.5,
+    live_weight: float = ...,
 ) -> _TreeArrays: ...
 def beam_search_batch(
     index: NgramIndex | None,
@@ -226,7 +230,7 @@ def beam_search_batch(
     topk_logprobs: npt.NDArray[np.float32],
     params: dict[str, Any],
     live: LiveLayer | None = None,
-    live_weight: float = 0.5,
+    live_weight: float = ...,
 ) -> list[_TreeArrays]: ...
 def ngram_tree(
     index: NgramIndex,
@@ -235,7 +239,7 @@ def ngram_tree(
     k: int,
     params: dict[str, Any],
     live: LiveLayer | None = None,
-    live_weight: float = 0.5,
+    live_weight: float = ...,
 ) -> _TreeArrays: ...
 def top_b(
     parents: npt.NDArray[np.int64], scores: npt.NDArray[np.float64], b: int

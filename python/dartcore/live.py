@@ -48,11 +48,10 @@ __all__ = ["DEFAULT_CAPACITY", "LIVE_WEIGHT", "LiveLayer", "SharedLive", "live_l
 
 # Tokens kept: vLLM's suffix decoding keeps the same order of finished-response tokens.
 DEFAULT_CAPACITY = 1_000_000
-# λ of the mix where the layer knows the context's last token. Chosen by
-# `tools/bench_live.py --weights`: λ changes which tokens a tree holds, not its size or what a
-# round costs, so τ decides; τ on the repetitive workloads rose with λ over 0.25, 0.5, 0.75
-# for dart+mix and dart+live alike and stayed level on fresh prompts (docs/live.md).
-LIVE_WEIGHT = 0.75
+# λ of the mix where the layer knows the context's last token; owned by the native crate
+# (dart_live::LIVE_WEIGHT, where the measurement that chose it is described), whose searches
+# default to it too.
+LIVE_WEIGHT: float = _native.LIVE_WEIGHT
 
 
 class LiveLayer:
@@ -77,6 +76,10 @@ class LiveLayer:
     def insert(self, tokens: Sequence[int]) -> None:
         """Add one document (a prompt, an output, or both joined). Ids outside the vocabulary
         raise :class:`~dartcore.errors.DartError` and change nothing."""
+        # A list of ints is read as it is, without an array made of it first; a list with
+        # other elements (numpy integers, bools) goes through the array like any sequence.
+        if type(tokens) is list and self._inner.insert_list(tokens):
+            return
         self._inner.insert(self._ids(tokens, "tokens"))
 
     def learn(self, prompt: Sequence[int], output: Sequence[int]) -> None:

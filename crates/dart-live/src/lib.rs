@@ -17,12 +17,20 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 mod delta;
 mod mixed;
+mod table;
 mod window;
 
 pub use delta::{open_delta, write_delta, Delta};
 pub use mixed::{live_probs, Mixed};
 use window::Op;
 pub use window::Window;
+
+/// λ of the mix ([`Mixed`]) where the layer knows the context's last token: the one default
+/// of the searches' `live_weight` (the Python bindings and package read it from here).
+/// Chosen by `tools/bench_live.py --weights`: λ changes which tokens a tree holds, not its size
+/// or what a round costs, so τ decides; τ on the repetitive workloads rose with λ over 0.25,
+/// 0.5, 0.75 for dart+mix and dart+live alike and stayed level on fresh prompts (docs/live.md).
+pub const LIVE_WEIGHT: f64 = 0.75;
 
 /// What the live layer refuses.
 #[derive(Debug, thiserror::Error, PartialEq)]

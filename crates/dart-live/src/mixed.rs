@@ -32,6 +32,37 @@ pub struct Mixed<'a, S: NgramScorer + ?Sized> {
 }
 
 impl<S: NgramScorer + ?Sized> Mixed<'_, S> {
+    /// [`NgramScorer::trigram_probs`] from the static side's values in `out`: where either
+    /// side has seen (a, b, v), the full mixed value, else NaN (the backoff).
+    fn mix_trigram(&self, context: [u32; 2], candidates_sorted: &[u32], out: &mut [f64]) {
+        let lam = self.lambda(&context);
+        if lam == 0.0 {
+            return; // the window has not seen b, hence no (a, b, v) either
+        }
+        let mut live3 = vec![f64::NAN; out.len()];
+        seen_summed(
+            self.live.tri.get(&key2(context[0], context[1])).map(|e| &e.counts),
+            self.shared,
+            &context,
+            candidates_sorted,
+            &mut live3,
+        );
+        // Where either source has seen (a, b, v) the mix is not its backoff: the full value,
+        // whose static term backs off (where the index has not seen (a, b, v)) as the
+        // search asked, through `unigram_backoff`. Only those candidates are looked up again
+        // (each value depends on its own candidate alone).
+        let seen: Vec<usize> = (0..out.len()).filter(|&i| !(out[i].is_nan() && live3[i].is_nan())).collect();
+        if seen.is_empty() {
+            return;
+        }
+        let cands: Vec<u32> = seen.iter().map(|&i| candidates_sorted[i]).collect();
+        let mut full = vec![0.0; cands.len()];
+        self.cond_probs(&context, &cands, self.unigram_backoff, &mut full);
+        for (&i, f) in seen.iter().zip(full) {
+            out[i] = f;
+        }
+    }
+
     fn lambda(&self, context: &[u32]) -> f64 {
         match context.last() {
             Some(&b) if knows(self.live, self.shared, b) => self.weight,
@@ -48,7 +79,7 @@ impl<S: NgramScorer + ?Sized> Mixed<'_, S> {
 /// Whether a live source has seen `b` followed by anything.
 fn knows(live: &Window, shared: &[Arc<Delta>], b: u32) -> bool {
     // `counts` of no token: total(b) alone, from b's unigram record (no search).
-    live.bi.contains_key(&b) || shared.iter().any(|d| d.counts(&[b], &[], &mut []) > 0)
+    live.bi.get(b).is_some() || shared.iter().any(|d| d.counts(&[b], &[], &mut []) > 0)
 }
 
 /// Summed counts of `context` (one or two tokens) over the sources: count(context, v) / total
@@ -87,7 +118,7 @@ pub fn live_probs(live: &Window, shared: &[Arc<Delta>], context: &[u32], candida
     }
     if n >= 1 {
         let b = context[n - 1];
-        seen_summed(live.bi.get(&b), shared, &[b], candidates_sorted, out);
+        seen_summed(live.bi.get(b), shared, &[b], candidates_sorted, out);
     }
     for o in out.iter_mut() {
         if o.is_nan() {
@@ -116,31 +147,31 @@ impl<S: NgramScorer + ?Sized> NgramScorer for Mixed<'_, S> {
 
     fn trigram_probs(&self, context: [u32; 2], candidates_sorted: &[u32], out: &mut [f64]) {
         self.base.trigram_probs(context, candidates_sorted, out);
+        self.mix_trigram(context, candidates_sorted, out);
+    }
+
+    /// The static side's handle, so that [`Mixed::trigram_probs_at`] reads the index through
+    /// it as a search without the layer does; the bound mixes the static bound with the live
+    /// sources' largest probabilities after (a, b) and after b (a value seen by the layer alone
+    /// backs off on the static side, so the static backoff bound counts too).
+    fn trigram_context(&self, context: [u32; 2]) -> ([u64; 3], f64) {
+        let (handle, bound) = self.base.trigram_context(context);
         let lam = self.lambda(&context);
         if lam == 0.0 {
-            return; // the window has not seen b, hence no (a, b, v) either
+            return (handle, bound); // trigram_probs is the static one's
         }
-        let mut live3 = vec![f64::NAN; out.len()];
-        seen_summed(
-            self.live.tri.get(&key2(context[0], context[1])).map(|e| &e.counts),
-            self.shared,
-            &context,
-            candidates_sorted,
-            &mut live3,
-        );
-        if out.iter().zip(&live3).all(|(s, l)| s.is_nan() && l.is_nan()) {
-            return;
-        }
-        // Where either source has seen (a, b, v) the mix is not its backoff: the full value,
-        // whose static term backs off (where the index has not seen (a, b, v)) as the
-        // search asked, through `unigram_backoff`.
-        let mut full = vec![0.0; out.len()];
-        self.cond_probs(&context, candidates_sorted, self.unigram_backoff, &mut full);
-        for ((o, l), f) in out.iter_mut().zip(&live3).zip(full) {
-            if !(o.is_nan() && l.is_nan()) {
-                *o = f;
-            }
-        }
+        let [a, b] = context;
+        let own = self.live.tri.get(&key2(a, b)).map_or(0.0, |e| e.counts.max_prob());
+        let own = own.max(self.live.bi.get(b).map_or(0.0, Counts::max_prob));
+        let live =
+            self.shared.iter().fold(own, |m, d| m.max(d.trigram_context(a, b).1).max(d.max_backoff_prob(b, false)));
+        let stat = bound.max(self.base.backoff_bound(b, self.unigram_backoff));
+        (handle, ((1.0 - lam) * stat + lam * live).min(1.0))
+    }
+
+    fn trigram_probs_at(&self, context: [u32; 2], handle: [u64; 3], candidates_sorted: &[u32], out: &mut [f64]) {
+        self.base.trigram_probs_at(context, handle, candidates_sorted, out);
+        self.mix_trigram(context, candidates_sorted, out);
     }
 
     fn backoff_bound(&self, b: u32, unigram_backoff: bool) -> f64 {
@@ -150,7 +181,7 @@ impl<S: NgramScorer + ?Sized> NgramScorer for Mixed<'_, S> {
         }
         // A ratio of summed counts is a weighted mean of the sources' ratios, so the largest
         // source's bound holds for the sum.
-        let own = self.live.bi.get(&b).map_or(0.0, Counts::max_prob);
+        let own = self.live.bi.get(b).map_or(0.0, Counts::max_prob);
         let live = self.shared.iter().map(|d| d.max_backoff_prob(b, false)).fold(own, f64::max);
         (1.0 - self.weight) * s + self.weight * live
     }
@@ -172,7 +203,7 @@ impl<S: NgramScorer + ?Sized> NgramScorer for Mixed<'_, S> {
         let n = context.len();
         let live_ctx =
             if n >= 2 { self.live.tri.get(&key2(context[n - 2], context[n - 1])).map(|e| &e.counts) } else { None };
-        let live_ctx = live_ctx.or_else(|| context.last().and_then(|b| self.live.bi.get(b)));
+        let live_ctx = live_ctx.or_else(|| context.last().and_then(|b| self.live.bi.get(*b)));
         if let Some(c) = live_ctx {
             cands.extend(c.entries().map(|e| e.0));
         }

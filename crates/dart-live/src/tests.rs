@@ -140,6 +140,24 @@ proptest! {
         let bound = m.backoff_bound(b, uni);
         prop_assert!(back.iter().all(|&g| g <= bound + 1e-15));
     }
+
+    #[test]
+    fn trigram_context_bounds_the_mixed_trigram_values(docs in docs_strategy(), a in 0u32..6, b in 0u32..6, weight in 0.0f64..1.0, uni in any::<bool>()) {
+        let mut w = Window::new(64, 6).unwrap();
+        for d in &docs { w.insert(d); }
+        let base = Window::new(64, 6).unwrap();
+        let m = Mixed { base: &Static(&base), live: &w, shared: &[], weight, unigram_backoff: uni };
+        let cands: Vec<u32> = (0..6).collect();
+        let (handle, bound) = m.trigram_context([a, b]);
+        let mut at = vec![0.0; 6];
+        m.trigram_probs_at([a, b], handle, &cands, &mut at);
+        let mut plain = vec![0.0; 6];
+        m.trigram_probs([a, b], &cands, &mut plain);
+        for i in 0..6 {
+            prop_assert_eq!(at[i].to_bits(), plain[i].to_bits());
+            prop_assert!(at[i].is_nan() || at[i] <= bound, "g {} above the bound {bound}", at[i]);
+        }
+    }
 }
 
 /// A window read as a static scorer (trigram and bigram levels, uniform unigram level).

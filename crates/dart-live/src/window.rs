@@ -1,8 +1,10 @@
 //! The live window: the most recent tokens served, with their bigram and trigram counts and a
 //! table from every two-token key to the positions that followed it.
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
+use crate::table::KeyTable;
 use crate::Error;
 
 /// Separates documents in the window: no n-gram and no match crosses it. Never a token id
@@ -36,9 +38,77 @@ impl Hasher for IdHasher {
 
 pub(crate) type Map<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
-/// Continuations kept as a sorted vector up to this many, as a hash table beyond (a frequent
-/// context's vector would move kilobytes on every insert).
-const SMALL: usize = 48;
+/// Continuations kept as a sorted vector up to this many (two cache lines), as a hash table
+/// beyond (a frequent context's vector would move kilobytes on every insert, and a binary
+/// search over a longer one misses the cache more often than a hash lookup).
+const SMALL: usize = 16;
+
+/// The continuations of a context with more than [`SMALL`] of them: their counts, and how
+/// many have each count (`hist[c]`, c in 1..=`max`, `max` the largest count), so that the
+/// largest count (for [`Counts::max_prob`]) is kept exactly in O(1) per change instead of a
+/// scan of thousands of entries per search.
+#[derive(Debug, Clone, Default)]
+struct Big {
+    map: Map<u32, u32>,
+    hist: Vec<u32>,
+    max: u32,
+}
+
+impl Big {
+    fn new(entries: impl Iterator<Item = (u32, u32)>) -> Self {
+        let mut b = Big::default();
+        for (t, c) in entries {
+            b.map.insert(t, c);
+            b.count(c, 1);
+        }
+        b
+    }
+
+    /// One more (`up`) or one fewer continuation with count `c` (>= 1). A change of one
+    /// continuation's count adds the new count first, so `max` moves by at most one.
+    fn count(&mut self, c: u32, up: u32) {
+        let c = c as usize;
+        if up == 1 {
+            if self.hist.len() <= c {
+                self.hist.resize(c + 1, 0);
+            }
+            self.hist[c] += 1;
+            self.max = self.max.max(c as u32);
+        } else {
+            self.hist[c] -= 1;
+            while self.max > 0 && self.hist[self.max as usize] == 0 {
+                self.max -= 1;
+            }
+            self.hist.truncate(self.max as usize + 1);
+        }
+    }
+
+    fn add(&mut self, v: u32) {
+        let c = self.map.entry(v).or_insert(0);
+        *c += 1;
+        let c = *c;
+        self.count(c, 1); // first: the largest count never drops below c meanwhile
+        if c > 1 {
+            self.count(c - 1, 0);
+        }
+    }
+
+    /// Remove one occurrence of `v` (if any).
+    fn remove(&mut self, v: u32) -> bool {
+        let Entry::Occupied(mut e) = self.map.entry(v) else {
+            return false;
+        };
+        let c = *e.get();
+        if c > 1 {
+            *e.get_mut() = c - 1;
+            self.count(c - 1, 1);
+        } else {
+            e.remove();
+        }
+        self.count(c, 0);
+        true
+    }
+}
 
 /// Continuation counts of one context: (token, count) pairs and their sum.
 ///
@@ -51,14 +121,14 @@ pub(crate) struct Counts {
     pub(crate) total: u64,
     one: (u32, u32),        // the only continuation while `small` is empty and `big` is None
     small: Vec<(u32, u32)>, // sorted by token while `big` is None
-    big: Option<Box<Map<u32, u32>>>,
+    big: Option<Box<Big>>,
 }
 
 impl Counts {
     fn add(&mut self, v: u32) {
         self.total += 1;
         if let Some(m) = &mut self.big {
-            *m.entry(v).or_insert(0) += 1;
+            m.add(v);
             return;
         }
         if self.small.is_empty() {
@@ -74,9 +144,8 @@ impl Counts {
             Ok(i) => self.small[i].1 += 1,
             Err(i) if self.small.len() < SMALL => self.small.insert(i, (v, 1)),
             Err(_) => {
-                let mut m: Map<u32, u32> = self.small.drain(..).collect();
-                m.insert(v, 1);
-                self.small = Vec::new();
+                let mut m = Big::new(std::mem::take(&mut self.small).into_iter());
+                m.add(v);
                 self.big = Some(Box::new(m));
             }
         }
@@ -85,14 +154,10 @@ impl Counts {
     /// Remove one occurrence of `v`; true when the context is left with no continuation.
     fn remove(&mut self, v: u32) -> bool {
         if let Some(m) = &mut self.big {
-            if let Some(c) = m.get_mut(&v) {
+            if m.remove(v) {
                 self.total -= 1;
-                *c -= 1;
-                if *c == 0 {
-                    m.remove(&v);
-                }
             }
-            return m.is_empty();
+            return m.map.is_empty();
         }
         if self.small.is_empty() {
             if self.one.1 > 0 && self.one.0 == v {
@@ -111,9 +176,26 @@ impl Counts {
         self.small.is_empty()
     }
 
+    /// Bring what [`Counts::add`] or [`Counts::remove`] of `v` will touch into the cache: the
+    /// hash table's entry (looked up), or the vector (prefetched).
+    fn warm(&self, v: u32) -> u64 {
+        if let Some(m) = &self.big {
+            let c = m.map.get(&v).copied().unwrap_or(0);
+            prefetch(m.hist.as_ptr().wrapping_add(c as usize));
+            prefetch(&m.max); // the box may span two lines
+            return c.into();
+        }
+        if !self.small.is_empty() {
+            let p = self.small.as_ptr();
+            prefetch(p);
+            prefetch(p.wrapping_add(8));
+        }
+        self.total
+    }
+
     pub(crate) fn get(&self, v: u32) -> Option<u32> {
         match &self.big {
-            Some(m) => m.get(&v).copied(),
+            Some(m) => m.map.get(&v).copied(),
             None if self.small.is_empty() => (self.one.1 > 0 && self.one.0 == v).then_some(self.one.1),
             None => self.small.binary_search_by_key(&v, |e| e.0).ok().map(|i| self.small[i].1),
         }
@@ -122,7 +204,7 @@ impl Counts {
     /// Every (token, count), in no particular order.
     pub(crate) fn entries(&self) -> Box<dyn Iterator<Item = (u32, u32)> + '_> {
         match &self.big {
-            Some(m) => Box::new(m.iter().map(|(&t, &c)| (t, c))),
+            Some(m) => Box::new(m.map.iter().map(|(&t, &c)| (t, c))),
             None if self.small.is_empty() => Box::new((self.one.1 > 0).then_some(self.one).into_iter()),
             None => Box::new(self.small.iter().copied()),
         }
@@ -130,7 +212,11 @@ impl Counts {
 
     /// The largest count(v)/total (0 when empty).
     pub(crate) fn max_prob(&self) -> f64 {
-        let m = self.entries().map(|e| e.1).max().unwrap_or(0);
+        let m = match &self.big {
+            Some(m) => m.max,
+            None if self.small.is_empty() => self.one.1,
+            None => self.small.iter().map(|e| e.1).max().unwrap_or(0),
+        };
         if self.total == 0 {
             0.0
         } else {
@@ -141,54 +227,111 @@ impl Counts {
     fn nbytes(&self) -> usize {
         use std::mem::size_of;
         self.small.capacity() * size_of::<(u32, u32)>()
-            + self.big.as_ref().map_or(0, |m| size_of::<Map<u32, u32>>() + m.capacity() * (size_of::<(u32, u32)>() + 1))
+            + self.big.as_ref().map_or(0, |m| {
+                size_of::<Big>() + m.map.capacity() * (size_of::<(u32, u32)>() + 1) + m.hist.capacity() * 4
+            })
     }
+}
+
+/// Ids below this have their bigram counts in a vector indexed by the id (no hash lookup: one
+/// cache line read instead of a probe and an entry); larger ones in a table.
+const DIRECT: u32 = 1 << 18;
+
+/// The bigram counts of every context token b seen followed by something: `direct[b]` for b
+/// below [`DIRECT`] (the vector grows to the largest such id seen; an empty entry is an unseen
+/// context), `far` beyond.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Bigrams {
+    direct: Vec<Counts>,
+    far: Map<u32, Counts>,
+}
+
+impl Bigrams {
+    /// b's counts, None where nothing follows b in the window.
+    pub(crate) fn get(&self, b: u32) -> Option<&Counts> {
+        let c = if b < DIRECT { self.direct.get(b as usize) } else { self.far.get(&b) };
+        c.filter(|c| c.total > 0)
+    }
+
+    fn add(&mut self, b: u32, t: u32) {
+        if b < DIRECT {
+            let i = b as usize;
+            if self.direct.len() <= i {
+                self.direct.resize_with(i + 1, Counts::default);
+            }
+            self.direct[i].add(t);
+        } else {
+            self.far.entry(b).or_default().add(t);
+        }
+    }
+
+    /// Remove one occurrence of (b, t); an emptied context frees what it held.
+    fn remove(&mut self, b: u32, t: u32) {
+        if b < DIRECT {
+            if let Some(c) = self.direct.get_mut(b as usize) {
+                if c.total > 0 && c.remove(t) {
+                    *c = Counts::default();
+                }
+            }
+        } else if let Entry::Occupied(mut e) = self.far.entry(b) {
+            if e.get_mut().remove(t) {
+                e.remove();
+            }
+        }
+    }
+
+    /// Read the line of b's entry and what adding or removing (b, t) will touch (see
+    /// [`Window::warm`]).
+    fn warm(&self, b: u32, t: u32) -> u64 {
+        self.get(b).map_or(0, |c| c.warm(t))
+    }
+
+    /// Ask for b's entry to be brought into the cache (below [`DIRECT`]; nothing is read).
+    fn prefetch(&self, b: u32) {
+        if (b as usize) < self.direct.len() {
+            prefetch(self.direct.as_ptr().wrapping_add(b as usize));
+        }
+    }
+
+    fn clear(&mut self) {
+        self.direct.clear();
+        self.far.clear();
+    }
+
+    fn nbytes(&self) -> usize {
+        use std::mem::size_of;
+        self.direct.capacity() * size_of::<Counts>()
+            + self.far.capacity() * (size_of::<(u32, Counts)>() + 1)
+            + self.direct.iter().chain(self.far.values()).map(Counts::nbytes).sum::<usize>()
+    }
+}
+
+/// Ask for the cache line at `p` (any address: nothing is read, nothing can fault).
+#[inline(always)]
+pub(crate) fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint; it neither reads into the program nor faults.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 pub(crate) fn key2(a: u32, b: u32) -> u64 {
     ((a as u64) << 32) | b as u64
 }
 
-/// A two-token context (a, b): its continuation counts and where it occurred. One table for
-/// both: an insert or eviction looks the key up once, not twice (insert of a 128-token output
-/// with two tables ~20 % slower, tools/bench_live.py).
+/// A two-token context (a, b): its continuation counts and its latest occurrence. One table
+/// for both: an insert or eviction looks the key up once, not twice (insert of a 128-token
+/// output with two tables ~20 % slower, tools/bench_live.py). The earlier occurrences are
+/// chained through the window's `links`, so eviction touches the entry alone (a per-key
+/// queue of positions would cost a cache miss at each of its ends).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Tri {
     pub(crate) counts: Counts,
-    /// Absolute positions p such that tokens[p-2..p] = (a, b), oldest first: the oldest inline
-    /// (most keys occur once), the others in `rest`; as many as `counts.total`.
-    first: u64,
-    rest: VecDeque<u64>,
-}
-
-impl Tri {
-    fn push(&mut self, t: u32, q: u64) {
-        if self.counts.total == 0 {
-            self.first = q;
-        } else {
-            self.rest.push_back(q);
-        }
-        self.counts.add(t);
-    }
-
-    /// Drop the oldest occurrence (at `p`, followed by `t`); true when none is left.
-    fn pop(&mut self, t: u32, p: u64) -> bool {
-        debug_assert_eq!(self.first, p);
-        let _ = p;
-        self.counts.remove(t);
-        match self.rest.pop_front() {
-            Some(q) => {
-                self.first = q;
-                false
-            }
-            None => true,
-        }
-    }
-
-    /// Positions, latest first.
-    fn latest_first(&self) -> impl Iterator<Item = u64> + '_ {
-        self.rest.iter().rev().copied().chain((self.counts.total > 0).then_some(self.first))
-    }
+    /// The latest position q with tokens[q-2..q] = (a, b) (valid while `counts.total > 0`).
+    latest: u64,
 }
 
 /// One operation on the window, replayed on both copies of a [`crate::LiveLayer`].
@@ -205,11 +348,21 @@ pub struct Window {
     capacity: usize,
     vocab: u32,
     tokens: VecDeque<u32>,
+    /// Beside each token at position q that ends a two-token key (tokens[q-2..q]): the key's
+    /// previous occurrence, the one before q in the chain from [`Tri::latest`]; the chain of a
+    /// key holds exactly its `counts.total` positions, latest first (anything else: unused).
+    links: VecDeque<u64>,
     base: u64,
-    pub(crate) bi: Map<u32, Counts>,
-    pub(crate) tri: Map<u64, Tri>,
+    pub(crate) bi: Bigrams,
+    pub(crate) tri: KeyTable<Tri>,
     inserted: u64,
+    /// Buffers of [`Window::warm`], kept between inserts.
+    scratch: Scratch,
 }
+
+/// [`Window::warm`]'s buffers: the trigrams an insert touches, and their slots (with the
+/// continuation) in the trigram table.
+type Scratch = (Vec<(u32, u32, u32)>, Vec<(usize, u32)>);
 
 /// Most earlier occurrences of the two-token key examined per suffix query (latest first).
 const MAX_PROBES: usize = 64;
@@ -228,10 +381,12 @@ impl Window {
             capacity,
             vocab,
             tokens: VecDeque::new(),
+            links: VecDeque::new(),
             base: 0,
-            bi: Map::default(),
-            tri: Map::default(),
+            bi: Bigrams::default(),
+            tri: KeyTable::default(),
             inserted: 0,
+            scratch: Default::default(),
         })
     }
 
@@ -287,6 +442,8 @@ impl Window {
         }
         // A document longer than the window keeps its last capacity - 1 tokens.
         let ids = &ids[ids.len().saturating_sub(self.capacity - 1)..];
+        let incoming = ids.len() + usize::from(!self.tokens.is_empty());
+        self.warm((self.tokens.len() + incoming).saturating_sub(self.capacity), ids);
         if !self.tokens.is_empty() {
             self.push(SEP);
         }
@@ -296,31 +453,82 @@ impl Window {
         self.inserted += ids.len() as u64;
     }
 
+    /// Read every table entry that evicting the oldest `evictions` tokens and pushing `ids` will
+    /// write, before writing any. Each access is a cache miss; these reads do not depend on one
+    /// another, so the processor overlaps them, where the writes, one after another, wait for
+    /// each miss in turn.
+    fn warm(&mut self, evictions: usize, ids: &[u32]) {
+        let (mut grams, mut slots) = std::mem::take(&mut self.scratch);
+        grams.clear();
+        slots.clear();
+        let n = self.tokens.len();
+        for p in 0..evictions.min(n.saturating_sub(2)) {
+            grams.push((self.tokens[p], self.tokens[p + 1], self.tokens[p + 2]));
+        }
+        grams.extend(ids.windows(3).map(|w| (w[0], w[1], w[2])));
+        grams.retain(|&(a, b, _)| a != SEP && b != SEP);
+        // Addresses that need no read first (the trigram slots, the bigram entries), then
+        // what they point to, each step's misses overlapping.
+        for &(a, b, _) in &grams {
+            self.tri.prefetch(key2(a, b));
+            self.bi.prefetch(a);
+        }
+        for &(a, b, c) in &grams {
+            if c != SEP {
+                if let Some(i) = self.tri.find(key2(a, b)) {
+                    self.tri.prefetch_value(i);
+                    slots.push((i, c));
+                }
+            }
+        }
+        let mut seen = 0u64;
+        for &(a, b, _) in &grams {
+            seen ^= self.bi.warm(a, b);
+        }
+        for &(i, c) in &slots {
+            seen ^= self.tri.value_at(i).counts.warm(c);
+        }
+        std::hint::black_box(seen);
+        self.scratch = (grams, slots);
+    }
+
     fn push(&mut self, t: u32) {
         while self.tokens.len() >= self.capacity {
             self.evict();
         }
         let q = self.end();
+        let link = self.record(t, q);
         self.tokens.push_back(t);
+        self.links.push_back(link);
+    }
+
+    /// Count the n-grams that token `t`, about to enter at position `q`, ends; the previous
+    /// occurrence of the two-token key it follows (0 when none).
+    fn record(&mut self, t: u32, q: u64) -> u64 {
         if t == SEP || q < self.base + 1 {
-            return;
+            return 0;
         }
         let b = self.at(q - 1);
         if b == SEP {
-            return;
+            return 0;
         }
-        self.bi.entry(b).or_default().add(t);
+        self.bi.add(b, t);
         if q < self.base + 2 {
-            return;
+            return 0;
         }
         let a = self.at(q - 2);
         if a == SEP {
-            return;
+            return 0;
         }
-        self.tri.entry(key2(a, b)).or_default().push(t, q);
+        let e = self.tri.get_or_default(key2(a, b));
+        let link = if e.counts.total > 0 { e.latest } else { 0 };
+        e.latest = q;
+        e.counts.add(t);
+        link
     }
 
-    /// Drop the oldest token and every n-gram that starts with it.
+    /// Drop the oldest token and every n-gram that starts with it (each the oldest occurrence
+    /// of its context: the end of the key's chain, which nothing reads once the count drops).
     fn evict(&mut self) {
         let p = self.base;
         let end = self.end();
@@ -328,27 +536,39 @@ impl Window {
         if a != SEP && p + 1 < end {
             let b = self.at(p + 1);
             if b != SEP {
-                if self.bi.get_mut(&a).is_some_and(|c| c.remove(b)) {
-                    self.bi.remove(&a);
-                }
+                self.bi.remove(a, b);
                 if p + 2 < end {
                     let c = self.at(p + 2);
                     if c != SEP {
-                        let k = key2(a, b);
-                        if self.tri.get_mut(&k).is_some_and(|e| e.pop(c, p + 2)) {
-                            self.tri.remove(&k);
+                        if let Some(i) = self.tri.find(key2(a, b)) {
+                            if self.tri.value_mut(i).counts.remove(c) {
+                                self.tri.remove_at(i);
+                            }
                         }
                     }
                 }
             }
         }
         self.tokens.pop_front();
+        self.links.pop_front();
         self.base += 1;
+    }
+
+    /// Positions of a key's occurrences, latest first.
+    fn latest_first<'a>(&'a self, e: &'a Tri) -> impl Iterator<Item = u64> + 'a {
+        let mut q = e.latest;
+        (0..e.counts.total).map(move |i| {
+            if i > 0 {
+                q = self.links[(q - self.base) as usize];
+            }
+            q
+        })
     }
 
     pub(crate) fn clear(&mut self) {
         self.base = self.end();
         self.tokens.clear();
+        self.links.clear();
         self.bi.clear();
         self.tri.clear();
         self.inserted = 0;
@@ -368,7 +588,7 @@ impl Window {
         };
         let end = self.end();
         let mut best: Option<(usize, u64)> = None;
-        for q in hits.latest_first().take(MAX_PROBES) {
+        for q in self.latest_first(hits).take(MAX_PROBES) {
             if q >= end || self.at(q) == SEP {
                 continue; // the key ends the window or its document: nothing follows
             }
@@ -410,13 +630,12 @@ impl Window {
     /// hash maps: entries plus one control byte each).
     pub fn nbytes(&self) -> usize {
         use std::mem::size_of;
-        let map = |cap: usize, entry: usize| cap * (entry + 1);
         let counts = |c: &Counts| c.nbytes();
         self.tokens.capacity() * 4
-            + map(self.bi.capacity(), size_of::<(u32, Counts)>())
-            + self.bi.values().map(counts).sum::<usize>()
-            + map(self.tri.capacity(), size_of::<(u64, Tri)>())
-            + self.tri.values().map(|e| counts(&e.counts) + e.rest.capacity() * 8).sum::<usize>()
+            + self.links.capacity() * 8
+            + self.bi.nbytes()
+            + self.tri.slots() * (8 + size_of::<Tri>())
+            + self.tri.values().map(|e| counts(&e.counts)).sum::<usize>()
     }
 
     /// The documents held now, oldest first (the first may have lost its front to eviction):

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use dart_live::{live_probs, open_delta, write_delta, Delta, LiveLayer};
 use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyInt, PyList};
 
 use crate::errors::{self, guard, Kind};
 use crate::index::summary_dict;
-use crate::tree::ids;
+use crate::tree::{id, ids};
 
 /// Map a dart-live error to `dartcore.DartError` (bad parameters, foreign ids).
 pub(crate) fn live_err(e: dart_live::Error) -> PyErr {
@@ -38,6 +38,27 @@ impl PyLiveLayer {
             let t = ids(tokens.as_array().iter(), "tokens")?;
             let inner = self.inner.clone();
             py.detach(move || inner.insert(&t)).map_err(live_err)
+        })
+    }
+
+    /// Append one document given as a list of Python ints, read as it is (no array made on
+    /// the caller's side). False, changing nothing, when an element is not exactly an int
+    /// within i64 (a numpy integer, a bool): the caller converts those to an array instead.
+    fn insert_list(&self, py: Python<'_>, tokens: &Bound<'_, PyList>) -> PyResult<bool> {
+        guard("LiveLayer.insert_list", || {
+            let mut t = Vec::with_capacity(tokens.len());
+            for x in tokens.iter() {
+                if !x.is_exact_instance_of::<PyInt>() {
+                    return Ok(false);
+                }
+                let Ok(v) = x.extract::<i64>() else {
+                    return Ok(false);
+                };
+                t.push(id(v, "tokens")?);
+            }
+            let inner = self.inner.clone();
+            py.detach(move || inner.insert(&t)).map_err(live_err)?;
+            Ok(true)
         })
     }
 
@@ -174,6 +195,7 @@ impl PyLiveDelta {
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("LIVE_WEIGHT", dart_live::LIVE_WEIGHT)?;
     m.add_class::<PyLiveLayer>()?;
     m.add_class::<PyLiveDelta>()
 }

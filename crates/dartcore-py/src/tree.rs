@@ -112,7 +112,7 @@ fn search_official(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     guard("search_official", || params_dict(py, SearchParams::official()))
 }
 
-fn id(t: i64, what: &str) -> PyResult<u32> {
+pub(crate) fn id(t: i64, what: &str) -> PyResult<u32> {
     u32::try_from(t)
         .map_err(|_| errors::tree_msg(format!("token id {t} in {what} is not a valid token id (0 ..= 2^32-1)")))
 }
@@ -176,7 +176,7 @@ fn live_part(live: Option<&Bound<'_, PyLiveLayer>>, weight: f64) -> PyResult<Opt
 
 /// beam_search(index, context int64[L], topk_tokens int64[d,k], topk_logprobs float32[d,k], params) -> tree
 #[pyfunction]
-#[pyo3(signature = (index, context, topk_tokens, topk_logprobs, params, live=None, live_weight=0.5))]
+#[pyo3(signature = (index, context, topk_tokens, topk_logprobs, params, live=None, live_weight=dart_live::LIVE_WEIGHT))]
 #[allow(clippy::too_many_arguments)]
 fn beam_search<'py>(
     py: Python<'py>,
@@ -214,7 +214,7 @@ fn beam_search<'py>(
 /// beam_search_batch(index, ctx_flat int64[*], ctx_offsets int64[B+1], topk_tokens int64[B,d,k],
 /// topk_logprobs float32[B,d,k], params) -> list of trees
 #[pyfunction]
-#[pyo3(signature = (index, ctx_flat, ctx_offsets, topk_tokens, topk_logprobs, params, live=None, live_weight=0.5))]
+#[pyo3(signature = (index, ctx_flat, ctx_offsets, topk_tokens, topk_logprobs, params, live=None, live_weight=dart_live::LIVE_WEIGHT))]
 #[allow(clippy::too_many_arguments)]
 fn beam_search_batch<'py>(
     py: Python<'py>,
@@ -262,7 +262,7 @@ fn beam_search_batch<'py>(
 
 /// ngram_tree(index, context int64[L], depth, k, params) -> tree
 #[pyfunction]
-#[pyo3(signature = (index, context, depth, k, params, live=None, live_weight=0.5))]
+#[pyo3(signature = (index, context, depth, k, params, live=None, live_weight=dart_live::LIVE_WEIGHT))]
 #[allow(clippy::too_many_arguments)]
 fn ngram_tree<'py>(
     py: Python<'py>,
