@@ -409,8 +409,11 @@ class NativeDraft:
         h = np.empty((nq, hidden), dtype=np.float32)  # the residual streams
         h[0], h[1:] = g[-1], lean.mask_hidden[: nq - 1]
         x = norm(h, lean.post_norm, product(lean.o, att[n - 1 :]))  # h += attention
-        gate_up, inter = torch.from_numpy(product(lean.gate_up, x)), dr.config.intermediate_size
-        mlp = product(lean.down, (F.silu(gate_up[:, :inter]) * gate_up[:, inter:]).numpy())
+        gate_up, inter = product(lean.gate_up, x), dr.config.intermediate_size
+        act = F.silu(torch.from_numpy(gate_up[:, :inter])).mul_(
+            torch.from_numpy(gate_up[:, inter:])
+        )
+        mlp = product(lean.down, act.numpy())  # torch's silu(gate) * up
         logits = product(lean.head, norm(h, lean.final_norm, mlp))  # h += mlp; norm(h)'s logits
         return torch.from_numpy(logits), torch.from_numpy(h)
 
