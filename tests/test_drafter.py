@@ -3,6 +3,7 @@ call vs the training forward, save/load, target mismatch."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -182,6 +183,70 @@ def test_native_draft_equals_the_torch_draft(family, products):
         atol=1e-5,
         rtol=1e-5,
     )
+
+
+@pytest.mark.skipif(
+    not __import__("dartcore.kernels.linear", fromlist=["x"]).native_linear_available(),
+    reason="the native kernels need AVX-512F or AVX2 + FMA + F16C",
+)
+def test_native_drafts_follow_replaced_parameters_and_modules_and_hooks():
+    # the native draft's arrays are checked in one cheap pass a draft: a parameter replaced
+    # (or its .data), a module replaced or a forward hook added makes the draft the
+    # drafter's own again
+    from dartcore.kernels.native_draft import NativeDraft
+
+    target = tiny_model("llama", layers=6)
+    ref = _random_drafter(target, d=3, draft_vocab=list(range(0, 64, 3)))
+    dr = _random_drafter(target, d=3, draft_vocab=list(range(0, 64, 3)))
+    with torch.no_grad():
+        for a, b in zip(ref.parameters(), dr.parameters()):
+            a.copy_(a.half().float()), b.copy_(a)
+    nat = NativeDraft.adopt(dr, threads=1)
+    assert nat is not None
+    torch.manual_seed(4)
+    ids = torch.randint(3, 64, (13,))
+    taps, nxt = _taps(target, ids[:12], ref.taps), ids[1:]
+
+    def check(lean: bool):
+        s_ref, s_nat = ref.new_state(16), dr.new_state(16)
+        ref.draft(s_ref, taps[:10], nxt[:10]), nat.draft(s_nat, taps[:10], nxt[:10])
+        torch.testing.assert_close(
+            nat.draft(s_nat, taps[10:12], nxt[10:12]),
+            ref.draft(s_ref, taps[10:12], nxt[10:12]),
+            atol=1e-5,
+            rtol=1e-5,
+        )
+        assert (nat._derived["lean"][1] is not None) == lean
+
+    check(lean=True)
+    with torch.no_grad():
+        w = (ref.layer.o_proj.weight * 0.5).half().float()
+    for m in (ref, dr):
+        m.layer.o_proj.weight = torch.nn.Parameter(w.clone())
+    check(lean=True)
+    with torch.no_grad():
+        for m in (ref, dr):
+            m.mask_hidden.data = m.mask_hidden.data * 2.0
+    check(lean=True)
+    calls = []
+
+    def hook(module, args, out):
+        calls.append(1)
+        return out * 1.5
+
+    hooks = [m.layer.down_proj.register_forward_hook(hook) for m in (ref, dr)]
+    check(lean=False)
+    assert len(calls) >= 4  # the native draft's block called the hooked module too
+    for h in hooks:
+        h.remove()
+    check(lean=True)
+    # a module replaced: a plain torch layer, the native draft's tensor path around it
+    new = torch.nn.Linear(dr.layer.up_proj.in_features, dr.layer.up_proj.out_features, bias=False)
+    with torch.no_grad():
+        new.weight.copy_(ref.layer.up_proj.weight * 0.75)
+    dr.layer.up_proj = new
+    ref.layer.up_proj = copy.deepcopy(new)
+    check(lean=True)
 
 
 def test_state_truncate_and_overflow():

@@ -82,6 +82,14 @@ def test_int8_products_follow_the_integer_numerics_and_each_row_is_its_own(fmt):
     assert torch.equal(w.dequantize(), exact.dequantize())
     ids = np.array([36, 0, 9, 9, 17])
     assert torch.equal(w.dequantize_rows(ids), exact.dequantize_rows(ids))
+    whole = w.dequantize()
+    for asked in (ids, np.arange(36, -1, -1), np.array([], dtype=np.int64)):  # only those rows
+        got = w.dequantize_rows(asked)
+        assert torch.equal(got.view(torch.int32), whole[asked].view(torch.int32))
+    with pytest.raises(ValueError, match="row"):  # past the padded groups, or negative
+        w.dequantize_rows(np.array([40]))
+    with pytest.raises(ValueError, match="row"):
+        exact.dequantize_rows(np.array([-1]))
     assert np.array_equal(w.file_rows(), file) and np.array_equal(exact.file_rows(), file)
     err = (alone - torch.cat([exact(x[i : i + 16]) for i in range(0, 40, 16)])).abs().max()
     assert err <= 0.02 * alone.abs().max()

@@ -33,6 +33,7 @@ __all__ = [
     "linear_rows",
     "linear_available",
     "dequantize_rows",
+    "dequantize_rows_at",
     "pack_rows",
     "linear_isa",
     "interleave_rows",
@@ -281,6 +282,12 @@ def linear_rows(
 ) -> None: ...
 def dequantize_rows(
     w: npt.NDArray[np.uint8], out: npt.NDArray[np.float32], format: str
+) -> None: ...
+def dequantize_rows_at(
+    w: npt.NDArray[np.uint8],
+    ids: npt.NDArray[np.int64],
+    out: npt.NDArray[np.float32],
+    format: str,
 ) -> None: ...
 def pack_rows(w: npt.NDArray[np.uint8], out: npt.NDArray[np.uint8], format: str) -> None: ...
 

@@ -51,6 +51,7 @@
 pub mod int8;
 pub mod ops;
 pub mod quant;
+pub mod rows;
 pub mod screen;
 #[cfg(target_arch = "x86_64")]
 mod simd;

@@ -165,6 +165,42 @@ fn dequantize_rows(
     })
 }
 
+/// dequantize_rows_at(w uint8[held, k / 32 * block bytes], ids int64[m], out float32[m, k],
+/// format): rows `ids` of a GGML block weight as f32 (an embedding's lookups), each
+/// `dequantize_rows`'s values of that row bit for bit, reading only those rows' blocks; `format`
+/// as for `dequantize_rows` ("_int8": `w`'s rows padded to whole groups of 8, every id below
+/// `held`).
+#[pyfunction]
+fn dequantize_rows_at(
+    py: Python<'_>,
+    w: PyReadonlyArray2<'_, u8>,
+    ids: PyReadonlyArray1<'_, i64>,
+    mut out: PyReadwriteArray2<'_, f32>,
+    format: &str,
+) -> PyResult<()> {
+    guard("dequantize_rows_at", || {
+        let (fmt, layout) = block_format(format).ok_or_else(|| {
+            errors::value(format!(
+                "dequantize_rows_at: unknown block format {format:?} (q4_0, q4_1, q8_0, each with _packed or _int8)"
+            ))
+        })?;
+        let (held, k) = (w.shape()[0], out.shape()[1]);
+        let ids = c_slice(&ids, "dequantize_rows_at: ids")?
+            .iter()
+            .map(|&j| usize::try_from(j).map_err(|_| errors::value(format!("dequantize_rows_at: row {j}"))))
+            .collect::<PyResult<Vec<usize>>>()?;
+        let layout = match layout {
+            Layout::File => dart_linear::rows::Layout::File,
+            Layout::Packed => dart_linear::rows::Layout::Packed,
+            Layout::Int8 => dart_linear::rows::Layout::Interleaved,
+        };
+        let ws = c_slice(&w, "dequantize_rows_at: w")?;
+        let os = c_slice_mut(&mut out, "dequantize_rows_at: out")?;
+        py.detach(|| dart_linear::rows::dequantize_rows_at(fmt, layout, ws, held, k, &ids, os))
+            .map_err(|e| errors::value(format!("dequantize_rows_at: {}", e.0)))
+    })
+}
+
 /// pack_rows(w uint8[n, k / 32 * block bytes], out uint8[n, same], format): GGML block rows
 /// ("q4_0", "q4_1", "q8_0", as the file stores them) in dart-linear's packed layout, which
 /// the kernel streams (format name + "_packed"): the same bytes, each row's scales first.
@@ -285,6 +321,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(linear_rows, m)?)?;
     m.add_function(wrap_pyfunction!(linear_available, m)?)?;
     m.add_function(wrap_pyfunction!(dequantize_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(dequantize_rows_at, m)?)?;
     m.add_function(wrap_pyfunction!(pack_rows, m)?)?;
     m.add_function(wrap_pyfunction!(linear_isa, m)?)?;
     m.add_function(wrap_pyfunction!(interleave_rows, m)?)?;

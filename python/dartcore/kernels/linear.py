@@ -702,17 +702,14 @@ class BlockWeight:
         )
 
     def dequantize_rows(self, rows: np.ndarray) -> torch.Tensor:
-        """The float32 rows ``rows`` (indices) of the weight, ``[len(rows), k]``."""
-        if self.numerics != "int8":
-            return dequantize_blocks(self.data[rows], self.shape[1], self.format, packed=True)
-        # whole groups of eight interleaved rows, then the asked rows of them
-        rows = np.asarray(rows, dtype=np.int64)
-        groups = np.unique(rows // 8)
-        take = (groups[:, None] * 8 + np.arange(8)[None, :]).reshape(-1)
-        values = dequantize_blocks(
-            self.data[take], self.shape[1], self.format, rows=take.size, layout="int8"
-        )
-        return values[torch.from_numpy(np.searchsorted(groups, rows // 8) * 8 + rows % 8)]
+        """The float32 rows ``rows`` (indices in ``0 .. n``) of the weight, ``[len(rows), k]``:
+        :meth:`dequantize`'s rows, reading only their blocks (natively)."""
+        from dartcore import _native
+
+        rows = np.ascontiguousarray(rows, dtype=np.int64).reshape(-1)
+        out = torch.empty(rows.size, self.shape[1])
+        _native.dequantize_rows_at(self.data, rows, out.numpy(), f"{self.format}_{self._layout()}")
+        return out
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if (

@@ -23,6 +23,7 @@ verification decides every output token).
 from __future__ import annotations
 
 import functools
+import operator
 import warnings
 from collections.abc import Callable
 from typing import NamedTuple
@@ -85,6 +86,7 @@ class NativeDraft:
         )
         self._derived: dict[str, tuple] = {}
         self._rope_table: tuple | None = None
+        self._watch: _Watch | None = None
 
     @classmethod
     def adopt(
@@ -148,7 +150,6 @@ class NativeDraft:
                 if isinstance(m, torch.nn.Linear):
                     m(torch.zeros(1, m.in_features))
 
-    @torch.no_grad()
     def draft(
         self,
         state,
@@ -158,7 +159,10 @@ class NativeDraft:
         return_hidden: bool = False,
         rows: int | None = None,
     ):
-        """:meth:`DartDrafter.draft`, natively where the block fits."""
+        """:meth:`DartDrafter.draft`, natively where the block fits (without autograd)."""
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                return self.draft(state, taps, next_tokens, return_hidden=return_hidden, rows=rows)
         nq = self.drafter.check_draft(taps, next_tokens, rows)
         out = self.block(state, taps, next_tokens, nq)
         if out is None:
@@ -203,16 +207,16 @@ class NativeDraft:
 
     def _lean(self) -> _Lean | None:
         """The draft step's products as the native kernel reads them, its norm weights and
-        MASK rows as arrays: made once, remade when a parameter of the drafter is replaced or
-        changed in place; None where a product has no native form (a ``product`` of the
-        caller's) or a projection the tensor path calls as a module has a forward hook. One
-        check a draft instead of one per product and norm."""
+        MASK rows as arrays: made once, remade when a parameter or module of the drafter is
+        replaced or a parameter changed in place; None where a product has no native form (a
+        ``product`` of the caller's) or a projection the tensor path calls as a module has a
+        forward hook. One check a draft (:class:`_Watch`, a few microseconds) instead of one
+        per product and norm."""
         dr = self.drafter
-        called = (dr.fc, dr.layer.o_proj, dr.layer.down_proj, dr.lm_head)
-        key = (
-            tuple((p.data_ptr(), p._version) for p in dr.parameters()),
-            tuple(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in called),
-        )
+        watch = self._watch
+        if watch is None or not watch.current():
+            watch = self._watch = _Watch.of(dr)
+        key = watch.key()
         cached = self._derived.get("lean")
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -292,11 +296,11 @@ class NativeDraft:
         rows = n + nq - 1
         if rows > MAX_ROWS or state.length + rows > state.max_len or state.k.dtype != torch.float32:
             return None
-        from dartcore import _native
-
         lean = self._lean()
         if lean is not None:
             return self._lean_block(lean, state, taps, next_tokens, n, nq)
+        from dartcore import _native
+
         dr = self.drafter
         layer, eps = dr.layer, dr.config.rms_norm_eps
 
@@ -405,8 +409,11 @@ class NativeDraft:
         h = np.empty((nq, hidden), dtype=np.float32)  # the residual streams
         h[0], h[1:] = g[-1], lean.mask_hidden[: nq - 1]
         x = norm(h, lean.post_norm, product(lean.o, att[n - 1 :]))  # h += attention
-        gate, up = torch.from_numpy(product(lean.gate_up, x)).split(dr.config.intermediate_size, -1)
-        mlp = product(lean.down, (F.silu(gate) * up).numpy())
+        gate_up, inter = product(lean.gate_up, x), dr.config.intermediate_size
+        act = F.silu(torch.from_numpy(gate_up[:, :inter])).mul_(
+            torch.from_numpy(gate_up[:, inter:])
+        )
+        mlp = product(lean.down, act.numpy())  # torch's silu(gate) * up
         logits = product(lean.head, norm(h, lean.final_norm, mlp))  # h += mlp; norm(h)'s logits
         return torch.from_numpy(logits), torch.from_numpy(h)
 
@@ -497,6 +504,42 @@ class NativeDraft:
             )
             off += nq
         return result
+
+
+class _Watch(NamedTuple):
+    """What :meth:`NativeDraft._lean`'s arrays are derived from, checked in one pass of a few
+    microseconds a draft (``dr.parameters()`` walks the module tree): the drafter's modules,
+    each one's parameters and submodules (as objects, held), its parameters, and the modules
+    its tensor path calls (whose hooks turn the lean path off)."""
+
+    modules: tuple[torch.nn.Module, ...]
+    members: tuple
+    params: tuple[torch.Tensor, ...]
+    called: tuple[torch.nn.Module, ...]
+
+    @staticmethod
+    def _members(modules) -> tuple:
+        return tuple([v for m in modules for d in (m._parameters, m._modules) for v in d.values()])
+
+    @classmethod
+    def of(cls, dr) -> _Watch:
+        modules = tuple(dr.modules())
+        called = (dr.fc, dr.layer.o_proj, dr.layer.down_proj, dr.lm_head)
+        return cls(modules, cls._members(modules), tuple(dr.parameters()), called)
+
+    def current(self) -> bool:
+        """Whether the same modules still hold the same parameters and submodules (none
+        replaced, added or removed)."""
+        now = self._members(self.modules)
+        return len(now) == len(self.members) and all(map(operator.is_, now, self.members))
+
+    def key(self) -> tuple:
+        """Every parameter's storage and in-place version, and the called modules' hook
+        counts: a change of either remakes the arrays."""
+        return (
+            tuple([(p.data_ptr(), p._version) for p in self.params]),
+            tuple([len(m._forward_pre_hooks) + len(m._forward_hooks) for m in self.called]),
+        )
 
 
 class _LeanProduct(NamedTuple):
