@@ -1,8 +1,9 @@
 """The drafter's catch-up window (dartcore.rounds.CATCHUP_WINDOW): a sequence that commits
-positions without drafting (its prompt, a stretch of plain steps at budget 0) keeps at most
-the window and a quarter of them waiting, and its next draft reads at most the window, its drafter
-state started over from them -- while every output stays the target's own greedy decoding,
-single and batched. Tiny random Llama target, a real untrained drafter and a real index."""
+positions without drafting (its prompt, a stretch of plain steps at budget 0) keeps at most its
+first CATCHUP_SINK positions and the window and a quarter waiting, and its next draft reads at
+most the sink and the window, its drafter state started over from them -- while every output
+stays the target's own greedy decoding, single and batched. Tiny random Llama target, a real
+untrained drafter and a real index."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from test_engine import prompts_and_refs
 torch.set_num_threads(1)
 
 WINDOW = 8
+SINK = rounds.CATCHUP_SINK
 PLAIN = 40  # steps at budget 0 before the controller may draft again
 
 
@@ -103,13 +105,13 @@ def test_plain_stretch_keeps_a_bounded_backlog_and_catches_up_on_the_window(setu
             assert sum(int(t.shape[0]) for t in seq.new_taps) == len(seq.new_next)
             backlog.append(len(seq.new_next))
     assert [seen[r][-1].tokens for r in ids] == refs
-    # (a) the pending positions never exceed the window and a quarter, though 40 plain steps ran
-    assert WINDOW < max(backlog) <= WINDOW + WINDOW // 4
-    # (b) a catch-up reads at most the window, all but its last row absorbed; the first draft
-    # after the stretch starts the drafter's state over from the window
+    # (a) the pending positions never exceed the sink, the window and a quarter, over 40 plain steps
+    assert SINK + WINDOW < max(backlog) <= SINK + WINDOW + WINDOW // 4
+    # (b) a catch-up reads at most the sink and the window, all but its last row absorbed; the
+    # first draft after the stretch starts the drafter's state over from them
     d = dec.parts.drafter.d
-    assert drafts and all(a + n <= WINDOW and n <= d for a, n, _ in drafts)
-    assert drafts[: len(prompts)] == [(WINDOW - 1, 1, WINDOW)] * len(prompts)
+    assert drafts and all(a + n <= SINK + WINDOW and n <= d for a, n, _ in drafts)
+    assert drafts[: len(prompts)] == [(SINK + WINDOW - 1, 1, SINK + WINDOW)] * len(prompts)
 
 
 @pytest.mark.parametrize("budget", [None, "adaptive"])
@@ -126,8 +128,8 @@ def test_a_prompt_longer_than_the_window_drafts_from_its_last_positions(setup, m
     drafts = _record_drafts(monkeypatch, dec)
     seq = dec.generate(prompts[0], max_new_tokens=8)
     assert seq.tokens == refs[0][:8]
-    # the first draft reads the prompt's last WINDOW positions into an empty state
-    assert drafts[0] == (WINDOW - 1, 1, WINDOW)
+    # the first draft reads the prompt's first SINK and last WINDOW positions into an empty state
+    assert drafts[0] == (SINK + WINDOW - 1, 1, SINK + WINDOW)
     assert rounds.CATCHUP_WINDOW >= WINDOW
 
 

@@ -4,7 +4,7 @@ One round (docs/architecture.md, "Data flow")::
 
     limits  the round's deepest usable node and node budget (decided here only)
     draft   drafter(taps of the newly committed positions, their next tokens) -> d rows of logits
-            (the positions of a prompt or a plain stretch: at most the last CATCHUP_WINDOW)
+            (of a prompt or a plain stretch: the first CATCHUP_SINK and the last CATCHUP_WINDOW)
     search  tree builder(logits, context, index) -> tree rooted at the last committed token
     verify  one target forward over the flattened tree (positions L + depth, ancestor mask)
     accept  walk the tree with the target's own choices -> path + bonus token;
@@ -46,6 +46,7 @@ __all__ = [
     "StageClock",
     "STAGES",
     "CATCHUP_WINDOW",
+    "CATCHUP_SINK",
     "new_sequence",
     "prefill",
     "limits",
@@ -59,14 +60,19 @@ __all__ = [
 
 STAGES = ("prefill", "draft", "search", "verify", "accept")
 
-# The most waiting positions a draft reads: a sequence that commits positions without drafting
-# (its prompt, a stretch of plain steps at budget 0) keeps at most CATCHUP_WINDOW + a quarter of
-# them; past the window the older ones are dropped and the drafter's state starts over from the
-# last CATCHUP_WINDOW. The drafter reads far back: on the bench_batch prompts (SmolLM2, 44-163
-# tokens, 9 prompts, 64 new tokens, the decoder's default budget) a window of 128 positions cut tau from 1.754 to
-# 1.682 and one of 64 to 1.597, so the window is wider than common chat prompts and bounds only
-# long contexts (a catch-up row costs the drafter's input projections, ~0.04 ms of CPU).
-CATCHUP_WINDOW = 512
+# The most recent waiting positions a draft reads: a sequence that commits positions without
+# drafting (its prompt, a stretch of plain steps at budget 0) keeps its first CATCHUP_SINK and at
+# most CATCHUP_WINDOW + a quarter of the rest; past the window the older ones are dropped and
+# the drafter's state starts over from the sink and the last CATCHUP_WINDOW. Measured tau
+# (SmolLM2 fp32, its drafter and the bench_batch index, 9 bench_batch prompts, the decoder's
+# default budget, 64 new tokens): on the prompts (44-163 tokens) 1.754 with every position,
+# 1.569 / 1.682 with only the last 32 / 128, 1.688 with the first 4 and the last 32, 1.754 with
+# the first 32 and the last 32; on the prompts + 96 generated tokens 1.849 with every position,
+# 1.514 with the last 128, 1.614 with the first 4 and the last 128, 1.832 / 1.828 with the
+# first 32 and the last 64 / 128. The drafter leans on the sequence's start (the chat
+# template's system turn) and on recent positions, little on the middle.
+CATCHUP_WINDOW = 128
+CATCHUP_SINK = 32
 
 
 @dataclass
@@ -160,7 +166,8 @@ class Parts:
     max_nodes: int = 0
     context_length: int = 1 << 31
     live: Any = None  # the dartcore.live.LiveLayer finished requests go into, or None
-    # the most waiting positions a draft reads (CATCHUP_WINDOW); more: the drafter starts over
+    # the most recent waiting positions a draft reads (CATCHUP_WINDOW, after the sequence's
+    # first CATCHUP_SINK); more: the drafter starts over
     catchup_window: int = CATCHUP_WINDOW
 
     @property
@@ -185,9 +192,11 @@ class Sequence:
     # otherwise copy its whole backlog every round)
     new_taps: list[torch.Tensor] = field(default_factory=list)
     new_next: list[int] = field(default_factory=list)  # the token after each of those positions
-    # older waiting positions were dropped (parts.catchup_window): the drafter's state starts
-    # over at the next draft
-    restart: bool = False
+    # older waiting positions were dropped (parts.catchup_window): the next draft first cuts
+    # the drafter's state to this many rows (its sink: the sequence's first positions), None:
+    # nothing dropped; ``head``: the sink positions still waiting, kept at the front
+    restart: int | None = None
+    head: int = 0
     limit: int = 0  # committed tokens this sequence may reach (the context, or its KV slot)
     budget: int = 0  # this round's node budget
     # the last round's accepted nodes, root first
@@ -275,7 +284,7 @@ def limits(parts: Parts, seq: Sequence, max_nodes: int | None = None) -> tuple[i
 
 def draft(parts: Parts, seqs: list[Sequence], depths: list[int]) -> list[Drafted]:
     """One drafter pass over the positions each sequence committed since it last drafted
-    (at most ``parts.catchup_window`` of them, a long backlog absorbed first: see
+    (the sequence's first and at most ``parts.catchup_window`` last ones, absorbed first: see
     :func:`_catch_up`): d rows of logits per sequence (no more rows than its tree can use).
     Sequences with nothing to draft (budget 0, or one token left) skip it; their positions
     wait."""
@@ -318,9 +327,9 @@ def _catch_up(parts: Parts, seqs: list[Sequence]) -> None:
     long = []
     for seq in seqs:
         _window(seq, parts.catchup_window)
-        if seq.restart:
-            seq.drafter_state.truncate(0)
-            seq.restart = False
+        if seq.restart is not None:
+            seq.drafter_state.truncate(seq.restart)
+            seq.restart, seq.head = None, 0
         if len(seq.new_next) > drafter.d and hasattr(drafter, "absorb"):
             long.append(seq)
     if not long:
@@ -342,19 +351,27 @@ def _wait(parts: Parts, seq: Sequence, taps: torch.Tensor, new: list[int]) -> No
     seq.new_taps.append(taps)
     seq.new_next.extend(new)
     window = parts.catchup_window
-    if len(seq.new_next) > window + window // 4:
+    if len(seq.new_next) > seq.head + window + window // 4:
         _window(seq, window)
 
 
 def _window(seq: Sequence, window: int) -> None:
-    """Keep the last ``window`` waiting positions; with older ones dropped the drafter starts
-    over from these. Positions restart at 0 in the drafter's state: its attention scores
-    depend on positions only through RoPE, i.e. on distances, which the window keeps."""
-    if len(seq.new_next) <= window:
+    """Keep the last ``window`` waiting positions after the sequence's first
+    :data:`CATCHUP_SINK` (its sink); with older ones dropped the drafter starts over from the
+    sink and these. In the drafter's state the window follows the sink directly: RoPE scores
+    depend on distances, which the window keeps among its own positions."""
+    if seq.restart is None:
+        # sink rows the state holds already, and those still waiting (a prompt not drafted)
+        keep = min(seq.drafter_state.length, CATCHUP_SINK)
+        head = min(CATCHUP_SINK - keep, len(seq.new_next))
+    else:
+        keep, head = seq.restart, seq.head
+    if len(seq.new_next) - head <= window:
         return
-    seq.new_taps = [_joined(seq.new_taps)[-window:].clone()]
-    seq.new_next = seq.new_next[-window:]
-    seq.restart = True
+    taps = _joined(seq.new_taps)
+    seq.new_taps = [torch.cat((taps[:head], taps[-window:]))]
+    seq.new_next = seq.new_next[:head] + seq.new_next[-window:]
+    seq.restart, seq.head = keep, head
 
 
 def search(
