@@ -51,11 +51,13 @@ measured a step with more rows that would have shown it wrong. Four things undo 
   so a probe whose rows cross such a cliff (one row dearer than :data:`CLIFF` plain steps
   and than the probe's other rows) waits its predicted share before its first try too.
 * **the draft as a steady cost**: a sequence that has not drafted for k rounds (a new one:
-  its whole prompt) makes its next draft read every position since -- ~160 ms for a
-  200-token chat prompt against 5-8 ms a steady draft (2-vCPU VM, SmolLM2 drafter). Only a
-  step whose drafting sequences all drafted the step before updates the draft time; a
-  catch-up draft can only lower it (it bounds the steady cost from above). Before any
-  draft was timed it is :data:`DRAFT_SHARE` of the measured one-row verify time.
+  its whole prompt) makes its next draft first read the positions since (at most
+  :data:`~dartcore.rounds.CATCHUP_SINK` + :data:`~dartcore.rounds.CATCHUP_WINDOW`) through
+  the drafter's input projections (:func:`dartcore.rounds.draft`) -- ~6 ms of CPU for 150
+  positions, where the steady draft of a batch of 8 takes ~22 (2-vCPU Xeon, SmolLM2
+  drafter). Only a step whose drafting sequences all drafted the step before updates the
+  draft time; a catch-up draft can only lower it (it bounds the steady cost from above).
+  Before any draft was timed it is :data:`DRAFT_SHARE` of the measured one-row verify time.
 * **one row count for long**: after :data:`PROBE_MAX` steps of the same row count (batch 1
   at a fixed choice), the next tree is halved once, so the fit has two counts to go on (a
   curve flat where the forward is not is found out too).
@@ -440,8 +442,8 @@ class BudgetController:
 
     def new_sequence(self) -> Acceptance:
         """A new sequence's expected marginals: the batch's prior. Its first draft catches up
-        on the whole prompt (the drafter has read none of it: ~160 ms for a 200-token chat
-        prompt on the 2-vCPU VM, against 5-8 for a steady draft), so it counts as idle."""
+        on the prompt (the drafter has read none of it; see the module docs, "the draft as a
+        steady cost"), so it counts as idle."""
         acc = self.prior.copy()
         acc.idle = 1
         return acc

@@ -628,6 +628,30 @@ class DartDrafter(nn.Module):
         return nq
 
     @torch.no_grad()
+    def absorb(
+        self, states: list[DrafterState], taps: list[torch.Tensor], next_tokens: list[torch.Tensor]
+    ) -> None:
+        """Append real rows to each state without drafting: ``taps[i]`` / ``next_tokens[i]``
+        as :meth:`draft` takes them, their keys and values only (a real row's key and value
+        depend on that row alone). One pass over every sequence's rows: a catch-up on many
+        positions costs the input projections, not a draft, and leaves the draft itself the
+        few rows of a steady one."""
+        if not states:
+            return
+        dev = self.fc.weight.device
+        rows, _ = self.real_rows(torch.cat(taps).to(dev), torch.cat(next_tokens).to(dev))
+        ns = [int(t.shape[0]) for t in taps]
+        pos = torch.cat(
+            [torch.arange(s.length, s.length + n, device=dev) for s, n in zip(states, ns)]
+        )
+        cos, sin = self.rope(pos)
+        k, v = self.layer.kv(rows, cos, sin)
+        off = 0
+        for state, n in zip(states, ns):
+            state.append(k[:, off : off + n], v[:, off : off + n])
+            off += n
+
+    @torch.no_grad()
     def draft(
         self,
         state: DrafterState,
