@@ -599,58 +599,40 @@ mod x86 {
     const DP_EVEX: u8 = 1;
     const DP_VEX: u8 = 2;
 
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn entry_vnni<const F: u8>(
-        xq: &QuantRows,
-        rows: usize,
-        k: usize,
-        w: &[u8],
-        n: usize,
-        bias: Option<&[f32]>,
-        out: OutPart,
-        g0: usize,
-        g1: usize,
-    ) {
-        // SAFETY: the caller's contract; the features are enabled here.
-        unsafe { groups::<F, DP_EVEX, VNNI_ROWS>(xq, rows, k, w, n, bias, out, g0, g1) }
+    /// One kernel's entry: [`groups`] with its byte product and rows per pass, compiled for
+    /// the instruction sets it needs.
+    macro_rules! entry {
+        ($(#[$doc:meta])* $name:ident, $features:literal, $dp:expr, $rows:expr) => {
+            $(#[$doc])*
+            #[target_feature(enable = $features)]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn $name<const F: u8>(
+                xq: &QuantRows,
+                rows: usize,
+                k: usize,
+                w: &[u8],
+                n: usize,
+                bias: Option<&[f32]>,
+                out: OutPart,
+                g0: usize,
+                g1: usize,
+            ) {
+                // SAFETY: the caller's contract; the features are enabled here.
+                unsafe { groups::<F, $dp, $rows>(xq, rows, k, w, n, bias, out, g0, g1) }
+            }
+        };
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn entry_avx2<const F: u8>(
-        xq: &QuantRows,
-        rows: usize,
-        k: usize,
-        w: &[u8],
-        n: usize,
-        bias: Option<&[f32]>,
-        out: OutPart,
-        g0: usize,
-        g1: usize,
-    ) {
-        // SAFETY: the caller's contract; the features are enabled here.
-        unsafe { groups::<F, MADD, AVX2_ROWS>(xq, rows, k, w, n, bias, out, g0, g1) }
-    }
-
-    /// The AVX2 kernel's passes with `vpdpbusd` in place of `maddubs` + `madd` (16 vector
-    /// registers: AVX2's rows per pass).
-    #[target_feature(enable = "avxvnni,avx2,fma,f16c")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn entry_avxvnni<const F: u8>(
-        xq: &QuantRows,
-        rows: usize,
-        k: usize,
-        w: &[u8],
-        n: usize,
-        bias: Option<&[f32]>,
-        out: OutPart,
-        g0: usize,
-        g1: usize,
-    ) {
-        // SAFETY: the caller's contract; the features are enabled here.
-        unsafe { groups::<F, DP_VEX, AVX2_ROWS>(xq, rows, k, w, n, bias, out, g0, g1) }
-    }
+    entry!(entry_vnni, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni", DP_EVEX, VNNI_ROWS);
+    entry!(entry_avx2, "avx2,fma,f16c", MADD, AVX2_ROWS);
+    entry!(
+        /// The AVX2 kernel's passes with `vpdpbusd` in place of `maddubs` + `madd` (16 vector
+        /// registers: AVX2's rows per pass).
+        entry_avxvnni,
+        "avxvnni,avx2,fma,f16c",
+        DP_VEX,
+        AVX2_ROWS
+    );
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[allow(clippy::too_many_arguments)]

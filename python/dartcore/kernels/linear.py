@@ -498,6 +498,24 @@ def pack_blocks(data: np.ndarray, k: int, fmt: str) -> np.ndarray:
     return out
 
 
+def _float_blocks(values, fmt: str) -> tuple[int, int, np.ndarray]:
+    """``values`` (float rows ``[n, k]``, a tensor or array) checked for a quantiser of ``fmt``
+    (finite, ``k`` a positive multiple of 32) as float32 blocks ``[n, k / 32, 32]``."""
+    from dartcore.errors import WeightFormatError
+
+    if isinstance(values, torch.Tensor):
+        values = values.detach().to("cpu", torch.float32).numpy()
+    x = np.asarray(values, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] == 0 or x.shape[1] % 32:
+        raise WeightFormatError(
+            f"values: {fmt} rows of a whole number of 32-value blocks, got shape {list(x.shape)}"
+        )
+    if not np.isfinite(x).all():
+        raise WeightFormatError(f"values: {fmt} blocks of non-finite values")
+    n, k = x.shape
+    return n, k, x.reshape(n, k // 32, 32)
+
+
 def quantize_q8_0(values) -> np.ndarray:
     """Float rows ``[n, k]`` (a tensor or array; ``k`` a multiple of 32) as GGML Q8_0 blocks,
     uint8 ``[n, k / 32 * 34]`` as a GGUF file stores them (what :class:`BlockWeight` reads):
@@ -508,17 +526,7 @@ def quantize_q8_0(values) -> np.ndarray:
     above fp16's range (|x| > 8.3e6), are errors."""
     from dartcore.errors import WeightFormatError
 
-    if isinstance(values, torch.Tensor):
-        values = values.detach().to("cpu", torch.float32).numpy()
-    x = np.asarray(values, dtype=np.float32)
-    if x.ndim != 2 or x.shape[1] == 0 or x.shape[1] % 32:
-        raise WeightFormatError(
-            f"values: Q8_0 rows of a whole number of 32-value blocks, got shape {list(x.shape)}"
-        )
-    if not np.isfinite(x).all():
-        raise WeightFormatError("values: Q8_0 blocks of non-finite values")
-    n, k = x.shape
-    blocks = x.reshape(n, k // 32, 32)
+    n, k, blocks = _float_blocks(values, "Q8_0")
     d = np.abs(blocks).max(axis=2) / np.float32(127)
     with np.errstate(over="ignore"):
         d16 = d.astype(np.float16)
@@ -545,17 +553,7 @@ def quantize_q4_0(values) -> np.ndarray:
     Non-finite values, or a scale beyond fp16's range (|x| > 5.2e5), are errors."""
     from dartcore.errors import WeightFormatError
 
-    if isinstance(values, torch.Tensor):
-        values = values.detach().to("cpu", torch.float32).numpy()
-    x = np.asarray(values, dtype=np.float32)
-    if x.ndim != 2 or x.shape[1] == 0 or x.shape[1] % 32:
-        raise WeightFormatError(
-            f"values: Q4_0 rows of a whole number of 32-value blocks, got shape {list(x.shape)}"
-        )
-    if not np.isfinite(x).all():
-        raise WeightFormatError("values: Q4_0 blocks of non-finite values")
-    n, k = x.shape
-    blocks = x.reshape(n, k // 32, 32)
+    n, k, blocks = _float_blocks(values, "Q4_0")
     peak = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=2)[:, :, None], 2)[:, :, 0]
     d = peak / np.float32(-8)
     with np.errstate(over="ignore"):
