@@ -353,3 +353,23 @@ def test_expensive_losing_probes_cost_at_most_a_small_share_of_the_time():
         )
     assert ctrl.probes >= 2  # it still probes ...
     assert probe_ms / spent < 0.02  # ... at under 2 % of the time (every PROBE_MAX rounds: ~5 %)
+
+
+def test_a_curve_is_not_reused_across_numerics_kernels_or_native_builds(monkeypatch):
+    """An int8 forward's extra rows cost a fraction of the exact path's, and a rebuilt kernel
+    can change every point: each names a different cached file."""
+    from dartcore import cost
+    from dartcore.models.transformer import TargetModel
+
+    target = TargetModel(tiny_model("llama"))
+    base = curve_key(target)
+    assert base["native_build"] == cost.native_build() and len(base["native_build"]) == 16
+    monkeypatch.setattr(target, "numerics", "exact", raising=False)
+    exact = curve_key(target)
+    monkeypatch.setattr(target, "numerics", "int8", raising=False)
+    int8 = curve_key(target)
+    assert base["numerics"] == target.numerics and exact["digest"] != int8["digest"]
+    monkeypatch.setattr(cost, "int8_kernel", lambda: "avx2")
+    assert curve_key(target)["digest"] != int8["digest"]
+    monkeypatch.setattr(cost, "native_build", lambda: "0" * 16)
+    assert curve_key(target)["digest"] not in {base["digest"], int8["digest"]}

@@ -26,6 +26,7 @@ runtime never imports the benchmark package.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -39,6 +40,7 @@ import numpy as np
 import torch
 
 from dartcore.errors import DartError
+from dartcore.kernels.linear import int8_kernel
 from dartcore.paths import cache_root
 from dartcore.tree import ancestor_mask
 
@@ -281,10 +283,24 @@ def measurement_conditions() -> dict:
     }
 
 
+@functools.cache
+def native_build() -> str:
+    """The native extension's build, as the first 16 hex digits of its file's SHA-256 ("" when
+    it is not loaded): a rebuilt kernel costs differently at every row count, so a curve from
+    another build is not reused."""
+    try:
+        from dartcore import _native
+
+        with open(_native.__file__, "rb") as fh:
+            return hashlib.file_digest(fh, "sha256").hexdigest()[:16]
+    except (ImportError, OSError, TypeError):
+        return ""
+
+
 def curve_key(target) -> dict:
     """What a cached curve must match to be used: the model, its shapes, device, dtype, weights
-    kind (GGML blocks, the native kernel), thread counts and the machine; ``digest`` names
-    the file."""
+    kind (GGML blocks and their numerics, the native kernels and their build), thread counts
+    and the machine; ``digest`` names the file."""
     cfg = target.config
     fields = {
         "model": str(getattr(cfg, "_name_or_path", "") or ""),
@@ -302,6 +318,10 @@ def curve_key(target) -> dict:
         "native": bool(target.native_linear),
         # GGML block weights cost differently from float32 ones at every row count
         "blocks": bool(getattr(target, "blocks", False)),
+        # the integer kernels' rows cost a fraction of the exact path's
+        "numerics": str(getattr(target, "numerics", "") or ""),
+        "int8_kernel": int8_kernel() or "",
+        "native_build": native_build(),
         **machine(),
     }
     if target.device.type == "cuda":
