@@ -388,6 +388,7 @@ mod fast {
     use super::{prepare, sees, Call, Heads};
     use crate::simd::{Avx2, Avx512, Lanes};
     use crate::{Isa, OutPart, Team};
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
 
     /// Query heads `h0..h1` with one instruction set (the signature of [`heads512`] /
     /// [`heads256`]).
@@ -449,7 +450,7 @@ mod fast {
         h1: usize,
     ) {
         // SAFETY: as for this function.
-        unsafe { heads::<Avx512, DV, DV, 4>(call, q, k_cache, v_cache, out, h0, h1) }
+        unsafe { heads::<Avx512, DV, DV, 6>(call, q, k_cache, v_cache, out, h0, h1) }
     }
 
     /// [`heads`] with AVX2.
@@ -471,9 +472,12 @@ mod fast {
     }
 
     /// Query heads `h0..h1` of the attention (the block's queries `q` prepared, its keys and
-    /// values in the caches): per head, the scores of L keys against one query row in L
-    /// accumulators reduced together, the softmax, and P·V in chunks of CV vectors of a row's
-    /// output for up to RMAX rows at a time; written to those heads' columns of `out`.
+    /// values in the caches), a kv group's heads together: per chunk of L keys (loaded once for
+    /// all of the group's heads and rows), each (head, row)'s scores in L accumulators reduced
+    /// together; each row's softmax; and P·V in chunks of CV vectors of a row's output for up
+    /// to RMAX (head, row) pairs sharing each value's loads; written to those heads' columns of
+    /// `out`. Every row's arithmetic, in its order, is the same whichever heads and rows share
+    /// a pass.
     ///
     /// # Safety
     /// The CPU runs `S`; `call` checked, head size `S::L · DV`, CV divides DV; `out` is the
@@ -493,26 +497,37 @@ mod fast {
         let Heads { heads: nh, kv_heads: nkv, head_dim: d } = heads;
         let lanes = S::L;
         debug_assert_eq!(d, lanes * DV);
-        debug_assert!(DV.is_multiple_of(CV) && out.len >= n * nh * d);
+        debug_assert!(DV.is_multiple_of(CV) && out.len >= n * nh * d && (1..=6).contains(&RMAX));
         let total = prefix + n;
         let group = nh / nkv;
-        let stride = total.div_ceil(lanes) * lanes; // a score row, padded to whole vectors
-        let mut scores = vec![0f32; n * stride];
+        // a score row, padded to whole vectors; the rows of a group's (head, row) pairs, pair
+        // r = (h - ha) · n + i
+        let stride = total.div_ceil(lanes) * lanes;
+        let mut scores = vec![0f32; group.min(h1 - h0) * n * stride];
         let load = |s: &[f32], at: usize| -> S::V {
             debug_assert!(at + lanes <= s.len());
             // SAFETY: L floats at `at` (callers stay inside the slices they index); the CPU
             // runs S (caller).
             unsafe { S::load(s.as_ptr().add(at)) }
         };
-        for h in h0..h1 {
-            let g = h / group;
+        let mut ha = h0;
+        while ha < h1 {
+            let g = ha / group;
+            let hb = h1.min((g + 1) * group);
+            let pairs = (hb - ha) * n;
             let keys = &k_cache[g * capacity * d..(g * capacity + total) * d];
             let values = &v_cache[g * capacity * d..(g * capacity + total) * d];
             // scores = q kᵀ · scale, L keys at a time (a last partial chunk repeats the last
             // key in its padding lanes, which the softmax then hides)
             for j0 in (0..total).step_by(lanes) {
                 let ko: [usize; 16] = std::array::from_fn(|jj| (j0 + jj).min(total - 1) * d);
-                for i in 0..n {
+                // the chunk's values, wanted by P·V next, come in from memory meanwhile
+                for at in (j0 * d..(j0 + lanes).min(total) * d).step_by(16) {
+                    // SAFETY: an address inside `values` (a hint: no load, no fault).
+                    unsafe { _mm_prefetch::<_MM_HINT_T0>(values.as_ptr().add(at).cast()) };
+                }
+                for r in 0..pairs {
+                    let (h, i) = (ha + r / n, r % n);
                     let qo = (i * nh + h) * d;
                     let qv: [S::V; DV] = std::array::from_fn(|t| load(q, qo + lanes * t));
                     let mut acc = [unsafe { S::zero() }; 16];
@@ -524,39 +539,53 @@ mod fast {
                     // SAFETY: L floats inside the padded score row.
                     unsafe {
                         let s = S::mul(S::reduce(&acc), S::set1(scale));
-                        S::store(scores.as_mut_ptr().add(i * stride + j0), s);
+                        S::store(scores.as_mut_ptr().add(r * stride + j0), s);
                     }
                 }
             }
-            for i in 0..n {
+            for r in 0..pairs {
+                let i = r % n;
                 // SAFETY: the CPU runs S.
                 unsafe {
-                    softmax::<S>(&mut scores[i * stride..(i + 1) * stride], total, prefix, |jj| sees(mask, n, i, jj))
+                    softmax::<S>(&mut scores[r * stride..(r + 1) * stride], total, prefix, |jj| sees(mask, n, i, jj))
                 };
             }
-            // out = P V: a few query rows at a time share each value's loads (every row still
-            // sums over the keys in order, in its own registers)
+            // out = P V: up to RMAX pairs at a time (as even as their count allows) share each
+            // value's loads (every pair still sums over the keys in order, in its own registers)
+            let passes = pairs.div_ceil(RMAX);
+            let per = pairs.div_ceil(passes);
             for c0 in (0..DV).step_by(CV) {
-                let mut i0 = 0;
-                while i0 < n {
-                    // SAFETY (all four): as for this function.
-                    i0 += match (n - i0).min(RMAX) {
-                        1 => unsafe { pv::<S, CV, 1>(&scores, stride, total, values, d, c0, i0, nh, h, out) },
-                        2 => unsafe { pv::<S, CV, 2>(&scores, stride, total, values, d, c0, i0, nh, h, out) },
-                        3 => unsafe { pv::<S, CV, 3>(&scores, stride, total, values, d, c0, i0, nh, h, out) },
-                        _ => unsafe { pv::<S, CV, 4>(&scores, stride, total, values, d, c0, i0, nh, h, out) },
+                let mut r0 = 0;
+                while r0 < pairs {
+                    let take = per.min(pairs - r0);
+                    // the output offset of pair r0 + k's row
+                    let oo = |k: usize| {
+                        let r = r0 + k;
+                        ((r % n) * nh + ha + r / n) * d
                     };
+                    let sc = &scores[r0 * stride..];
+                    // SAFETY (all): as for this function.
+                    match take {
+                        1 => unsafe { pv::<S, CV, 1>(sc, stride, total, values, d, c0, oo, out) },
+                        2 => unsafe { pv::<S, CV, 2>(sc, stride, total, values, d, c0, oo, out) },
+                        3 => unsafe { pv::<S, CV, 3>(sc, stride, total, values, d, c0, oo, out) },
+                        4 => unsafe { pv::<S, CV, 4>(sc, stride, total, values, d, c0, oo, out) },
+                        5 => unsafe { pv::<S, CV, 5>(sc, stride, total, values, d, c0, oo, out) },
+                        _ => unsafe { pv::<S, CV, 6>(sc, stride, total, values, d, c0, oo, out) },
+                    };
+                    r0 += take;
                 }
             }
+            ha = hb;
         }
     }
 
-    /// Rows `i0..i0 + R` of head `h`, vectors `c0..c0 + CV` of the head's `d` columns:
-    /// `out = P V` over `total` keys with the values at `values` (`[total, d]`); returns R.
+    /// R (head, row) pairs, vectors `c0..c0 + CV` of the head's `d` columns: `out = P V` over
+    /// `total` keys with the values at `values` (`[total, d]`); pair k's probabilities at
+    /// `scores[k · stride..]`, its output row at `out_at(k)`.
     ///
     /// # Safety
-    /// The CPU runs `S`; `scores` holds those rows' probabilities (`stride` apart), `out` the
-    /// `[n, nh · d]` output with rows `i0..i0 + R` inside it, `(c0 + CV) · L <= d`.
+    /// The CPU runs `S`; `out_at(k) + d` inside `out` for k < R, `(c0 + CV) · L <= d`.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     unsafe fn pv<S: Lanes, const CV: usize, const R: usize>(
@@ -566,36 +595,32 @@ mod fast {
         values: &[f32],
         d: usize,
         c0: usize,
-        i0: usize,
-        nh: usize,
-        h: usize,
+        out_at: impl Fn(usize) -> usize,
         out: &OutPart,
-    ) -> usize {
+    ) {
         let lanes = S::L;
         let col = c0 * lanes;
-        debug_assert!(
-            col + CV * lanes <= d && values.len() >= total * d && scores.len() >= (i0 + R - 1) * stride + total
-        );
+        debug_assert!(col + CV * lanes <= d && values.len() >= total * d && scores.len() >= (R - 1) * stride + total);
         let mut acc = [[unsafe { S::zero() }; CV]; R];
         for j in 0..total {
             // SAFETY: key j's values inside `values` (checked above).
             let v: [S::V; CV] =
                 std::array::from_fn(|t| unsafe { S::load(values.as_ptr().add(j * d + col + lanes * t)) });
             for (r, row) in acc.iter_mut().enumerate() {
-                let p = unsafe { S::set1(scores[(i0 + r) * stride + j]) };
+                let p = unsafe { S::set1(*scores.get_unchecked(r * stride + j)) };
                 for (a, &vt) in row.iter_mut().zip(&v) {
                     *a = unsafe { S::fmadd(p, vt, *a) };
                 }
             }
         }
         for (r, row) in acc.iter().enumerate() {
-            let oo = ((i0 + r) * nh + h) * d + col;
+            let oo = out_at(r) + col;
+            debug_assert!(oo + CV * lanes <= out.len);
             for (t, &a) in row.iter().enumerate() {
-                // SAFETY: L floats of row i0 + r, head h inside out (caller).
+                // SAFETY: L floats of pair r's output row inside out (caller).
                 unsafe { S::store(out.ptr.add(oo + lanes * t), a) };
             }
         }
-        R
     }
 
     /// Softmax over `row[..total]` (`row` padded to whole vectors): the prefix always visible,
