@@ -399,6 +399,11 @@ mod fast {
         d == 64 || d == 128
     }
 
+    /// A score row's length: `total` padded to whole vectors of `lanes`.
+    fn stride(total: usize, lanes: usize) -> usize {
+        total.div_ceil(lanes) * lanes
+    }
+
     /// # Safety
     /// The CPU runs `isa`; `call` checked by [`super::block_attention`]; `supports(isa, d)`.
     pub(super) unsafe fn attend(
@@ -409,11 +414,12 @@ mod fast {
         out: &mut [f32],
         threads: usize,
     ) {
-        // P·V: AVX-512 keeps a row's whole output in DV registers, four rows at a time; AVX2
-        // (16 registers) takes 4-vector column chunks (32 floats), two rows at a time.
+        // P·V: AVX-512 keeps a row's whole output in DV registers, six rows at a time (four at
+        // head size 128); AVX2 (16 registers) takes 4-vector column chunks (32 floats), two
+        // rows at a time.
         let f: HeadsFn = match (isa, call.heads.head_dim) {
-            (Isa::Avx512, 64) => heads512::<4>,
-            (Isa::Avx512, _) => heads512::<8>,
+            (Isa::Avx512, 64) => heads512::<4, 4, 6>,
+            (Isa::Avx512, _) => heads512::<8, 8, 4>,
             (Isa::Avx2, 64) => heads256::<8>,
             (Isa::Avx2, _) => heads256::<16>,
         };
@@ -426,7 +432,8 @@ mod fast {
             unsafe { f(call, &q, keys, values, &part, 0, nh) };
             return;
         }
-        // Whole heads per thread (the products' team: same size, same spinning helpers).
+        // Whole heads per thread (the products' team: same size, same spinning helpers); a
+        // thread takes its heads kv group by group.
         let per = nh.div_ceil(threads);
         Team::get(threads).run(&|t| {
             let (h0, h1) = ((t * per).min(nh), ((t + 1) * per).min(nh));
@@ -440,7 +447,7 @@ mod fast {
     /// # Safety
     /// As [`heads`], on a CPU with AVX-512F and FMA.
     #[target_feature(enable = "avx512f,fma")]
-    unsafe fn heads512<const DV: usize>(
+    unsafe fn heads512<const DV: usize, const CV: usize, const RMAX: usize>(
         call: &Call<'_>,
         q: &[f32],
         k_cache: &[f32],
@@ -450,7 +457,7 @@ mod fast {
         h1: usize,
     ) {
         // SAFETY: as for this function.
-        unsafe { heads::<Avx512, DV, DV, 6>(call, q, k_cache, v_cache, out, h0, h1) }
+        unsafe { heads::<Avx512, DV, CV, RMAX>(call, q, k_cache, v_cache, out, h0, h1) }
     }
 
     /// [`heads`] with AVX2.
@@ -471,17 +478,124 @@ mod fast {
         unsafe { heads::<Avx2, DV, 4, 2>(call, q, k_cache, v_cache, out, h0, h1) }
     }
 
-    /// Query heads `h0..h1` of the attention (the block's queries `q` prepared, its keys and
-    /// values in the caches), a kv group's heads together: per chunk of L keys (loaded once for
-    /// all of the group's heads and rows), each (head, row)'s scores in L accumulators reduced
-    /// together; each row's softmax; and P·V in chunks of CV vectors of a row's output for up
-    /// to RMAX (head, row) pairs sharing each value's loads; written to those heads' columns of
-    /// `out`. Every row's arithmetic, in its order, is the same whichever heads and rows share
-    /// a pass.
+    /// L scores (keys `j0..j0 + L`, a last partial chunk repeating the last key in its padding
+    /// lanes, which the softmax then hides) of `pairs` (head, row) pairs of kv group `g`, pair
+    /// r = (h - ha) · n + i: q kᵀ · scale, a pair's L keys in L accumulators reduced together,
+    /// stored at `dst + r · stride + j0`. The keys are loaded once for all the pairs.
     ///
     /// # Safety
-    /// The CPU runs `S`; `call` checked, head size `S::L · DV`, CV divides DV; `out` is the
-    /// `[n, heads · d]` output, no other thread writing heads `h0..h1`.
+    /// The CPU runs `S`; `call` checked, head size `S::L · DV`; `keys` the group's `[total, d]`
+    /// keys; `dst` has room for `pairs` rows of `stride >= j0 + L` floats.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn score_chunk<S: Lanes, const DV: usize>(
+        call: &Call<'_>,
+        q: &[f32],
+        keys: &[f32],
+        j0: usize,
+        ha: usize,
+        pairs: usize,
+        dst: *mut f32,
+        stride: usize,
+    ) {
+        let Call { n, heads, prefix, scale, .. } = *call;
+        let (nh, d, lanes, total) = (heads.heads, heads.head_dim, S::L, prefix + n);
+        let load = |s: &[f32], at: usize| -> S::V {
+            debug_assert!(at + lanes <= s.len());
+            // SAFETY: L floats at `at` (callers stay inside the slices they index); the CPU
+            // runs S (caller).
+            unsafe { S::load(s.as_ptr().add(at)) }
+        };
+        let ko: [usize; 16] = std::array::from_fn(|jj| (j0 + jj).min(total - 1) * d);
+        for r in 0..pairs {
+            let (h, i) = (ha + r / n, r % n);
+            let qo = (i * nh + h) * d;
+            let qv: [S::V; DV] = std::array::from_fn(|t| load(q, qo + lanes * t));
+            let mut acc = [unsafe { S::zero() }; 16];
+            for (a, &o) in acc.iter_mut().zip(&ko).take(lanes) {
+                for (t, &qt) in qv.iter().enumerate() {
+                    *a = unsafe { S::fmadd(qt, load(keys, o + lanes * t), *a) };
+                }
+            }
+            // SAFETY: L floats inside pair r's score row (caller).
+            unsafe {
+                let s = S::mul(S::reduce(&acc), S::set1(scale));
+                S::store(dst.add(r * stride + j0), s);
+            }
+        }
+    }
+
+    /// Softmax of `pairs` score rows at `scores` (`stride` apart) of kv group head `ha`
+    /// onwards, pair r = (h - ha) · n + i showing row i's visible keys.
+    ///
+    /// # Safety
+    /// The CPU runs `S`; `scores.len() >= pairs · stride`, `stride` a multiple of L.
+    #[inline(always)]
+    unsafe fn softmax_pairs<S: Lanes>(call: &Call<'_>, scores: &mut [f32], stride: usize, pairs: usize) {
+        let Call { n, prefix, mask, .. } = *call;
+        for r in 0..pairs {
+            let i = r % n;
+            // SAFETY: the CPU runs S; a whole padded row.
+            unsafe {
+                softmax::<S>(&mut scores[r * stride..(r + 1) * stride], prefix + n, prefix, |jj| sees(mask, n, i, jj))
+            };
+        }
+    }
+
+    /// `out = P V` for `pairs` (head, row) pairs over `total` keys with the values at `values`
+    /// (`[total, d]`), vectors `c0..c0 + CV` of the columns: up to RMAX pairs at a time (as
+    /// even as their count allows) share each value's loads, every pair still summing over the
+    /// keys in order, in its own registers. Pair k's probabilities at `scores[k · stride..]`,
+    /// its output row at `out_at(k)`.
+    ///
+    /// # Safety
+    /// The CPU runs `S`; as [`pv`] for every pair; RMAX <= 6.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn pv_pairs<S: Lanes, const CV: usize, const RMAX: usize>(
+        scores: &[f32],
+        stride: usize,
+        total: usize,
+        values: &[f32],
+        d: usize,
+        c0: usize,
+        pairs: usize,
+        out_at: &impl Fn(usize) -> usize,
+        out: &OutPart,
+    ) {
+        debug_assert!((1..=6).contains(&RMAX));
+        let per = pairs.div_ceil(pairs.div_ceil(RMAX));
+        let mut r0 = 0;
+        while r0 < pairs {
+            let take = per.min(pairs - r0);
+            let sc = &scores[r0 * stride..];
+            let oo = |k: usize| out_at(r0 + k);
+            // SAFETY (all): as for this function.
+            unsafe {
+                match take {
+                    1 => pv::<S, CV, 1>(sc, stride, total, values, d, c0, oo, out),
+                    2 => pv::<S, CV, 2>(sc, stride, total, values, d, c0, oo, out),
+                    3 => pv::<S, CV, 3>(sc, stride, total, values, d, c0, oo, out),
+                    4 => pv::<S, CV, 4>(sc, stride, total, values, d, c0, oo, out),
+                    5 => pv::<S, CV, 5>(sc, stride, total, values, d, c0, oo, out),
+                    _ => pv::<S, CV, 6>(sc, stride, total, values, d, c0, oo, out),
+                }
+            }
+            r0 += take;
+        }
+    }
+
+    /// Query heads `h0..h1` of the attention (the block's queries `q` prepared, its keys and
+    /// values in the caches), a kv group's heads together: per chunk of L keys
+    /// (loaded once for all of the group's heads and rows, its values prefetched for P·V),
+    /// each (head, row)'s scores; each row's softmax; and P·V in chunks of CV vectors of the
+    /// columns for up to RMAX (head, row) pairs at a time; written to those heads' columns of
+    /// `out`. Every row's arithmetic, in its order, is the same whichever heads and rows share
+    /// a pass, whichever thread runs it.
+    ///
+    /// # Safety
+    /// The CPU runs `S`; `call` checked, head size `S::L · DV`, CV divides DV, RMAX <= 6;
+    /// `out` is the `[n, heads · d]` output, no other thread writing heads `h0..h1`.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     unsafe fn heads<S: Lanes, const DV: usize, const CV: usize, const RMAX: usize>(
@@ -493,23 +607,16 @@ mod fast {
         h0: usize,
         h1: usize,
     ) {
-        let Call { n, heads, capacity, prefix, mask, scale, .. } = *call;
+        let Call { n, heads, capacity, prefix, .. } = *call;
         let Heads { heads: nh, kv_heads: nkv, head_dim: d } = heads;
         let lanes = S::L;
         debug_assert_eq!(d, lanes * DV);
-        debug_assert!(DV.is_multiple_of(CV) && out.len >= n * nh * d && (1..=6).contains(&RMAX));
+        debug_assert!(DV.is_multiple_of(CV) && out.len >= n * nh * d);
         let total = prefix + n;
         let group = nh / nkv;
-        // a score row, padded to whole vectors; the rows of a group's (head, row) pairs, pair
-        // r = (h - ha) · n + i
-        let stride = total.div_ceil(lanes) * lanes;
+        let stride = stride(total, lanes);
+        // the score rows of a group's (head, row) pairs, pair r = (h - ha) · n + i
         let mut scores = vec![0f32; group.min(h1 - h0) * n * stride];
-        let load = |s: &[f32], at: usize| -> S::V {
-            debug_assert!(at + lanes <= s.len());
-            // SAFETY: L floats at `at` (callers stay inside the slices they index); the CPU
-            // runs S (caller).
-            unsafe { S::load(s.as_ptr().add(at)) }
-        };
         let mut ha = h0;
         while ha < h1 {
             let g = ha / group;
@@ -517,64 +624,20 @@ mod fast {
             let pairs = (hb - ha) * n;
             let keys = &k_cache[g * capacity * d..(g * capacity + total) * d];
             let values = &v_cache[g * capacity * d..(g * capacity + total) * d];
-            // scores = q kᵀ · scale, L keys at a time (a last partial chunk repeats the last
-            // key in its padding lanes, which the softmax then hides)
             for j0 in (0..total).step_by(lanes) {
-                let ko: [usize; 16] = std::array::from_fn(|jj| (j0 + jj).min(total - 1) * d);
                 // the chunk's values, wanted by P·V next, come in from memory meanwhile
                 for at in (j0 * d..(j0 + lanes).min(total) * d).step_by(16) {
                     // SAFETY: an address inside `values` (a hint: no load, no fault).
                     unsafe { _mm_prefetch::<_MM_HINT_T0>(values.as_ptr().add(at).cast()) };
                 }
-                for r in 0..pairs {
-                    let (h, i) = (ha + r / n, r % n);
-                    let qo = (i * nh + h) * d;
-                    let qv: [S::V; DV] = std::array::from_fn(|t| load(q, qo + lanes * t));
-                    let mut acc = [unsafe { S::zero() }; 16];
-                    for (a, &o) in acc.iter_mut().zip(&ko).take(lanes) {
-                        for (t, &qt) in qv.iter().enumerate() {
-                            *a = unsafe { S::fmadd(qt, load(keys, o + lanes * t), *a) };
-                        }
-                    }
-                    // SAFETY: L floats inside the padded score row.
-                    unsafe {
-                        let s = S::mul(S::reduce(&acc), S::set1(scale));
-                        S::store(scores.as_mut_ptr().add(r * stride + j0), s);
-                    }
-                }
+                // SAFETY: as for this function; `pairs` rows of `stride` in `scores`.
+                unsafe { score_chunk::<S, DV>(call, q, keys, j0, ha, pairs, scores.as_mut_ptr(), stride) };
             }
-            for r in 0..pairs {
-                let i = r % n;
-                // SAFETY: the CPU runs S.
-                unsafe {
-                    softmax::<S>(&mut scores[r * stride..(r + 1) * stride], total, prefix, |jj| sees(mask, n, i, jj))
-                };
-            }
-            // out = P V: up to RMAX pairs at a time (as even as their count allows) share each
-            // value's loads (every pair still sums over the keys in order, in its own registers)
-            let passes = pairs.div_ceil(RMAX);
-            let per = pairs.div_ceil(passes);
+            // SAFETY (both): as for this function.
+            unsafe { softmax_pairs::<S>(call, &mut scores, stride, pairs) };
+            let out_at = |r: usize| ((r % n) * nh + ha + r / n) * d;
             for c0 in (0..DV).step_by(CV) {
-                let mut r0 = 0;
-                while r0 < pairs {
-                    let take = per.min(pairs - r0);
-                    // the output offset of pair r0 + k's row
-                    let oo = |k: usize| {
-                        let r = r0 + k;
-                        ((r % n) * nh + ha + r / n) * d
-                    };
-                    let sc = &scores[r0 * stride..];
-                    // SAFETY (all): as for this function.
-                    match take {
-                        1 => unsafe { pv::<S, CV, 1>(sc, stride, total, values, d, c0, oo, out) },
-                        2 => unsafe { pv::<S, CV, 2>(sc, stride, total, values, d, c0, oo, out) },
-                        3 => unsafe { pv::<S, CV, 3>(sc, stride, total, values, d, c0, oo, out) },
-                        4 => unsafe { pv::<S, CV, 4>(sc, stride, total, values, d, c0, oo, out) },
-                        5 => unsafe { pv::<S, CV, 5>(sc, stride, total, values, d, c0, oo, out) },
-                        _ => unsafe { pv::<S, CV, 6>(sc, stride, total, values, d, c0, oo, out) },
-                    };
-                    r0 += take;
-                }
+                unsafe { pv_pairs::<S, CV, RMAX>(&scores, stride, total, values, d, c0, pairs, &out_at, out) };
             }
             ha = hb;
         }
