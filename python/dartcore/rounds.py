@@ -492,7 +492,7 @@ def accept(parts: Parts, seq: Sequence, tree: Tree, out: ForwardOutput, logits=N
         logits = parts.backend.tree_logits(out, tree.parents)
     acc = walk(tree, logits, seq.sampler)
     seq.cache.compact(acc.path)
-    new = [int(t) for t in tree.tokens[acc.path[1:]]] + [acc.bonus]
+    new = tree.tokens[acc.path[1:]].tolist() + [acc.bonus]
     seq.stats.count(acc.accepted, len(tree) - 1)
     seq.path = acc.path
     seq.committed.extend(new)
