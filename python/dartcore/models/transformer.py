@@ -40,6 +40,7 @@ from dartcore.kernels.linear import (
 )
 from dartcore.kernels.tree_attention import backend_for, pack_block_mask, tree_attention
 from dartcore.models.cache import KVCache
+from dartcore.models.gguf import BlockEmbedding
 
 __all__ = ["TargetModel", "ForwardOutput", "SUPPORTED_FAMILIES", "column_major_linears_"]
 
@@ -770,7 +771,14 @@ class NativeLayerOps:
         the final normed states ``[n, H]``, taps in ``captured``. ``prefix``: the cached rows
         the block follows (one sequence; default its cache's length)."""
         n = tokens.shape[0]
-        h = model.embed(tokens).contiguous()
+        table = model.embed
+        if type(table) is BlockEmbedding and tokens.device.type == "cpu":
+            try:  # the rows it looks up, without the module call and its checks
+                h = table.block.dequantize_rows(tokens.numpy())
+            except ValueError:  # an id out of range: the module's own error
+                h = table(tokens)
+        else:
+            h = model.embed(tokens).contiguous()
         out = torch.empty_like(h)
         taps = sorted(t for t in tap_set if t < model.num_layers)
         tap_out = torch.empty(len(taps), n, h.shape[1]) if taps else None
