@@ -303,7 +303,7 @@ def draft(parts: Parts, seqs: list[Sequence], depths: list[int]) -> list[Drafted
         drafter,
         [seqs[i].drafter_state for i in todo],
         [_joined(seqs[i].new_taps) for i in todo],
-        [torch.tensor(seqs[i].new_next, dtype=torch.long) for i in todo],
+        [torch.from_numpy(np.array(seqs[i].new_next, dtype=np.int64)) for i in todo],
         rows=rows,
         return_hidden=want_hidden,
     )
