@@ -300,6 +300,8 @@ def test_native_layer_stack_refuses_bad_arguments_and_writes_nothing():
     assert len(stack) == 2
     H, D = target.hidden_size, target.head_dim
     cache = target.new_cache(8)
+    cache.k.zero_()  # a new CPU cache is left as allocated: zeros, to see any write
+    cache.v.zero_()
     k, v = cache.k.numpy(), cache.v.numpy()
     h = np.zeros((3, H), np.float32)
     cs = np.ones((3, D), np.float32)

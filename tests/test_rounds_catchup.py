@@ -147,3 +147,30 @@ def test_absorbed_rows_draft_as_drafted_ones(setup):
     assert split.length == whole.length == 20
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(split.k[:, :20], whole.k[:, :20], rtol=1e-5, atol=1e-5)
+
+
+def test_stale_cache_storage_is_never_read(setup, monkeypatch):
+    """CPU caches are left as allocated, not zeroed: with every slot of the target's cache and
+    the drafter's state NaN before the prompt, the outputs are the target's own greedy ones --
+    no read reaches a slot that no forward wrote (a draft's scratch rows included)."""
+    from dartcore.drafter import DrafterState
+    from dartcore.models.cache import KVCache
+
+    dec, prompts, refs = setup
+
+    def poisoned(init):
+        def made(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            self.k.fill_(float("nan"))
+            self.v.fill_(float("nan"))
+
+        return made
+
+    monkeypatch.setattr(KVCache, "__init__", poisoned(KVCache.__init__))
+    monkeypatch.setattr(DrafterState, "__init__", poisoned(DrafterState.__init__))
+    accepted = 0
+    for prompt, ref in zip(prompts, refs):
+        res = dec.generate(prompt, max_new_tokens=len(ref))
+        assert res.tokens == ref
+        accepted += sum(res.stats.accept_hist[1:])
+    assert accepted > 0, "no round accepted a drafted token: the trees were never read"

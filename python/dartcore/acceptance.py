@@ -47,6 +47,8 @@ def prune(tree: Tree, *, max_depth: int, max_nodes: int) -> Tree:
     with it on trees from builders that overshoot it (the built-in ones never do)."""
     if max_nodes < 1:
         raise TreeError("a tree keeps at least its root (max_nodes >= 1)")
+    if len(tree) <= max_nodes and tree.depths[-1] <= max_depth:  # depth order: the deepest last
+        return tree
     return keep_nodes(tree, np.flatnonzero(tree.depths <= max_depth)[:max_nodes])
 
 

@@ -215,7 +215,7 @@ class DartDecoder:
         Never prints.
         """
         result = None
-        for chunk in self.stream(
+        ids, params = self._open(
             prompt,
             max_new_tokens=max_new_tokens,
             temperature=temperature,
@@ -223,7 +223,10 @@ class DartDecoder:
             top_k=top_k,
             stop=stop,
             seed=seed,
-        ):
+        )
+        # the chunks' text only for a streamer that reads it (each one decodes the output so far)
+        texts = streamer is not None and not hasattr(streamer, "put")
+        for chunk in self._stream(ids, params, texts=texts):
             if streamer is not None and chunk.tokens:
                 if hasattr(streamer, "put"):
                     streamer.put(torch.tensor(chunk.tokens, dtype=torch.long))
@@ -280,6 +283,22 @@ class DartDecoder:
         """Like :meth:`generate`, as an iterator of :class:`StreamChunk`; the last
         chunk carries the :class:`GenerationResult`. Arguments are checked
         before the first chunk."""
+        return self._stream(
+            *self._open(
+                prompt,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                stop=stop,
+                seed=seed,
+            )
+        )
+
+    def _open(
+        self, prompt, *, max_new_tokens, temperature, top_p, top_k, stop, seed
+    ) -> tuple[list[int], SamplingParams]:
+        """The prompt's token ids and the sampling parameters, checked."""
         params = SamplingParams(
             temperature=temperature,
             top_p=top_p,
@@ -293,11 +312,15 @@ class DartDecoder:
             raise ContextLengthError(
                 f"prompt of {len(ids)} tokens leaves no room in the context of {self.context_length} tokens"
             )
-        return self._stream(ids, params)
+        return ids, params
 
     # -- the loop ---------------------------------------------------------------------------
 
-    def _stream(self, ids: list[int], params: SamplingParams) -> Iterator[StreamChunk]:
+    def _stream(
+        self, ids: list[int], params: SamplingParams, *, texts: bool = True
+    ) -> Iterator[StreamChunk]:
+        """The chunks of one generation; ``texts=False``: each chunk's text left empty (no
+        decoding of the output so far each round), the result's text still made."""
         stats = GenerationStats(prompt_tokens=len(ids))
         start = time.perf_counter()
         text = TextStream(self.tokenizer)
@@ -310,7 +333,7 @@ class DartDecoder:
             )
             generated = seq.generated
             for new in self._rounds(seq):
-                yield StreamChunk(tokens=new, text=text.update(generated))
+                yield StreamChunk(tokens=new, text=text.update(generated) if texts else "")
         stats.total_s = time.perf_counter() - start
         stats.new_tokens = len(generated)
         if self.parts.live is not None and generated and params.learn:
@@ -318,7 +341,7 @@ class DartDecoder:
         result = GenerationResult(
             tokens=list(generated), text=decode(self.tokenizer, generated), stats=stats
         )
-        yield StreamChunk(tokens=[], text=text.finish(result.text), result=result)
+        yield StreamChunk(tokens=[], text=text.finish(result.text) if texts else "", result=result)
 
     def _rounds(self, seq: rounds.Sequence) -> Iterator[list[int]]:
         """Prefill, then limits / draft / search / verify / accept until done; yields each

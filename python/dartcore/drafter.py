@@ -343,8 +343,10 @@ class DrafterState:
     """The drafter's KV cache for real (accepted) positions of one sequence."""
 
     def __init__(self, nkv: int, head_dim: int, max_len: int, dtype, device):
-        self.k = torch.zeros(nkv, max_len, head_dim, dtype=dtype, device=device)
-        self.v = torch.zeros(nkv, max_len, head_dim, dtype=dtype, device=device)
+        # rows past ``length`` are never read: left as allocated on the CPU (see KVCache)
+        alloc = torch.empty if torch.device(device).type == "cpu" else torch.zeros
+        self.k = alloc(nkv, max_len, head_dim, dtype=dtype, device=device)
+        self.v = alloc(nkv, max_len, head_dim, dtype=dtype, device=device)
         self.length = 0
         self.max_len = max_len
 

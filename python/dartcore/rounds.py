@@ -303,7 +303,7 @@ def draft(parts: Parts, seqs: list[Sequence], depths: list[int]) -> list[Drafted
         drafter,
         [seqs[i].drafter_state for i in todo],
         [_joined(seqs[i].new_taps) for i in todo],
-        [torch.tensor(seqs[i].new_next, dtype=torch.long) for i in todo],
+        [torch.from_numpy(np.array(seqs[i].new_next, dtype=np.int64)) for i in todo],
         rows=rows,
         return_hidden=want_hidden,
     )
@@ -455,8 +455,14 @@ def verify(parts: Parts, seqs: list[Sequence], trees: list[Tree]) -> list[Forwar
     """One target forward over every sequence's tree: node j of sequence i at position
     prefix_i + depth(j), seeing sequence i's cached prefix and j's ancestors."""
     sizes = [len(t) for t in trees]
-    tokens = torch.from_numpy(np.concatenate([t.tokens for t in trees]))
-    positions = torch.from_numpy(np.concatenate([t.depths + s.prefix for t, s in zip(trees, seqs)]))
+    if len(trees) == 1:
+        tokens = torch.from_numpy(trees[0].tokens)
+        positions = torch.from_numpy(trees[0].depths + seqs[0].prefix)
+    else:
+        tokens = torch.from_numpy(np.concatenate([t.tokens for t in trees]))
+        positions = torch.from_numpy(
+            np.concatenate([t.depths + s.prefix for t, s in zip(trees, seqs)])
+        )
     # one row sees only itself: the causal mask (None) is its ancestor mask
     masks = [torch.from_numpy(ancestor_mask(t.parents)) if len(t) > 1 else None for t in trees]
     out = parts.target.forward_batch(
@@ -491,16 +497,18 @@ def accept(parts: Parts, seq: Sequence, tree: Tree, out: ForwardOutput, logits=N
     if logits is None:
         logits = parts.backend.tree_logits(out, tree.parents)
     acc = walk(tree, logits, seq.sampler)
-    seq.cache.compact(acc.path)
-    new = [int(t) for t in tree.tokens[acc.path[1:]]] + [acc.bonus]
+    path = acc.path
+    # the tree's first len(path) nodes (a chain's accepted prefix, a root-only tree): no gather
+    in_place = path[-1] == len(path) - 1
+    seq.cache.compact(path)
+    new = tree.tokens[path[1:]].tolist() + [acc.bonus]
     seq.stats.count(acc.accepted, len(tree) - 1)
-    seq.path = acc.path
+    seq.path = path
     seq.committed.extend(new)
     if parts.drafter is not None:
-        path = acc.path
         taps = (
-            out.taps[:1]  # a root-only tree (an AR step)
-            if len(path) == 1 and path[0] == 0
+            out.taps[: len(path)]
+            if in_place
             else out.taps[torch.as_tensor(path, device=out.taps.device)]
         )
         # Positions a round without a draft committed wait for the next draft.

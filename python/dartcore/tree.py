@@ -363,25 +363,27 @@ class SearchParams:
 def _search_params(params: SearchParams | None, overrides: dict[str, Any]) -> SearchParams:
     if params is not None and not isinstance(params, SearchParams):
         raise TypeError(f"params must be a dartcore.tree.SearchParams, got {type(params).__name__}")
-    unknown = sorted(set(overrides) - SearchParams.fields())
-    if unknown:
-        raise TypeError(
-            f"unknown search parameter(s) {unknown}; SearchParams has {sorted(SearchParams.fields())}"
-        )
     base = params if params is not None else _DEFAULT_PARAMS
     if not overrides:
         return base
     try:  # a builder passes the same overrides round after round: validated once
         # (the types too: True == 1, but max_nodes=True is refused)
         key = (base, tuple((k, type(v), v) for k, v in sorted(overrides.items())))
-        hash(key)
+        made = _REPLACED.get(key)
     except TypeError:  # an unhashable value (a list of EOS ids): no reuse
+        key, made = None, None
+    if made is not None:  # its names were checked when it was made
+        return made
+    unknown = sorted(set(overrides) - SearchParams.fields())
+    if unknown:
+        raise TypeError(
+            f"unknown search parameter(s) {unknown}; SearchParams has {sorted(SearchParams.fields())}"
+        )
+    if key is None:
         return base.replace(**overrides)
-    made = _REPLACED.get(key)
-    if made is None:
-        if len(_REPLACED) >= 256:
-            _REPLACED.clear()
-        made = _REPLACED[key] = base.replace(**overrides)
+    if len(_REPLACED) >= 256:
+        _REPLACED.clear()
+    made = _REPLACED[key] = base.replace(**overrides)
     return made
 
 

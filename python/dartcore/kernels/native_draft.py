@@ -42,6 +42,7 @@ from dartcore.kernels.linear import (
     native_linears_,
     native_product,
 )
+from dartcore.models.gguf import BlockEmbedding
 
 __all__ = ["DRAFT_BLOCK", "HEAD_SCREEN", "NativeDraft"]
 
@@ -379,7 +380,11 @@ class NativeDraft:
             return out
 
         g = product(lean.fc, np.ascontiguousarray(taps.detach().numpy(), dtype=np.float32))
-        emb = np.ascontiguousarray(dr.embed(next_tokens).numpy(), dtype=np.float32)
+        table = dr.target_embedding
+        if type(table) is BlockEmbedding:  # the rows it looks up, without the module call
+            emb = table.block.dequantize_rows(next_tokens.numpy()).numpy()
+        else:
+            emb = np.ascontiguousarray(dr.embed(next_tokens).numpy(), dtype=np.float32)
         x = np.empty((rows, 2 * hidden), dtype=np.float32)
         x[:n, :hidden] = norm(emb, lean.emb_norm)
         x[:n, hidden:] = norm(g, lean.hidden_norm)

@@ -380,6 +380,7 @@ class HybridTarget:
             raise DartError(f"RoPE type {rotary.rope_type!r} is not supported by HybridTarget")
         self._inv_freq = rotary.inv_freq.detach().float()
         self._rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self._rope_table = None  # TargetModel._rope's
         lin = next(
             (layer.linear_attn for layer in self.layers if hasattr(layer, "linear_attn")), None
         )
@@ -449,6 +450,7 @@ class HybridTarget:
     forward = TargetModel.forward
     greedy_generate = TargetModel.greedy_generate
     _rope = TargetModel._rope
+    _rope_values = TargetModel._rope_values
 
     @torch.inference_mode()
     def forward_batch(
