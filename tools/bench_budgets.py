@@ -97,9 +97,17 @@ def main(argv=None) -> int:
             }
         )
     if args.json:
+        from dartcore.benchmark.runner import machine_info
+
         print(
             json.dumps(
                 {
+                    "command": "python3 tools/bench_budgets.py " + " ".join(sys.argv[1:]),
+                    "machine": {**machine_info(), "threads": args.threads},
+                    "target": f"{args.target} ({'GGUF blocks' if args.quantized else 'float32'})",
+                    "numerics": numerics if args.quantized else "exact",
+                    "drafter": args.drafter,
+                    "max_new_tokens": args.max_new_tokens,
                     "prompts": len(prompts),
                     "threads": args.threads,
                     "greedy_identical": identical,

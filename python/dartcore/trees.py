@@ -67,14 +67,14 @@ __all__ = [
 # 1.30 / 1.27 / 1.31 / 1.29 / 1.28x (tau 1.71 / 1.77 / 1.84 / 1.89 / 1.94): flat from 3 to 6
 # within the noise, more costs more than it gains.
 CPU_MAX_NODES = 4
-# Default node budget on CPU for a target of GGML block weights (Q4_0 / Q4_1 / Q8_0): every
-# weight is formed in float32 in registers whatever the row count, so a row of the verify
-# costs relatively more than on float32 weights (SmolLM2's products at 2 threads, AVX-512,
-# Q4_1, crates/dart-linear/examples/rows.rs: 1 / 2 / 3 / 4 / 5 rows 4.5 / 5.3 / 6.1 / 7.5 /
-# 10.2 ms), and the drafter's forward is a larger share of a round. Measured with
-# tools/bench_budgets.py --quantized (SmolLM2's Q4_1 file, 5 chat prompts x 128 tokens, 2
-# threads, 2-vCPU AVX-512 VM): dart 1.04 / 1.14 / 1.05 / 1.00x over AR at 1 / 2 / 3 / 4 nodes
-# (tau 1.54 / 1.85 / 1.92 / 2.08), outputs identical.
+# Default node budget on CPU for a target of GGML block weights (Q4_0 / Q4_1 / Q8_0): on the
+# int8 kernels an extra verify row costs its integer products and attention (SmolLM2 Q4_1, 2
+# threads, 2-vCPU AVX-512 VNNI Xeon, tools/bench_int8.py: 4.37 / 4.64 / 5.10 ms at 1 / 2 / 4
+# rows), and the drafter's forward is a sixth of a one-row step. Measured with
+# tools/bench_budgets.py --quantized (SmolLM2's Q4_1 file, 5 chat prompts x 128 tokens, same
+# machine, tools/reports/bench_budgets_int8_smollm2.json): dart 1.08 / 1.17 / 1.12 / 1.13 /
+# 1.07x over AR at 1 / 2 / 3 / 4 / 6 nodes (tau 1.54 / 1.79 / 1.95 / 2.10 / 2.29), outputs
+# identical.
 CPU_BLOCKS_MAX_NODES = 2
 # Default node budget on CUDA (root excluded): the paper's theta = 59. On a GPU a forward of
 # 60 rows costs about what one row costs (launch- and memory-bound), so the budget buys tau
