@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from dartcore.controller import (
+    DRAW_SLACK,
+    FIXED_MAX_ROWS,
     IDLE_STRIDE,
     JUDGE_WEIGHT,
     OFF_MAX,
@@ -189,3 +191,64 @@ def test_a_probe_across_the_kernels_row_cliff_waits_for_its_share_first():
     assert first_probe(8) == PROBE_MIN
     late = first_probe(16)
     assert late > 100  # (146 - 44 + 5) ms over 1 % of a ~44 ms step: ~240 rounds
+
+
+def fixed_rate(m: FakeMachine, hidden: float, n: int, rounds: int, seed: int) -> float:
+    """The committed tokens per ms of drafting ``n`` nodes (a chain) every round on ``m``."""
+    rng = np.random.default_rng(seed)
+    toks = ms = 0.0
+    for _ in range(rounds):
+        a = 0
+        while a < n and rng.random() < m.q:
+            a += 1
+        toks += a + 1
+        ms += m.verify(n + 1) + m.d0 + m.d1 * (a + 1) + m.per_token * (a + 1) + hidden
+    return toks / ms
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_the_fixed_arm_drafts_the_decoders_budget_while_it_pays(seed):
+    """With the engine's fixed arm (the decoder's own budget on a CPU) the controller starts
+    drafting exactly that budget -- no slack drawn, no node cut -- and keeps it where the
+    measured rate says it beats plain steps by a few percent, which a ten-step verdict cannot
+    tell from noise."""
+    # SmolLM2 int8 at one sequence, roughly: budget 2 wins by ~10 %
+    m = FakeMachine(q=0.6, **dict(INT8, v0=3.1, v1=0.4, d0=0.75))
+    machine = lambda t: (m, 0.1)  # noqa: E731
+    ctrl = controller(fixed_nodes=2)
+    assert ctrl.mode == "fixed"
+    acc = ctrl.new_sequence()
+    assert ctrl.draws([acc], [6]) == [2] and ctrl.refine([np.array([0.9, 0.01])]) == [2]
+    ctrl = controller(fixed_nodes=2)
+    log = run(ctrl, machine, 1500, seed)
+    plain = 1.0 / (m.verify(1) + m.per_token)
+    best = fixed_rate(m, 0.1, 2, 4000, seed)
+    assert best > 1.05 * plain
+    assert ctrl.mode == "fixed" and ctrl.speedup is not None and ctrl.speedup > 1.0
+    assert np.mean(log[50:, 1] == 2) > 0.95 and rate(log[50:]) > 0.97 * best
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_losing_fixed_arm_goes_to_budget_zero_and_trials_alternate_arms(seed):
+    m = FakeMachine(q=0.5, **INT8)
+    ctrl = controller(fixed_nodes=2)
+    log = run(ctrl, lambda t: (m, 1.5), 3000, seed)
+    plain = 1.0 / (m.verify(1) + m.per_token)
+    drew = log[:, 0] > 0
+    assert ctrl.trials >= 3 and ctrl.trials_lost >= 2
+    assert np.mean(drew[1500:]) < 0.04
+    assert rate(log[1000:]) > 0.985 * plain and rate(log) > 0.96 * plain
+
+
+def test_a_batch_past_the_fixed_rows_is_left_to_the_model():
+    ctrl = controller(fixed_nodes=2)
+    batch = FIXED_MAX_ROWS // 3 + 1  # 3 rows a sequence: past FIXED_MAX_ROWS
+    accs = [ctrl.new_sequence() for _ in range(batch)]
+    for acc in accs:
+        acc.gains[:] = 0.9
+    draws = ctrl.draws(accs, [6] * batch)
+    assert ctrl.mode == "fixed" and not ctrl._fixed_now(batch)
+    # the model's own choice, drawn with its slack, not the fixed budget
+    assert any(d > 2 for d in draws) and all(d == 0 or d > DRAW_SLACK for d in draws)
+    with pytest.raises(ValueError):
+        controller(fixed_nodes=-1)

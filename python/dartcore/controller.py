@@ -86,6 +86,20 @@ that probes the model judges won cannot restart drafting the judge measured losi
 than a trial would. At budget 0 by the model's own choice the engine consults it one round in
 :data:`IDLE_STRIDE` (``idle_stride``): its choice there moves only as the marginals relax.
 
+The fixed arm. Where drafting gains little -- SmolLM2 on the CPU int8 path at one sequence: a
+fixed 2-node tree runs ~1.08x plain steps in the engine -- the model's E / T sits at break-even
+and its choices flip between drafting and not, each draft after a plain stretch catching up and
+each tree cut by its calibrated chances; measured, its drafting then lost (0.87-0.97x plain) and
+the judge switched it off, though the fixed budget would have won. So on the CPU the engine
+names the decoder's own budget (``fixed_nodes``, measured best per weights kind:
+:data:`dartcore.trees.CPU_BLOCKS_MAX_NODES`, :data:`~dartcore.trees.CPU_MAX_NODES`) and the
+controller starts there: every sequence draws exactly that many nodes (no slack, no cut) in
+steps of at most :data:`FIXED_MAX_ROWS` rows (a larger batch is the model's), while the judge
+measures it over a longer window (:data:`FIXED_DECAY`, :data:`FIXED_WEIGHT`: ~50 drafting
+steps, since ten steps' committed tokens vary as much as the gain) and switches it off below
+:data:`FIXED_LOSS` of the plain rate. A model whose drafting loses hands over to the fixed arm
+before drafting goes off; the trials after an off stretch alternate between the two arms.
+
 Two decisions a step. Before drafting (:meth:`BudgetController.choose`), which sequences
 draft at all, from each sequence's expected marginals ``p_{i,j}`` of its recent trees
 (:class:`Acceptance`: the calibrated chances of the j-th best node of its last trees,
@@ -204,6 +218,15 @@ DRAW_SLACK = 2
 # to OFF_MAX; a trial whose model drafts in too few steps for a verdict ends after TRIAL_ROUNDS.
 # A drafting step whose drafter caught up on more than CATCHUP_IDLE rounds (or a whole prompt)
 # is not judged: a sequence that drafts round after round never pays that.
+# The fixed arm (module docs, "Measured rates"): where the engine names the decoder's own node
+# budget (``fixed_nodes``), a losing model hands drafting to that budget before switching it off,
+# for steps of at most FIXED_MAX_ROWS rows (past the native kernel's 16 rows a row costs several).
+FIXED_MAX_ROWS = 16
+# Its verdicts weigh the last ~50 drafting steps (the model's ~10): per step 1-3 tokens commit,
+# so ten steps' mean varies by about a tenth, as much as the gain to be told apart.
+FIXED_LOSS = 0.97
+FIXED_DECAY = 0.98
+FIXED_WEIGHT = 30.0
 JUDGE_WEIGHT = 6.0
 JUDGE_DECAY = 0.9
 REF_STEPS = 3
@@ -390,6 +413,8 @@ class BudgetController:
     # after a choice of budget 0 for every sequence, the next idle_stride - 1 rounds are plain
     # without consulting the model (module docs, "Measured rates"); 1: every round decides
     idle_stride: int = 1
+    # the judge's fixed arm: every sequence's budget where the model's drafting lost (0: none)
+    fixed_nodes: int = 0
     mode: str = "on"  # the judge's: "on" (the model decides), "off" (budget 0), "trial"
     speedup: float | None = None  # the judge's last measured drafting / plain rate
     trials: int = 0  # trials the judge ran after switching drafting off, and how many lost
@@ -398,6 +423,10 @@ class BudgetController:
     def __post_init__(self):
         if self.max_nodes < 0:
             raise ValueError(f"max_nodes must be >= 0, got {self.max_nodes}")
+        if self.fixed_nodes < 0:
+            raise ValueError(f"fixed_nodes must be >= 0, got {self.fixed_nodes}")
+        if self.fixed_nodes and self.mode == "on":
+            self.mode = "fixed"  # the measured default first; the judge watches it
         self.prior = Acceptance.prior(max(self.max_nodes, 1))
         self.calibration = NodeCalibration()
         # per row count r (index r): decayed sums of the measured verify ms, and their weights
@@ -437,6 +466,8 @@ class BudgetController:
         self._need_ref: set[int] = set()  # batch sizes whose plain time a drafting step awaits
         self._gain = self._spend = self._weight = 0.0
         self._off_left, self._off_len, self._trial_rounds = 0, OFF_MIN, 0
+        self._next_trial = "model"  # the arm the next trial runs (alternating with "fixed")
+        self._fixed_trial = self.mode == "fixed"  # the fixed arm runs without a won verdict yet
         self._skip = self._skipped = 0  # the idle stride's rounds left, and skipped since
         self._batch, self._tokens, self._ctrl_ms, self._steady = 0, 0, 0.0, False
 
@@ -679,14 +710,24 @@ class BudgetController:
             if self._off_left > 0:
                 self._off_left -= 1
                 return True
-            self.mode, self._trial_rounds = "trial", 0
+            self._trial_rounds = 0
             self._gain = self._spend = self._weight = 0.0
             self.trials += 1
+            if self.fixed_nodes and self._next_trial == "fixed":
+                self.mode, self._fixed_trial, self._next_trial = "fixed", True, "model"
+            else:
+                self.mode, self._next_trial = "trial", "fixed"
         if self.mode == "trial":
             self._trial_rounds += 1
             if self._trial_rounds > TRIAL_ROUNDS:  # the model hardly drafts: it decides
                 self.mode = "on"
         return batch in self._need_ref
+
+    def _fixed_now(self, batch: int) -> bool:
+        """Whether this step of ``batch`` sequences runs the fixed arm: the judge handed
+        drafting to it, and its rows stay within :data:`FIXED_MAX_ROWS` (a larger batch is
+        left to the model)."""
+        return self.mode == "fixed" and batch * (1 + self.fixed_nodes) <= FIXED_MAX_ROWS
 
     def lap_ms(self, ms: float) -> None:
         """This step's controller time as the engine measured it (choosing, ranking the trees,
@@ -721,20 +762,33 @@ class BudgetController:
         self._ar_age[b] = self._ar_age.get(b, 0) + 1
         if self._ar_age[b] >= REF_AGE:  # measure the plain time again
             self._ar_n[b] = 0
-        self._gain = JUDGE_DECAY * self._gain + tokens / b * self._ar_ms[b]
-        self._spend = JUDGE_DECAY * self._spend + ms
-        self._weight = JUDGE_DECAY * self._weight + 1.0
-        if self._weight < JUDGE_WEIGHT:
+        # the fixed arm's small gains need a longer window than the model's to tell apart
+        decay, need = (
+            (FIXED_DECAY, FIXED_WEIGHT) if self.mode == "fixed" else (JUDGE_DECAY, JUDGE_WEIGHT)
+        )
+        self._gain = decay * self._gain + tokens / b * self._ar_ms[b]
+        self._spend = decay * self._spend + ms
+        self._weight = decay * self._weight + 1.0
+        if self._weight < need:
             return
         self.speedup = self._gain / self._spend
-        if self.speedup < 1.0:
-            if self.mode == "trial":
+        # the fixed arm is the decoder's measured default: it yields to plain steps only where
+        # it measures clearly below them (a verdict over ~10 steps is noisy by a few percent)
+        if self.speedup < (FIXED_LOSS if self.mode == "fixed" else 1.0):
+            if self.mode == "trial" or self._fixed_trial:
                 self.trials_lost += 1
-            self.mode, self._off_left = "off", self._off_len
-            self._off_len = min(2 * self._off_len, OFF_MAX)
+            if self.fixed_nodes and self.mode == "on":
+                # the model's drafting lost: the fixed budget's turn before switching off
+                self.mode, self._fixed_trial = "fixed", True
+                self.trials += 1
+            else:
+                self.mode, self._off_left = "off", self._off_len
+                self._off_len = min(2 * self._off_len, OFF_MAX)
             self._gain = self._spend = self._weight = 0.0
         elif self.mode == "trial":  # a won trial halves the next off stretch (noise can win one)
             self.mode, self._off_len = "on", max(self._off_len // 2, OFF_MIN)
+        elif self._fixed_trial:
+            self._fixed_trial, self._off_len = False, max(self._off_len // 2, OFF_MIN)
 
     # -- the two decisions --------------------------------------------------------------------
 
@@ -765,9 +819,13 @@ class BudgetController:
         self._skipped = 0
         if self._judge:
             self._judge_probe(len(accs))
-        budgets = self._allocate([a.gains[:c] for a, c in zip(accs, caps)], self.draft_cost())
+        fixed = self._fixed_now(len(accs))
+        if fixed:
+            budgets = [min(c, self.fixed_nodes) for c in caps]
+        else:
+            budgets = self._allocate([a.gains[:c] for a, c in zip(accs, caps)], self.draft_cost())
         self._probe_index = self._probe_acc = None
-        if not any(budgets):
+        if not any(budgets) and not fixed:
             self._rounds_idle += 1
             open_ = [i for i, c in enumerate(caps) if c > 0]
             # where the judge last measured drafting losing, probes wait as long as its trials
@@ -841,10 +899,9 @@ class BudgetController:
     def draws(self, accs: list[Acceptance], caps: list[int]) -> list[int]:
         """:meth:`choose`, as the tree size each sequence draws: its budget plus
         :data:`DRAW_SLACK` nodes within its cap, 0 for a sequence that does not draft."""
-        return [
-            min(int(cap), n + DRAW_SLACK) if n > 0 else 0
-            for n, cap in zip(self.choose(accs, caps), caps)
-        ]
+        budgets = self.choose(accs, caps)
+        slack = 0 if self._fixed_now(len(accs)) else DRAW_SLACK
+        return [min(int(cap), n + slack) if n > 0 else 0 for n, cap in zip(budgets, caps)]
 
     def refine(self, marginals: list[np.ndarray]) -> list[int]:
         """After the search: budgets from each tree's own ranked chances (``marginals[i]``,
@@ -852,6 +909,9 @@ class BudgetController:
         :data:`PROBE_NODES` of its tree's nodes, and after :data:`PROBE_MAX` steps of one row
         count the largest budget is halved once."""
         t0 = self.clock()
+        if self._fixed_now(len(marginals)):  # the trees as drawn: the fixed budget, uncut
+            self._timed_choice(t0)
+            return [len(m) for m in marginals]
         budgets = self._allocate(marginals, 0.0)
         i = self._probe_index
         if i is not None and i < len(budgets):

@@ -229,7 +229,14 @@ class Engine:
                 remeasure=remeasure,
             )
             self.controller = BudgetController(
-                curve, max_nodes=self.max_nodes, idle_stride=IDLE_STRIDE
+                curve,
+                max_nodes=self.max_nodes,
+                idle_stride=IDLE_STRIDE,
+                # the judge's fixed arm: the decoder's own budget (a CPU's; on a GPU the model's
+                # trees are what the budget is for)
+                fixed_nodes=min(parts.max_nodes, self.max_nodes)
+                if parts.target.device.type == "cpu"
+                else 0,
             )
         self.stats = EngineStats()
         self._waiting: deque[_Request] = deque()
