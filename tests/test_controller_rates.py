@@ -14,7 +14,6 @@ import pytest
 
 from dartcore.controller import (
     DRAW_SLACK,
-    FIXED_MAX_ROWS,
     IDLE_STRIDE,
     JUDGE_WEIGHT,
     OFF_MAX,
@@ -240,9 +239,9 @@ def test_a_losing_fixed_arm_goes_to_budget_zero_and_trials_alternate_arms(seed):
     assert rate(log[1000:]) > 0.985 * plain and rate(log) > 0.96 * plain
 
 
-def test_a_batch_past_the_fixed_rows_is_left_to_the_model():
+def test_a_batch_is_left_to_the_model():
     ctrl = controller(fixed_nodes=2)
-    batch = FIXED_MAX_ROWS // 3 + 1  # 3 rows a sequence: past FIXED_MAX_ROWS
+    batch = 2
     accs = [ctrl.new_sequence() for _ in range(batch)]
     for acc in accs:
         acc.gains[:] = 0.9

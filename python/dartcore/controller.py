@@ -93,8 +93,8 @@ each tree cut by its calibrated chances; measured, its drafting then lost (0.87-
 the judge switched it off, though the fixed budget would have won. So on the CPU the engine
 names the decoder's own budget (``fixed_nodes``, measured best per weights kind:
 :data:`dartcore.trees.CPU_BLOCKS_MAX_NODES`, :data:`~dartcore.trees.CPU_MAX_NODES`) and the
-controller starts there: every sequence draws exactly that many nodes (no slack, no cut) in
-steps of at most :data:`FIXED_MAX_ROWS` rows (a larger batch is the model's), while the judge
+controller starts there: a step of one sequence draws exactly that many nodes (no slack, no
+cut; a batch is the model's: its rows cost more than the budget was measured for), while the judge
 measures it over a longer window (:data:`FIXED_DECAY`, :data:`FIXED_WEIGHT`: ~50 drafting
 steps, since ten steps' committed tokens vary as much as the gain) and switches it off below
 :data:`FIXED_LOSS` of the plain rate. A model whose drafting loses hands over to the fixed arm
@@ -219,9 +219,8 @@ DRAW_SLACK = 2
 # A drafting step whose drafter caught up on more than CATCHUP_IDLE rounds (or a whole prompt)
 # is not judged: a sequence that drafts round after round never pays that.
 # The fixed arm (module docs, "Measured rates"): where the engine names the decoder's own node
-# budget (``fixed_nodes``), a losing model hands drafting to that budget before switching it off,
-# for steps of at most FIXED_MAX_ROWS rows (past the native kernel's 16 rows a row costs several).
-FIXED_MAX_ROWS = 16
+# budget (``fixed_nodes``, measured for one sequence), a step of one sequence drafts that budget;
+# a losing model hands drafting to it before switching it off.
 # Its verdicts weigh the last ~50 drafting steps (the model's ~10): per step 1-3 tokens commit,
 # so ten steps' mean varies by about a tenth, as much as the gain to be told apart.
 FIXED_LOSS = 0.97
@@ -725,9 +724,9 @@ class BudgetController:
 
     def _fixed_now(self, batch: int) -> bool:
         """Whether this step of ``batch`` sequences runs the fixed arm: the judge handed
-        drafting to it, and its rows stay within :data:`FIXED_MAX_ROWS` (a larger batch is
-        left to the model)."""
-        return self.mode == "fixed" and batch * (1 + self.fixed_nodes) <= FIXED_MAX_ROWS
+        drafting to it, and the step has one sequence (the budget was measured for one; a
+        batch's rows cost more, and the model prices them)."""
+        return self.mode == "fixed" and batch == 1
 
     def lap_ms(self, ms: float) -> None:
         """This step's controller time as the engine measured it (choosing, ranking the trees,
