@@ -464,6 +464,8 @@ class BudgetController:
         self._curve_ms: dict[int, float] = {}  # the curve at the row counts asked so far
         self._need_ref: set[int] = set()  # batch sizes whose plain time a drafting step awaits
         self._gain = self._spend = self._weight = 0.0
+        self._fgain = self._fspend = self._fweight = 0.0  # the same for the fixed arm's steps
+        self._step_fixed = False  # this step runs the fixed arm
         self._off_left, self._off_len, self._trial_rounds = 0, OFF_MIN, 0
         self._next_trial = "model"  # the arm the next trial runs (alternating with "fixed")
         self._fixed_trial = self.mode == "fixed"  # the fixed arm runs without a won verdict yet
@@ -710,7 +712,7 @@ class BudgetController:
                 self._off_left -= 1
                 return True
             self._trial_rounds = 0
-            self._gain = self._spend = self._weight = 0.0
+            self._reset_verdicts()
             self.trials += 1
             if self.fixed_nodes and self._next_trial == "fixed":
                 self.mode, self._fixed_trial, self._next_trial = "fixed", True, "model"
@@ -761,33 +763,55 @@ class BudgetController:
         self._ar_age[b] = self._ar_age.get(b, 0) + 1
         if self._ar_age[b] >= REF_AGE:  # measure the plain time again
             self._ar_n[b] = 0
-        # the fixed arm's small gains need a longer window than the model's to tell apart
-        decay, need = (
-            (FIXED_DECAY, FIXED_WEIGHT) if self.mode == "fixed" else (JUDGE_DECAY, JUDGE_WEIGHT)
-        )
-        self._gain = decay * self._gain + tokens / b * self._ar_ms[b]
-        self._spend = decay * self._spend + ms
-        self._weight = decay * self._weight + 1.0
-        if self._weight < need:
+        if self._step_fixed:
+            self._judge_fixed(tokens / b * self._ar_ms[b], ms)
+            return
+        self._gain = JUDGE_DECAY * self._gain + tokens / b * self._ar_ms[b]
+        self._spend = JUDGE_DECAY * self._spend + ms
+        self._weight = JUDGE_DECAY * self._weight + 1.0
+        if self._weight < JUDGE_WEIGHT:
             return
         self.speedup = self._gain / self._spend
-        # the fixed arm is the decoder's measured default: it yields to plain steps only where
-        # it measures clearly below them (a verdict over ~10 steps is noisy by a few percent)
-        if self.speedup < (FIXED_LOSS if self.mode == "fixed" else 1.0):
-            if self.mode == "trial" or self._fixed_trial:
+        if self.speedup < 1.0:
+            if self.mode == "trial":
                 self.trials_lost += 1
             if self.fixed_nodes and self.mode == "on":
                 # the model's drafting lost: the fixed budget's turn before switching off
                 self.mode, self._fixed_trial = "fixed", True
                 self.trials += 1
+                self._reset_verdicts()
             else:
-                self.mode, self._off_left = "off", self._off_len
-                self._off_len = min(2 * self._off_len, OFF_MAX)
-            self._gain = self._spend = self._weight = 0.0
+                self._switch_off()
         elif self.mode == "trial":  # a won trial halves the next off stretch (noise can win one)
             self.mode, self._off_len = "on", max(self._off_len // 2, OFF_MIN)
-        elif self._fixed_trial:
+
+    def _judge_fixed(self, gain: float, ms: float) -> None:
+        """One steady step of the fixed arm: its own verdicts over a longer window
+        (:data:`FIXED_DECAY`, :data:`FIXED_WEIGHT`: its small gains are as large as ten steps'
+        noise) against :data:`FIXED_LOSS` -- the decoder's measured default yields to plain
+        steps only where it measures clearly below them."""
+        self._fgain = FIXED_DECAY * self._fgain + gain
+        self._fspend = FIXED_DECAY * self._fspend + ms
+        self._fweight = FIXED_DECAY * self._fweight + 1.0
+        if self._fweight < FIXED_WEIGHT:
+            return
+        self.speedup = self._fgain / self._fspend
+        if self.speedup < FIXED_LOSS:
+            if self._fixed_trial:
+                self.trials_lost += 1
+            self._switch_off()
+        elif self._fixed_trial:  # a won trial halves the next off stretch
             self._fixed_trial, self._off_len = False, max(self._off_len // 2, OFF_MIN)
+
+    def _switch_off(self) -> None:
+        """Drafting off for the next off stretch, which doubles up to :data:`OFF_MAX`."""
+        self.mode, self._off_left = "off", self._off_len
+        self._off_len = min(2 * self._off_len, OFF_MAX)
+        self._reset_verdicts()
+
+    def _reset_verdicts(self) -> None:
+        self._gain = self._spend = self._weight = 0.0
+        self._fgain = self._fspend = self._fweight = 0.0
 
     # -- the two decisions --------------------------------------------------------------------
 
@@ -809,7 +833,7 @@ class BudgetController:
                 acc.idle += 1
             self._probe_index = self._probe_acc = None
             self._rounds_idle += 1
-            self._steady = False
+            self._steady = self._step_fixed = False
             self._ctrl_ms += 1e3 * (self.clock() - t0)
             return [0] * len(accs)
         caps = [min(int(c), self.max_nodes, len(a.gains)) for a, c in zip(accs, caps)]
@@ -818,7 +842,7 @@ class BudgetController:
         self._skipped = 0
         if self._judge:
             self._judge_probe(len(accs))
-        fixed = self._fixed_now(len(accs))
+        fixed = self._step_fixed = self._fixed_now(len(accs))
         if fixed:
             budgets = [min(c, self.fixed_nodes) for c in caps]
         else:
