@@ -251,3 +251,23 @@ def test_a_batch_is_left_to_the_model():
     assert any(d > 2 for d in draws) and all(d == 0 or d > DRAW_SLACK for d in draws)
     with pytest.raises(ValueError):
         controller(fixed_nodes=-1)
+
+
+def test_after_the_model_loses_in_fixed_mode_a_batch_waits_out_an_off_stretch():
+    """In fixed mode a batch's steps are the model's; once its drafting lost a verdict they are
+    plain for an off stretch (doubling like the judge's), while a lone sequence keeps drafting
+    the fixed budget."""
+    ctrl = controller(fixed_nodes=2, probe_interval=10**9)
+    accs = [ctrl.new_sequence() for _ in range(2)]
+    for acc in accs:
+        acc.gains[:] = 0.9
+    ctrl._batch, ctrl._steady = 2, True
+    ctrl._ar_ms[2], ctrl._ar_n[2] = 5.0, REF_STEPS
+    for _ in range(int(JUDGE_WEIGHT) + 4):  # drafting steps at half the plain rate
+        ctrl._batch, ctrl._step_fixed = 2, False
+        ctrl._judge_step(rows=6, drafted=True, tokens=2, ms=10.0)
+    assert ctrl.mode == "fixed" and ctrl.speedup < 1.0 and ctrl._model_off == OFF_MIN
+    for _ in range(OFF_MIN):
+        assert ctrl.choose(accs, [6, 6]) == [0, 0]
+        assert ctrl.draws(accs[:1], [6]) == [2]
+    assert any(ctrl.choose(accs, [6, 6]))  # the model again

@@ -98,7 +98,8 @@ cut; a batch is the model's: its rows cost more than the budget was measured for
 measures it over a longer window (:data:`FIXED_DECAY`, :data:`FIXED_WEIGHT`: ~50 drafting
 steps, since ten steps' committed tokens vary as much as the gain) and switches it off below
 :data:`FIXED_LOSS` of the plain rate. A model whose drafting loses hands over to the fixed arm
-before drafting goes off; the trials after an off stretch alternate between the two arms.
+before drafting goes off, and a batch's steps (still the model's) stay plain for an off stretch;
+the trials after an off stretch alternate between the two arms.
 
 Two decisions a step. Before drafting (:meth:`BudgetController.choose`), which sequences
 draft at all, from each sequence's expected marginals ``p_{i,j}`` of its recent trees
@@ -466,6 +467,7 @@ class BudgetController:
         self._gain = self._spend = self._weight = 0.0
         self._fgain = self._fspend = self._fweight = 0.0  # the same for the fixed arm's steps
         self._step_fixed = False  # this step runs the fixed arm
+        self._model_off = 0  # in fixed mode: batch steps left plain after the model lost
         self._off_left, self._off_len, self._trial_rounds = 0, OFF_MIN, 0
         self._next_trial = "model"  # the arm the next trial runs (alternating with "fixed")
         self._fixed_trial = self.mode == "fixed"  # the fixed arm runs without a won verdict yet
@@ -718,6 +720,9 @@ class BudgetController:
                 self.mode, self._fixed_trial, self._next_trial = "fixed", True, "model"
             else:
                 self.mode, self._next_trial = "trial", "fixed"
+        if self.mode == "fixed" and batch > 1 and self._model_off > 0:
+            self._model_off -= 1  # the model lost at a batch: its off stretch
+            return True
         if self.mode == "trial":
             self._trial_rounds += 1
             if self._trial_rounds > TRIAL_ROUNDS:  # the model hardly drafts: it decides
@@ -775,11 +780,16 @@ class BudgetController:
         if self.speedup < 1.0:
             if self.mode == "trial":
                 self.trials_lost += 1
-            if self.fixed_nodes and self.mode == "on":
-                # the model's drafting lost: the fixed budget's turn before switching off
-                self.mode, self._fixed_trial = "fixed", True
-                self.trials += 1
-                self._reset_verdicts()
+            if self.fixed_nodes and self.mode in ("on", "fixed"):
+                # the model's drafting lost: one sequence's steps are the fixed budget's (its
+                # turn before switching off), a batch's are plain for an off stretch
+                if self.mode == "on":
+                    self.mode, self._fixed_trial = "fixed", True
+                    self.trials += 1
+                    self._fgain = self._fspend = self._fweight = 0.0
+                self._model_off = self._off_len
+                self._off_len = min(2 * self._off_len, OFF_MAX)
+                self._gain = self._spend = self._weight = 0.0
             else:
                 self._switch_off()
         elif self.mode == "trial":  # a won trial halves the next off stretch (noise can win one)
