@@ -34,6 +34,13 @@ pub(crate) fn block_format(name: &str) -> Option<(Format, Layout)> {
     Format::from_name(base).map(|f| (f, layout))
 }
 
+/// [`block_format`], or the error naming the formats for the function `what`.
+fn block_format_of(name: &str, what: &str) -> PyResult<(Format, Layout)> {
+    block_format(name).ok_or_else(|| {
+        errors::value(format!("{what}: unknown block format {name:?} (q4_0, q4_1, q8_0, each with _packed or _int8)"))
+    })
+}
+
 /// The rows of an interleaved weight array (`[groups * 8, row bytes]`) for `n` output rows:
 /// its shape's first dimension is `n` rounded up to whole groups.
 pub(crate) fn interleaved_rows(held: usize, n: usize, what: &str) -> PyResult<()> {
@@ -142,11 +149,7 @@ fn dequantize_rows(
     format: &str,
 ) -> PyResult<()> {
     guard("dequantize_rows", || {
-        let (fmt, layout) = block_format(format).ok_or_else(|| {
-            errors::value(format!(
-                "dequantize_rows: unknown block format {format:?} (q4_0, q4_1, q8_0, each with _packed or _int8)"
-            ))
-        })?;
+        let (fmt, layout) = block_format_of(format, "dequantize_rows")?;
         let (n, k) = (out.shape()[0], out.shape()[1]);
         if layout == Layout::Int8 {
             interleaved_rows(w.shape()[0], n, "dequantize_rows")?;
@@ -179,11 +182,7 @@ fn dequantize_rows_at(
     format: &str,
 ) -> PyResult<()> {
     guard("dequantize_rows_at", || {
-        let (fmt, layout) = block_format(format).ok_or_else(|| {
-            errors::value(format!(
-                "dequantize_rows_at: unknown block format {format:?} (q4_0, q4_1, q8_0, each with _packed or _int8)"
-            ))
-        })?;
+        let (fmt, layout) = block_format_of(format, "dequantize_rows_at")?;
         let (held, k) = (w.shape()[0], out.shape()[1]);
         let ids = c_slice(&ids, "dequantize_rows_at: ids")?
             .iter()
