@@ -33,6 +33,7 @@ from dartcore.cli._common import (
     tree_param,
 )
 from dartcore.sampling import DEFAULTS
+from dartcore.serve.worker import STREAM_INTERVAL
 
 __all__ = ["main"]
 
@@ -113,6 +114,14 @@ def _parser() -> argparse.ArgumentParser:
         type=_positive("--default-max-tokens"),
         default=DEFAULTS.max_new_tokens,
         help=f"max_tokens of a chat request that gives none (default {DEFAULTS.max_new_tokens})",
+    )
+    p.add_argument(
+        "--stream-interval",
+        type=float,
+        default=STREAM_INTERVAL,
+        metavar="SECONDS",
+        help="a streamed request's new text goes out at most this often (its first token and "
+        f"its end at once; 0: every engine step) (default {STREAM_INTERVAL})",
     )
     p.add_argument(
         "--served-model-name",
@@ -233,6 +242,10 @@ def _check(args) -> None:
 def _run(args) -> int:
     if args.learn_shared is not None and not args.learn:
         raise UsageError("--learn-shared shares live layers: it needs --learn")
+    if not 0 <= args.stream_interval <= 10:
+        raise UsageError(
+            f"--stream-interval must be in [0, 10] seconds, got {args.stream_interval}"
+        )
     if not args.learn_shared_every > 0:
         raise UsageError(f"--learn-shared-every must be > 0 seconds, got {args.learn_shared_every}")
     if args.engine_factory == DEFAULT_FACTORY:
@@ -263,6 +276,7 @@ def _run(args) -> int:
         learn_shared_every=args.learn_shared_every,
         learn_shared_tokens=args.learn_shared_tokens,
         default_max_tokens=args.default_max_tokens,
+        stream_interval=args.stream_interval,
         tree_params=dict(args.tree_param),
         engine_factory=args.engine_factory,
     )

@@ -6,14 +6,16 @@ a pipe per worker the front knows exactly which requests each worker holds
 up as end-of-file on its own pipe: exactly its requests fail, nothing shared is
 left half-written (a process killed while holding a ``multiprocessing.Queue``'s
 lock can wedge every other user of that queue). Messages are small pickled
-tuples, one per engine step per worker, so a pipe's cost (~20 us a message)
-is nothing next to a step (tens of ms on CPU).
+tuples, at most one per engine step per worker (see :mod:`dartcore.serve.worker`).
 
 Workers are started with ``spawn``: the front runs an event loop and threads,
 which ``fork`` would copy in an undefined state.
 
-One reader thread per worker blocks on its pipe and hands each message to the
-event loop (``call_soon_threadsafe``); everything else runs on the loop.
+The event loop watches each worker's pipe itself (``add_reader`` on its socket) and reads
+every whole message there when it becomes readable; everything runs on the loop. A step's
+message then costs the front one wake-up of the loop, not a reader thread's as well plus the
+loop's self-pipe (on the 2-vCPU VM dartcore is measured on, those wake-ups ran on the cores
+the worker's next step was using).
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import asyncio
 import itertools
 import math
 import multiprocessing as mp
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -57,7 +58,7 @@ class _Handle:
         self.index = index
         self.process: Any = None
         self.conn: Any = None
-        self.generation = 0  # bumped on every (re)start: stale reader threads are ignored
+        self.generation = 0  # bumped on every (re)start: a stale pipe's messages are ignored
         self.ready = False
         self.alive = False
         self.pid: int | None = None
@@ -126,24 +127,23 @@ class WorkerPool:
         child.close()  # the parent keeps only its end, so the worker's death reads as EOF
         h.process, h.conn, h.pid = proc, parent, proc.pid
         h.ready, h.alive, h.started_at = False, True, time.monotonic()
-        threading.Thread(
-            target=self._reader,
-            args=(h, parent, h.generation),
-            daemon=True,
-            name=f"dart-serve-reader-{h.index}",
-        ).start()
+        fd = parent.fileno()
+        self._loop.add_reader(fd, self._readable, h, parent, fd, h.generation)
 
-    def _reader(self, h: _Handle, conn, generation: int) -> None:
-        loop = self._loop
+    def _readable(self, h: _Handle, conn, fd: int, generation: int) -> None:
+        """The worker's pipe has data: every whole message on it, in order; at its end (or a
+        message cut short by a dying worker) the worker is dead."""
         while True:
             try:
+                if not conn.poll():
+                    return
                 msg = conn.recv()
-            except (EOFError, OSError):
+            except Exception:  # noqa: BLE001 - EOF, a reset pipe, a message cut short
                 break
-            except Exception:  # noqa: BLE001 - a message cut short by a dying worker
-                break
-            loop.call_soon_threadsafe(self._on_message, h, generation, msg)
-        loop.call_soon_threadsafe(self._on_death, h, generation)
+            self._on_message(h, generation, msg)
+        self._loop.remove_reader(fd)
+        conn.close()
+        self._on_death(h, generation)
 
     async def close(self, timeout: float = 10.0) -> None:
         """Tell every worker to exit; kill those that do not within ``timeout``."""
@@ -180,8 +180,9 @@ class WorkerPool:
         kind = msg[0]
         if kind == "step":
             _, outs, snap = msg
-            h.snapshot = snap
-            self.metrics.worker_snapshot(h.index, snap)
+            if snap is not None:  # None: the load and counters sent last still hold
+                h.snapshot = snap
+                self.metrics.worker_snapshot(h.index, snap)
             for item in outs:
                 s = h.inflight.get(item["rid"])
                 if s is None:

@@ -107,6 +107,7 @@ class GenRequest:
             "params": self.params,
             "echo": self.echo,
             "scope": self.scope,
+            "stream": self.stream,
         }
 
 

@@ -12,13 +12,21 @@ front -> worker
 worker -> front
     ``("ready", info)``         model loaded: pid, context length, model name
     ``("fatal", message)``      the model or index could not be loaded (bad configuration)
-    ``("step", outputs, snapshot)``  after every engine step: per-request deltas and the
-                                worker's load / speculation counters
+    ``("step", outputs, snapshot)``  after an engine step that has news: per-request deltas
+                                (a streamed request's every step; one that is not streamed
+                                only its first and its last) and the worker's load /
+                                speculation counters (None between :data:`SNAPSHOT_EVERY`
+                                seconds while the load holds and no request finishes)
     ``("error", rid, status, message, param, code)``  a request this worker refuses
     ``("cleared", token, result)``  what a clear dropped: scope ids and tokens
 
 The loop is the engine's: take what the pipe holds, ``engine.step()``, push each
-request's new text back. Tokenising, the chat template and detokenising happen
+request's new text back. A step's message costs the front a wake-up while the next step
+runs on the same cores, so a step sends only what a client reads: a request's first token at
+once (the time to first token), a streamed request's new text at most every
+``stream_interval`` seconds (:data:`STREAM_INTERVAL`; vLLM's ``stream_interval`` does the
+same in tokens), nothing more of a request that is not streamed until it finishes, and the
+counters at most every :data:`SNAPSHOT_EVERY` seconds unless the load changes. Tokenising, the chat template and detokenising happen
 here, next to the model, so the front never loads a tokenizer.
 """
 
@@ -39,7 +47,23 @@ from dartcore.prompts import TextStream, chat_ids, check_ids, decode, text_ids
 from dartcore.sampling import DEFAULTS
 from dartcore.serve.scopes import ANONYMOUS, LiveScopes
 
-__all__ = ["WorkerConfig", "Loaded", "load_engine", "run_worker"]
+__all__ = [
+    "SNAPSHOT_EVERY",
+    "STREAM_INTERVAL",
+    "WorkerConfig",
+    "Loaded",
+    "load_engine",
+    "run_worker",
+]
+
+# Seconds a streamed request's new text may wait for the next steps' before it goes out (see
+# WorkerConfig.stream_interval): each message wakes the front, whose HTTP write then runs
+# beside the worker's next step; 20 ms is below what a reader of the stream notices.
+STREAM_INTERVAL = 0.02
+
+# Seconds between two snapshots of the counters while the worker's load (waiting, running)
+# holds and no request finishes (a finish or a change of load sends one at once).
+SNAPSHOT_EVERY = 0.25
 
 
 @dataclass
@@ -61,6 +85,9 @@ class WorkerConfig:
     # fault the whole index in at start (every worker then maps one resident copy)
     prefault_index: bool = DECODE_PREFAULT
     default_max_tokens: int = DEFAULTS.max_new_tokens  # chat requests without max_tokens
+    # a streamed request's text goes out at most every stream_interval seconds (its first
+    # token and its end at once; 0: after every step)
+    stream_interval: float = STREAM_INTERVAL
     tree_params: dict = field(default_factory=dict)
     # live n-gram layers that finished requests go into (dartcore.live), per worker: one per
     # tenant scope ("tenant", at most learn_scopes, least recently used evicted) or one for all
@@ -146,6 +173,9 @@ class _Live:
     echo: str  # echo: the prompt text, which the response text starts with
     prefix_text: str = ""  # what of it is still to be streamed (before the first token)
     text: Any = None  # the request's TextStream (dartcore.prompts)
+    stream: bool = True  # deltas every step; else only the first output and the last
+    reported: bool = False  # the first output went to the front
+    sent_at: float = 0.0  # time.monotonic() of its last output to the front
 
 
 class _Worker:
@@ -182,6 +212,8 @@ class _Worker:
         self.draining = False
         # Counters the front turns into /metrics (cumulative since this process started).
         self.counters: dict[str, Any] = {"steps": 0, "step_s": 0.0, "finished": 0, "aborted": 0}
+        self._load_sent: tuple[int, int] | None = None  # (waiting, running) of the last snapshot
+        self._snapshot_at = 0.0  # time.monotonic() of the last snapshot
 
     # -- requests -----------------------------------------------------------------------
 
@@ -254,6 +286,7 @@ class _Worker:
             echo=prefix,
             prefix_text=prefix,
             text=TextStream(self.tok, params.stop),
+            stream=bool(req.get("stream", True)),
         )
 
     def abort(self, rid: str) -> None:
@@ -305,11 +338,19 @@ class _Worker:
         self.counters["steps"] += 1
         self.counters["step_s"] += dt
         sent = []
+        finished = False
+        now = time.monotonic()
         for out in outs:
             live = self.live.get(out.request_id)
             if live is None:
                 continue  # aborted while it ran
-            if out.finished:
+            if not out.finished and live.reported:
+                if not live.stream or now - live.sent_at < self.config.stream_interval:
+                    continue  # its new text waits for a later step (not streamed: its end)
+            live.reported, live.sent_at = True, now
+            if not out.finished and not live.stream:
+                delta = ""
+            elif out.finished:
                 # The engine's final text ends before a stop string (its tokens may run into it).
                 text = getattr(out, "text", None)
                 if text is None:
@@ -318,7 +359,7 @@ class _Worker:
             else:
                 # held back: a partial character, a stop string's start
                 delta = live.text.update(out.tokens)
-            if live.prefix_text:
+            if live.prefix_text and live.stream:
                 delta, live.prefix_text = live.prefix_text + delta, ""
             item = {
                 "rid": out.request_id,
@@ -334,8 +375,21 @@ class _Worker:
                 item["stats"] = _plain(getattr(out, "stats", {}) or {})
                 self.live.pop(out.request_id, None)
                 self.counters["finished"] += 1
+                finished = True
             sent.append(item)
-        self.conn.send(("step", sent, self.snapshot()))
+        snap = self._due_snapshot(force=finished)
+        if sent or snap is not None:
+            self.conn.send(("step", sent, snap))
+
+    def _due_snapshot(self, force: bool = False) -> dict | None:
+        """The counters when a request finished (``force``), the load changed or
+        :data:`SNAPSHOT_EVERY` seconds passed since the last ones went out; else None."""
+        load = (int(self.engine.num_waiting()), int(self.engine.num_running()))
+        now = time.monotonic()
+        if not force and load == self._load_sent and now - self._snapshot_at < SNAPSHOT_EVERY:
+            return None
+        self._load_sent, self._snapshot_at = load, now
+        return self.snapshot()
 
     def snapshot(self) -> dict:
         return {
