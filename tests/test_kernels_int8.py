@@ -195,6 +195,52 @@ def test_a_block_model_on_the_int8_path_computes_each_row_as_a_plain_step(fmt):
     assert torch.equal(torch.stack(steps), block.logits)
 
 
+@int8
+def test_weights_moved_to_huge_pages_keep_their_bytes_and_products(monkeypatch):
+    import mmap
+
+    from dartcore.kernels import linear
+
+    files = [_file_blocks(n, 64, fmt, seed) for n, fmt, seed in ((24, "q4_1", 1), (9, "q8_0", 2))]
+    ws = [BlockWeight(f, 64, fmt, numerics="int8") for f, fmt in zip(files, ("q4_1", "q8_0"))]
+    x = torch.randn(3, 64)
+    before = [w(x) for w in ws]
+    data = [w.data.copy() for w in ws]
+    # each weight once, however often given; the views lie in one mapping, 64-byte aligned
+    moved = linear.share_huge_pages([ws[0], ws[1], ws[0], "not a weight"])
+    assert moved == sum(d.nbytes for d in data)
+    assert all(np.array_equal(w.data, d) and w.data.shape == d.shape for w, d in zip(ws, data))
+    base = ws[0].data.__array_interface__["data"][0]
+    assert ws[1].data.__array_interface__["data"][0] - base == -(-data[0].nbytes // 64) * 64
+    assert all(torch.equal(w(x), b) for w, b in zip(ws, before))
+    # a platform without MADV_HUGEPAGE: nothing moves
+    monkeypatch.delattr(mmap, "MADV_HUGEPAGE", raising=False)
+    fresh = BlockWeight(files[0], 64, "q4_1", numerics="int8")
+    kept = fresh.data
+    assert linear.share_huge_pages([fresh]) == 0 and fresh.data is kept
+
+
+def test_a_block_target_s_weights_share_one_huge_page_mapping():
+    from dartcore.models.transformer import TargetModel
+    from test_models_gguf import block_and_float_models
+
+    blocks, _ = block_and_float_models("q8_0", seed=5)
+    target = TargetModel(blocks, numerics="exact")
+    weights = [p for f in target._fused for p in (f.qkv, f.o, f.gu, f.down)] + [target._head]
+    # side by side in stream order: each weight starts where the one before ends (64-aligned)
+    at = [w.data.__array_interface__["data"][0] for w in weights]
+    ends = [a + -(-w.data.nbytes // 64) * 64 for a, w in zip(at, weights)]
+    assert at[1:] == ends[:-1]
+    assert target.greedy_generate(list(range(3, 9)), 4) == blocks_greedy(blocks)
+
+
+def blocks_greedy(model) -> list[int]:
+    """The same model's greedy tokens without the native path (HF generate)."""
+    ids = torch.tensor([list(range(3, 9))])
+    out = model.generate(ids, max_new_tokens=4, do_sample=False)
+    return out[0, 6:].tolist()
+
+
 # -- the shipped SmolLM2 GGUF (slow) -------------------------------------------------------
 
 

@@ -72,6 +72,7 @@ __all__ = [
     "exact_narrow",
     "pack_blocks",
     "linear_threads",
+    "share_huge_pages",
     "native_linear_available",
     "native_linear_isa",
     "native_linears_",
@@ -743,6 +744,56 @@ class BlockWeight:
         does not run here): packed rows (``"q4_1_packed"``), or interleaved ones for the
         integer path (``"q4_1_int8"``)."""
         return (self.data, f"{self.format}_{self._layout()}", self._b) if _AVAILABLE else None
+
+
+# Bytes of a transparent huge page (x86-64's PMD size): the mapping of share_huge_pages is a
+# whole number of them.
+HUGE_PAGE = 2 << 20
+
+
+def share_huge_pages(weights) -> int:
+    """Move the bytes of ``weights`` (:class:`BlockWeight`, each once however often given) into
+    one anonymous mapping advised for transparent huge pages (``MADV_HUGEPAGE``), side by side
+    in the order given, 64-byte aligned: each weight's ``data`` becomes a view of the same
+    bytes and shape there. Returns the bytes moved; 0 (nothing moved) where the platform has
+    no ``MADV_HUGEPAGE`` or refuses the mapping or the advice.
+
+    Why: a forward of a few rows streams every weight once, and on 4 KB pages SmolLM2's
+    ~66 MB of layer blocks cross ~16,000 pages, a TLB miss each that the prefetches wait on;
+    Linux gives huge pages to anonymous memory only where advised (the default
+    ``transparent_hugepage=madvise``), and a weight of its own (0.2-1.1 MB here) is smaller
+    than one. Measured on the 2-vCPU Xeon (``crates/dart-linear/examples/layer_seq.rs``,
+    the int8 products of a SmolLM2-sized layer stack): ~10 % faster advised."""
+    import mmap
+
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    unique, seen = [], set()
+    for w in weights:
+        if isinstance(w, BlockWeight) and id(w) not in seen:
+            seen.add(id(w))
+            unique.append(w)
+    if advice is None or not unique:
+        return 0
+    offsets, total = [], 0
+    for w in unique:
+        offsets.append(total)
+        total += -(-int(w.data.nbytes) // 64) * 64
+    try:
+        size = -(-total // HUGE_PAGE) * HUGE_PAGE
+        # private: a shared anonymous mapping is shmem, whose huge pages are off by default
+        arena = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        arena.madvise(advice)
+    except (OSError, ValueError):
+        return 0
+    moved = 0
+    for w, at in zip(unique, offsets):
+        data = np.ascontiguousarray(w.data)
+        view = np.frombuffer(arena, dtype=data.dtype, count=data.size, offset=at)
+        view = view.reshape(data.shape)
+        view[...] = data
+        w.data = view
+        moved += int(data.nbytes)
+    return moved
 
 
 class ScreenedWeight:

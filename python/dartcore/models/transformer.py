@@ -36,6 +36,7 @@ from dartcore.kernels.linear import (
     int8_kernel,
     linear_threads,
     native_linear_available,
+    share_huge_pages,
     torch_threads,
 )
 from dartcore.kernels.tree_attention import backend_for, pack_block_mask, tree_attention
@@ -220,6 +221,10 @@ class TargetModel:
                 head
                 if isinstance(head, BlockWeight)
                 else NativeWeight(self.lm_head.weight, self.lm_head.bias, threads=self.threads)
+            )
+            # the layers' blocks in stream order, then the head's, on huge pages
+            share_huge_pages(
+                [p for f in self._fused for p in (f.qkv, f.o, f.gu, f.down)] + [self._head]
             )
             self._ops = NativeLayerOps.adopt(self) if native_linear_available() else None
             _return_freed_heap()
