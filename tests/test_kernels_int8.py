@@ -206,13 +206,17 @@ def test_weights_moved_to_huge_pages_keep_their_bytes_and_products(monkeypatch):
     x = torch.randn(3, 64)
     before = [w(x) for w in ws]
     data = [w.data.copy() for w in ws]
+    rows = BlockWeight.rows_of(ws[0], 8, 16)  # rows 8..24 of the first, sharing its bytes
+    want_rows = rows(x)
     # each weight once, however often given; the views lie in one mapping, 64-byte aligned
-    moved = linear.share_huge_pages([ws[0], ws[1], ws[0], "not a weight"])
+    moved = linear.share_huge_pages([ws[0], ws[1], ws[0], "not a weight"], views=[rows, ws[1]])
     assert moved == sum(d.nbytes for d in data)
     assert all(np.array_equal(w.data, d) and w.data.shape == d.shape for w, d in zip(ws, data))
     base = ws[0].data.__array_interface__["data"][0]
     assert ws[1].data.__array_interface__["data"][0] - base == -(-data[0].nbytes // 64) * 64
     assert all(torch.equal(w(x), b) for w, b in zip(ws, before))
+    # a view of a moved weight's rows follows it (the old array is freed)
+    assert np.shares_memory(rows.data, ws[0].data) and torch.equal(rows(x), want_rows)
     # a platform without MADV_HUGEPAGE: nothing moves
     monkeypatch.delattr(mmap, "MADV_HUGEPAGE", raising=False)
     fresh = BlockWeight(files[0], 64, "q4_1", numerics="int8")
@@ -231,6 +235,9 @@ def test_a_block_target_s_weights_share_one_huge_page_mapping():
     at = [w.data.__array_interface__["data"][0] for w in weights]
     ends = [a + -(-w.data.nbytes // 64) * 64 for a, w in zip(at, weights)]
     assert at[1:] == ends[:-1]
+    # every projection's own blocks are rows of its group's, in the same mapping
+    own = [m.block for layer in target.layers for m in layer.modules() if hasattr(m, "block")]
+    assert own and all(at[0] <= w.data.__array_interface__["data"][0] < ends[-1] for w in own)
     assert target.greedy_generate(list(range(3, 9)), 4) == blocks_greedy(blocks)
 
 

@@ -70,6 +70,7 @@ def test_a_streamed_request_s_pieces_join_to_its_text_at_any_interval(interval):
     steps = _run(worker)
     items = _items(pipe, "s")
     assert "".join(i["delta"] for i in items) == items[-1]["text"] == _want("stream me", 31)
+    assert sum(i["new"] for i in items) == 31  # each item's new tokens: since the one before
     assert [i["finished"] for i in items][-1] and not any(i["finished"] for i in items[:-1])
     # interval 0: every step; an interval longer than the run: the first token and the end
     assert len(items) == (steps if interval == 0 else 2)

@@ -751,19 +751,22 @@ class BlockWeight:
 HUGE_PAGE = 2 << 20
 
 
-def share_huge_pages(weights) -> int:
+def share_huge_pages(weights, views=()) -> int:
     """Move the bytes of ``weights`` (:class:`BlockWeight`, each once however often given) into
     one anonymous mapping advised for transparent huge pages (``MADV_HUGEPAGE``), side by side
     in the order given, 64-byte aligned: each weight's ``data`` becomes a view of the same
-    bytes and shape there. Returns the bytes moved; 0 (nothing moved) where the platform has
-    no ``MADV_HUGEPAGE`` or refuses the mapping or the advice.
+    bytes and shape there. ``views``: weights whose ``data`` may be rows of one of
+    ``weights``' arrays (:meth:`BlockWeight.rows_of`, a fused group's projections); those
+    become the same rows of its new place, so the old arrays are freed. Returns the bytes
+    moved; 0 (nothing moved) where the platform has no ``MADV_HUGEPAGE`` or refuses the
+    mapping or the advice.
 
     Why: a forward of a few rows streams every weight once, and on 4 KB pages SmolLM2's
     ~66 MB of layer blocks cross ~16,000 pages, a TLB miss each that the prefetches wait on;
     Linux gives huge pages to anonymous memory only where advised (the default
     ``transparent_hugepage=madvise``), and a weight of its own (0.2-1.1 MB here) is smaller
-    than one. Measured on the 2-vCPU Xeon (``crates/dart-linear/examples/layer_seq.rs``,
-    the int8 products of a SmolLM2-sized layer stack): ~10 % faster advised."""
+    than one. Measured on the 2-vCPU Xeon with ``crates/dart-linear/examples/layer_seq.rs``
+    (the int8 products of a SmolLM2-sized layer stack), advised against not."""
     import mmap
 
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
@@ -785,15 +788,29 @@ def share_huge_pages(weights) -> int:
         arena.madvise(advice)
     except (OSError, ValueError):
         return 0
-    moved = 0
+    moved, places = 0, []
     for w, at in zip(unique, offsets):
         data = np.ascontiguousarray(w.data)
         view = np.frombuffer(arena, dtype=data.dtype, count=data.size, offset=at)
         view = view.reshape(data.shape)
         view[...] = data
+        places.append((_address(w.data), int(w.data.nbytes), w.data.strides[0], view))
         w.data = view
         moved += int(data.nbytes)
+    for v in views:
+        if not isinstance(v, BlockWeight) or id(v) in seen or v.data.ndim != 2:
+            continue
+        start = _address(v.data)
+        for old, nbytes, stride, view in places:
+            if old <= start < old + nbytes and v.data.strides[0] == stride:
+                row = (start - old) // stride
+                v.data = view[row : row + v.data.shape[0]]
+                break
     return moved
+
+
+def _address(a: np.ndarray) -> int:
+    return int(a.__array_interface__["data"][0])
 
 
 class ScreenedWeight:

@@ -222,9 +222,16 @@ class TargetModel:
                 if isinstance(head, BlockWeight)
                 else NativeWeight(self.lm_head.weight, self.lm_head.bias, threads=self.threads)
             )
-            # the layers' blocks in stream order, then the head's, on huge pages
+            # the layers' blocks in stream order, then the head's, on huge pages (the
+            # projections' own blocks are rows of the fused groups': they move along)
             share_huge_pages(
-                [p for f in self._fused for p in (f.qkv, f.o, f.gu, f.down)] + [self._head]
+                [p for f in self._fused for p in (f.qkv, f.o, f.gu, f.down)] + [self._head],
+                views=[
+                    m.block
+                    for layer in self.layers
+                    for m in layer.modules()
+                    if isinstance(getattr(m, "block", None), BlockWeight)
+                ],
             )
             self._ops = NativeLayerOps.adopt(self) if native_linear_available() else None
             _return_freed_heap()
@@ -833,10 +840,14 @@ def _return_freed_heap() -> None:
     unfused per-projection blocks) in pieces glibc keeps mapped: SmolLM2's Q4_1 decoder added
     145-185 MB to the process's resident memory without the trim, 82-88 MB with it (against
     the resident memory after the imports and the tokenizer, which the trim shrinks too; its
-    blocks are 92 MiB)."""
+    blocks are 92 MiB). Garbage in reference cycles goes first: blocks only a cycle still held
+    (~60 MB of SmolLM2's, the model's modules among them) would otherwise stay mapped until
+    the collector happened to run."""
     import ctypes
     import ctypes.util
+    import gc
 
+    gc.collect()
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.malloc_trim(0)

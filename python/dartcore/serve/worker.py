@@ -20,14 +20,14 @@ worker -> front
     ``("error", rid, status, message, param, code)``  a request this worker refuses
     ``("cleared", token, result)``  what a clear dropped: scope ids and tokens
 
-The loop is the engine's: take what the pipe holds, ``engine.step()``, push each
-request's new text back. A step's message costs the front a wake-up while the next step
-runs on the same cores, so a step sends only what a client reads: a request's first token at
-once (the time to first token), a streamed request's new text at most every
-``stream_interval`` seconds (:data:`STREAM_INTERVAL`; vLLM's ``stream_interval`` does the
-same in tokens), nothing more of a request that is not streamed until it finishes, and the
-counters at most every :data:`SNAPSHOT_EVERY` seconds unless the load changes. Tokenising, the chat template and detokenising happen
-here, next to the model, so the front never loads a tokenizer.
+The loop is the engine's: take what the pipe holds, ``engine.step()``, push each request's
+new text back. A step's message costs the front a wake-up while the next step runs on the
+same cores, so a step sends only what a client reads: a request's first token at once (the
+time to first token), a streamed request's new text at most every ``stream_interval``
+seconds (:data:`STREAM_INTERVAL`; vLLM's ``stream_interval`` does the same in tokens),
+nothing more of a request that is not streamed until it finishes, and the counters at most
+every :data:`SNAPSHOT_EVERY` seconds unless the load changes. Tokenising, the chat template
+and detokenising happen here, next to the model, so the front never loads a tokenizer.
 """
 
 from __future__ import annotations
@@ -176,6 +176,7 @@ class _Live:
     stream: bool = True  # deltas every step; else only the first output and the last
     reported: bool = False  # the first output went to the front
     sent_at: float = 0.0  # time.monotonic() of its last output to the front
+    sent_tokens: int = 0  # its tokens when that output went
 
 
 class _Worker:
@@ -364,12 +365,13 @@ class _Worker:
             item = {
                 "rid": out.request_id,
                 "delta": delta,
-                "new": len(out.new_tokens),
+                "new": len(out.tokens) - live.sent_tokens,  # since its last output
                 "finished": bool(out.finished),
                 "finish_reason": out.finish_reason,
                 "prompt_tokens": live.prompt_tokens,
                 "completion_tokens": len(out.tokens),
             }
+            live.sent_tokens = len(out.tokens)
             if out.finished:
                 item["text"] = live.echo + text
                 item["stats"] = _plain(getattr(out, "stats", {}) or {})
