@@ -69,11 +69,11 @@ __all__ = [
 CPU_MAX_NODES = 4
 # Default node budget on CPU for a target of GGML block weights (Q4_0 / Q4_1 / Q8_0): on the
 # int8 kernels an extra verify row costs its integer products and attention (SmolLM2 Q4_1, 2
-# threads, 2-vCPU AVX-512 VNNI Xeon, tools/bench_int8.py: 4.37 / 4.64 / 5.10 ms at 1 / 2 / 4
+# threads, 2-vCPU AVX-512 VNNI Xeon, tools/bench_int8.py: 4.03 / 4.25 / 4.97 ms at 1 / 2 / 4
 # rows), and the drafter's forward is a sixth of a one-row step. Measured with
 # tools/bench_budgets.py --quantized (SmolLM2's Q4_1 file, 5 chat prompts x 128 tokens, same
-# machine, tools/reports/bench_budgets_int8_smollm2.json): dart 1.08 / 1.17 / 1.12 / 1.13 /
-# 1.07x over AR at 1 / 2 / 3 / 4 / 6 nodes (tau 1.54 / 1.79 / 1.95 / 2.10 / 2.29), outputs
+# machine, tools/reports/bench_budgets_int8_smollm2.json): dart 1.08 / 1.13 / 1.07 / 1.07 /
+# 0.97x over AR at 1 / 2 / 3 / 4 / 6 nodes (tau 1.54 / 1.79 / 1.95 / 2.10 / 2.29), outputs
 # identical.
 CPU_BLOCKS_MAX_NODES = 2
 # Default node budget on CUDA (root excluded): the paper's theta = 59. On a GPU a forward of

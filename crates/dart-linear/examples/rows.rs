@@ -3,9 +3,12 @@
 //! the median of `REPEATS` passes, in ms. Weights f32, or a GGML block format named by the
 //! environment's `DART_LINEAR_FORMAT` (q4_0, q4_1, q8_0: random blocks), on the exact path
 //! (`Weights::Packed`) or, with `DART_LINEAR_NUMERICS=int8`, on the integer path
-//! (`Weights::Int8`), then per integer kernel this CPU runs.
+//! (`Weights::Int8`), then per integer kernel this CPU runs. With `DART_LINEAR_HUGE=1` the
+//! block rows lie side by side in one allocation advised for transparent huge pages (Linux
+//! `MADV_HUGEPAGE`), as `share_huge_pages` places a loaded target's; else each weight is an
+//! allocation of its own on 4 KB pages.
 //!
-//!     [DART_LINEAR_FORMAT=q4_1 [DART_LINEAR_NUMERICS=int8]] cargo run --release -p dart-linear --example rows [threads] [repeats] [rows ...]
+//!     [DART_LINEAR_FORMAT=q4_1 [DART_LINEAR_NUMERICS=int8] [DART_LINEAR_HUGE=1]] cargo run --release -p dart-linear --example rows [threads] [repeats] [rows ...]
 
 use dart_linear::quant::Format;
 use dart_linear::{int8, linear_on, Isa, Weights};
@@ -58,12 +61,16 @@ fn main() {
             .collect(),
         None => Vec::new(),
     };
+    let huge = std::env::var("DART_LINEAR_HUGE").is_ok_and(|v| v == "1");
+    let arena = if huge { huge_page_copy(&blocks) } else { Vec::new() };
+    let blocks: Vec<&[u8]> = if huge { arena_views(&arena, &blocks) } else { blocks.iter().map(|b| &b[..]).collect() };
     let x: Vec<f32> = (0..16 * i).map(|_| next()).collect();
     let mut out = vec![0f32; 16 * v];
     println!(
-        "threads {threads}, {}{}, median of {repeats} passes, ms",
+        "threads {threads}, {}{}{}, median of {repeats} passes, ms",
         format.map_or("f32", Format::name),
-        if int8 { " int8" } else { "" }
+        if int8 { " int8" } else { "" },
+        if huge { ", huge pages" } else { "" }
     );
     // the instruction sets, then (integer path) each kernel on its own
     let runs: Vec<(Isa, Option<int8::Kernel>)> = Isa::supported_here()
@@ -80,14 +87,14 @@ fn main() {
                     let t = Instant::now();
                     for (j, &(n, k)) in shapes.iter().enumerate() {
                         let w = match format {
-                            Some(f) if int8 => Weights::Int8(f, &blocks[j]),
-                            Some(f) => Weights::Packed(f, &blocks[j]),
+                            Some(f) if int8 => Weights::Int8(f, blocks[j]),
+                            Some(f) => Weights::Packed(f, blocks[j]),
                             None => Weights::F32(&weights[j]),
                         };
                         let (x, out) = (&x[..rows * k], &mut out[..rows * n]);
                         match (kernel, format) {
                             (Some(kernel), Some(f)) => {
-                                int8::linear_on(kernel, f, x, rows, k, &blocks[j], n, None, out, threads)
+                                int8::linear_on(kernel, f, x, rows, k, blocks[j], n, None, out, threads)
                             }
                             _ => linear_on(isa, x, rows, k, w, n, None, out, threads),
                         }
@@ -102,4 +109,45 @@ fn main() {
         }
         println!("{line}");
     }
+}
+
+/// Bytes of a transparent huge page (x86-64's PMD size).
+const HUGE_PAGE: usize = 2 << 20;
+
+/// One buffer holding every weight's bytes side by side from a huge-page boundary on, advised
+/// `MADV_HUGEPAGE` before its pages are first written (the buffer starts with `HUGE_PAGE`
+/// bytes of slack for the alignment; see [`arena_views`]).
+fn huge_page_copy(blocks: &[Vec<u8>]) -> Vec<u8> {
+    let total: usize = blocks.iter().map(Vec::len).sum();
+    let mut arena = vec![0u8; total + 2 * HUGE_PAGE];
+    let start = arena.as_ptr().align_offset(HUGE_PAGE);
+    extern "C" {
+        fn madvise(addr: *mut u8, len: usize, advice: i32) -> i32;
+    }
+    const MADV_HUGEPAGE: i32 = 14;
+    // SAFETY: the range lies inside `arena` (start + a whole number of huge pages <= its
+    // length); madvise only changes how the kernel backs those pages.
+    let advised = unsafe { madvise(arena.as_mut_ptr().add(start), total.next_multiple_of(HUGE_PAGE), MADV_HUGEPAGE) };
+    if advised != 0 {
+        eprintln!("madvise(MADV_HUGEPAGE) refused: the weights stay on small pages");
+    }
+    let mut at = start;
+    for b in blocks {
+        arena[at..at + b.len()].copy_from_slice(b);
+        at += b.len();
+    }
+    arena
+}
+
+/// Each weight's bytes in the buffer [`huge_page_copy`] filled.
+fn arena_views<'a>(arena: &'a [u8], blocks: &[Vec<u8>]) -> Vec<&'a [u8]> {
+    let mut at = arena.as_ptr().align_offset(HUGE_PAGE);
+    blocks
+        .iter()
+        .map(|b| {
+            let view = &arena[at..at + b.len()];
+            at += b.len();
+            view
+        })
+        .collect()
 }

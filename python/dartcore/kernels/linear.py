@@ -765,8 +765,8 @@ def share_huge_pages(weights, views=()) -> int:
     ~66 MB of layer blocks cross ~16,000 pages, a TLB miss each that the prefetches wait on;
     Linux gives huge pages to anonymous memory only where advised (the default
     ``transparent_hugepage=madvise``), and a weight of its own (0.2-1.1 MB here) is smaller
-    than one. Measured on the 2-vCPU Xeon with ``crates/dart-linear/examples/layer_seq.rs``
-    (the int8 products of a SmolLM2-sized layer stack), advised against not."""
+    than one. Measured on the 2-vCPU Xeon with ``crates/dart-linear/examples/rows.rs`` (the
+    int8 products of SmolLM2's layers and head, ``DART_LINEAR_HUGE=1`` against without)."""
     import mmap
 
     advice = getattr(mmap, "MADV_HUGEPAGE", None)

@@ -391,12 +391,15 @@ class _Worker:
         if not force and load == self._load_sent and now - self._snapshot_at < SNAPSHOT_EVERY:
             return None
         self._load_sent, self._snapshot_at = load, now
-        return self.snapshot()
+        return self.snapshot(load)
 
-    def snapshot(self) -> dict:
+    def snapshot(self, load: tuple[int, int] | None = None) -> dict:
+        """The worker's load (``load``: (waiting, running) when the caller read it already)
+        and counters."""
+        waiting, running = load or (int(self.engine.num_waiting()), int(self.engine.num_running()))
         return {
-            "waiting": int(self.engine.num_waiting()),
-            "running": int(self.engine.num_running()),
+            "waiting": waiting,
+            "running": running,
             "counters": _plain(self.counters),
             "engine": _engine_totals(self.engine),
         }
