@@ -86,9 +86,22 @@ def test_a_list_and_an_array_insert_the_same():
             assert other.suffix_match(ctx, 4).tolist() == want.suffix_match(ctx, 4).tolist()
 
 
-def brute_suffix(docs, ctx, max_len, min_match, max_match):
+def brute_suffix(docs, ctx, max_len, min_match, max_match, *, with_length=False):
     """The continuation after the longest match (ties: the latest) of ctx's end, in order
-    of insertion, never across documents."""
+    of insertion, never across documents (``with_length``: and the match's length, 0 when
+    the continuation is empty)."""
+    if with_length:
+        got = brute_suffix(docs, ctx, max_len, min_match, max_match)
+        if not got:
+            return 0, []
+        m = max(
+            n
+            for doc in docs
+            for q in range(1, len(doc))
+            for n in [_match_len(doc, q, ctx, max_match)]
+            if doc[q : q + max_len] == got
+        )
+        return m, got
     best = None  # (length, order, continuation)
     order = 0
     for doc in docs:
@@ -100,6 +113,64 @@ def brute_suffix(docs, ctx, max_len, min_match, max_match):
                 best = (m, order, doc[q : q + max_len])
             order += 1
     return best[2] if best is not None and best[0] >= min_match else []
+
+
+def _match_len(doc, q, ctx, max_match):
+    m = 0
+    while m < min(max_match, len(ctx)) and q - 1 - m >= 0 and doc[q - 1 - m] == ctx[-1 - m]:
+        m += 1
+    return m
+
+
+def test_suffix_lookup_gives_the_length_of_its_match():
+    """The match length the chains are sized by: the longest match's, by brute force (of the
+    matches whose continuation is the one returned: ties between equally long ones)."""
+    docs = live_docs(8, n=10)
+    layer = LiveLayer(V)
+    for d in docs:
+        layer.insert(d)
+    rng = np.random.default_rng(9)
+    seen = set()
+    for _ in range(60):
+        doc = docs[int(rng.integers(len(docs)))]
+        i = int(rng.integers(0, max(1, len(doc) - 2)))
+        ctx = [int(rng.integers(V))] + doc[i : i + int(rng.integers(2, 9))]
+        m, got = layer.suffix_lookup(ctx, 5, 2, 6)
+        assert (m, got.tolist()) == brute_suffix(docs, ctx, 5, 2, 6, with_length=True)
+        seen.add(m)
+    assert len(seen - {0}) >= 3, seen  # short and long matches both checked
+    assert layer.suffix_lookup(docs[0][:4], 0, 2, 6)[0] == 0
+
+
+@pytest.mark.parametrize("min_match", [1, 2])
+def test_context_match_measures_the_repeat(min_match):
+    """The native prompt lookup against a brute force over every start: the latest
+    occurrence of the longest recurring end (``max_match`` down to ``min_match`` tokens), what
+    followed it, and how deep it matches."""
+    from dartcore.trees import context_continuation, context_match
+
+    rng = np.random.default_rng(3 + min_match)
+    found = 0
+    for _ in range(300):
+        ctx = rng.integers(0, 4, size=int(rng.integers(0, 40)))
+        m, chain = context_match(ctx, max_len=5, min_match=min_match, max_match=4, measure=30)
+        assert chain.tolist() == context_continuation(ctx, max_len=5, min_match=min_match).tolist()
+        n, start = len(ctx), None
+        for k in range(min(4, n - 1), min_match - 1, -1):
+            starts = [i for i in range(n - k) if ctx[i : i + k].tolist() == ctx[n - k :].tolist()]
+            if starts:
+                start = starts[-1] + k
+                break
+        if start is None:
+            assert (m, chain.tolist()) == (0, [])
+            continue
+        found += 1
+        want = k
+        while want < min(30, start) and ctx[start - 1 - want] == ctx[n - 1 - want]:
+            want += 1
+        assert (m, chain.tolist()) == (want, ctx[start : start + 5].tolist())
+    assert found > 100
+    assert context_match(np.arange(3), max_len=0)[0] == 0
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -207,6 +278,18 @@ def test_bad_input_is_refused_and_loses_nothing(corpus_index):  # noqa: F811
         make_tree_builder("dart+live", live_weight=-0.1)
     with pytest.raises(TreeError, match="min_match"):
         make_tree_builder("suffix", min_match=5, max_match=3)
+    for bad in (-1, 1.5, True, "8"):
+        with pytest.raises(TreeError, match="trust"):
+            make_tree_builder("dart+live", trust=bad)
+    for bad in (0, -1.0, float("nan"), float("inf"), True, "2"):
+        with pytest.raises(TreeError, match="spec_factor"):
+            make_tree_builder("suffix", spec_factor=bad)
+        with pytest.raises(TreeError, match="spec_factor"):
+            make_tree_builder("dart+live", spec_factor=bad)
+    with pytest.raises(TreeError, match="max_spec"):
+        make_tree_builder("dart+live", max_spec=0)
+    with pytest.raises(DartError, match="max_len"):
+        layer.suffix_lookup([1, 2], -1)
 
 
 def test_capacity_bounds_the_window_and_clear_forgets():
@@ -283,6 +366,92 @@ def test_learning_decoders_are_lossless_and_learn(setup, tree):  # noqa: F811
         assert min(second) > 2.0 and np.mean(second) > np.mean(first)
     batch = dec.generate_batch(prompts, max_new_tokens=24)
     assert [r.tokens for r in batch] == refs
+
+
+def _count_drafts(dec):
+    """Wrap the decoder's draft calls; returns the list of rows each one asked for."""
+    calls = []
+    inner = dec.parts.backend.draft_batch
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("rows"))
+        return inner(*args, **kwargs)
+
+    dec.parts.backend.draft_batch = counted
+    return calls
+
+
+@pytest.mark.parametrize("trust", [0, 4])
+def test_a_trusted_suffix_match_skips_the_draft(setup, trust):  # noqa: F811
+    """Asked again, ``dart+live`` finds its earlier answers: a match of ``trust`` tokens or
+    more is verified as a chain alone, sized by the match beyond the node budget (up to
+    SUFFIX_MAX_NODES), without a drafter forward; trust 0 always drafts. Outputs stay the
+    target's, single and batched."""
+    from dartcore.trees import SUFFIX_MAX_NODES
+
+    model, tok, drafter, index, prompts, refs = setup
+    dec = DartDecoder(
+        model,
+        tok,
+        drafter,
+        index,
+        tree="dart+live",
+        max_nodes=3,
+        eos_token_ids=(),
+        learn=True,
+        trust=trust,
+    )
+    for prompt, ref in zip(prompts, refs):
+        assert dec.generate(prompt, max_new_tokens=24).tokens == ref
+    calls = _count_drafts(dec)
+    rounds, longest, taus = 0, 0, []
+    for prompt, ref in zip(prompts, refs):
+        res = dec.generate(prompt, max_new_tokens=24)
+        assert res.tokens == ref
+        rounds += res.stats.rounds
+        longest = max(longest, len(res.stats.budget_hist) - 1)
+        taus.append(res.stats.tau)
+    if trust == 0:  # every round drafts but a last one with one token left
+        assert len(calls) >= rounds - len(prompts) and longest <= 3
+    else:
+        assert len(calls) < rounds / 2, (len(calls), rounds)
+        assert 3 < longest <= SUFFIX_MAX_NODES
+        assert min(taus) > 4.0, taus
+    batch = dec.generate_batch(prompts, max_new_tokens=24)
+    assert [r.tokens for r in batch] == refs
+
+
+def test_suffix_chains_are_sized_by_their_match():
+    """A match of m tokens takes spec_factor x m nodes: at least the budget, at most the
+    builder's depth and the round's room."""
+    from dartcore.trees import TreeInputs
+
+    ctx = np.array([9, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 3, 4, 5, 6], dtype=np.int64)
+    # the end (3 4 5 6) occurs at 3..6, matching 4 tokens deep (2 != 0 before it)
+    b = make_tree_builder("suffix", spec_factor=1.0)
+    tree = b(TreeInputs(context=ctx, max_nodes=1, max_chain=15))
+    assert tree.tokens.tolist() == [6, 7, 8, 0, 0]  # 4 = the match's length
+    tree = b(TreeInputs(context=ctx, max_nodes=6, max_chain=15))
+    assert tree.tokens.tolist() == [6, 7, 8, 0, 0, 3, 4]  # the budget, 6 nodes
+    tree = make_tree_builder("suffix", spec_factor=0.5)(
+        TreeInputs(context=ctx, max_nodes=1, max_chain=15)
+    )
+    assert tree.tokens.tolist() == [6, 7, 8]
+    tree = make_tree_builder("suffix", spec_factor=4.0)(
+        TreeInputs(context=ctx, max_nodes=1, max_chain=3)
+    )
+    assert tree.tokens.tolist() == [6, 7, 8, 0]  # the round's room
+    tree = make_tree_builder("suffix", spec_factor=4.0)(
+        TreeInputs(context=ctx, max_nodes=1, max_chain=15, max_depth=2)
+    )
+    assert tree.tokens.tolist() == [6, 7, 8]  # its deepest usable node
+    tree = b(TreeInputs(context=ctx, max_nodes=2))  # no room given: the budget
+    assert tree.tokens.tolist() == [6, 7, 8]
+    live = make_tree_builder("dart+live", trust=5)
+    assert live.plan(TreeInputs(context=ctx, max_nodes=2, max_chain=15)) is None  # 4 < 5
+    live = make_tree_builder("dart+live", trust=4)
+    planned = live.plan(TreeInputs(context=ctx, max_nodes=2, max_chain=15))
+    assert planned.tokens.tolist() == [6, 7, 8, 0, 0]
 
 
 def test_a_shared_layer_must_cover_the_target(setup):  # noqa: F811

@@ -104,10 +104,12 @@ def workload(answers: dict[str, str]):
 def configure(dec, method: str, drafter, live, max_nodes=None):
     from dartcore.trees import make_tree_builder, node_budget
 
-    name, _, weight = method.partition("@")  # "dart+mix@0.25": the mix at λ = 0.25
+    # "dart+mix@0.25": the mix at λ = 0.25; "dart+live@trust=4": a builder parameter
+    name, _, given = method.partition("@")
     params = {} if max_nodes is None else {"max_nodes": max_nodes}
-    if weight:
-        params["live_weight"] = float(weight)
+    for item in filter(None, given.split(",")):
+        key, eq, value = item.rpartition("=")
+        params[key if eq else "live_weight"] = float(value) if "." in value else int(value)
     builder = make_tree_builder(name, **params)
     dec.parts.builder = builder
     dec.parts.drafter = drafter if builder.needs_drafter else None
@@ -209,6 +211,16 @@ SERVE_MODES = {
 }
 
 
+def target_weight_flags(args) -> list[str]:
+    """The --quantized / --numerics flags this run was given, for dart-serve."""
+    flags = []
+    if args.quantized is not None:
+        flags.append("--quantized" if args.quantized else "--no-quantized")
+    if args.numerics is not None:
+        flags += ["--numerics", args.numerics]
+    return flags
+
+
 def serve_section(args, threads: int) -> dict:
     """Phases ask / ask-again (another client) / fresh through one dart-serve per mode."""
     import tempfile
@@ -220,7 +232,16 @@ def serve_section(args, threads: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for mode, extra in SERVE_MODES.items():
             server = Server(
-                ["--index", args.index, "--workers", "1", "--threads", str(threads), *extra],
+                [
+                    "--index",
+                    args.index,
+                    "--workers",
+                    "1",
+                    "--threads",
+                    str(threads),
+                    *target_weight_flags(args),
+                    *extra,
+                ],
                 Path(tmp) / "serve.log",
                 600.0,
             )
@@ -269,6 +290,8 @@ def summarise(rows_by_method: dict[str, list[dict]]) -> dict:
 
 
 def main() -> None:
+    from dartcore.cli._common import add_target_weights
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="smollm2")
     ap.add_argument("--drafter", default="smollm2")
@@ -286,6 +309,7 @@ def main() -> None:
     )
     ap.add_argument("--json", type=Path)
     ap.add_argument("--serve", action="store_true", help="also measure through dart-serve")
+    add_target_weights(ap)
     args = ap.parse_args()
 
     import torch
@@ -294,7 +318,14 @@ def main() -> None:
     from dartcore import DartDecoder
     from dartcore.kernels.linear import int8_kernel, linear_threads, native_linear_isa
 
-    dec = DartDecoder.from_pretrained(args.target, args.drafter, args.index, tree="dart")
+    dec = DartDecoder.from_pretrained(
+        args.target,
+        args.drafter,
+        args.index,
+        tree="dart",
+        quantized=args.quantized,
+        numerics=args.numerics,
+    )
     drafter = dec.parts.drafter
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if methods[0] != "ar":

@@ -44,6 +44,7 @@ __all__ = [
     "block_attention",
     "LayerStack",
     "LIVE_WEIGHT",
+    "context_match",
     "LiveLayer",
     "LiveDelta",
     "_bench",
@@ -54,6 +55,10 @@ __all__ = [
 # ----------------------------------------------------------------------------- index
 
 LIVE_WEIGHT: float
+
+def context_match(
+    context: npt.NDArray[np.int64], max_len: int, min_match: int, max_match: int, measure: int
+) -> tuple[int, npt.NDArray[np.int64]]: ...
 
 @final
 class LiveLayer:
@@ -66,6 +71,9 @@ class LiveLayer:
     def suffix_match(
         self, context: npt.NDArray[np.int64], max_len: int, min_match: int, max_match: int
     ) -> npt.NDArray[np.int64]: ...
+    def suffix_lookup(
+        self, context: npt.NDArray[np.int64], max_len: int, min_match: int, max_match: int
+    ) -> tuple[int, npt.NDArray[np.int64]]: ...
     def probs(
         self, context: npt.NDArray[np.int64], candidates: npt.NDArray[np.int64]
     ) -> npt.NDArray[np.float64]: ...

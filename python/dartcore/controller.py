@@ -507,12 +507,13 @@ class BudgetController:
         """A plain step: each of ``sequences`` committed one token (no node to observe)."""
         self._tokens += int(sequences)
 
-    def observe_verified(self, tree, path) -> None:
+    def observe_verified(self, tree, path, *, calibrate: bool = True) -> None:
         """The verified ``tree`` and its accepted ``path`` (node indices from the root):
-        every non-root node is one observation of its calibration cell. The path's tokens
-        (accepted nodes + the bonus) count in the step's committed tokens for the judge."""
+        every non-root node is one observation of its calibration cell (``calibrate=False``:
+        a tree without drafter scores, a builder's plan). The path's tokens (accepted nodes +
+        the bonus) count in the step's committed tokens for the judge."""
         self._tokens += len(path)
-        if len(tree) < 2:
+        if len(tree) < 2 or not calibrate:
             return
         accepted = np.zeros(len(tree) - 1)
         accepted[np.asarray(path[1:], dtype=np.int64) - 1] = 1.0

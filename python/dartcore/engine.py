@@ -479,7 +479,9 @@ class Engine:
                         done = rounds.accept(parts, seq, tree, out, lg)
                         req.budgets.append(len(tree) - 1)
                         if self.controller is not None:
-                            self.controller.observe_verified(tree, seq.path)
+                            self.controller.observe_verified(
+                                tree, seq.path, calibrate=not seq.planned
+                            )
                         self._emit(req, seq.generated[base:], done, st, outputs)
                     budgets = [len(t) - 1 for t in trees]
                 else:  # a plain step for every sequence: nothing to draft, search or cut
@@ -524,11 +526,12 @@ class Engine:
     def _refine(self, running: list[_Request], trees: list[Tree]) -> list[Tree]:
         """The controller's second decision (dartcore.controller): each drawn tree's nodes
         ranked by their calibrated chances, the budgets chosen again from them, and each tree
-        cut to its best ``n_i`` nodes (an ancestor-closed subtree)."""
+        cut to its best ``n_i`` nodes (an ancestor-closed subtree). A planned tree (a trusted
+        suffix match, no draft) carries no drafter scores to rank: it stays as it is."""
         ctrl = self.controller
         ranked = []
         for req, tree in zip(running, trees):
-            if len(tree) > 1:
+            if len(tree) > 1 and not req.seq.planned:
                 order, marginals = ctrl.ranked(tree)
                 ctrl.observe_tree(req.acceptance, marginals, req.seq.budget)
             else:
@@ -537,7 +540,9 @@ class Engine:
         budgets = ctrl.refine([m for _, m in ranked])
         out = []
         for req, tree, (order, _), n in zip(running, trees, ranked, budgets):
-            if n < len(tree) - 1:
+            if req.seq.planned:
+                n = len(tree) - 1
+            elif n < len(tree) - 1:
                 tree = keep_nodes(tree, np.concatenate(([0], np.sort(order[:n]))))
             req.seq.budget = n
             out.append(tree)

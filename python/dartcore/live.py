@@ -94,12 +94,19 @@ class LiveLayer:
     ) -> np.ndarray:
         """What followed the longest earlier match (``min_match``..``max_match`` tokens, the
         latest on ties) of the end of ``context``: at most ``max_len`` ids, empty if none."""
+        return self.suffix_lookup(context, max_len, min_match, max_match)[1]
+
+    def suffix_lookup(
+        self, context: Sequence[int], max_len: int, min_match: int = 2, max_match: int = 16
+    ) -> tuple[int, np.ndarray]:
+        """:meth:`suffix_match` and the length of the match it continues (0 when empty)."""
         for name, v in (("max_len", max_len), ("min_match", min_match), ("max_match", max_match)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise DartError(f"{name} must be a non-negative int, got {v!r}")
-        return self._inner.suffix_match(
+        m, ids = self._inner.suffix_lookup(
             self._ids(context, "context"), max_len, min_match, max_match
         )
+        return int(m), ids
 
     def probs(self, context: Sequence[int], candidates: Sequence[int]) -> np.ndarray:
         """The layer's own g(v | context) for each candidate v (0 where unseen)."""

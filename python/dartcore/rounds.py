@@ -4,7 +4,9 @@ One round (docs/architecture.md, "Data flow")::
 
     limits  the round's deepest usable node and node budget (decided here only)
     draft   drafter(taps of the newly committed positions, their next tokens) -> d rows of logits
-            (of a prompt or a plain stretch: the first CATCHUP_SINK and the last CATCHUP_WINDOW)
+            (of a prompt or a plain stretch: the first CATCHUP_SINK and the last CATCHUP_WINDOW);
+            skipped where the builder's ``plan`` already has the round's tree (a trusted
+            suffix match: trees.LiveBuilder)
     search  tree builder(logits, context, index) -> tree rooted at the last committed token
     verify  one target forward over the flattened tree (positions L + depth, ancestor mask)
     accept  walk the tree with the target's own choices -> path + bonus token;
@@ -34,8 +36,8 @@ from dartcore.models.cache import KVCache
 from dartcore.models.transformer import ForwardOutput, TargetModel
 from dartcore.prompts import stop_hit
 from dartcore.sampling import Sampler
-from dartcore.tree import Tree, ancestor_mask, beam_search_batch
-from dartcore.trees import BeamBuilder, TreeInputs, root_only, target_topk
+from dartcore.tree import Tree, ancestor_mask, beam_search_batch, is_chain
+from dartcore.trees import SUFFIX_MAX_NODES, BeamBuilder, TreeInputs, root_only, target_topk
 
 __all__ = [
     "Parts",
@@ -203,6 +205,8 @@ class Sequence:
     path: list[int] = field(default_factory=lambda: [0])
     # this sequence's live n-gram layer (a tenant's, in dart-serve); None: the decoder's
     live: Any = None
+    # this round's tree is the builder's plan (no draft, no drafter scores): see draft()
+    planned: bool = False
 
     @property
     def prefix(self) -> int:
@@ -214,6 +218,29 @@ class Sequence:
 class Drafted:
     logits: torch.Tensor | None = None  # [rows, V_draft]
     hidden: torch.Tensor | None = None  # [rows, H] (builders with needs_hidden)
+    tree: Tree | None = None  # the builder's plan: the round's tree, no draft made
+
+
+# The rows of one packed verify that chains sized by a suffix match may fill (the native
+# layers' row block: a bigger block runs the torch path), shared by a batch's sequences.
+CHAIN_ROWS = SUFFIX_MAX_NODES + 1
+
+
+def _inputs(parts: Parts, seq: Sequence, depth: int, batch: int, drafted: Drafted | None = None):
+    """The builder's view of one sequence's round (``batch``: the sequences verified
+    together, whose chains share CHAIN_ROWS)."""
+    return TreeInputs(
+        context=np.asarray(seq.committed, dtype=np.int64),
+        logits=None if drafted is None else drafted.logits,
+        hidden=None if drafted is None else drafted.hidden,
+        drafter=parts.drafter,
+        index=parts.index,
+        max_depth=depth,
+        max_nodes=seq.budget,
+        eos_token_ids=parts.eos_token_ids,
+        live=parts.live if seq.live is None else seq.live,
+        max_chain=max(seq.budget, CHAIN_ROWS // batch - 1),
+    )
 
 
 def new_sequence(
@@ -293,6 +320,13 @@ def draft(parts: Parts, seqs: list[Sequence], depths: list[int]) -> list[Drafted
     if drafter is None:
         return out
     todo = [i for i, (seq, depth) in enumerate(zip(seqs, depths)) if depth > 0 and seq.budget > 0]
+    plan = getattr(parts.builder, "plan", None)
+    if plan is not None:
+        for i in list(todo):
+            tree = plan(_inputs(parts, seqs[i], depths[i], len(seqs)))
+            if tree is not None:
+                out[i] = Drafted(tree=tree)
+                todo.remove(i)
     if not todo:
         return out
     _catch_up(parts, [seqs[i] for i in todo])
@@ -384,6 +418,7 @@ def search(
     trees: list[Tree | None] = [None] * len(seqs)
     work = [i for i, (seq, depth) in enumerate(zip(seqs, depths)) if depth > 0 and seq.budget > 0]
     for i in range(len(seqs)):
+        seqs[i].planned = False
         if i not in work:
             trees[i] = root_only(seqs[i].committed[-1])
     if (
@@ -394,23 +429,19 @@ def search(
         _beam_batch(parts, seqs, drafted, depths, work, trees)
     for i in work:
         seq, depth = seqs[i], depths[i]
-        tree = trees[i]
+        seq.planned = drafted[i].tree is not None
+        tree = drafted[i].tree if seq.planned else trees[i]
+        inputs = None
         if tree is None:
-            tree = builder(
-                TreeInputs(
-                    context=np.asarray(seq.committed, dtype=np.int64),
-                    logits=drafted[i].logits,
-                    hidden=drafted[i].hidden,
-                    drafter=parts.drafter,
-                    index=parts.index,
-                    max_depth=depth,
-                    max_nodes=seq.budget,
-                    eos_token_ids=parts.eos_token_ids,
-                    live=parts.live if seq.live is None else seq.live,
-                )
-            )
-        # The built-in builders keep to the budget; a custom one that does not is cut to it.
-        tree = prune(flatten(tree), max_depth=depth, max_nodes=seq.budget + 1)
+            inputs = _inputs(parts, seq, depth, len(seqs), drafted[i])
+            tree = builder(inputs)
+        tree = flatten(tree)
+        # The built-in builders keep to the budget, a chain to its room (a suffix match may
+        # size it beyond the budget); a custom builder that does not is cut to them.
+        cap = seq.budget
+        if len(tree) - 1 > cap and is_chain(tree):
+            cap = (inputs or _inputs(parts, seq, depth, len(seqs))).max_chain
+        tree = prune(tree, max_depth=depth, max_nodes=cap + 1)
         if int(tree.tokens[0]) != seq.committed[-1]:
             raise TreeError(
                 f"tree root {int(tree.tokens[0])} is not the last committed token {seq.committed[-1]}"

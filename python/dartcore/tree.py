@@ -32,6 +32,7 @@ from dartcore.live import LIVE_WEIGHT
 
 __all__ = [
     "ancestor_mask",
+    "is_chain",
     "Tree",
     "verification_inputs",
     "topk_logprobs",
@@ -149,6 +150,13 @@ def ancestor_mask(parents: Any) -> np.ndarray:
     n = len(parents)
     bits = _native.ancestor_bits(parents).astype("<u8", copy=False)
     return np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, :n].astype(bool)
+
+
+def is_chain(tree: Tree) -> bool:
+    """Whether every node of ``tree`` is its predecessor's child (a single path from the
+    root; its ancestor mask is the causal one)."""
+    n = len(tree.parents)
+    return bool(np.array_equal(tree.parents, np.arange(-1, n - 1)))
 
 
 def verification_inputs(tree: Tree, prefix_len: int) -> tuple[np.ndarray, np.ndarray]:

@@ -81,6 +81,16 @@ CPU_BLOCKS_MAX_NODES = 2
 # nearly for free; tools/device_check.sh measures the verify-cost curve and tau per budget
 # on an H200 (see README, "On a GPU").
 GPU_MAX_NODES = 59
+# A suffix-match chain, sized by its evidence as suffix decoding sizes its drafts: a match of m
+# tokens (the context's end found m tokens deep in the conversation or in what the server has
+# produced) may take SUFFIX_SPEC_FACTOR x m nodes, beyond the round's node budget, up to
+# SUFFIX_MAX_NODES -- on the CPU a 16-row verify is one pass of the native layers (their row
+# block, dart_linear::MAX_ROWS) and every row after the first costs ~0.3 ms of a ~3 ms int8 step.
+# A match of at least SUFFIX_TRUST tokens is a repeat: the live builders then verify the chain
+# alone and skip the drafter's forward (see LiveBuilder.plan).
+SUFFIX_MAX_NODES = 15
+SUFFIX_SPEC_FACTOR = 1.0
+SUFFIX_TRUST = 8
 
 
 @dataclass
@@ -96,6 +106,9 @@ class TreeInputs:
     max_nodes: int | None = None  # the round's node budget, root excluded (see node_budget)
     eos_token_ids: tuple[int, ...] = ()
     live: Any = None  # dartcore.live.LiveLayer the decoder learns into, or None
+    # the most nodes one chain may take this round (a suffix match's evidence may size it
+    # beyond max_nodes: suffix_nodes); None: max_nodes
+    max_chain: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def budget(self) -> int:
@@ -388,18 +401,25 @@ def context_continuation(
     """Prompt-lookup draft: the tokens that followed the latest earlier occurrence of the
     context's longest suffix (``max_match`` down to ``min_match`` tokens) inside the context
     itself, at most ``max_len`` of them; empty when no suffix recurs."""
-    ctx = np.asarray(context, dtype=np.int64)
-    n_ctx = len(ctx)
-    for n in range(min(max_match, n_ctx - 1), min_match - 1, -1):
-        pattern = ctx[n_ctx - n :]
-        # Starts i < n_ctx - n of earlier occurrences (the suffix itself excluded).
-        hits = np.flatnonzero(ctx[: n_ctx - n] == pattern[0])
-        for j in range(1, n):
-            hits = hits[ctx[hits + j] == pattern[j]]
-        if len(hits):
-            start = int(hits[-1]) + n
-            return ctx[start : start + max_len]
-    return ctx[:0]
+    return context_match(context, max_len=max_len, min_match=min_match, max_match=max_match)[1]
+
+
+def context_match(
+    context: np.ndarray,
+    *,
+    max_len: int,
+    min_match: int = 2,
+    max_match: int = 4,
+    measure: int = 2 * SUFFIX_MAX_NODES,
+) -> tuple[int, np.ndarray]:
+    """:func:`context_continuation` and how deep the occurrence it continues matches the
+    context's end (counted up to ``measure`` tokens; 0 when nothing recurs). Native
+    (``dart_live::context_match``): ~1 µs where numpy's scan took ~12."""
+    from dartcore import _native
+
+    ctx = np.ascontiguousarray(context, dtype=np.int64)
+    m, chain = _native.context_match(ctx, max_len, min_match, max_match, measure)
+    return int(m), chain
 
 
 @dataclass
@@ -447,18 +467,35 @@ def suffix_chain(
     inputs: TreeInputs, max_len: int, *, min_match: int = 2, max_match: int = 16
 ) -> np.ndarray:
     """The suffix-match draft of a round: the continuation of the context's end found in the
-    context itself (:func:`context_continuation`, 2-4 tokens: the conversation is the most
-    specific evidence), else in the round's live layer (the longest earlier match of
-    ``min_match``..``max_match`` tokens in what the decoder has served). Empty when neither
-    matches."""
+    context itself (:func:`context_match`: the latest occurrence of its last 2-4 tokens) or
+    in the round's live layer (the longest earlier match of ``min_match``..``max_match``
+    tokens in what the decoder has served), whichever repeats more of the context's end (the
+    conversation, the most specific evidence, on ties). Empty when neither matches."""
+    return suffix_lookup(inputs, max_len, min_match=min_match, max_match=max_match)[1]
+
+
+def suffix_lookup(
+    inputs: TreeInputs, max_len: int, *, min_match: int = 2, max_match: int = 16
+) -> tuple[int, np.ndarray]:
+    """:func:`suffix_chain` and the length of the match it continues (0: none)."""
     if max_len <= 0:
-        return np.zeros(0, dtype=np.int64)
-    own = context_continuation(
+        return 0, np.zeros(0, dtype=np.int64)
+    m, own = context_match(
         inputs.context, max_len=max_len, min_match=min_match, max_match=min(4, max_match)
     )
-    if len(own) or inputs.live is None:
-        return own
-    return inputs.live.suffix_match(inputs.context, max_len, min_match, max_match)
+    if inputs.live is None:
+        return m, own
+    m_live, served = inputs.live.suffix_lookup(inputs.context, max_len, min_match, max_match)
+    return (m_live, served) if m_live > m else (m, own)
+
+
+def suffix_nodes(inputs: TreeInputs, match: int, factor: float, cap: int) -> int:
+    """The nodes a suffix-match chain continuing a ``match``-token match may take: ``factor``
+    x ``match``, at least the round's budget, at most ``cap``, the round's ``max_chain`` and
+    its deepest usable node."""
+    budget = inputs.budget()
+    room = budget if inputs.max_chain is None else max(budget, int(inputs.max_chain))
+    return max(0, min(max(budget, int(factor * match)), cap, room, inputs.max_depth))
 
 
 def chain_tree(root: int, chain: np.ndarray) -> Tree:
@@ -473,20 +510,39 @@ def chain_tree(root: int, chain: np.ndarray) -> Tree:
 @dataclass
 class SuffixBuilder:
     """``suffix``: the suffix-match chain alone (:func:`suffix_chain`), no drafter, no
-    index -- the baseline a suffix-decoding peer runs. The root alone when nothing matches."""
+    index -- the baseline a suffix-decoding peer runs, its length sized by the match as
+    suffix decoding sizes it (:func:`suffix_nodes`: ``spec_factor`` x the match, at least the
+    budget, at most ``depth``). The root alone when nothing matches."""
 
     max_nodes: int | None = None
-    depth: int = NGRAM_DEPTH
+    depth: int = SUFFIX_MAX_NODES
     min_match: int = 2
     max_match: int = 16
+    spec_factor: float = SUFFIX_SPEC_FACTOR
     needs_drafter: bool = False
     needs_hidden: bool = False
     needs_index: bool = False
 
     def __call__(self, inputs: TreeInputs) -> Tree:
-        n = min(self.depth, inputs.max_depth, inputs.budget())
-        chain = suffix_chain(inputs, n, min_match=self.min_match, max_match=self.max_match)
-        return chain_tree(int(inputs.context[-1]), chain)
+        return sized_chain(inputs, self.depth, self.spec_factor, self.min_match, self.max_match)
+
+
+def sized_chain(
+    inputs: TreeInputs,
+    cap: int,
+    factor: float,
+    min_match: int,
+    max_match: int,
+    trust: int = 0,
+) -> Tree | None:
+    """The suffix-match chain of the round (:func:`suffix_lookup`) cut to
+    :func:`suffix_nodes`; None when the match is shorter than ``trust`` tokens (with
+    ``trust`` 0: the root alone when nothing matches)."""
+    longest = suffix_nodes(inputs, cap, 1.0, cap)
+    m, chain = suffix_lookup(inputs, longest, min_match=min_match, max_match=max_match)
+    if trust and m < trust:
+        return None
+    return chain_tree(int(inputs.context[-1]), chain[: suffix_nodes(inputs, m, factor, cap)])
 
 
 @dataclass
@@ -496,7 +552,12 @@ class LiveBuilder:
     with the context's own chain; ``dart+mix`` (``suffix=False``): the mix alone. Without a
     live layer (a decoder that does not learn) they are ``dart+ctx`` and ``dart``.
     (``suffix``, not ``chain``: a builder's ``chain`` means one node per drafter row to
-    :func:`node_budget`.)"""
+    :func:`node_budget`.)
+
+    Where the context's end repeats at least ``trust`` tokens of the conversation or of what
+    was served, :meth:`plan` gives the chain alone, sized by the match as ``suffix`` sizes it,
+    before any draft: that round's drafter forward is skipped (the repeat is better evidence
+    than the drafter's guess, and on a CPU the drafter costs a fifth of a step)."""
 
     dart: BeamBuilder
     suffix: bool = True
@@ -504,9 +565,21 @@ class LiveBuilder:
     depth: int = NGRAM_DEPTH
     min_match: int = 2
     max_match: int = 16
+    trust: int = SUFFIX_TRUST
+    max_spec: int = SUFFIX_MAX_NODES
+    spec_factor: float = SUFFIX_SPEC_FACTOR
     needs_drafter: bool = True
     needs_hidden: bool = False
     needs_index: bool = True
+
+    def plan(self, inputs: TreeInputs) -> Tree | None:
+        """The round's tree when a trusted suffix match makes the draft unnecessary, else
+        None (the round drafts and calls the builder)."""
+        if not self.suffix or self.trust <= 0:
+            return None
+        return sized_chain(
+            inputs, self.max_spec, self.spec_factor, self.min_match, self.max_match, self.trust
+        )
 
     def __call__(self, inputs: TreeInputs) -> Tree:
         budget = inputs.budget()
@@ -643,6 +716,16 @@ def _matches(min_match, max_match) -> tuple[int, int]:
     return lo, hi
 
 
+def _spec_factor(value) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 0.0 < float(value) <= 64.0
+    ):
+        raise TreeError(f"spec_factor must be a number in (0, 64], got {value!r}")
+    return float(value)
+
+
 def _dart_live(
     max_nodes: int | None = None,
     live_weight: float | None = None,
@@ -651,11 +734,16 @@ def _dart_live(
     max_match: int = 16,
     *,
     suffix: bool = True,
+    trust: int = SUFFIX_TRUST,
+    max_spec: int = SUFFIX_MAX_NODES,
+    spec_factor: float = SUFFIX_SPEC_FACTOR,
     **params,
 ) -> LiveBuilder:
     dart = _dart(**params)
     dart.live_weight = _live_weight(live_weight)
     lo, hi = _matches(min_match, max_match)
+    if isinstance(trust, bool) or not isinstance(trust, int) or trust < 0:
+        raise TreeError(f"trust must be an int >= 0 (0: always draft), got {trust!r}")
     return LiveBuilder(
         dart=dart,
         suffix=suffix,
@@ -663,6 +751,9 @@ def _dart_live(
         depth=_positive("depth", depth),
         min_match=lo,
         max_match=hi,
+        trust=trust,
+        max_spec=_positive("max_spec", max_spec),
+        spec_factor=_spec_factor(spec_factor),
     )
 
 
@@ -671,7 +762,11 @@ def _dart_mix(max_nodes: int | None = None, live_weight: float | None = None, **
 
 
 def _suffix(
-    max_nodes: int | None = None, depth: int = NGRAM_DEPTH, min_match: int = 2, max_match: int = 16
+    max_nodes: int | None = None,
+    depth: int = SUFFIX_MAX_NODES,
+    min_match: int = 2,
+    max_match: int = 16,
+    spec_factor: float = SUFFIX_SPEC_FACTOR,
 ) -> SuffixBuilder:
     lo, hi = _matches(min_match, max_match)
     return SuffixBuilder(
@@ -679,6 +774,7 @@ def _suffix(
         depth=_positive("depth", depth),
         min_match=lo,
         max_match=hi,
+        spec_factor=_spec_factor(spec_factor),
     )
 
 

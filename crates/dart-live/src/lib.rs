@@ -5,6 +5,7 @@
 //!   table from each two-token key to where it occurred, for [`Window::suffix_match`] (the
 //!   longest earlier match of a context's end and what followed it, as suffix decoding does).
 //! * [`Mixed`]: Eq. (10)'s g(v | c) over a static scorer and a window together.
+//! * [`context_match`]: the same kind of match inside one context (prompt lookup).
 //! * [`LiveLayer`]: a window that searches read while inserts go on: two copies, one
 //!   published for readers, the other written (and brought up to date) by the writer. A
 //!   reader takes the published copy (one `Arc` clone under a lock held for that clone alone)
@@ -16,11 +17,13 @@
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 mod delta;
+mod lookup;
 mod mixed;
 mod table;
 mod window;
 
 pub use delta::{open_delta, write_delta, Delta};
+pub use lookup::context_match;
 pub use mixed::{live_probs, Mixed};
 use window::Op;
 pub use window::Window;

@@ -45,7 +45,13 @@ fn brute_g(w: &[Option<u32>], ctx: &[u32], v: u32) -> f64 {
 }
 
 /// Longest earlier match (2..=max_match, latest on ties) by brute force.
-fn brute_suffix(w: &[Option<u32>], ctx: &[u32], max_len: usize, min_match: usize, max_match: usize) -> Vec<u32> {
+fn brute_suffix(
+    w: &[Option<u32>],
+    ctx: &[u32],
+    max_len: usize,
+    min_match: usize,
+    max_match: usize,
+) -> (usize, Vec<u32>) {
     let n = ctx.len();
     let mut best: Option<(usize, usize)> = None; // (match length, continuation start)
     for q in (0..w.len()).rev() {
@@ -59,8 +65,10 @@ fn brute_suffix(w: &[Option<u32>], ctx: &[u32], max_len: usize, min_match: usize
         }
     }
     match best {
-        Some((m, q)) if m >= min_match.max(2) => w[q..].iter().map_while(|t| *t).take(max_len).collect(),
-        _ => Vec::new(),
+        Some((m, q)) if m >= min_match.max(2) && max_len > 0 => {
+            (m, w[q..].iter().map_while(|t| *t).take(max_len).collect())
+        }
+        _ => (0, Vec::new()),
     }
 }
 
@@ -92,7 +100,9 @@ proptest! {
             prop_assert!((got[v as usize] - want).abs() < 1e-12, "g({v}|{ctx:?}) {} vs {want}", got[v as usize]);
         }
         for (max_len, min_match, max_match) in [(5, 2, 4), (3, 3, 8), (10, 2, 2)] {
-            prop_assert_eq!(w.suffix_match(&ctx, max_len, min_match, max_match), brute_suffix(&f, &ctx, max_len, min_match, max_match));
+            let want = brute_suffix(&f, &ctx, max_len, min_match, max_match);
+            prop_assert_eq!(w.suffix_lookup(&ctx, max_len, min_match, max_match), want.clone());
+            prop_assert_eq!(w.suffix_match(&ctx, max_len, min_match, max_match), want.1);
         }
     }
 
@@ -202,6 +212,8 @@ fn eviction_leaves_nothing_behind() {
     live_probs(&w, &[], &[0], &[3], &mut g);
     assert_eq!(g[0], 0.0, "evicted n-grams are gone");
     assert_eq!(w.suffix_match(&[9, 3, 4], 3, 2, 4), vec![5, 6, 7]);
+    assert_eq!(w.suffix_lookup(&[9, 3, 4], 3, 2, 4), (2, vec![5, 6, 7]), "the document's start ends the match");
+    assert_eq!(w.suffix_lookup(&[9, 3, 4], 0, 2, 4), (0, vec![]));
     w.clear();
     assert!(w.is_empty());
     assert!(w.suffix_match(&[3, 4], 3, 2, 4).is_empty());
@@ -322,4 +334,42 @@ fn a_delta_holds_the_window_documents() {
     let layer = LiveLayer::new(16, 10).unwrap();
     assert!(layer.set_shared(vec![Arc::new(d)]).is_ok());
     assert_eq!(layer.shared().len(), 1);
+}
+
+/// The latest occurrence of the longest recurring 2..=max_match suffix, then its depth, by
+/// brute force over every start.
+fn brute_context(ctx: &[i64], min_match: usize, max_match: usize, measure: usize) -> Option<(usize, usize)> {
+    let n_ctx = ctx.len();
+    for n in (min_match.max(1)..=max_match).rev() {
+        if n >= n_ctx {
+            continue;
+        }
+        let latest = (0..n_ctx - n).filter(|&i| ctx[i..i + n] == ctx[n_ctx - n..]).max();
+        if let Some(i) = latest {
+            let start = i + n;
+            let depth =
+                (0..start.min(measure).max(n)).take_while(|&k| ctx[start - 1 - k] == ctx[n_ctx - 1 - k]).count();
+            return Some((depth.max(n), start));
+        }
+    }
+    None
+}
+
+proptest! {
+    #[test]
+    fn context_match_equals_brute_force(ctx in prop::collection::vec(0i64..4, 0..60), min_match in 1usize..4, extra in 0usize..4, measure in 0usize..40) {
+        let max_match = min_match + extra;
+        prop_assert_eq!(crate::context_match(&ctx, min_match, max_match, measure), brute_context(&ctx, min_match, max_match, measure));
+    }
+}
+
+#[test]
+fn context_match_measures_how_deep_the_repeat_goes() {
+    // the last four tokens (2 3 4 5) recur at 2..6, and the repeat is five deep (7 != 9 before it)
+    let ctx = [7, 1, 2, 3, 4, 5, 9, 1, 2, 3, 4, 5];
+    assert_eq!(crate::context_match(&ctx, 2, 4, 30), Some((5, 6)));
+    assert_eq!(crate::context_match(&ctx, 2, 4, 3), Some((4, 6)), "at least the suffix found");
+    assert_eq!(crate::context_match(&[1, 2, 3], 2, 4, 30), None);
+    assert_eq!(crate::context_match(&[], 2, 4, 30), None);
+    assert_eq!(crate::context_match(&[5, 5, 5], 2, 4, 30), Some((2, 2)), "an overlapping occurrence");
 }

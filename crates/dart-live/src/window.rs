@@ -579,12 +579,25 @@ impl Window {
     /// tokens that followed it, up to the end of that document. Ties go to the latest match.
     /// Empty when nothing matches. Examines at most 64 occurrences of the last two tokens.
     pub fn suffix_match(&self, context: &[u32], max_len: usize, min_match: usize, max_match: usize) -> Vec<u32> {
+        self.suffix_lookup(context, max_len, min_match, max_match).1
+    }
+
+    /// [`Window::suffix_match`] with the length of the match it continues (0 with an empty
+    /// continuation): how much of the context's end the window repeats, the evidence a
+    /// suffix-decoding proposer sizes its draft by.
+    pub fn suffix_lookup(
+        &self,
+        context: &[u32],
+        max_len: usize,
+        min_match: usize,
+        max_match: usize,
+    ) -> (usize, Vec<u32>) {
         let n = context.len();
         if n < 2 || max_len == 0 || max_match < 2 || min_match > max_match {
-            return Vec::new();
+            return (0, Vec::new());
         }
         let Some(hits) = self.tri.get(&key2(context[n - 2], context[n - 1])) else {
-            return Vec::new();
+            return (0, Vec::new());
         };
         let end = self.end();
         let mut best: Option<(usize, u64)> = None;
@@ -620,9 +633,9 @@ impl Window {
                     out.push(t);
                     p += 1;
                 }
-                out
+                (if out.is_empty() { 0 } else { m }, out)
             }
-            _ => Vec::new(),
+            _ => (0, Vec::new()),
         }
     }
 

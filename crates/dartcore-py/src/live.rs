@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use dart_live::{live_probs, open_delta, write_delta, Delta, LiveLayer};
+use dart_live::{context_match as match_in_context, live_probs, open_delta, write_delta, Delta, LiveLayer};
 use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyInt, PyList};
@@ -86,6 +86,25 @@ impl PyLiveLayer {
             let snap = self.inner.snapshot();
             let out = py.detach(|| snap.suffix_match(&ctx, max_len, min_match, max_match));
             Ok(PyArray1::from_vec(py, out.into_iter().map(i64::from).collect()))
+        })
+    }
+
+    /// `suffix_match` with the length of the match it continues (0 when nothing matched).
+    fn suffix_lookup<'py>(
+        &self,
+        py: Python<'py>,
+        context: PyReadonlyArray1<'py, i64>,
+        max_len: usize,
+        min_match: usize,
+        max_match: usize,
+    ) -> PyResult<(usize, Bound<'py, PyArray1<i64>>)> {
+        guard("LiveLayer.suffix_lookup", || {
+            let a = context.as_array();
+            let n = a.len();
+            let ctx = ids(a.iter().skip(n.saturating_sub(max_match)), "context")?;
+            let snap = self.inner.snapshot();
+            let (m, out) = py.detach(|| snap.suffix_lookup(&ctx, max_len, min_match, max_match));
+            Ok((m, PyArray1::from_vec(py, out.into_iter().map(i64::from).collect())))
         })
     }
 
@@ -194,7 +213,42 @@ impl PyLiveDelta {
     }
 }
 
+/// Prompt lookup (see `dart_live::context_match`): `(depth, continuation)`, the tokens (at
+/// most `max_len`) after the latest earlier occurrence of the context's longest recurring end
+/// of `max_match` down to `min_match` tokens, and how deep that occurrence matches (counted up
+/// to `measure`); `(0, [])` when none recurs or `max_len` is 0.
+#[pyfunction]
+fn context_match<'py>(
+    py: Python<'py>,
+    context: PyReadonlyArray1<'py, i64>,
+    max_len: usize,
+    min_match: usize,
+    max_match: usize,
+    measure: usize,
+) -> PyResult<(usize, Bound<'py, PyArray1<i64>>)> {
+    guard("context_match", || {
+        let a = context.as_array();
+        let owned;
+        let ctx = match a.as_slice() {
+            Some(s) => s,
+            None => {
+                owned = a.to_vec();
+                &owned[..]
+            }
+        };
+        let found = if max_len == 0 { None } else { match_in_context(ctx, min_match, max_match, measure) };
+        Ok(match found {
+            Some((depth, start)) => {
+                let end = ctx.len().min(start.saturating_add(max_len));
+                (depth, PyArray1::from_slice(py, &ctx[start..end]))
+            }
+            None => (0, PyArray1::from_vec(py, Vec::new())),
+        })
+    })
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(context_match, m)?)?;
     m.add("LIVE_WEIGHT", dart_live::LIVE_WEIGHT)?;
     m.add_class::<PyLiveLayer>()?;
     m.add_class::<PyLiveDelta>()
