@@ -70,26 +70,8 @@ impl PyLiveLayer {
         })
     }
 
-    /// The continuation of the longest earlier match of the context's end (see dart-live).
-    fn suffix_match<'py>(
-        &self,
-        py: Python<'py>,
-        context: PyReadonlyArray1<'py, i64>,
-        max_len: usize,
-        min_match: usize,
-        max_match: usize,
-    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        guard("LiveLayer.suffix_match", || {
-            let a = context.as_array();
-            let n = a.len();
-            let ctx = ids(a.iter().skip(n.saturating_sub(max_match)), "context")?;
-            let snap = self.inner.snapshot();
-            let out = py.detach(|| snap.suffix_match(&ctx, max_len, min_match, max_match));
-            Ok(PyArray1::from_vec(py, out.into_iter().map(i64::from).collect()))
-        })
-    }
-
-    /// `suffix_match` with the length of the match it continues (0 when nothing matched).
+    /// The continuation of the longest earlier match of the context's end (see dart-live) and
+    /// the length of that match (0 when nothing matched).
     fn suffix_lookup<'py>(
         &self,
         py: Python<'py>,
