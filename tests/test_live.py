@@ -381,14 +381,9 @@ def _count_drafts(dec):
     return calls
 
 
-@pytest.mark.parametrize("trust", [0, 4])
-def test_a_trusted_suffix_match_skips_the_draft(setup, trust):  # noqa: F811
-    """Asked again, ``dart+live`` finds its earlier answers: a match of ``trust`` tokens or
-    more is verified as a chain alone, sized by the match beyond the node budget (up to
-    SUFFIX_MAX_NODES), without a drafter forward; trust 0 always drafts. Outputs stay the
-    target's, single and batched."""
-    from dartcore.trees import SUFFIX_MAX_NODES
-
+def _learned_live_decoder(setup, trust: int):  # noqa: F811
+    """A ``dart+live`` decoder (3-node budget, ``trust``) that has answered every prompt once
+    (the answers checked against the target's)."""
     model, tok, drafter, index, prompts, refs = setup
     dec = DartDecoder(
         model,
@@ -403,6 +398,19 @@ def test_a_trusted_suffix_match_skips_the_draft(setup, trust):  # noqa: F811
     )
     for prompt, ref in zip(prompts, refs):
         assert dec.generate(prompt, max_new_tokens=24).tokens == ref
+    return dec
+
+
+@pytest.mark.parametrize("trust", [0, 4])
+def test_a_trusted_suffix_match_skips_the_draft(setup, trust):  # noqa: F811
+    """Asked again, ``dart+live`` finds its earlier answers: a match of ``trust`` tokens or
+    more is verified as a chain alone, sized by the match beyond the node budget (up to
+    SUFFIX_MAX_NODES), without a drafter forward; trust 0 always drafts. Outputs stay the
+    target's, single and batched."""
+    from dartcore.trees import SUFFIX_MAX_NODES
+
+    model, tok, drafter, index, prompts, refs = setup
+    dec = _learned_live_decoder(setup, trust)
     calls = _count_drafts(dec)
     rounds, longest, taus = 0, 0, []
     for prompt, ref in zip(prompts, refs):
@@ -419,6 +427,36 @@ def test_a_trusted_suffix_match_skips_the_draft(setup, trust):  # noqa: F811
         assert min(taus) > 4.0, taus
     batch = dec.generate_batch(prompts, max_new_tokens=24)
     assert [r.tokens for r in batch] == refs
+
+
+@pytest.mark.parametrize("budget", ["adaptive", 0])
+def test_the_engine_verifies_a_trusted_repeat_where_it_stopped_drafting(setup, budget, monkeypatch):  # noqa: F811
+    """A controller that gives a sequence no nodes (drafting judged not to pay) still lets a
+    trusted repeat through, as a chain within the verify's room, without a draft; a fixed
+    budget of 0 (speculation off) plans nothing. Outputs stay the target's."""
+    from dartcore.engine import Engine
+    from dartcore.sampling import SamplingParams
+
+    model, tok, drafter, index, prompts, refs = setup
+    dec = _learned_live_decoder(setup, 4)
+    engine = Engine(dec, max_batch=1, budget=budget)
+    if engine.controller is not None:
+        monkeypatch.setattr(engine.controller, "draws", lambda accs, caps: [0] * len(caps))
+    calls = _count_drafts(dec)
+    outs = {}
+    for i, p in enumerate(prompts):
+        engine.add_request(p, SamplingParams(max_new_tokens=24, learn=False), f"r{i}")
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.finished:
+                outs[o.request_id] = o.tokens
+    assert [outs[f"r{i}"] for i in range(len(prompts))] == refs
+    assert not calls, "drafted at budget 0"
+    chains = [n for st in engine.stats.steps for n in st.budgets if n > 0]
+    if budget == "adaptive":
+        assert chains and max(chains) > 3, chains  # beyond the decoder's budget
+    else:
+        assert not chains
 
 
 def test_suffix_chains_are_sized_by_their_match():

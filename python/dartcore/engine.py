@@ -462,13 +462,22 @@ class Engine:
                     ):
                         seq.budget = n
                 clock.lap("controller")
-                drew = any(seq.budget > 0 for seq in seqs)
+                drafting = any(seq.budget > 0 for seq in seqs)
+                # a trusted repeat is verified even where the controller stopped drafting
+                # (idle: it costs a lookup); a step of such chains alone is not a drafting
+                # step to the judge, and not a plain one either (more rows than sequences)
+                planned = rounds.plan(
+                    parts, seqs, depths, idle=self.controller is not None and self.max_nodes > 0
+                )
+                drew = drafting or any(t is not None for t in planned)
                 if drew:
-                    drafted = rounds.draft(parts, seqs, depths)
+                    # (a builder without plans: draft() finds none itself)
+                    given = (planned,) if hasattr(parts.builder, "plan") else ()
+                    drafted = rounds.draft(parts, seqs, depths, *given)
                     clock.lap("draft")
                     trees = rounds.search(parts, seqs, drafted, depths)
                     clock.lap("search")
-                    if self.controller is not None:
+                    if self.controller is not None and drafting:
                         trees = self._refine(running, trees)
                         clock.lap("controller")
                     outs = rounds.verify(parts, seqs, trees)
@@ -501,7 +510,9 @@ class Engine:
                 self.controller.timed(
                     rows=st.rows_verified,
                     verify_ms=1e3 * st.seconds["verify"],
-                    draft_ms=1e3 * (st.seconds["draft"] + st.seconds["search"]) if drew else None,
+                    draft_ms=1e3 * (st.seconds["draft"] + st.seconds["search"])
+                    if drafting
+                    else None,
                     per_token_ms=1e3 * st.seconds["accept"] / max(st.committed, 1),
                 )
         st.total_s = time.perf_counter() - t_start

@@ -6,7 +6,7 @@ One round (docs/architecture.md, "Data flow")::
     draft   drafter(taps of the newly committed positions, their next tokens) -> d rows of logits
             (of a prompt or a plain stretch: the first CATCHUP_SINK and the last CATCHUP_WINDOW);
             skipped where the builder's ``plan`` already has the round's tree (a trusted
-            suffix match: trees.LiveBuilder)
+            suffix match: trees.LiveBuilder; see :func:`plan`)
     search  tree builder(logits, context, index) -> tree rooted at the last committed token
     verify  one target forward over the flattened tree (positions L + depth, ancestor mask)
     accept  walk the tree with the target's own choices -> path + bonus token;
@@ -52,6 +52,7 @@ __all__ = [
     "new_sequence",
     "prefill",
     "limits",
+    "plan",
     "draft",
     "search",
     "verify",
@@ -309,24 +310,44 @@ def limits(parts: Parts, seq: Sequence, max_nodes: int | None = None) -> tuple[i
     return max_depth, seq.budget
 
 
-def draft(parts: Parts, seqs: list[Sequence], depths: list[int]) -> list[Drafted]:
+def plan(parts: Parts, seqs: list[Sequence], depths: list[int], *, idle: bool = False) -> list:
+    """Each sequence's tree from the builder's ``plan`` (a trusted suffix match:
+    trees.LiveBuilder), decided before any draft, else None. Sequences with a node budget plan
+    within it and their room; ``idle=True`` (the engine, when its controller has stopped
+    drafting a sequence) also plans for sequences at budget 0, within their room alone.
+    Nothing is planned for a builder without ``plan``, or when the parts' budget is 0
+    (speculation off)."""
+    out: list[Tree | None] = [None] * len(seqs)
+    fn = getattr(parts.builder, "plan", None)
+    if fn is None or parts.max_nodes <= 0:
+        return out
+    for i, (seq, depth) in enumerate(zip(seqs, depths)):
+        if depth > 0 and (seq.budget > 0 or idle):
+            tree = fn(_inputs(parts, seq, depth, len(seqs)))
+            out[i] = tree if tree is not None and len(tree) > 1 else None
+    return out
+
+
+def draft(
+    parts: Parts, seqs: list[Sequence], depths: list[int], planned: list | None = None
+) -> list[Drafted]:
     """One drafter pass over the positions each sequence committed since it last drafted
     (the sequence's first and at most ``parts.catchup_window`` last ones, absorbed first: see
     :func:`_catch_up`): d rows of logits per sequence (no more rows than its tree can use).
-    Sequences with nothing to draft (budget 0, or one token left) skip it; their positions
-    wait."""
-    out = [Drafted() for _ in seqs]
+    Sequences with nothing to draft (budget 0, or one token left) skip it, and so do those
+    with a planned tree (``planned``, by default :func:`plan`'s, carried in ``Drafted.tree``);
+    their positions wait."""
+    if planned is None:
+        planned = plan(parts, seqs, depths)
+    out = [Drafted(tree=tree) for tree in planned]
     drafter = parts.drafter
     if drafter is None:
         return out
-    todo = [i for i, (seq, depth) in enumerate(zip(seqs, depths)) if depth > 0 and seq.budget > 0]
-    plan = getattr(parts.builder, "plan", None)
-    if plan is not None:
-        for i in list(todo):
-            tree = plan(_inputs(parts, seqs[i], depths[i], len(seqs)))
-            if tree is not None:
-                out[i] = Drafted(tree=tree)
-                todo.remove(i)
+    todo = [
+        i
+        for i, (seq, depth) in enumerate(zip(seqs, depths))
+        if depth > 0 and seq.budget > 0 and planned[i] is None
+    ]
     if not todo:
         return out
     _catch_up(parts, [seqs[i] for i in todo])
@@ -416,7 +437,11 @@ def search(
     plain Eq. (10) one, else one builder call per sequence."""
     builder = parts.builder
     trees: list[Tree | None] = [None] * len(seqs)
-    work = [i for i, (seq, depth) in enumerate(zip(seqs, depths)) if depth > 0 and seq.budget > 0]
+    work = [
+        i
+        for i, (seq, depth) in enumerate(zip(seqs, depths))
+        if depth > 0 and (seq.budget > 0 or drafted[i].tree is not None)
+    ]
     for i in range(len(seqs)):
         seqs[i].planned = False
         if i not in work:
