@@ -344,7 +344,7 @@ class DartDecoder:
         yield StreamChunk(tokens=[], text=text.finish(result.text) if texts else "", result=result)
 
     def _rounds(self, seq: rounds.Sequence) -> Iterator[list[int]]:
-        """Prefill, then limits / draft / search / verify / accept until done; yields each
+        """Prefill, then limits / plan / draft / search / verify / accept until done; yields each
         round's committed tokens (already appended to ``seq.generated``)."""
         parts = self.parts
         clock = StageClock(seq.stats.seconds, parts.backend)
@@ -355,6 +355,7 @@ class DartDecoder:
         while not done:
             with parts.backend.round_scope():
                 depth, _ = rounds.limits(parts, seq)
+                rounds.plan(parts, [seq], [depth])
                 (drafted,) = rounds.draft(parts, [seq], [depth])
                 clock.lap("draft")
                 (tree,) = rounds.search(parts, [seq], [drafted], [depth])

@@ -469,11 +469,9 @@ class Engine:
                 planned = rounds.plan(
                     parts, seqs, depths, idle=self.controller is not None and self.max_nodes > 0
                 )
-                drew = drafting or any(t is not None for t in planned)
+                drew = drafting or planned
                 if drew:
-                    # (a builder without plans: draft() finds none itself)
-                    given = (planned,) if hasattr(parts.builder, "plan") else ()
-                    drafted = rounds.draft(parts, seqs, depths, *given)
+                    drafted = rounds.draft(parts, seqs, depths)
                     clock.lap("draft")
                     trees = rounds.search(parts, seqs, drafted, depths)
                     clock.lap("search")

@@ -3,10 +3,11 @@
 One round (docs/architecture.md, "Data flow")::
 
     limits  the round's deepest usable node and node budget (decided here only)
+    plan    the builder's tree where it needs no draft (a trusted suffix match), else nothing
     draft   drafter(taps of the newly committed positions, their next tokens) -> d rows of logits
             (of a prompt or a plain stretch: the first CATCHUP_SINK and the last CATCHUP_WINDOW);
-            skipped where the builder's ``plan`` already has the round's tree (a trusted
-            suffix match: trees.LiveBuilder; see :func:`plan`)
+            skipped where :func:`plan` (called first) gave the round's tree (a trusted
+            suffix match: trees.LiveBuilder)
     search  tree builder(logits, context, index) -> tree rooted at the last committed token
     verify  one target forward over the flattened tree (positions L + depth, ancestor mask)
     accept  walk the tree with the target's own choices -> path + bonus token;
@@ -206,8 +207,12 @@ class Sequence:
     path: list[int] = field(default_factory=lambda: [0])
     # this sequence's live n-gram layer (a tenant's, in dart-serve); None: the decoder's
     live: Any = None
-    # this round's tree is the builder's plan (no draft, no drafter scores): see draft()
-    planned: bool = False
+    # this round's tree when the builder planned it (no draft, no drafter scores): see plan()
+    plan: Tree | None = None
+
+    @property
+    def planned(self) -> bool:
+        return self.plan is not None
 
     @property
     def prefix(self) -> int:
@@ -219,7 +224,6 @@ class Sequence:
 class Drafted:
     logits: torch.Tensor | None = None  # [rows, V_draft]
     hidden: torch.Tensor | None = None  # [rows, H] (builders with needs_hidden)
-    tree: Tree | None = None  # the builder's plan: the round's tree, no draft made
 
 
 # The rows of one packed verify that chains sized by a suffix match may fill (the native
@@ -227,9 +231,14 @@ class Drafted:
 CHAIN_ROWS = SUFFIX_MAX_NODES + 1
 
 
+def _chain_room(seq: Sequence, batch: int) -> int:
+    """The most nodes one chain of ``seq`` may take this round: its share of CHAIN_ROWS among
+    the ``batch`` sequences verified together, at least its budget."""
+    return max(seq.budget, CHAIN_ROWS // batch - 1)
+
+
 def _inputs(parts: Parts, seq: Sequence, depth: int, batch: int, drafted: Drafted | None = None):
-    """The builder's view of one sequence's round (``batch``: the sequences verified
-    together, whose chains share CHAIN_ROWS)."""
+    """The builder's view of one sequence's round (``batch``: see :func:`_chain_room`)."""
     return TreeInputs(
         context=np.asarray(seq.committed, dtype=np.int64),
         logits=None if drafted is None else drafted.logits,
@@ -240,7 +249,7 @@ def _inputs(parts: Parts, seq: Sequence, depth: int, batch: int, drafted: Drafte
         max_nodes=seq.budget,
         eos_token_ids=parts.eos_token_ids,
         live=parts.live if seq.live is None else seq.live,
-        max_chain=max(seq.budget, CHAIN_ROWS // batch - 1),
+        max_chain=_chain_room(seq, batch),
     )
 
 
@@ -310,43 +319,36 @@ def limits(parts: Parts, seq: Sequence, max_nodes: int | None = None) -> tuple[i
     return max_depth, seq.budget
 
 
-def plan(parts: Parts, seqs: list[Sequence], depths: list[int], *, idle: bool = False) -> list:
+def plan(parts: Parts, seqs: list[Sequence], depths: list[int], *, idle: bool = False) -> bool:
     """Each sequence's tree from the builder's ``plan`` (a trusted suffix match:
-    trees.LiveBuilder), decided before any draft, else None. Sequences with a node budget plan
-    within it and their room; ``idle=True`` (the engine, when its controller has stopped
-    drafting a sequence) also plans for sequences at budget 0, within their room alone.
-    Nothing is planned for a builder without ``plan``, or when the parts' budget is 0
-    (speculation off)."""
-    out: list[Tree | None] = [None] * len(seqs)
+    trees.LiveBuilder), decided before any draft, into ``seq.plan`` (else None); True when
+    any sequence has one. Sequences with a node budget plan within it and their room;
+    ``idle=True`` (the engine, when its controller has stopped drafting a sequence) also
+    plans for sequences at budget 0, within their room alone. Nothing is planned for a
+    builder without ``plan``, or when the parts' budget is 0 (speculation off)."""
     fn = getattr(parts.builder, "plan", None)
-    if fn is None or parts.max_nodes <= 0:
-        return out
-    for i, (seq, depth) in enumerate(zip(seqs, depths)):
-        if depth > 0 and (seq.budget > 0 or idle):
+    for seq, depth in zip(seqs, depths):
+        tree = None
+        if fn is not None and parts.max_nodes > 0 and depth > 0 and (seq.budget > 0 or idle):
             tree = fn(_inputs(parts, seq, depth, len(seqs)))
-            out[i] = tree if tree is not None and len(tree) > 1 else None
-    return out
+        seq.plan = tree if tree is not None and len(tree) > 1 else None
+    return any(seq.planned for seq in seqs)
 
 
-def draft(
-    parts: Parts, seqs: list[Sequence], depths: list[int], planned: list | None = None
-) -> list[Drafted]:
+def draft(parts: Parts, seqs: list[Sequence], depths: list[int]) -> list[Drafted]:
     """One drafter pass over the positions each sequence committed since it last drafted
     (the sequence's first and at most ``parts.catchup_window`` last ones, absorbed first: see
     :func:`_catch_up`): d rows of logits per sequence (no more rows than its tree can use).
     Sequences with nothing to draft (budget 0, or one token left) skip it, and so do those
-    with a planned tree (``planned``, by default :func:`plan`'s, carried in ``Drafted.tree``);
-    their positions wait."""
-    if planned is None:
-        planned = plan(parts, seqs, depths)
-    out = [Drafted(tree=tree) for tree in planned]
+    with a planned tree (:func:`plan`, called first in the round); their positions wait."""
+    out = [Drafted() for _ in seqs]
     drafter = parts.drafter
     if drafter is None:
         return out
     todo = [
         i
         for i, (seq, depth) in enumerate(zip(seqs, depths))
-        if depth > 0 and seq.budget > 0 and planned[i] is None
+        if depth > 0 and seq.budget > 0 and not seq.planned
     ]
     if not todo:
         return out
@@ -440,10 +442,9 @@ def search(
     work = [
         i
         for i, (seq, depth) in enumerate(zip(seqs, depths))
-        if depth > 0 and (seq.budget > 0 or drafted[i].tree is not None)
+        if depth > 0 and (seq.budget > 0 or seq.planned)
     ]
     for i in range(len(seqs)):
-        seqs[i].planned = False
         if i not in work:
             trees[i] = root_only(seqs[i].committed[-1])
     if (
@@ -454,18 +455,15 @@ def search(
         _beam_batch(parts, seqs, drafted, depths, work, trees)
     for i in work:
         seq, depth = seqs[i], depths[i]
-        seq.planned = drafted[i].tree is not None
-        tree = drafted[i].tree if seq.planned else trees[i]
-        inputs = None
+        tree = seq.plan if seq.planned else trees[i]
         if tree is None:
-            inputs = _inputs(parts, seq, depth, len(seqs), drafted[i])
-            tree = builder(inputs)
+            tree = builder(_inputs(parts, seq, depth, len(seqs), drafted[i]))
         tree = flatten(tree)
         # The built-in builders keep to the budget, a chain to its room (a suffix match may
         # size it beyond the budget); a custom builder that does not is cut to them.
         cap = seq.budget
         if len(tree) - 1 > cap and is_chain(tree):
-            cap = (inputs or _inputs(parts, seq, depth, len(seqs))).max_chain
+            cap = _chain_room(seq, len(seqs))
         tree = prune(tree, max_depth=depth, max_nodes=cap + 1)
         if int(tree.tokens[0]) != seq.committed[-1]:
             raise TreeError(

@@ -45,6 +45,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from dartcore import _native
 from dartcore.errors import TreeError
 from dartcore.tree import NGRAM_DEPTH, TOP_K, SearchParams, Tree
 
@@ -415,8 +416,6 @@ def context_match(
     """:func:`context_continuation` and how deep the occurrence it continues matches the
     context's end (counted up to ``measure`` tokens; 0 when nothing recurs). Native
     (``dart_live::context_match``): ~1 µs where numpy's scan took ~12."""
-    from dartcore import _native
-
     ctx = np.ascontiguousarray(context, dtype=np.int64)
     m, chain = _native.context_match(ctx, max_len, min_match, max_match, measure)
     return int(m), chain
@@ -489,13 +488,18 @@ def suffix_lookup(
     return (m_live, served) if m_live > m else (m, own)
 
 
-def suffix_nodes(inputs: TreeInputs, match: int, factor: float, cap: int) -> int:
-    """The nodes a suffix-match chain continuing a ``match``-token match may take: ``factor``
-    x ``match``, at least the round's budget, at most ``cap``, the round's ``max_chain`` and
-    its deepest usable node."""
+def chain_room(inputs: TreeInputs, cap: int) -> int:
+    """The most nodes a suffix-match chain may take this round: ``cap``, the round's
+    ``max_chain`` (at least its budget) and its deepest usable node."""
     budget = inputs.budget()
     room = budget if inputs.max_chain is None else max(budget, int(inputs.max_chain))
-    return max(0, min(max(budget, int(factor * match)), cap, room, inputs.max_depth))
+    return max(0, min(cap, room, inputs.max_depth))
+
+
+def suffix_nodes(inputs: TreeInputs, match: int, factor: float, cap: int) -> int:
+    """The nodes a suffix-match chain continuing a ``match``-token match may take: ``factor``
+    x ``match``, at least the round's budget, within :func:`chain_room`."""
+    return min(max(inputs.budget(), int(factor * match)), chain_room(inputs, cap))
 
 
 def chain_tree(root: int, chain: np.ndarray) -> Tree:
@@ -538,8 +542,9 @@ def sized_chain(
     """The suffix-match chain of the round (:func:`suffix_lookup`) cut to
     :func:`suffix_nodes`; None when the match is shorter than ``trust`` tokens (with
     ``trust`` 0: the root alone when nothing matches)."""
-    longest = suffix_nodes(inputs, cap, 1.0, cap)
-    m, chain = suffix_lookup(inputs, longest, min_match=min_match, max_match=max_match)
+    m, chain = suffix_lookup(
+        inputs, chain_room(inputs, cap), min_match=min_match, max_match=max_match
+    )
     if trust and m < trust:
         return None
     return chain_tree(int(inputs.context[-1]), chain[: suffix_nodes(inputs, m, factor, cap)])
