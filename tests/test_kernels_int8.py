@@ -300,3 +300,52 @@ def test_smollm2_dart_equals_the_int8_paths_own_ar(int8_smollm2, test_data, tmp_
             assert list(res.tokens) == list(ar), name
             accepted += 1
     assert accepted == 6
+
+
+@int8
+def test_a_packed_batch_of_more_than_max_rows_computes_each_sequence_as_alone():
+    """The batched engine's verify of many sequences: more than MAX_ROWS packed rows (each
+    sequence's tree block at most MAX_ROWS) go through the native layers in groups of whole
+    sequences, so on the integer path every row -- logits, taps and cache entries -- is the
+    same bits as that sequence's forward alone (a torch-path forward would round the norms,
+    RoPE and attention differently and change what the int8 products are given)."""
+    from dartcore.acceptance import ancestor_mask
+    from dartcore.kernels.linear import MAX_ROWS
+    from dartcore.models.transformer import TargetModel
+    from test_decoder import random_tree
+    from test_models_gguf import block_and_float_models
+
+    blocks, _ = block_and_float_models("q4_0", seed=5)
+    target = TargetModel(blocks, numerics="int8")
+    rng = np.random.default_rng(2)
+    prefixes = [rng.integers(3, 96, size=int(k)).tolist() for k in rng.integers(2, 30, size=6)]
+    trees = [
+        random_tree(rng, int(rng.integers(3, 96)), 96, int(rng.integers(3, 8)), 3) for _ in prefixes
+    ]
+    sizes = [len(t) for t in trees]
+    assert sum(sizes) > MAX_ROWS
+    caches, alone = [], []
+    for p in prefixes:
+        pair = [target.new_cache(64), target.new_cache(64)]
+        for c in pair:
+            target.forward(c, torch.tensor(p), torch.arange(len(p)), logits_rows=slice(0, 0))
+            c.commit(len(p))
+        caches.append(pair[0])
+        alone.append(pair[1])
+    masks = [torch.from_numpy(ancestor_mask(t.parents)) for t in trees]
+    tokens = torch.from_numpy(np.concatenate([t.tokens for t in trees]))
+    positions = torch.from_numpy(
+        np.concatenate([t.depths + len(p) for t, p in zip(trees, prefixes)])
+    )
+    taps = (1, target.num_layers)
+    out = target.forward_batch(caches, sizes, tokens, positions, masks, taps=taps)
+    a = 0
+    for i, (t, p) in enumerate(zip(trees, prefixes)):
+        ref = target.forward(
+            alone[i], torch.from_numpy(t.tokens), positions[a : a + sizes[i]], masks[i], taps=taps
+        )
+        assert torch.equal(out.logits[a : a + sizes[i]], ref.logits), i
+        assert torch.equal(out.taps[a : a + sizes[i]], ref.taps), i
+        n = len(p) + sizes[i]
+        assert torch.equal(caches[i].k[:, :, :n], alone[i].k[:, :, :n]), i
+        a += sizes[i]

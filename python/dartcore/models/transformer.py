@@ -375,9 +375,13 @@ class TargetModel:
             for i, (cache, m) in enumerate(zip(caches, block_masks))
         ]
         # The native layer stack takes at most MAX_ROWS rows per call (the products' register
-        # blocking); a bigger packed block takes the torch path for this forward.
+        # blocking): a bigger packed block goes through it in groups of whole sequences (a
+        # prefill of block weights: in causal chunks); a sequence's block of more than
+        # MAX_ROWS rows under a mask takes the torch path for this forward.
         native = self._ops is not None and (
-            n <= MAX_ROWS or (self.blocks and len(segments) == 1 and segments[0][3] is None)
+            n <= MAX_ROWS
+            or all(end - start <= MAX_ROWS for _, start, end, _ in segments)
+            or (self.blocks and len(segments) == 1 and segments[0][3] is None)
         )
         if not native:
             return self._forward_rows(
@@ -397,6 +401,8 @@ class TargetModel:
         captured: dict[int, torch.Tensor] = {}
         if native and n <= MAX_ROWS:
             h = self._ops.layers(self, segments, tokens, cos, sin, tap_set, captured)
+        elif native and all(end - start <= MAX_ROWS for _, start, end, _ in segments):
+            h = self._segment_groups(segments, tokens, cos, sin, tap_set, captured)
         elif native:
             h = self._causal_chunks(segments[0][0], tokens, cos, sin, tap_set, captured)
         else:
@@ -416,6 +422,30 @@ class TargetModel:
         logits = self.logits(rows)
         tap_out = torch.cat([captured[int(t)] for t in taps], dim=-1) if len(taps) else None
         return ForwardOutput(logits=logits, taps=tap_out, hidden=h)
+
+    def _segment_groups(self, segments, tokens, cos, sin, tap_set, captured) -> torch.Tensor:
+        """A packed batch of more than MAX_ROWS rows, no sequence's block more than MAX_ROWS,
+        through the native layers in groups of whole sequences of at most MAX_ROWS rows.
+        Each row sees only its own sequence, so a group's rows are what they would be in one
+        pass -- and on the integer path bit for bit what they are with any other rows, the
+        contract that makes a batched verify equal each sequence's own decoding."""
+        groups: list[list] = [[]]
+        for seg in segments:
+            if groups[-1] and seg[2] - groups[-1][0][1] > MAX_ROWS:
+                groups.append([])
+            groups[-1].append(seg)
+        hs, parts = [], {}
+        for group in groups:
+            a, b = group[0][1], group[-1][2]
+            got: dict[int, torch.Tensor] = {}
+            rebased = [(cache, s0 - a, s1 - a, m) for cache, s0, s1, m in group]
+            hs.append(
+                self._ops.layers(self, rebased, tokens[a:b], cos[a:b], sin[a:b], tap_set, got)
+            )
+            for t, v in got.items():
+                parts.setdefault(t, []).append(v)
+        captured.update({t: torch.cat(v) for t, v in parts.items()})
+        return torch.cat(hs)
 
     def _causal_chunks(self, cache: KVCache, tokens, cos, sin, tap_set, captured) -> torch.Tensor:
         """A causal block of more than MAX_ROWS rows (a prefill) through the native layers,
