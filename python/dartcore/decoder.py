@@ -215,15 +215,8 @@ class DartDecoder:
         Never prints.
         """
         result = None
-        ids, params = self._open(
-            prompt,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            stop=stop,
-            seed=seed,
-        )
+        kw = dict(temperature=temperature, top_p=top_p, top_k=top_k, stop=stop, seed=seed)
+        ids, params = self._open(prompt, max_new_tokens, kw)
         # the chunks' text only for a streamer that reads it (each one decodes the output so far)
         texts = streamer is not None and not hasattr(streamer, "put")
         for chunk in self._stream(ids, params, texts=texts):
@@ -283,30 +276,12 @@ class DartDecoder:
         """Like :meth:`generate`, as an iterator of :class:`StreamChunk`; the last
         chunk carries the :class:`GenerationResult`. Arguments are checked
         before the first chunk."""
-        return self._stream(
-            *self._open(
-                prompt,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                top_p=top_p,
-                top_k=top_k,
-                stop=stop,
-                seed=seed,
-            )
-        )
+        kw = dict(temperature=temperature, top_p=top_p, top_k=top_k, stop=stop, seed=seed)
+        return self._stream(*self._open(prompt, max_new_tokens, kw))
 
-    def _open(
-        self, prompt, *, max_new_tokens, temperature, top_p, top_k, stop, seed
-    ) -> tuple[list[int], SamplingParams]:
-        """The prompt's token ids and the sampling parameters, checked."""
-        params = SamplingParams(
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            max_new_tokens=max_new_tokens,
-            seed=seed,
-            stop=stop,
-        )
+    def _open(self, prompt, max_new_tokens, kw) -> tuple[list[int], SamplingParams]:
+        """The prompt's token ids and the sampling parameters (``kw``), checked."""
+        params = SamplingParams(max_new_tokens=max_new_tokens, **kw)
         ids = prompt_ids(self.tokenizer, prompt, self.target.vocab_size)
         if len(ids) >= self.context_length:
             raise ContextLengthError(
