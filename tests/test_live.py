@@ -381,9 +381,9 @@ def _count_drafts(dec):
     return calls
 
 
-def _learned_live_decoder(setup, trust: int):  # noqa: F811
-    """A ``dart+live`` decoder (3-node budget, ``trust``) that has answered every prompt once
-    (the answers checked against the target's)."""
+def _learned_live_decoder(setup, trust: int, adapt: bool = False):  # noqa: F811
+    """A ``dart+live`` decoder (3-node budget, ``trust``; by default the fixed rule, no judge)
+    that has answered every prompt once (the answers checked against the target's)."""
     model, tok, drafter, index, prompts, refs = setup
     dec = DartDecoder(
         model,
@@ -395,6 +395,7 @@ def _learned_live_decoder(setup, trust: int):  # noqa: F811
         eos_token_ids=(),
         learn=True,
         trust=trust,
+        adapt=adapt,
     )
     for prompt, ref in zip(prompts, refs):
         assert dec.generate(prompt, max_new_tokens=24).tokens == ref
@@ -419,8 +420,9 @@ def test_a_trusted_suffix_match_skips_the_draft(setup, trust):  # noqa: F811
         rounds += res.stats.rounds
         longest = max(longest, len(res.stats.budget_hist) - 1)
         taus.append(res.stats.tau)
-    if trust == 0:  # every round drafts but a last one with one token left
-        assert len(calls) >= rounds - len(prompts) and longest <= 3
+    if trust == 0:  # every round drafts but a last one with one token left; the drafted
+        # tree's chain sized by its match beyond the budget
+        assert len(calls) >= rounds - len(prompts) and 3 < longest <= SUFFIX_MAX_NODES
     else:
         assert len(calls) < rounds / 2, (len(calls), rounds)
         assert 3 < longest <= SUFFIX_MAX_NODES
@@ -546,3 +548,99 @@ def test_the_engine_learns_what_it_finishes_unless_told_not_to(setup):  # noqa: 
     assert [outs[f"r{i}"] for i in range(len(prompts))] == refs
     learned = sum(len(p) + 24 for i, p in enumerate(prompts) if i % 2 == 0)
     assert dec.parts.live.inserted == learned
+
+
+def _judge_ticks(judge, match: int, n: int) -> list[bool]:
+    return [judge.choose(match)[0] for _ in range(n)]
+
+
+def test_the_chain_judge_follows_its_prior_until_both_sides_are_measured():
+    """A match of ``trust`` tokens or more is a repeat, verified alone, not judged; unmeasured,
+    a shorter one drafts, every ``explore // 2``-th round of that length trying the chain."""
+    from dartcore.trees import ChainJudge
+
+    judge = ChainJudge(trust=4, explore=8)
+    assert _judge_ticks(judge, 9, 8) == [True] * 8
+    assert _judge_ticks(judge, 3, 8) == [False, False, False, True] * 2
+    assert _judge_ticks(judge, 0, 4) == [False, False, False, True]
+    assert [ChainJudge.bucket(m) for m in (0, 1, 2, 3, 4, 5, 6, 7, 8, 11, 12, 15, 16, 40)] == [
+        0,
+        1,
+        1,
+        2,
+        3,
+        3,
+        4,
+        4,
+        5,
+        5,
+        6,
+        6,
+        7,
+        7,
+    ]
+
+
+def test_the_chain_judge_picks_the_faster_rounds_and_explores_less_when_far_ahead():
+    from dartcore.trees import ChainJudge
+
+    judge = ChainJudge(trust=8, explore=8)
+    b = ChainJudge.bucket(3)
+    judge.observe(False, b, 2, 0.010, (0.004, True))  # a steady draft of 4 ms
+    judge.observe(False, b, 2, 0.050, (0.045, False))  # a catch-up, charged 4 ms: 9 ms
+    assert judge.steady_s == pytest.approx(0.004)
+    assert judge.seconds[0, b] == pytest.approx(0.010 * judge.decay + 0.009)
+    judge = ChainJudge(trust=8, explore=8)
+    for _ in range(6):  # at 3-token matches the chain alone: 2 tokens in 3 ms; drafting: 2 in 5
+        judge.observe(True, b, 2, 0.003)
+        judge.observe(False, b, 2, 0.005)
+    assert judge.rate(True, b) == pytest.approx(2 / 0.003)
+    ticks = _judge_ticks(judge, 3, 64)
+    assert ticks.count(False) == 2  # > 15% ahead: the draft tried every 32nd round
+    for _ in range(60):  # drafting got better: 3 tokens in 4 ms (close: every 4th)
+        judge.observe(False, b, 3, 0.004)
+    ticks = _judge_ticks(judge, 3, 32)
+    assert ticks.count(True) == 8, ticks
+    for _ in range(60):  # the chain alone a little faster (4% ahead, within the margin)
+        judge.observe(True, b, 3, 0.00385)
+    assert _judge_ticks(judge, 3, 32).count(True) == 8  # still drafting
+    assert judge.rate(True, ChainJudge.bucket(9)) is None  # other lengths: unmeasured
+
+
+def test_the_judge_hears_of_every_round_it_chose_and_outputs_stay_the_targets(setup):  # noqa: F811
+    """``dart+live`` with its judge (the default): each round it decided is observed once,
+    with that round's committed tokens; a judge that found plain steps faster than drafting
+    plans the root alone where nothing matches (no drafter forward); outputs never change,
+    single and batched."""
+    from dartcore.trees import ChainJudge
+
+    model, tok, drafter, index, prompts, refs = setup
+    dec = _learned_live_decoder(setup, 8, adapt=True)
+    heard = []
+    inner = dec.parts.builder.observe
+    dec.parts.builder.observe = lambda note, n, *a: (heard.append((note, n)), inner(note, n, *a))
+    res = dec.generate(prompts[0], max_new_tokens=24)
+    assert res.tokens == refs[0]
+    assert sum(n for _, n in heard) <= len(res.tokens) and len(heard) >= res.stats.rounds - 1
+    judge = dec.parts.builder.judge
+    judge.tokens[:], judge.seconds[:], judge.weight[:] = 0.0, 1.0, 10.0
+    judge.tokens[1, :] = 20.0  # the chain alone (or the root alone) always 2x the draft
+    judge.tokens[0, :] = 10.0
+    calls = _count_drafts(dec)
+    fresh = [1] + np.random.default_rng(7).integers(3, 64, size=9).tolist()
+    ref = DartDecoder(model, tok, None, None, tree="ar", eos_token_ids=()).generate(
+        fresh, max_new_tokens=24
+    )
+    got = dec.generate(fresh, max_new_tokens=24)
+    assert got.tokens == ref.tokens
+    assert len(calls) < got.stats.rounds / 4, (len(calls), got.stats.rounds)  # exploration only
+    assert got.stats.budget_hist[0] > 0  # root-alone rounds
+    assert isinstance(judge, ChainJudge)
+    batch = dec.generate_batch(prompts, max_new_tokens=24)
+    assert [r.tokens for r in batch] == refs
+
+
+def test_adapt_must_be_a_bool():
+    with pytest.raises(TreeError, match="adapt"):
+        make_tree_builder("dart+live", adapt=1)
+    assert make_tree_builder("dart+live", adapt=False).judge is None

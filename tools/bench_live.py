@@ -104,12 +104,15 @@ def workload(answers: dict[str, str]):
 def configure(dec, method: str, drafter, live, max_nodes=None):
     from dartcore.trees import make_tree_builder, node_budget
 
-    # "dart+mix@0.25": the mix at λ = 0.25; "dart+live@trust=4": a builder parameter
+    # "dart+mix@0.25": the mix at λ = 0.25; "dart+live@trust=4", "@adapt=false": a parameter
     name, _, given = method.partition("@")
     params = {} if max_nodes is None else {"max_nodes": max_nodes}
     for item in filter(None, given.split(",")):
         key, eq, value = item.rpartition("=")
-        params[key if eq else "live_weight"] = float(value) if "." in value else int(value)
+        if value in ("true", "false"):  # "dart+live@adapt=false"
+            params[key] = value == "true"
+        else:
+            params[key if eq else "live_weight"] = float(value) if "." in value else int(value)
     builder = make_tree_builder(name, **params)
     dec.parts.builder = builder
     dec.parts.drafter = drafter if builder.needs_drafter else None

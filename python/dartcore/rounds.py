@@ -209,6 +209,10 @@ class Sequence:
     live: Any = None
     # this round's tree when the builder planned it (no draft, no drafter scores): see plan()
     plan: Tree | None = None
+    # what the builder's judge noted of this round and when it was planned, until accept
+    judged: tuple[Any, float] | None = None
+    # this round's draft: (seconds of the drafter pass it was in, steady: no catch-up), or None
+    drafted: tuple[float, bool] | None = None
 
     @property
     def planned(self) -> bool:
@@ -322,16 +326,22 @@ def limits(parts: Parts, seq: Sequence, max_nodes: int | None = None) -> tuple[i
 def plan(parts: Parts, seqs: list[Sequence], depths: list[int], *, idle: bool = False) -> bool:
     """Each sequence's tree from the builder's ``plan`` (a trusted suffix match:
     trees.LiveBuilder), decided before any draft, into ``seq.plan`` (else None); True when
-    any sequence has one. Sequences with a node budget plan within it and their room;
+    any sequence has one. A builder with ``decide`` (trees.LiveBuilder's judge) hears of
+    each round it chose for from :func:`accept`: the tokens it committed, its time since
+    here and its draft's (:func:`draft`). Sequences with a node budget plan within it and their room;
     ``idle=True`` (the engine, when its controller has stopped drafting a sequence) also
     plans for sequences at budget 0, within their room alone. Nothing is planned for a
     builder without ``plan``, or when the parts' budget is 0 (speculation off)."""
     fn = getattr(parts.builder, "plan", None)
+    decide = getattr(parts.builder, "decide", None)
     for seq, depth in zip(seqs, depths):
-        tree = None
+        tree = note = None
         if fn is not None and parts.max_nodes > 0 and depth > 0 and (seq.budget > 0 or idle):
-            tree = fn(_inputs(parts, seq, depth, len(seqs)))
-        seq.plan = tree if tree is not None and len(tree) > 1 else None
+            inputs = _inputs(parts, seq, depth, len(seqs))
+            tree, note = decide(inputs) if decide is not None else (fn(inputs), None)
+        # a root alone is planned only where the builder's judge chose it over a draft
+        seq.plan = tree if tree is not None and (len(tree) > 1 or note is not None) else None
+        seq.judged = None if note is None else (note, time.perf_counter())
     return any(seq.planned for seq in seqs)
 
 
@@ -352,6 +362,10 @@ def draft(parts: Parts, seqs: list[Sequence], depths: list[int]) -> list[Drafted
     ]
     if not todo:
         return out
+    t0 = time.perf_counter()
+    # a steady draft reads what one round commits; more: a catch-up (a prompt, a stretch of
+    # rounds without a draft)
+    steady = [len(seqs[i].new_next) <= max(parts.max_nodes, drafter.d) + 1 for i in todo]
     _catch_up(parts, [seqs[i] for i in todo])
     # A tree of `budget` nodes is never deeper than `budget`: draft no more rows than that.
     rows = [min(drafter.d, seqs[i].budget, depths[i]) for i in todo]
@@ -364,9 +378,12 @@ def draft(parts: Parts, seqs: list[Sequence], depths: list[int]) -> list[Drafted
         rows=rows,
         return_hidden=want_hidden,
     )
-    for i, r in zip(todo, results):
+    parts.backend.synchronize()
+    seconds = time.perf_counter() - t0
+    for i, r, st in zip(todo, results, steady):
         out[i] = Drafted(*r) if want_hidden else Drafted(logits=r)
         seqs[i].new_taps, seqs[i].new_next = [], []  # now in the drafter's state
+        seqs[i].drafted = (seconds, st)
     return out
 
 
@@ -459,10 +476,11 @@ def search(
         if tree is None:
             tree = builder(_inputs(parts, seq, depth, len(seqs), drafted[i]))
         tree = flatten(tree)
-        # The built-in builders keep to the budget, a chain to its room (a suffix match may
-        # size it beyond the budget); a custom builder that does not is cut to them.
+        # The built-in builders keep to the budget, a chain (and the trees of a builder that
+        # sizes its chains by their match) to its room; a custom builder that does not is
+        # cut to them.
         cap = seq.budget
-        if len(tree) - 1 > cap and is_chain(tree):
+        if len(tree) - 1 > cap and (is_chain(tree) or getattr(builder, "sizes_chains", False)):
             cap = _chain_room(seq, len(seqs))
         tree = prune(tree, max_depth=depth, max_nodes=cap + 1)
         if int(tree.tokens[0]) != seq.committed[-1]:
@@ -559,6 +577,10 @@ def accept(parts: Parts, seq: Sequence, tree: Tree, out: ForwardOutput, logits=N
     seq.stats.count(acc.accepted, len(tree) - 1)
     seq.path = path
     seq.committed.extend(new)
+    if seq.judged is not None:
+        note, t0 = seq.judged
+        parts.builder.observe(note, len(new), time.perf_counter() - t0, seq.drafted)
+    seq.judged = seq.drafted = None
     if parts.drafter is not None:
         taps = (
             out.taps[: len(path)]

@@ -550,6 +550,90 @@ def sized_chain(
     return chain_tree(int(inputs.context[-1]), chain[: suffix_nodes(inputs, m, factor, cap)])
 
 
+# Match lengths the ChainJudge tells apart: none, 1-2, 3, 4-5, 6-7, 8-11, 12-15, 16 or more.
+JUDGE_EDGES = (0, 1, 3, 4, 6, 8, 12, 16)
+
+
+@dataclass
+class ChainJudge:
+    """Learns, per length of the round's suffix match (:data:`JUDGE_EDGES`) shorter than
+    ``trust`` (a longer one is a repeat: its chain is verified alone, unjudged), which round
+    commits more tokens per second: the suffix-match chain verified alone, without the
+    drafter's forward (the root alone -- a plain step -- when nothing matches), or the
+    drafted tree. Both rates are decayed sums (``decay`` per observation) of the tokens a
+    round committed and of its wall time from plan to accept (a draft that caught up on
+    skipped positions charged a steady draft's time: :meth:`observe`). Until both sides of a
+    length are measured (``measured`` rounds' weight each) the round drafts, the chain
+    alone tried every ``explore // 2``-th round; then the better rate, kept until the other
+    is ``margin`` ahead, the other side still tried every ``explore // 2``-th round of that
+    length (every ``4 * explore``-th where one is more than 15% ahead) so that a change is
+    seen. Speed only: every tree is verified, so outputs never depend on it."""
+
+    trust: int = SUFFIX_TRUST
+    decay: float = 0.9
+    explore: int = 16
+    measured: float = 3.0
+    margin: float = 0.05
+    tokens: np.ndarray = field(default_factory=lambda: np.zeros((2, len(JUDGE_EDGES))))
+    seconds: np.ndarray = field(default_factory=lambda: np.zeros((2, len(JUDGE_EDGES))))
+    weight: np.ndarray = field(default_factory=lambda: np.zeros((2, len(JUDGE_EDGES))))
+    seen: np.ndarray = field(default_factory=lambda: np.zeros(len(JUDGE_EDGES), dtype=np.int64))
+    alone: np.ndarray = field(default_factory=lambda: np.zeros(len(JUDGE_EDGES), dtype=bool))
+    steady_s: float | None = None  # a steady draft's seconds (decayed mean)
+
+    @staticmethod
+    def bucket(match: int) -> int:
+        return int(np.searchsorted(JUDGE_EDGES, match, side="right")) - 1
+
+    def rate(self, alone: bool, b: int) -> float | None:
+        """Tokens per second of the rounds of kind ``alone`` at bucket ``b``; None unmeasured
+        (fewer than ``measured`` rounds' weight)."""
+        k = int(alone)
+        if self.weight[k, b] < self.measured or self.seconds[k, b] <= 0.0:
+            return None
+        return float(self.tokens[k, b] / self.seconds[k, b])
+
+    def choose(self, match: int) -> tuple[bool, int]:
+        """(verify the chain alone?, the bucket to report the round under)."""
+        b = self.bucket(match)
+        if match >= self.trust:  # a repeat: the chain alone, as without a judge
+            return True, b
+        self.seen[b] += 1
+        chain, draft = self.rate(True, b), self.rate(False, b)
+        if chain is None or draft is None:
+            alone, period = False, max(2, self.explore // 2)
+        else:
+            alone = bool(self.alone[b])
+            # the other side must be ahead by `margin` to take over: timing noise alone
+            # should not flip a length back and forth
+            if chain > draft * (1.0 + self.margin) or draft > chain * (1.0 + self.margin):
+                alone = chain > draft
+            far = max(chain, draft) > 1.15 * min(chain, draft)
+            period = 4 * self.explore if far else max(2, self.explore // 2)
+        self.alone[b] = alone
+        if self.seen[b] % period == 0:
+            alone = not alone
+        return alone, b
+
+    def observe(self, alone: bool, b: int, tokens: int, seconds: float, drafted=None) -> None:
+        """A round at bucket ``b`` committed ``tokens`` in ``seconds``; ``drafted``: its
+        draft's ``(seconds, steady)`` (:func:`dartcore.rounds.draft`). A draft that caught up
+        on the positions of rounds without one (or on the prompt) is charged a steady
+        draft's time: that reading is work the skipped rounds' drafts would have done, and
+        charging it to the draft would make every stretch without one longer."""
+        if drafted is not None:
+            draft_s, steady = drafted
+            if steady:
+                self.steady_s = (
+                    draft_s if self.steady_s is None else 0.9 * self.steady_s + 0.1 * draft_s
+                )
+            elif self.steady_s is not None:
+                seconds += min(self.steady_s - draft_s, 0.0)
+        k = int(alone)
+        for arr, x in ((self.tokens, tokens), (self.seconds, seconds), (self.weight, 1.0)):
+            arr[k, b] = arr[k, b] * self.decay + x
+
+
 @dataclass
 class LiveBuilder:
     """``dart+live``: Eq. (10) with the live layer mixed into g (``dart.live_weight``),
@@ -559,10 +643,14 @@ class LiveBuilder:
     (``suffix``, not ``chain``: a builder's ``chain`` means one node per drafter row to
     :func:`node_budget`.)
 
-    Where the context's end repeats at least ``trust`` tokens of the conversation or of what
-    was served, :meth:`plan` gives the chain alone, sized by the match as ``suffix`` sizes it,
-    before any draft: that round's drafter forward is skipped (the repeat is better evidence
-    than the drafter's guess, and on a CPU the drafter costs a fifth of a step)."""
+    Before any draft, :meth:`plan` may give the round's tree as the suffix-match chain alone,
+    sized by the match as ``suffix`` sizes it (the root alone when nothing matches): that
+    round's drafter forward is skipped. Which rounds: with ``adapt`` (the default) what its
+    :class:`ChainJudge` has measured to commit more tokens per second at that match length
+    (before it knows: a match of ``trust`` tokens or more); without, every match of ``trust``
+    tokens or more (a repeat is better evidence than the drafter's guess, and on a CPU the
+    drafter costs a fifth of a step). ``trust`` 0: always draft. A sequence the engine's
+    controller has stopped drafting (budget 0) gets the chain of a ``trust``-token match."""
 
     dart: BeamBuilder
     suffix: bool = True
@@ -573,33 +661,67 @@ class LiveBuilder:
     trust: int = SUFFIX_TRUST
     max_spec: int = SUFFIX_MAX_NODES
     spec_factor: float = SUFFIX_SPEC_FACTOR
+    adapt: bool = True
+    judge: ChainJudge | None = None
     needs_drafter: bool = True
     needs_hidden: bool = False
     needs_index: bool = True
+    sizes_chains: bool = True  # its trees may fill the round's chain room (rounds.search)
+
+    def __post_init__(self):
+        if self.adapt and self.judge is None:
+            self.judge = ChainJudge(trust=self.trust)
 
     def plan(self, inputs: TreeInputs) -> Tree | None:
-        """The round's tree when a trusted suffix match makes the draft unnecessary, else
-        None (the round drafts and calls the builder)."""
+        """The round's tree when it needs no draft, else None (the round drafts and calls the
+        builder)."""
+        return self.decide(inputs)[0]
+
+    def decide(self, inputs: TreeInputs) -> tuple[Tree | None, tuple[bool, int] | None]:
+        """:meth:`plan` and what the judge is to be told of the round (``(alone, bucket)``
+        for :meth:`observe`; None where it did not choose)."""
         if not self.suffix or self.trust <= 0:
-            return None
-        return sized_chain(
-            inputs, self.max_spec, self.spec_factor, self.min_match, self.max_match, self.trust
+            return None, None
+        if self.judge is None or inputs.budget() == 0:
+            tree = sized_chain(
+                inputs, self.max_spec, self.spec_factor, self.min_match, self.max_match, self.trust
+            )
+            return tree, None
+        m, chain = suffix_lookup(
+            inputs,
+            chain_room(inputs, self.max_spec),
+            min_match=self.min_match,
+            max_match=self.max_match,
         )
+        alone, b = self.judge.choose(m)
+        if not alone:
+            return None, (False, b)
+        n = suffix_nodes(inputs, m, self.spec_factor, self.max_spec)
+        return chain_tree(int(inputs.context[-1]), chain[:n]), (True, b)
+
+    def observe(self, note: tuple[bool, int], tokens: int, seconds: float, drafted=None) -> None:
+        """A round :meth:`decide` noted committed ``tokens`` in ``seconds`` (``drafted``: see
+        :meth:`ChainJudge.observe`)."""
+        if self.judge is not None:
+            self.judge.observe(note[0], note[1], tokens, seconds, drafted)
 
     def __call__(self, inputs: TreeInputs) -> Tree:
         budget = inputs.budget()
         if not self.suffix:
             return self.dart(inputs)
-        chain = suffix_chain(
-            inputs,
-            min(self.depth, inputs.max_depth, budget),
-            min_match=self.min_match,
-            max_match=self.max_match,
+        room = chain_room(inputs, self.max_spec)
+        m, chain = suffix_lookup(
+            inputs, min(self.depth, room), min_match=self.min_match, max_match=self.max_match
         )
         if len(chain) == 0:
             return self.dart(inputs)
-        first = self.dart(replace(inputs, max_nodes=max(1, budget - len(chain))))
-        return merge_trees(first, chain_tree(int(inputs.context[-1]), chain), budget)
+        # the chain sized by its match (beyond the budget where the round has room), the
+        # drafter's tree the rest of the budget, at least one node
+        n = min(len(chain), suffix_nodes(inputs, m, self.spec_factor, self.depth), max(1, room - 1))
+        k = max(1, budget - n)
+        first = self.dart(replace(inputs, max_nodes=k))
+        root = int(inputs.context[-1])
+        return merge_trees(first, chain_tree(root, chain[:n]), max(budget, n + k))
 
 
 def _split(params: dict[str, Any], known: set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -742,6 +864,7 @@ def _dart_live(
     trust: int = SUFFIX_TRUST,
     max_spec: int = SUFFIX_MAX_NODES,
     spec_factor: float = SUFFIX_SPEC_FACTOR,
+    adapt: bool = True,
     **params,
 ) -> LiveBuilder:
     dart = _dart(**params)
@@ -749,6 +872,8 @@ def _dart_live(
     lo, hi = _matches(min_match, max_match)
     if isinstance(trust, bool) or not isinstance(trust, int) or trust < 0:
         raise TreeError(f"trust must be an int >= 0 (0: always draft), got {trust!r}")
+    if not isinstance(adapt, bool):
+        raise TreeError(f"adapt must be True or False, got {adapt!r}")
     return LiveBuilder(
         dart=dart,
         suffix=suffix,
@@ -759,6 +884,7 @@ def _dart_live(
         trust=trust,
         max_spec=_positive("max_spec", max_spec),
         spec_factor=_spec_factor(spec_factor),
+        adapt=adapt,
     )
 
 
