@@ -644,3 +644,34 @@ def test_adapt_must_be_a_bool():
     with pytest.raises(TreeError, match="adapt"):
         make_tree_builder("dart+live", adapt=1)
     assert make_tree_builder("dart+live", adapt=False).judge is None
+
+
+def test_the_judge_decides_only_for_a_sequence_verified_alone(setup):  # noqa: F811
+    """In a step shared by several sequences a round's time is the whole step's, and the
+    engine's controller decides who drafts: the judge is not consulted there (the fixed rule
+    plans), and at one sequence it is. Outputs stay the target's."""
+    from dartcore.engine import Engine
+    from dartcore.sampling import SamplingParams
+
+    model, tok, drafter, index, prompts, refs = setup
+    dec = _learned_live_decoder(setup, 8, adapt=True)
+    judge = dec.parts.builder.judge
+    asked = []
+    inner = judge.choose
+    judge.choose = lambda m: (asked.append(m), inner(m))[1]
+    for batch in (len(prompts), 1):
+        asked.clear()
+        engine = Engine(dec, max_batch=batch, budget=3)
+        outs = {}
+        for i, p in enumerate(prompts):
+            engine.add_request(p, SamplingParams(max_new_tokens=24, learn=False), f"r{i}")
+        while engine.has_unfinished():
+            for o in engine.step():
+                if o.finished:
+                    outs[o.request_id] = o.tokens
+        assert [outs[f"r{i}"] for i in range(len(prompts))] == refs
+        alone = [st.sequences for st in engine.stats.steps].count(1)
+        if batch > 1:  # the last of a batch may run alone once the others are done
+            assert len(asked) <= alone < len(engine.stats.steps), (len(asked), alone)
+        else:
+            assert asked and len(asked) <= alone

@@ -326,8 +326,8 @@ def limits(parts: Parts, seq: Sequence, max_nodes: int | None = None) -> tuple[i
 def plan(parts: Parts, seqs: list[Sequence], depths: list[int], *, idle: bool = False) -> bool:
     """Each sequence's tree from the builder's ``plan`` (a trusted suffix match:
     trees.LiveBuilder), decided before any draft, into ``seq.plan`` (else None); True when
-    any sequence has one. A builder with ``decide`` (trees.LiveBuilder's judge) hears of
-    each round it chose for from :func:`accept`: the tokens it committed, its time since
+    any sequence has one. A builder with ``decide`` (trees.LiveBuilder's judge, for a
+    sequence verified alone) hears of each round it chose for from :func:`accept`: the tokens it committed, its time since
     here and its draft's (:func:`draft`). Sequences with a node budget plan within it and their room;
     ``idle=True`` (the engine, when its controller has stopped drafting a sequence) also
     plans for sequences at budget 0, within their room alone. Nothing is planned for a
@@ -338,7 +338,11 @@ def plan(parts: Parts, seqs: list[Sequence], depths: list[int], *, idle: bool = 
         tree = note = None
         if fn is not None and parts.max_nodes > 0 and depth > 0 and (seq.budget > 0 or idle):
             inputs = _inputs(parts, seq, depth, len(seqs))
-            tree, note = decide(inputs) if decide is not None else (fn(inputs), None)
+            # the judge times a round: alone in its step, a sequence's round is the step
+            if decide is not None:
+                tree, note = decide(inputs, judged=len(seqs) == 1)
+            else:
+                tree, note = fn(inputs), None
         # a root alone is planned only where the builder's judge chose it over a draft
         seq.plan = tree if tree is not None and (len(tree) > 1 or note is not None) else None
         seq.judged = None if note is None else (note, time.perf_counter())

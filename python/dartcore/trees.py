@@ -677,12 +677,16 @@ class LiveBuilder:
         builder)."""
         return self.decide(inputs)[0]
 
-    def decide(self, inputs: TreeInputs) -> tuple[Tree | None, tuple[bool, int] | None]:
+    def decide(
+        self, inputs: TreeInputs, *, judged: bool = True
+    ) -> tuple[Tree | None, tuple[bool, int] | None]:
         """:meth:`plan` and what the judge is to be told of the round (``(alone, bucket)``
-        for :meth:`observe`; None where it did not choose)."""
+        for :meth:`observe`; None where it did not choose). ``judged=False``: the fixed rule
+        (a sequence verified with others, whose round takes the whole step's time: there the
+        engine's controller decides who drafts)."""
         if not self.suffix or self.trust <= 0:
             return None, None
-        if self.judge is None or inputs.budget() == 0:
+        if self.judge is None or not judged or inputs.budget() == 0:
             tree = sized_chain(
                 inputs, self.max_spec, self.spec_factor, self.min_match, self.max_match, self.trust
             )
