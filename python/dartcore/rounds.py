@@ -327,9 +327,9 @@ def plan(parts: Parts, seqs: list[Sequence], depths: list[int], *, idle: bool = 
     """Each sequence's tree from the builder's ``plan`` (a trusted suffix match:
     trees.LiveBuilder), decided before any draft, into ``seq.plan`` (else None); True when
     any sequence has one. A builder with ``decide`` (trees.LiveBuilder's judge, for a
-    sequence verified alone) hears of each round it chose for from :func:`accept`: the tokens it committed, its time since
-    here and its draft's (:func:`draft`). Sequences with a node budget plan within it and their room;
-    ``idle=True`` (the engine, when its controller has stopped drafting a sequence) also
+    sequence verified alone) hears of each round it chose for from :func:`accept`: the
+    tokens it committed, its time since here and its draft's (:func:`draft`). Sequences
+    with a node budget plan within it and their room; ``idle=True`` (the engine, when its controller has stopped drafting a sequence) also
     plans for sequences at budget 0, within their room alone. Nothing is planned for a
     builder without ``plan``, or when the parts' budget is 0 (speculation off)."""
     fn = getattr(parts.builder, "plan", None)

@@ -645,12 +645,13 @@ class LiveBuilder:
 
     Before any draft, :meth:`plan` may give the round's tree as the suffix-match chain alone,
     sized by the match as ``suffix`` sizes it (the root alone when nothing matches): that
-    round's drafter forward is skipped. Which rounds: with ``adapt`` (the default) what its
-    :class:`ChainJudge` has measured to commit more tokens per second at that match length
-    (before it knows: a match of ``trust`` tokens or more); without, every match of ``trust``
-    tokens or more (a repeat is better evidence than the drafter's guess, and on a CPU the
-    drafter costs a fifth of a step). ``trust`` 0: always draft. A sequence the engine's
-    controller has stopped drafting (budget 0) gets the chain of a ``trust``-token match."""
+    round's drafter forward is skipped. Which rounds: every match of ``trust`` tokens or more
+    (a repeat is better evidence than the drafter's guess, and on a CPU the drafter costs a
+    fifth of a step); with ``adapt`` (the default), for a sequence verified alone, also the
+    shorter matches (or none) where its :class:`ChainJudge` has measured the chain alone to
+    commit more tokens per second than a draft. ``trust`` 0: always draft. A sequence the
+    engine's controller has stopped drafting (budget 0) gets the chain of a ``trust``-token
+    match."""
 
     dart: BeamBuilder
     suffix: bool = True
