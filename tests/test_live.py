@@ -381,6 +381,20 @@ def _count_drafts(dec):
     return calls
 
 
+def _engine_outputs(engine, prompts, max_new_tokens: int = 24) -> list[list[int]]:
+    """Every prompt through ``engine`` (not learned from), its outputs in order."""
+    from dartcore.sampling import SamplingParams
+
+    outs = {}
+    for i, p in enumerate(prompts):
+        engine.add_request(p, SamplingParams(max_new_tokens=max_new_tokens, learn=False), f"r{i}")
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.finished:
+                outs[o.request_id] = o.tokens
+    return [outs[f"r{i}"] for i in range(len(prompts))]
+
+
 def _learned_live_decoder(setup, trust: int, adapt: bool = False):  # noqa: F811
     """A ``dart+live`` decoder (3-node budget, ``trust``; by default the fixed rule, no judge)
     that has answered every prompt once (the answers checked against the target's)."""
@@ -437,7 +451,6 @@ def test_the_engine_verifies_a_trusted_repeat_where_it_stopped_drafting(setup, b
     trusted repeat through, as a chain within the verify's room, without a draft; a fixed
     budget of 0 (speculation off) plans nothing. Outputs stay the target's."""
     from dartcore.engine import Engine
-    from dartcore.sampling import SamplingParams
 
     model, tok, drafter, index, prompts, refs = setup
     dec = _learned_live_decoder(setup, 4)
@@ -445,14 +458,7 @@ def test_the_engine_verifies_a_trusted_repeat_where_it_stopped_drafting(setup, b
     if engine.controller is not None:
         monkeypatch.setattr(engine.controller, "draws", lambda accs, caps: [0] * len(caps))
     calls = _count_drafts(dec)
-    outs = {}
-    for i, p in enumerate(prompts):
-        engine.add_request(p, SamplingParams(max_new_tokens=24, learn=False), f"r{i}")
-    while engine.has_unfinished():
-        for o in engine.step():
-            if o.finished:
-                outs[o.request_id] = o.tokens
-    assert [outs[f"r{i}"] for i in range(len(prompts))] == refs
+    assert _engine_outputs(engine, prompts) == refs
     assert not calls, "drafted at budget 0"
     chains = [n for st in engine.stats.steps for n in st.budgets if n > 0]
     if budget == "adaptive":
@@ -651,7 +657,6 @@ def test_the_judge_decides_only_for_a_sequence_verified_alone(setup):  # noqa: F
     engine's controller decides who drafts: the judge is not consulted there (the fixed rule
     plans), and at one sequence it is. Outputs stay the target's."""
     from dartcore.engine import Engine
-    from dartcore.sampling import SamplingParams
 
     model, tok, drafter, index, prompts, refs = setup
     dec = _learned_live_decoder(setup, 8, adapt=True)
@@ -662,14 +667,7 @@ def test_the_judge_decides_only_for_a_sequence_verified_alone(setup):  # noqa: F
     for batch in (len(prompts), 1):
         asked.clear()
         engine = Engine(dec, max_batch=batch, budget=3)
-        outs = {}
-        for i, p in enumerate(prompts):
-            engine.add_request(p, SamplingParams(max_new_tokens=24, learn=False), f"r{i}")
-        while engine.has_unfinished():
-            for o in engine.step():
-                if o.finished:
-                    outs[o.request_id] = o.tokens
-        assert [outs[f"r{i}"] for i in range(len(prompts))] == refs
+        assert _engine_outputs(engine, prompts) == refs
         alone = [st.sequences for st in engine.stats.steps].count(1)
         if batch > 1:  # the last of a batch may run alone once the others are done
             assert len(asked) <= alone < len(engine.stats.steps), (len(asked), alone)
