@@ -720,13 +720,13 @@ class LiveBuilder:
         )
         if len(chain) == 0:
             return self.dart(inputs)
-        # the chain sized by its match (beyond the budget where the round has room), the
-        # drafter's tree the rest of the budget, at least one node
-        n = min(len(chain), suffix_nodes(inputs, m, self.spec_factor, self.depth), max(1, room - 1))
-        k = max(1, budget - n)
-        first = self.dart(replace(inputs, max_nodes=k))
+        # the tree takes the chain's size (its match's, beyond the budget where the round has
+        # room; a short match: the budget): the drafter's tree the nodes the chain leaves, at
+        # least one, and the chain the rest
+        n = min(len(chain), suffix_nodes(inputs, m, self.spec_factor, self.depth))
+        first = self.dart(replace(inputs, max_nodes=max(1, budget - n)))
         root = int(inputs.context[-1])
-        return merge_trees(first, chain_tree(root, chain[:n]), max(budget, n + k))
+        return merge_trees(first, chain_tree(root, chain[:n]), max(budget, n))
 
 
 def _split(params: dict[str, Any], known: set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
