@@ -24,7 +24,7 @@ rows. Device and CPU specifics are the backend's (:mod:`dartcore.models.backend`
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -209,6 +209,9 @@ class Sequence:
     live: Any = None
     # this round's tree when the builder planned it (no draft, no drafter scores): see plan()
     plan: Tree | None = None
+    # this round's view for the builder, made by plan() (search adds the draft); None once
+    # tokens are committed (commit)
+    inputs: TreeInputs | None = None
     # what the builder's judge noted of this round and when it was planned, until accept
     judged: tuple[Any, float] | None = None
     # this round's draft: (seconds of the drafter pass it was in, steady: no catch-up), or None
@@ -335,9 +338,9 @@ def plan(parts: Parts, seqs: list[Sequence], depths: list[int], *, idle: bool = 
     fn = getattr(parts.builder, "plan", None)
     decide = getattr(parts.builder, "decide", None)
     for seq, depth in zip(seqs, depths):
-        tree = note = None
+        tree = note = seq.inputs = None
         if fn is not None and parts.max_nodes > 0 and depth > 0 and (seq.budget > 0 or idle):
-            inputs = _inputs(parts, seq, depth, len(seqs))
+            inputs = seq.inputs = _inputs(parts, seq, depth, len(seqs))
             # the judge times a round: alone in its step, a sequence's round is the step
             if decide is not None:
                 tree, note = decide(inputs, judged=len(seqs) == 1)
@@ -478,7 +481,11 @@ def search(
         seq, depth = seqs[i], depths[i]
         tree = seq.plan if seq.planned else trees[i]
         if tree is None:
-            tree = builder(_inputs(parts, seq, depth, len(seqs), drafted[i]))
+            if seq.inputs is None:
+                view = _inputs(parts, seq, depth, len(seqs), drafted[i])
+            else:  # plan's view of this round (and what the builder found for it there)
+                view = replace(seq.inputs, logits=drafted[i].logits, hidden=drafted[i].hidden)
+            tree = builder(view)
         tree = flatten(tree)
         # The built-in builders keep to the budget, a chain (and the trees of a builder that
         # sizes its chains by their match) to its room; a custom builder that does not is
@@ -650,6 +657,7 @@ def commit(parts: Parts, seq: Sequence, new: list[int]) -> bool:
     """Append ``new`` to the output, cut at the first stop condition (EOS, a stop string,
     ``max_new_tokens``, then the context); True when generation is over."""
     generated, stats = seq.generated, seq.stats
+    seq.inputs = None  # the context moved on
     base = len(generated)
     for i, tok in enumerate(new):
         generated.append(tok)

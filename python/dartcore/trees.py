@@ -462,21 +462,15 @@ class ContextUnionBuilder:
         return merge_trees(first, chain_tree, budget)
 
 
-def suffix_chain(
-    inputs: TreeInputs, max_len: int, *, min_match: int = 2, max_match: int = 16
-) -> np.ndarray:
-    """The suffix-match draft of a round: the continuation of the context's end found in the
-    context itself (:func:`context_match`: the latest occurrence of its last 2-4 tokens) or
-    in the round's live layer (the longest earlier match of ``min_match``..``max_match``
-    tokens in what the decoder has served), whichever repeats more of the context's end (the
-    conversation, the most specific evidence, on ties). Empty when neither matches."""
-    return suffix_lookup(inputs, max_len, min_match=min_match, max_match=max_match)[1]
-
-
 def suffix_lookup(
     inputs: TreeInputs, max_len: int, *, min_match: int = 2, max_match: int = 16
 ) -> tuple[int, np.ndarray]:
-    """:func:`suffix_chain` and the length of the match it continues (0: none)."""
+    """The suffix-match draft of a round and the length of the match it continues (0: none):
+    the continuation (at most ``max_len`` tokens) of the context's end found in the context
+    itself (:func:`context_match`: the latest occurrence of its last 2-4 tokens) or in the
+    round's live layer (the longest earlier match of ``min_match``..``max_match`` tokens in
+    what the decoder has served), whichever repeats more of the context's end (the
+    conversation, the most specific evidence, on ties). Empty when neither matches."""
     if max_len <= 0:
         return 0, np.zeros(0, dtype=np.int64)
     m, own = context_match(
@@ -513,7 +507,7 @@ def chain_tree(root: int, chain: np.ndarray) -> Tree:
 
 @dataclass
 class SuffixBuilder:
-    """``suffix``: the suffix-match chain alone (:func:`suffix_chain`), no drafter, no
+    """``suffix``: the suffix-match chain alone (:func:`suffix_lookup`), no drafter, no
     index -- the baseline a suffix-decoding peer runs, its length sized by the match as
     suffix decoding sizes it (:func:`suffix_nodes`: ``spec_factor`` x the match, at least the
     budget, at most ``depth``). The root alone when nothing matches."""
@@ -528,7 +522,7 @@ class SuffixBuilder:
     needs_index: bool = False
 
     def __call__(self, inputs: TreeInputs) -> Tree:
-        return sized_chain(inputs, self.depth, self.spec_factor, self.min_match, self.max_match)
+        return sized_chain(inputs, self.depth, self.spec_factor, self.min_match, self.max_match)[1]
 
 
 def sized_chain(
@@ -537,17 +531,17 @@ def sized_chain(
     factor: float,
     min_match: int,
     max_match: int,
-    trust: int = 0,
-) -> Tree | None:
-    """The suffix-match chain of the round (:func:`suffix_lookup`) cut to
-    :func:`suffix_nodes`; None when the match is shorter than ``trust`` tokens (with
-    ``trust`` 0: the root alone when nothing matches)."""
-    m, chain = suffix_lookup(
-        inputs, chain_room(inputs, cap), min_match=min_match, max_match=max_match
-    )
-    if trust and m < trust:
-        return None
-    return chain_tree(int(inputs.context[-1]), chain[: suffix_nodes(inputs, m, factor, cap)])
+    found: tuple[int, np.ndarray] | None = None,
+) -> tuple[int, Tree]:
+    """The length of the round's suffix match (:func:`suffix_lookup` within
+    :func:`chain_room`, or ``found``; 0: none) and its chain cut to :func:`suffix_nodes`
+    (the root alone when nothing matches)."""
+    if found is None:
+        found = suffix_lookup(
+            inputs, chain_room(inputs, cap), min_match=min_match, max_match=max_match
+        )
+    m, chain = found
+    return m, chain_tree(int(inputs.context[-1]), chain[: suffix_nodes(inputs, m, factor, cap)])
 
 
 # Match lengths the ChainJudge tells apart: none, 1-2, 3, 4-5, 6-7, 8-11, 12-15, 16 or more.
@@ -637,7 +631,7 @@ class ChainJudge:
 @dataclass
 class LiveBuilder:
     """``dart+live``: Eq. (10) with the live layer mixed into g (``dart.live_weight``),
-    completed by the suffix-match chain (:func:`suffix_chain`) as ``dart+ctx`` completes it
+    completed by the suffix-match chain (:func:`suffix_lookup`) as ``dart+ctx`` completes it
     with the context's own chain; ``dart+mix`` (``suffix=False``): the mix alone. Without a
     live layer (a decoder that does not learn) they are ``dart+ctx`` and ``dart``.
     (``suffix``, not ``chain``: a builder's ``chain`` means one node per drafter row to
@@ -687,22 +681,28 @@ class LiveBuilder:
         engine's controller decides who drafts)."""
         if not self.suffix or self.trust <= 0:
             return None, None
-        if self.judge is None or not judged or inputs.budget() == 0:
-            tree = sized_chain(
-                inputs, self.max_spec, self.spec_factor, self.min_match, self.max_match, self.trust
-            )
-            return tree, None
-        m, chain = suffix_lookup(
-            inputs,
-            chain_room(inputs, self.max_spec),
-            min_match=self.min_match,
-            max_match=self.max_match,
+        found = self._lookup(inputs)
+        m, tree = sized_chain(
+            inputs, self.max_spec, self.spec_factor, self.min_match, self.max_match, found
         )
+        if self.judge is None or not judged or inputs.budget() == 0:
+            return (tree if m >= self.trust else None), None
         alone, b = self.judge.choose(m)
-        if not alone:
-            return None, (False, b)
-        n = suffix_nodes(inputs, m, self.spec_factor, self.max_spec)
-        return chain_tree(int(inputs.context[-1]), chain[:n]), (True, b)
+        return (tree if alone else None), (alone, b)
+
+    def _lookup(self, inputs: TreeInputs) -> tuple[int, np.ndarray]:
+        """The round's suffix lookup within its chain room, once a round: :meth:`decide` and
+        the drafted tree read the same one (kept in ``inputs.extra``, which the round's
+        search gets from its plan)."""
+        found = inputs.extra.get("suffix_lookup")
+        if found is None:
+            found = inputs.extra["suffix_lookup"] = suffix_lookup(
+                inputs,
+                chain_room(inputs, self.max_spec),
+                min_match=self.min_match,
+                max_match=self.max_match,
+            )
+        return found
 
     def observe(self, note: tuple[bool, int], tokens: int, seconds: float, drafted=None) -> None:
         """A round :meth:`decide` noted committed ``tokens`` in ``seconds`` (``drafted``: see
@@ -714,16 +714,13 @@ class LiveBuilder:
         budget = inputs.budget()
         if not self.suffix:
             return self.dart(inputs)
-        room = chain_room(inputs, self.max_spec)
-        m, chain = suffix_lookup(
-            inputs, min(self.depth, room), min_match=self.min_match, max_match=self.max_match
-        )
-        if len(chain) == 0:
-            return self.dart(inputs)
-        # the tree takes the chain's size (its match's, beyond the budget where the round has
-        # room; a short match: the budget): the drafter's tree the nodes the chain leaves, at
-        # least one, and the chain the rest
+        m, chain = self._lookup(inputs)
+        # the tree takes the chain's size (its match's, at most depth, beyond the budget where
+        # the round has room; a short match: the budget): the drafter's tree the nodes the
+        # chain leaves, at least one, and the chain the rest
         n = min(len(chain), suffix_nodes(inputs, m, self.spec_factor, self.depth))
+        if n == 0:
+            return self.dart(inputs)
         first = self.dart(replace(inputs, max_nodes=max(1, budget - n)))
         root = int(inputs.context[-1])
         return merge_trees(first, chain_tree(root, chain[:n]), max(budget, n))
