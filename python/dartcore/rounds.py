@@ -590,7 +590,7 @@ def accept(parts: Parts, seq: Sequence, tree: Tree, out: ForwardOutput, logits=N
     seq.committed.extend(new)
     if seq.judged is not None:
         note, t0 = seq.judged
-        parts.builder.observe(note, len(new), time.perf_counter() - t0, seq.drafted)
+        parts.builder.observe(note, new, time.perf_counter() - t0, seq.drafted)
     seq.judged = seq.drafted = None
     if parts.drafter is not None:
         taps = (

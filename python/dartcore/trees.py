@@ -554,23 +554,41 @@ class ChainJudge:
     ``trust`` (a longer one is a repeat: its chain is verified alone, unjudged), which round
     commits more tokens per second: the suffix-match chain verified alone, without the
     drafter's forward (the root alone -- a plain step -- when nothing matches), or the
-    drafted tree. Both rates are decayed sums (``decay`` per observation) of the tokens a
-    round committed and of its wall time from plan to accept (a draft that caught up on
-    skipped positions charged a steady draft's time: :meth:`observe`). Until both sides of a
-    length are measured (``measured`` rounds' weight each) the round drafts, the chain
-    alone tried every ``explore // 2``-th round; then the better rate, kept until the other
-    is ``margin`` ahead, the other side still tried every ``explore // 2``-th round of that
-    length (every ``4 * explore``-th where one is more than 15% ahead) so that a change is
-    seen. Speed only: every tree is verified, so outputs never depend on it."""
+    drafted tree. Rates are sums of the tokens rounds committed and of their wall time from
+    plan to accept (a draft that caught up on skipped positions charged a steady draft's
+    time: :meth:`observe`), aged by ``decay`` with every round of that length, so that both
+    rates speak of the same stretch of text (a round's time grows with its context).
+
+    A drafted round also tells what the chain alone would have committed: the drafted tree
+    holds the chain, so its verify checks the chain's nodes, and the chain alone commits its
+    prefix that the committed tokens repeat plus the target's next token
+    (:meth:`observe_chain`; exact under greedy decoding, one coupling of the draws under
+    sampling). So the chain alone's tokens per round are measured in every round; its own
+    rounds are needed only for their time.
+
+    A kind is measured once its own rounds' aged weight reaches ``measured`` (the chain's
+    tokens too), and stays so until the weight falls below ``stale`` (about 45 rounds of that
+    length without one of its rounds). While both are measured the round is of the kind
+    with the better rate, kept until the other is ``margin`` ahead; while one is not, every
+    other round is of that kind until it is. So the kind not chosen is measured again, a
+    few rounds in every ~45, which keeps the comparison current at little cost (a draft
+    after rounds without one first catches up on their positions). Speed only: every tree
+    is verified, so outputs never depend on it."""
 
     trust: int = SUFFIX_TRUST
-    decay: float = 0.9
-    explore: int = 16
-    measured: float = 3.0
+    decay: float = 0.97
+    measured: float = 2.0
+    stale: float = 0.5
     margin: float = 0.05
+    # per kind (0: drafted, 1: the chain alone) and length: the rounds' tokens, seconds and
+    # count, aged
     tokens: np.ndarray = field(default_factory=lambda: np.zeros((2, len(JUDGE_EDGES))))
     seconds: np.ndarray = field(default_factory=lambda: np.zeros((2, len(JUDGE_EDGES))))
     weight: np.ndarray = field(default_factory=lambda: np.zeros((2, len(JUDGE_EDGES))))
+    # what the chain alone committed or, in the drafted rounds, would have (aged, per length)
+    chain_tokens: np.ndarray = field(default_factory=lambda: np.zeros(len(JUDGE_EDGES)))
+    chain_weight: np.ndarray = field(default_factory=lambda: np.zeros(len(JUDGE_EDGES)))
+    fresh: np.ndarray = field(default_factory=lambda: np.zeros((2, len(JUDGE_EDGES)), dtype=bool))
     seen: np.ndarray = field(default_factory=lambda: np.zeros(len(JUDGE_EDGES), dtype=np.int64))
     alone: np.ndarray = field(default_factory=lambda: np.zeros(len(JUDGE_EDGES), dtype=bool))
     steady_s: float | None = None  # a steady draft's seconds (decayed mean)
@@ -580,12 +598,16 @@ class ChainJudge:
         return int(np.searchsorted(JUDGE_EDGES, match, side="right")) - 1
 
     def rate(self, alone: bool, b: int) -> float | None:
-        """Tokens per second of the rounds of kind ``alone`` at bucket ``b``; None unmeasured
-        (fewer than ``measured`` rounds' weight)."""
+        """Tokens per second of the rounds of kind ``alone`` at bucket ``b``; None while not
+        measured. The chain alone: its tokens per round (its own rounds and what the drafted
+        rounds showed it would have committed) over its own rounds' seconds per round."""
         k = int(alone)
-        if self.weight[k, b] < self.measured or self.seconds[k, b] <= 0.0:
+        if not self.fresh[k, b] or self.seconds[k, b] <= 0.0:
             return None
-        return float(self.tokens[k, b] / self.seconds[k, b])
+        per_round = self.chain_tokens[b] / self.chain_weight[b] if alone else None
+        if per_round is None:
+            per_round = self.tokens[k, b] / self.weight[k, b]
+        return float(per_round / (self.seconds[k, b] / self.weight[k, b]))
 
     def choose(self, match: int) -> tuple[bool, int]:
         """(verify the chain alone?, the bucket to report the round under)."""
@@ -593,21 +615,28 @@ class ChainJudge:
         if match >= self.trust:  # a repeat: the chain alone, as without a judge
             return True, b
         self.seen[b] += 1
+        for arr in (self.tokens, self.seconds, self.weight):
+            arr[:, b] *= self.decay
+        self.chain_tokens[b] *= self.decay
+        self.chain_weight[b] *= self.decay
+        for k in (0, 1):
+            w = self.weight[k, b] if k == 0 else min(self.weight[1, b], self.chain_weight[b])
+            if w >= self.measured:
+                self.fresh[k, b] = True
+            elif w < self.stale:
+                self.fresh[k, b] = False
         chain, draft = self.rate(True, b), self.rate(False, b)
-        if chain is None or draft is None:
-            alone, period = False, max(2, self.explore // 2)
-        else:
+        if chain is not None and draft is not None:
             alone = bool(self.alone[b])
             # the other side must be ahead by `margin` to take over: timing noise alone
             # should not flip a length back and forth
             if chain > draft * (1.0 + self.margin) or draft > chain * (1.0 + self.margin):
                 alone = chain > draft
-            far = max(chain, draft) > 1.15 * min(chain, draft)
-            period = 4 * self.explore if far else max(2, self.explore // 2)
-        self.alone[b] = alone
-        if self.seen[b] % period == 0:
-            alone = not alone
-        return alone, b
+            self.alone[b] = alone
+            return alone, b
+        # a kind to measure (the chain first where neither is): every other round of it
+        turn = bool(self.seen[b] % 2 == 0)
+        return (turn if chain is None else not turn), b
 
     def observe(self, alone: bool, b: int, tokens: int, seconds: float, drafted=None) -> None:
         """A round at bucket ``b`` committed ``tokens`` in ``seconds``; ``drafted``: its
@@ -624,8 +653,27 @@ class ChainJudge:
             elif self.steady_s is not None:
                 seconds += min(self.steady_s - draft_s, 0.0)
         k = int(alone)
-        for arr, x in ((self.tokens, tokens), (self.seconds, seconds), (self.weight, 1.0)):
-            arr[k, b] = arr[k, b] * self.decay + x
+        self.tokens[k, b] += tokens
+        self.seconds[k, b] += seconds
+        self.weight[k, b] += 1.0
+        if alone:
+            self.observe_chain(b, tokens)
+
+    def observe_chain(self, b: int, tokens: int) -> None:
+        """The chain alone at bucket ``b`` committed ``tokens`` in a round of its own, or a
+        drafted round showed that it would have."""
+        self.chain_tokens[b] += tokens
+        self.chain_weight[b] += 1.0
+
+
+def chain_commits(chain: np.ndarray, new: list[int]) -> int:
+    """The tokens a chain verified alone commits, given ``new``, the tokens a tree holding
+    it committed: the chain's prefix that ``new`` repeats, then the target's next token
+    (a lower bound where ``new`` ends inside the chain)."""
+    n = min(len(chain), len(new))
+    same = np.asarray(chain[:n], dtype=np.int64) == np.asarray(new[:n], dtype=np.int64)
+    k = n if bool(same.all()) else int(np.argmin(same))
+    return k + 1 if k < len(new) else k
 
 
 @dataclass
@@ -674,9 +722,10 @@ class LiveBuilder:
 
     def decide(
         self, inputs: TreeInputs, *, judged: bool = True
-    ) -> tuple[Tree | None, tuple[bool, int] | None]:
-        """:meth:`plan` and what the judge is to be told of the round (``(alone, bucket)``
-        for :meth:`observe`; None where it did not choose). ``judged=False``: the fixed rule
+    ) -> tuple[Tree | None, tuple | None]:
+        """:meth:`plan` and what the judge is to be told of the round (``(alone, bucket,
+        chain)`` for :meth:`observe`, the chain of a drafted round; None where it did not
+        choose). ``judged=False``: the fixed rule
         (a sequence verified with others, whose round takes the whole step's time: there the
         engine's controller decides who drafts)."""
         if not self.suffix or self.trust <= 0:
@@ -688,7 +737,9 @@ class LiveBuilder:
         if self.judge is None or not judged or inputs.budget() == 0:
             return (tree if m >= self.trust else None), None
         alone, b = self.judge.choose(m)
-        return (tree if alone else None), (alone, b)
+        # a drafted round carries the chain it passed over, to tell the judge what the chain
+        # alone would have committed (ChainJudge.observe_chain)
+        return (tree if alone else None), (alone, b, None if alone else tree.tokens[1:])
 
     def _lookup(self, inputs: TreeInputs) -> tuple[int, np.ndarray]:
         """The round's suffix lookup within its chain room, once a round: :meth:`decide` and
@@ -704,11 +755,15 @@ class LiveBuilder:
             )
         return found
 
-    def observe(self, note: tuple[bool, int], tokens: int, seconds: float, drafted=None) -> None:
-        """A round :meth:`decide` noted committed ``tokens`` in ``seconds`` (``drafted``: see
-        :meth:`ChainJudge.observe`)."""
-        if self.judge is not None:
-            self.judge.observe(note[0], note[1], tokens, seconds, drafted)
+    def observe(self, note: tuple, new: list[int], seconds: float, drafted=None) -> None:
+        """A round :meth:`decide` noted committed the tokens ``new`` in ``seconds``
+        (``drafted``: see :meth:`ChainJudge.observe`)."""
+        if self.judge is None:
+            return
+        alone, b, chain = note
+        self.judge.observe(alone, b, len(new), seconds, drafted)
+        if chain is not None:
+            self.judge.observe_chain(b, chain_commits(chain, new))
 
     def __call__(self, inputs: TreeInputs) -> Tree:
         budget = inputs.budget()
