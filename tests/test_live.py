@@ -500,6 +500,33 @@ def test_suffix_chains_are_sized_by_their_match():
     assert planned.tokens.tolist() == [6, 7, 8, 0, 0]
 
 
+def test_a_short_matchs_chain_takes_at_most_half_a_drafted_tree():
+    """In a drafted ``dart+live`` tree the chain of a match of ``short`` (4) tokens or more
+    takes the budget, the drafter's tree the one node left; a shorter match's chain (a few
+    common tokens recur anywhere) at most half the budget, the drafter's tree the rest."""
+    from dartcore.trees import LiveBuilder, TreeInputs, chain_tree
+
+    asked = []
+
+    def dart(inputs):  # the drafter's tree: a chain of its own tokens
+        asked.append(inputs.max_nodes)
+        return chain_tree(int(inputs.context[-1]), np.arange(100, 100 + inputs.max_nodes))
+
+    deep3 = np.array([9, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 4, 5, 6], dtype=np.int64)
+    tree = LiveBuilder(dart=dart)(TreeInputs(context=deep3, max_nodes=4, max_chain=15))
+    assert asked == [2] and sorted(tree.tokens[1:].tolist()) == [7, 8, 100, 101]
+    asked.clear()
+    tree = LiveBuilder(dart=dart, short=0)(TreeInputs(context=deep3, max_nodes=4, max_chain=15))
+    assert asked == [1] and sorted(tree.tokens[1:].tolist()) == [0, 7, 8, 100]
+    asked.clear()
+    deep4 = np.array([9, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 3, 4, 5, 6], dtype=np.int64)
+    tree = LiveBuilder(dart=dart)(TreeInputs(context=deep4, max_nodes=4, max_chain=15))
+    assert asked == [1] and sorted(tree.tokens[1:].tolist()) == [0, 7, 8, 100]
+    for bad in (-1, 1.5, True):
+        with pytest.raises(TreeError, match="short"):
+            make_tree_builder("dart+live", short=bad)
+
+
 def test_a_shared_layer_must_cover_the_target(setup):  # noqa: F811
     model, tok, drafter, index, *_ = setup
     with pytest.raises(DartError, match="vocabulary"):

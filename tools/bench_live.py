@@ -342,9 +342,12 @@ def main() -> None:
         ]
     runs = []
     identical = True
-    for _ in range(max(1, args.repeats)):
+    for rep in range(max(1, args.repeats)):
+        # every other run in reverse order: a drift of the machine's speed during a run then
+        # favours no method in the medians
+        order = methods if rep % 2 == 0 else methods[::-1]
         rows = {
-            m: run_method(dec, m, drafter, {}, args.max_new_tokens, args.max_nodes) for m in methods
+            m: run_method(dec, m, drafter, {}, args.max_new_tokens, args.max_nodes) for m in order
         }
         for m in methods:
             identical &= all(a["tokens"] == b["tokens"] for a, b in zip(rows["ar"], rows[m]))
@@ -363,6 +366,11 @@ def main() -> None:
                     statistics.median(r[m][c]["tok_s"] / r["dart"][c]["tok_s"] for r in runs), 3
                 )
                 if "dart" in methods
+                else None,
+                "vs_suffix": round(
+                    statistics.median(r[m][c]["tok_s"] / r["suffix"][c]["tok_s"] for r in runs), 3
+                )
+                if "suffix" in methods
                 else None,
             }
             for c in cats

@@ -92,6 +92,9 @@ GPU_MAX_NODES = 59
 SUFFIX_MAX_NODES = 15
 SUFFIX_SPEC_FACTOR = 1.0
 SUFFIX_TRUST = 8
+# A drafted tree's chain from a match shorter than this takes at most half the node budget
+# (see LiveBuilder.__call__).
+SUFFIX_SHORT = 4
 
 
 @dataclass
@@ -704,6 +707,7 @@ class LiveBuilder:
     trust: int = SUFFIX_TRUST
     max_spec: int = SUFFIX_MAX_NODES
     spec_factor: float = SUFFIX_SPEC_FACTOR
+    short: int = SUFFIX_SHORT
     adapt: bool = True
     judge: ChainJudge | None = None
     needs_drafter: bool = True
@@ -772,8 +776,11 @@ class LiveBuilder:
         m, chain = self._lookup(inputs)
         # the tree takes the chain's size (its match's, at most depth, beyond the budget where
         # the round has room; a short match: the budget): the drafter's tree the nodes the
-        # chain leaves, at least one, and the chain the rest
+        # chain leaves, at least one, and the chain the rest. A match shorter than `short` is
+        # weak evidence (a few common tokens recur anywhere): its chain at most half the budget
         n = min(len(chain), suffix_nodes(inputs, m, self.spec_factor, self.depth))
+        if m < self.short:
+            n = min(n, max(1, budget // 2))
         if n == 0:
             return self.dart(inputs)
         first = self.dart(replace(inputs, max_nodes=max(1, budget - n)))
@@ -921,6 +928,7 @@ def _dart_live(
     trust: int = SUFFIX_TRUST,
     max_spec: int = SUFFIX_MAX_NODES,
     spec_factor: float = SUFFIX_SPEC_FACTOR,
+    short: int = SUFFIX_SHORT,
     adapt: bool = True,
     **params,
 ) -> LiveBuilder:
@@ -929,6 +937,8 @@ def _dart_live(
     lo, hi = _matches(min_match, max_match)
     if isinstance(trust, bool) or not isinstance(trust, int) or trust < 0:
         raise TreeError(f"trust must be an int >= 0 (0: always draft), got {trust!r}")
+    if isinstance(short, bool) or not isinstance(short, int) or short < 0:
+        raise TreeError(f"short must be an int >= 0 (0: a chain's size never halved), got {short!r}")
     if not isinstance(adapt, bool):
         raise TreeError(f"adapt must be True or False, got {adapt!r}")
     return LiveBuilder(
@@ -941,6 +951,7 @@ def _dart_live(
         trust=trust,
         max_spec=_positive("max_spec", max_spec),
         spec_factor=_spec_factor(spec_factor),
+        short=short,
         adapt=adapt,
     )
 
