@@ -938,7 +938,9 @@ def _dart_live(
     if isinstance(trust, bool) or not isinstance(trust, int) or trust < 0:
         raise TreeError(f"trust must be an int >= 0 (0: always draft), got {trust!r}")
     if isinstance(short, bool) or not isinstance(short, int) or short < 0:
-        raise TreeError(f"short must be an int >= 0 (0: a chain's size never halved), got {short!r}")
+        raise TreeError(
+            f"short must be an int >= 0 (0: a chain's size never halved), got {short!r}"
+        )
     if not isinstance(adapt, bool):
         raise TreeError(f"adapt must be True or False, got {adapt!r}")
     return LiveBuilder(
