@@ -571,12 +571,13 @@ class ChainJudge:
 
     A kind is measured once its own rounds' aged weight reaches ``measured`` (the chain's
     tokens too), and stays so until the weight falls below ``stale`` (about 45 rounds of that
-    length without one of its rounds). While both are measured the round is of the kind
-    with the better rate, kept until the other is ``margin`` ahead; while one is not, every
-    other round is of that kind until it is. So the kind not chosen is measured again, a
-    few rounds in every ~45, which keeps the comparison current at little cost (a draft
-    after rounds without one first catches up on their positions). Speed only: every tree
-    is verified, so outputs never depend on it."""
+    length without one of its rounds; a fifth of it, about 100 rounds, where one kind was
+    more than 15% ahead). While both are measured the round is of the kind with the better
+    rate, kept until the other is ``margin`` ahead; while one is not, every other round is
+    of that kind until it is. So the kind not chosen is measured again, a few rounds in every
+    45-100, which keeps the comparison current at little cost (a draft after rounds without
+    one first catches up on their positions). Speed only: every tree is verified, so outputs
+    never depend on it."""
 
     trust: int = SUFFIX_TRUST
     decay: float = 0.97
@@ -592,6 +593,7 @@ class ChainJudge:
     chain_tokens: np.ndarray = field(default_factory=lambda: np.zeros(len(JUDGE_EDGES)))
     chain_weight: np.ndarray = field(default_factory=lambda: np.zeros(len(JUDGE_EDGES)))
     fresh: np.ndarray = field(default_factory=lambda: np.zeros((2, len(JUDGE_EDGES)), dtype=bool))
+    far: np.ndarray = field(default_factory=lambda: np.zeros(len(JUDGE_EDGES), dtype=bool))
     seen: np.ndarray = field(default_factory=lambda: np.zeros(len(JUDGE_EDGES), dtype=np.int64))
     alone: np.ndarray = field(default_factory=lambda: np.zeros(len(JUDGE_EDGES), dtype=bool))
     steady_s: float | None = None  # a steady draft's seconds (decayed mean)
@@ -622,11 +624,13 @@ class ChainJudge:
             arr[:, b] *= self.decay
         self.chain_tokens[b] *= self.decay
         self.chain_weight[b] *= self.decay
+        # one kind far behind the other is measured again half as often
+        stale = self.stale / 5.0 if self.far[b] else self.stale
         for k in (0, 1):
             w = self.weight[k, b] if k == 0 else min(self.weight[1, b], self.chain_weight[b])
             if w >= self.measured:
                 self.fresh[k, b] = True
-            elif w < self.stale:
+            elif w < stale:
                 self.fresh[k, b] = False
         chain, draft = self.rate(True, b), self.rate(False, b)
         if chain is not None and draft is not None:
@@ -636,6 +640,7 @@ class ChainJudge:
             if chain > draft * (1.0 + self.margin) or draft > chain * (1.0 + self.margin):
                 alone = chain > draft
             self.alone[b] = alone
+            self.far[b] = max(chain, draft) > 1.15 * min(chain, draft)
             return alone, b
         # a kind to measure (the chain first where neither is): every other round of it
         turn = bool(self.seen[b] % 2 == 0)
