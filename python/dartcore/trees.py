@@ -609,10 +609,9 @@ class ChainJudge:
         k = int(alone)
         if not self.fresh[k, b] or self.seconds[k, b] <= 0.0:
             return None
-        per_round = self.chain_tokens[b] / self.chain_weight[b] if alone else None
-        if per_round is None:
-            per_round = self.tokens[k, b] / self.weight[k, b]
-        return float(per_round / (self.seconds[k, b] / self.weight[k, b]))
+        w = self.weight[k, b]
+        per_round = self.chain_tokens[b] / self.chain_weight[b] if alone else self.tokens[0, b] / w
+        return float(per_round * w / self.seconds[k, b])
 
     def choose(self, match: int) -> tuple[bool, int]:
         """(verify the chain alone?, the bucket to report the round under)."""
@@ -624,7 +623,7 @@ class ChainJudge:
             arr[:, b] *= self.decay
         self.chain_tokens[b] *= self.decay
         self.chain_weight[b] *= self.decay
-        # one kind far behind the other is measured again half as often
+        # a kind far behind the other is measured again about half as often
         stale = self.stale / 5.0 if self.far[b] else self.stale
         for k in (0, 1):
             w = self.weight[k, b] if k == 0 else min(self.weight[1, b], self.chain_weight[b])
@@ -642,7 +641,7 @@ class ChainJudge:
             self.alone[b] = alone
             self.far[b] = max(chain, draft) > 1.15 * min(chain, draft)
             return alone, b
-        # a kind to measure (the chain first where neither is): every other round of it
+        # a kind to measure: every other round of it (a draft first where neither is)
         turn = bool(self.seen[b] % 2 == 0)
         return (turn if chain is None else not turn), b
 
