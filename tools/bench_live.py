@@ -12,7 +12,10 @@ Every method decodes the same request sequence, greedy, with a fresh live layer:
 
 Methods: ``ar``, ``dart``, ``dart+ctx``, ``suffix`` (the suffix-match chain alone, what a
 suffix-decoding peer runs), ``dart+mix`` and ``dart+live``. Outputs are checked equal to
-``ar``'s. Also measured: the insert of a 128-token output into a layer holding the package's
+``ar``'s; each method's speed is also given as the median, over the runs, of its ratio to
+``ar``, ``dart`` and ``suffix`` within a run (every other run takes the methods in reverse
+order). A method named ``name@key=value`` gets that tree parameter (``dart+live@short=0``,
+``dart+live@adapt=false``). Also measured: the insert of a 128-token output into a layer holding the package's
 source, the layer's bytes per million tokens, and one search with and without the layer.
 
     python3 tools/bench_live.py --index artifacts/demo/smollm2.idx --repeats 3 \\
