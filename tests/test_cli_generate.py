@@ -256,6 +256,27 @@ def test_the_node_budget_is_max_nodes_in_every_cli_and_old_spellings_still_work(
     assert r.returncode == 2 and "--max-nodes must be 'adaptive' or a node count >= 0" in r.stderr
 
 
+def test_dart_serve_says_when_learn_feeds_a_tree_that_reads_no_live_layer():
+    """--learn with a tree that reads no live layer (the default dart) gets a one-line notice;
+    a tree that reads it gets none. Both then fail on the missing target as usual."""
+    notice = "reads no live layer"
+    r = run_cli("dart_serve", "--learn", "--target", "/nonexistent/model")
+    assert r.returncode == 2 and notice in r.stderr and "--learn: the dart tree" in r.stderr
+    for tree in ("dart+live", "dart+mix", "suffix"):
+        r = run_cli("dart_serve", "--learn", "--tree", tree, "--target", "/nonexistent/model")
+        assert r.returncode == 2 and notice not in r.stderr, (tree, r.stderr)
+    r = run_cli("dart_serve", "--target", "/nonexistent/model")
+    assert r.returncode == 2 and notice not in r.stderr
+    from dartcore.trees import make_tree_builder, reads_live
+
+    assert [reads_live(make_tree_builder(t)) for t in ("dart", "dart+ctx", "ar", "dart+live")] == [
+        False,
+        False,
+        False,
+        True,
+    ]
+
+
 @pytest.mark.slow
 def test_numerics_picks_the_block_products_and_both_decode():
     # the default target is the shipped GGUF: int8 and exact numerics both load and decode

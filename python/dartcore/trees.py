@@ -792,6 +792,14 @@ class LiveBuilder:
         return merge_trees(first, chain_tree(root, chain[:n]), max(budget, n))
 
 
+def reads_live(builder) -> bool:
+    """Whether a tree builder reads the round's live layer (``TreeInputs.live``): its suffix
+    chain (``dart+live``, ``suffix``) or its mixed g (``dart+mix``)."""
+    if isinstance(builder, (LiveBuilder, SuffixBuilder)):
+        return True
+    return getattr(builder, "live_weight", None) is not None
+
+
 def _split(params: dict[str, Any], known: set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     own = {k: v for k, v in params.items() if k in known}
     rest = {k: v for k, v in params.items() if k not in known}

@@ -221,12 +221,19 @@ def main(argv: list[str] | None = None) -> int:
 def _check(args) -> None:
     """What a user can get wrong, checked in the front before any worker loads a model."""
     check_tree(args.tree)
-    from dartcore.trees import make_tree_builder
+    from dartcore.trees import make_tree_builder, reads_live
 
     try:
         builder = make_tree_builder(args.tree, **dict(args.tree_param))
     except (TypeError, ValueError) as exc:
         raise UsageError(f"--tree-param for --tree {args.tree}: {exc}") from None
+    if args.learn and not reads_live(builder):
+        print(
+            f"dart-serve: --learn: the {args.tree} tree reads no live layer (dart+live, dart+mix "
+            "and suffix do); what the workers learn speeds nothing up until it is merged into "
+            "the index (--learn-shared, dart-index merge)",
+            file=sys.stderr,
+        )
     check_target(args.target)
     check_target_weights(args)
     if builder.needs_drafter:
