@@ -14,9 +14,10 @@ Methods: ``ar``, ``dart``, ``dart+ctx``, ``suffix`` (the suffix-match chain alon
 suffix-decoding peer runs), ``dart+mix`` and ``dart+live``. Outputs are checked equal to
 ``ar``'s; each method's speed is also given as the median, over the runs, of its ratio to
 ``ar``, ``dart`` and ``suffix`` within a run (every other run takes the methods in reverse
-order). A method named ``name@key=value`` gets that tree parameter (``dart+live@short=0``,
-``dart+live@adapt=false``). Also measured: the insert of a 128-token output into a layer holding the package's
-source, the layer's bytes per million tokens, and one search with and without the layer.
+order). A method named ``name@key=value`` gets that tree parameter, read as ``--tree-param``
+reads it (``dart+live@short=0``, ``dart+live@adapt=false``). Also measured: the insert of a
+128-token output into a layer holding the package's source, the layer's bytes per million
+tokens, and one search with and without the layer.
 
     python3 tools/bench_live.py --index artifacts/demo/smollm2.idx --repeats 3 \\
         --json tools/reports/bench_live_smollm2.json
@@ -105,17 +106,15 @@ def workload(answers: dict[str, str]):
 
 
 def configure(dec, method: str, drafter, live, max_nodes=None):
+    from dartcore.cli._common import tree_param
     from dartcore.trees import make_tree_builder, node_budget
 
     # "dart+mix@0.25": the mix at λ = 0.25; "dart+live@trust=4", "@adapt=false": a parameter
     name, _, given = method.partition("@")
     params = {} if max_nodes is None else {"max_nodes": max_nodes}
     for item in filter(None, given.split(",")):
-        key, eq, value = item.rpartition("=")
-        if value in ("true", "false"):  # "dart+live@adapt=false"
-            params[key] = value == "true"
-        else:
-            params[key if eq else "live_weight"] = float(value) if "." in value else int(value)
+        key, value = tree_param(item if "=" in item else f"live_weight={item}")
+        params[key] = value
     builder = make_tree_builder(name, **params)
     dec.parts.builder = builder
     dec.parts.drafter = drafter if builder.needs_drafter else None

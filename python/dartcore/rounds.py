@@ -332,8 +332,9 @@ def plan(parts: Parts, seqs: list[Sequence], depths: list[int], *, idle: bool = 
     any sequence has one. A builder with ``decide`` (trees.LiveBuilder's judge, for a
     sequence verified alone) hears of each round it chose for from :func:`accept`: the
     tokens it committed, its time since here and its draft's (:func:`draft`). Sequences
-    with a node budget plan within it and their room; ``idle=True`` (the engine, when its controller has stopped drafting a sequence) also
-    plans for sequences at budget 0, within their room alone. Nothing is planned for a
+    with a node budget plan within it and their room; ``idle=True`` (the engine, when its
+    controller has stopped drafting a sequence) also plans for sequences at budget 0,
+    within their room alone. Nothing is planned for a
     builder without ``plan``, or when the parts' budget is 0 (speculation off)."""
     fn = getattr(parts.builder, "plan", None)
     decide = getattr(parts.builder, "decide", None)
@@ -369,6 +370,8 @@ def draft(parts: Parts, seqs: list[Sequence], depths: list[int]) -> list[Drafted
     ]
     if not todo:
         return out
+    # the draft's time, for a builder's judge that hears of the round (see plan)
+    timed = any(seqs[i].judged is not None for i in todo)
     t0 = time.perf_counter()
     # a steady draft reads what one round commits; more: a catch-up (a prompt, a stretch of
     # rounds without a draft)
@@ -385,12 +388,14 @@ def draft(parts: Parts, seqs: list[Sequence], depths: list[int]) -> list[Drafted
         rows=rows,
         return_hidden=want_hidden,
     )
-    parts.backend.synchronize()
-    seconds = time.perf_counter() - t0
+    if timed:
+        parts.backend.synchronize()
+        seconds = time.perf_counter() - t0
     for i, r, st in zip(todo, results, steady):
         out[i] = Drafted(*r) if want_hidden else Drafted(logits=r)
         seqs[i].new_taps, seqs[i].new_next = [], []  # now in the drafter's state
-        seqs[i].drafted = (seconds, st)
+        if timed:
+            seqs[i].drafted = (seconds, st)
     return out
 
 

@@ -584,9 +584,9 @@ class ChainJudge:
     measured: float = 2.0
     stale: float = 0.5
     margin: float = 0.05
-    # per kind (0: drafted, 1: the chain alone) and length: the rounds' tokens, seconds and
-    # count, aged
-    tokens: np.ndarray = field(default_factory=lambda: np.zeros((2, len(JUDGE_EDGES))))
+    # per length: the drafted rounds' tokens; per kind (0: drafted, 1: the chain alone) and
+    # length: the rounds' seconds and count; all aged
+    tokens: np.ndarray = field(default_factory=lambda: np.zeros(len(JUDGE_EDGES)))
     seconds: np.ndarray = field(default_factory=lambda: np.zeros((2, len(JUDGE_EDGES))))
     weight: np.ndarray = field(default_factory=lambda: np.zeros((2, len(JUDGE_EDGES))))
     # what the chain alone committed or, in the drafted rounds, would have (aged, per length)
@@ -610,7 +610,7 @@ class ChainJudge:
         if not self.fresh[k, b] or self.seconds[k, b] <= 0.0:
             return None
         w = self.weight[k, b]
-        per_round = self.chain_tokens[b] / self.chain_weight[b] if alone else self.tokens[0, b] / w
+        per_round = self.chain_tokens[b] / self.chain_weight[b] if alone else self.tokens[b] / w
         return float(per_round * w / self.seconds[k, b])
 
     def choose(self, match: int) -> tuple[bool, int]:
@@ -619,10 +619,10 @@ class ChainJudge:
         if match >= self.trust:  # a repeat: the chain alone, as without a judge
             return True, b
         self.seen[b] += 1
-        for arr in (self.tokens, self.seconds, self.weight):
-            arr[:, b] *= self.decay
-        self.chain_tokens[b] *= self.decay
-        self.chain_weight[b] *= self.decay
+        self.seconds[:, b] *= self.decay
+        self.weight[:, b] *= self.decay
+        for arr in (self.tokens, self.chain_tokens, self.chain_weight):
+            arr[b] *= self.decay
         # a kind far behind the other is measured again about half as often
         stale = self.stale / 5.0 if self.far[b] else self.stale
         for k in (0, 1):
@@ -660,11 +660,12 @@ class ChainJudge:
             elif self.steady_s is not None:
                 seconds += min(self.steady_s - draft_s, 0.0)
         k = int(alone)
-        self.tokens[k, b] += tokens
         self.seconds[k, b] += seconds
         self.weight[k, b] += 1.0
         if alone:
             self.observe_chain(b, tokens)
+        else:
+            self.tokens[b] += tokens
 
     def observe_chain(self, b: int, tokens: int) -> None:
         """The chain alone at bucket ``b`` committed ``tokens`` in a round of its own, or a
@@ -733,9 +734,9 @@ class LiveBuilder:
     ) -> tuple[Tree | None, tuple | None]:
         """:meth:`plan` and what the judge is to be told of the round (``(alone, bucket,
         chain)`` for :meth:`observe`, the chain of a drafted round; None where it did not
-        choose). ``judged=False``: the fixed rule
-        (a sequence verified with others, whose round takes the whole step's time: there the
-        engine's controller decides who drafts)."""
+        choose). ``judged=False``: the fixed rule (a sequence verified with others, whose
+        round takes the whole step's time: there the engine's controller decides who
+        drafts)."""
         if not self.suffix or self.trust <= 0:
             return None, None
         found = self._lookup(inputs)
@@ -902,6 +903,13 @@ def _dart_context(
     )
 
 
+def _count(name: str, value, zero: str) -> int:
+    """An int >= 0 (``zero``: what 0 means), else a TreeError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TreeError(f"{name} must be an int >= 0 (0: {zero}), got {value!r}")
+    return value
+
+
 def _live_weight(value) -> float:
     from dartcore.live import LIVE_WEIGHT
 
@@ -947,12 +955,8 @@ def _dart_live(
     dart = _dart(**params)
     dart.live_weight = _live_weight(live_weight)
     lo, hi = _matches(min_match, max_match)
-    if isinstance(trust, bool) or not isinstance(trust, int) or trust < 0:
-        raise TreeError(f"trust must be an int >= 0 (0: always draft), got {trust!r}")
-    if isinstance(short, bool) or not isinstance(short, int) or short < 0:
-        raise TreeError(
-            f"short must be an int >= 0 (0: a chain's size never halved), got {short!r}"
-        )
+    _count("trust", trust, "always draft")
+    _count("short", short, "a chain's size never halved")
     if not isinstance(adapt, bool):
         raise TreeError(f"adapt must be True or False, got {adapt!r}")
     return LiveBuilder(

@@ -434,38 +434,34 @@ class TargetModel:
             if groups[-1] and seg[2] - groups[-1][0][1] > MAX_ROWS:
                 groups.append([])
             groups[-1].append(seg)
-        hs, parts = [], {}
+        pieces = []
         for group in groups:
             a, b = group[0][1], group[-1][2]
-            got: dict[int, torch.Tensor] = {}
             rebased = [(cache, s0 - a, s1 - a, m) for cache, s0, s1, m in group]
-            hs.append(
-                self._ops.layers(self, rebased, tokens[a:b], cos[a:b], sin[a:b], tap_set, got)
-            )
-            for t, v in got.items():
-                parts.setdefault(t, []).append(v)
-        captured.update({t: torch.cat(v) for t, v in parts.items()})
-        return torch.cat(hs)
+            pieces.append((rebased, a, b, None))
+        return self._native_pieces(pieces, tokens, cos, sin, tap_set, captured)
 
     def _causal_chunks(self, cache: KVCache, tokens, cos, sin, tap_set, captured) -> torch.Tensor:
         """A causal block of more than MAX_ROWS rows (a prefill) through the native layers,
         MAX_ROWS rows at a time: chunk c sees the cached prefix and chunks < c as its prefix
         (their keys are in the cache by then), and itself causally -- the same attention as
         the whole block's. Block weights then never need a float32 copy."""
-        n, hs, parts = tokens.shape[0], [], {}
+        n, pieces = tokens.shape[0], []
         for c0 in range(0, n, MAX_ROWS):
             c1 = min(n, c0 + MAX_ROWS)
+            pieces.append(([(cache, 0, c1 - c0, None)], c0, c1, cache.length + c0))
+        return self._native_pieces(pieces, tokens, cos, sin, tap_set, captured)
+
+    def _native_pieces(self, pieces, tokens, cos, sin, tap_set, captured) -> torch.Tensor:
+        """The native layers once per piece -- ``(segments, a, b, prefix)``: rows ``a:b``, its
+        segments' rows counted from ``a``, ``prefix`` as in :meth:`NativeLayerOps.layers` --
+        the pieces' final states and taps joined in row order."""
+        hs, parts = [], {}
+        for segs, a, b, prefix in pieces:
             got: dict[int, torch.Tensor] = {}
             hs.append(
                 self._ops.layers(
-                    self,
-                    [(cache, 0, c1 - c0, None)],
-                    tokens[c0:c1],
-                    cos[c0:c1],
-                    sin[c0:c1],
-                    tap_set,
-                    got,
-                    prefix=cache.length + c0,
+                    self, segs, tokens[a:b], cos[a:b], sin[a:b], tap_set, got, prefix=prefix
                 )
             )
             for t, v in got.items():
