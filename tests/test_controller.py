@@ -304,6 +304,49 @@ def test_the_engine_cuts_each_tree_to_its_refined_budget(curve, tmp_path, monkey
         assert all(n == full for full, n in cuts)
 
 
+def test_generate_batch_goes_on_with_its_controller(tmp_path, monkeypatch):
+    """A decoder's adaptive generate_batch calls share one controller: the second starts from
+    what the first learned and reads no cost curve; outputs stay the target's."""
+    from dartcore.engine import Engine
+    from test_engine import oracle_decoder, prompts_and_refs
+
+    monkeypatch.setenv("DARTCORE_CACHE", str(tmp_path))
+    torch.set_num_threads(1)
+    model = tiny_model("llama", seed=2)
+    model.generation_config.eos_token_id = None
+    prompts, refs = prompts_and_refs(model, 3, 12, seed=4)
+    dec = oracle_decoder(model, prompts, refs)
+    reads = []
+    real = CostCurve.for_target.__func__
+
+    def counted(cls, *a, **kw):
+        reads.append(kw.get("max_rows"))
+        return real(cls, *a, **kw)
+
+    monkeypatch.setattr(CostCurve, "for_target", classmethod(counted))
+    first = dec.generate_batch(prompts[:1], max_new_tokens=12, budget="adaptive", max_batch=1)
+    ctrl = dec._controller
+    assert isinstance(ctrl, BudgetController) and len(reads) == 1
+    seen = ctrl.calibration.seen.sum()
+    again = dec.generate_batch(prompts[1:2], max_new_tokens=12, budget="adaptive", max_batch=1)
+    assert dec._controller is ctrl and len(reads) == 1 and ctrl.calibration.seen.sum() > seen
+    assert [first[0].tokens, again[0].tokens] == refs[:2]
+    # a batch whose rows pass the controller's curve gets a new one (its curve read once more)
+    both = dec.generate_batch(prompts, max_new_tokens=12, budget="adaptive")
+    assert [r.tokens for r in both] == refs and len(reads) == 2 and dec._controller is not ctrl
+    # a fixed budget keeps the controller for the next adaptive call
+    kept = dec._controller
+    dec.generate_batch(prompts[:1], max_new_tokens=4, budget=2)
+    assert dec._controller is kept
+    # an engine refuses a controller it cannot go on with
+    with pytest.raises(ValueError, match="budget='adaptive'"):
+        Engine(dec, max_batch=1, budget=2, controller=kept)
+    with pytest.raises(ValueError, match="made for max_nodes=8, this engine.s is 3"):
+        Engine(dec, max_batch=1, budget="adaptive", max_nodes=3, controller=kept)
+    with pytest.raises(TypeError, match="BudgetController"):
+        Engine(dec, max_batch=1, budget="adaptive", controller=object())
+
+
 def test_measured_times_fold_into_the_model():
     ctrl = BudgetController(CURVES["cpu"], max_nodes=4, draft_ms=2.0)
     for _ in range(100):  # the machine is now twice as slow as when the curve was measured

@@ -150,6 +150,8 @@ class DartDecoder:
             context_length=min(context, max_context) if max_context else context,
             live=live_layer(learn, target.vocab_size),
         )
+        # generate_batch's budget controller under "adaptive", kept from call to call
+        self._controller = None
 
     @property
     def lazy_logits(self) -> bool:
@@ -252,14 +254,16 @@ class DartDecoder:
         ``generate``; 0 = plain AR) or ``"adaptive"`` (the budget controller). Prompt i
         samples with seed ``seed + i`` (None: unseeded). Under greedy decoding every result
         equals ``generate`` on that prompt alone. Per-stage times are the engine's
-        (``GenerationStats.seconds`` stays zero here)."""
+        (``GenerationStats.seconds`` stays zero here). Under ``"adaptive"`` the decoder keeps
+        its engine's controller, and the next call goes on with what it learned (verify costs,
+        the nodes' calibration, the judge's measured rates) instead of learning them again."""
         from dartcore.engine import Engine  # the engine never imports the decoder
 
         kw = dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop)
         SamplingParams(max_new_tokens=max_new_tokens, **kw)  # checked before the engine is made
-        engine = Engine.for_prompts(
-            self.parts, prompts, max_new_tokens=max_new_tokens, max_batch=max_batch, budget=budget
-        )
+        size = dict(max_new_tokens=max_new_tokens, max_batch=max_batch, budget=budget)
+        engine = Engine.for_prompts(self.parts, prompts, controller=self._controller, **size)
+        self._controller = engine.controller or self._controller
         return engine.generate(prompts, max_new_tokens=max_new_tokens, **kw)
 
     def stream(

@@ -161,7 +161,10 @@ class Engine:
     capped by the room a sequence has left). ``max_nodes``: the controller's largest budget
     per sequence (default the drafter's depth d, at least the decoder's ``max_nodes``).
     ``remeasure``: measure the verify-cost curve again instead of reading the cached one
-    (adaptive only). See the module docs."""
+    (adaptive only). ``controller``: a :class:`~dartcore.controller.BudgetController` to go on
+    with (adaptive only; made for the same ``max_nodes``): what an earlier engine's controller
+    learned (the verify costs, the nodes' calibration, the judge's measured rates) decides
+    this engine's first steps, and no cost curve is read. See the module docs."""
 
     def __init__(
         self,
@@ -172,6 +175,7 @@ class Engine:
         *,
         max_nodes: int | None = None,
         remeasure: bool = False,
+        controller: BudgetController | None = None,
     ):
         if (
             isinstance(max_batch, (bool, np.bool_))
@@ -212,6 +216,8 @@ class Engine:
         )
         self.controller: BudgetController | None = None
         self.max_nodes = parts.max_nodes
+        if controller is not None and budget != "adaptive":
+            raise ValueError(f"a controller goes with budget='adaptive', not budget={budget!r}")
         if budget == "adaptive":
             if max_nodes is None:
                 max_nodes = max(parts.max_nodes, getattr(parts.drafter, "d", 0))
@@ -222,6 +228,18 @@ class Engine:
             ):
                 raise ValueError(f"max_nodes must be a non-negative integer, got {max_nodes!r}")
             self.max_nodes = int(max_nodes)
+            if controller is not None:
+                if not isinstance(controller, BudgetController):
+                    raise TypeError(
+                        f"controller must be a BudgetController, got {type(controller).__name__}"
+                    )
+                if controller.max_nodes != self.max_nodes:
+                    raise ValueError(
+                        f"the controller was made for max_nodes={controller.max_nodes}, this "
+                        f"engine's is {self.max_nodes}"
+                    )
+                self.controller = controller
+        if budget == "adaptive" and self.controller is None:
             curve = CostCurve.for_target(
                 parts.target,
                 parts.backend,
@@ -333,11 +351,14 @@ class Engine:
         max_new_tokens: int = DEFAULTS.max_new_tokens,
         max_batch: int = 16,
         budget: int | str | None = None,
+        controller: BudgetController | None = None,
     ) -> Engine:
         """An engine sized for :meth:`generate` on ``prompts``: at most ``max_batch`` slots (no more
         than there are prompts), each with room for the longest prompt, the output and one tree
         of the largest budget a round can get. ``budget``: nodes per sequence per round (None:
-        the decoder's ``max_nodes``; 0 = plain AR) or ``"adaptive"`` (the controller)."""
+        the decoder's ``max_nodes``; 0 = plain AR) or ``"adaptive"`` (the controller).
+        ``controller``: an earlier engine's, gone on with where it fits (adaptive, the same
+        ``max_nodes``, a cost curve that covers this engine's rows); otherwise a new one."""
         parts: Parts = getattr(decoder, "parts", decoder)
         ids = batch_ids(parts, prompts)
         params = SamplingParams(max_new_tokens=max_new_tokens)
@@ -351,11 +372,19 @@ class Engine:
         capacity = min(
             parts.context_length, max(len(x) for x in ids) + params.max_new_tokens + nodes + 1
         )
+        batch = min(len(ids), max_batch)
+        fits = (
+            budget == "adaptive"
+            and controller is not None
+            and controller.max_nodes == nodes
+            and float(controller.curve.rows.max()) >= batch * (nodes + 1)
+        )
         return cls(
             parts,
-            max_batch=min(len(ids), max_batch),
+            max_batch=batch,
             max_seq_len=max(capacity, 2),
             budget=parts.max_nodes if budget is None else budget,
+            controller=controller if fits else None,
         )
 
     def generate(
