@@ -652,10 +652,48 @@ def test_the_chain_judge_picks_the_faster_rounds_and_learns_the_chain_from_draft
     # now the chain alone commits 1 token (333/s), drafting still 2 in 5 ms (400/s); the
     # drafted rounds that measure drafting again show it, and the judge turns to drafting
     picks = rounds(300, 1, 0.003, 2, 0.005)
-    assert judge.rate(True, b) == pytest.approx(1 / 0.003, rel=0.02)
+    # the chain alone's tokens per round, from its own rounds and the drafted ones
+    assert judge.chain_tokens[b] / judge.chain_weight[b] == pytest.approx(1.0, rel=0.02)
     assert picks[-150:].count(False) > 140  # drafting, the chain alone only timed again
     assert 1 <= picks[-150:].count(True) <= 10, picks
     assert judge.rate(True, ChainJudge.bucket(9)) is None  # other lengths: unmeasured
+
+
+def test_the_chain_judge_measures_a_confirmed_choice_less_often():
+    """Each measurement again that confirms the choice halves how often the length is
+    measured (a draft after chain-alone rounds first catches up on them); a change of the
+    world is still found as soon as without that patience."""
+    from dartcore.trees import ChainJudge
+
+    def run(judge, plan):
+        picks = []
+        for n, chain, drafted in plan:  # the chain alone 3 ms a round, a drafted one 5 ms
+            for _ in range(n):
+                alone, at = judge.choose(3)
+                picks.append(alone)
+                if alone:
+                    judge.observe(True, at, chain, 0.003)
+                else:
+                    judge.observe(False, at, drafted, 0.005)
+                    judge.observe_chain(at, chain)
+        return picks
+
+    steady = [(1000, 2, 2)]  # the chain alone always faster
+    calm, eager = run(ChainJudge(trust=8), steady), run(ChainJudge(trust=8, patience=0), steady)
+    assert calm[-500:].count(False) <= eager[-500:].count(False) // 2
+    assert 1 <= calm[-500:].count(False)  # still measured again
+    judge = ChainJudge(trust=8)
+    assert judge.calm[ChainJudge.bucket(3)] == 0
+    run(judge, steady)
+    assert judge.calm[ChainJudge.bucket(3)] == judge.patience
+    # then drafting wins: found within the rounds the eager judge needs too
+    changed = [(1000, 2, 2), (300, 1, 2)]
+    for patience in (0, 4):
+        picks = run(ChainJudge(trust=8, patience=patience), changed)[1000:]
+        first = next(i for i in range(len(picks) - 10) if not any(picks[i : i + 10]))
+        assert first < 120, (patience, first)
+    with pytest.raises(TreeError, match="patience"):
+        ChainJudge(patience=-1)
 
 
 def test_chain_commits_is_what_the_chain_alone_commits():

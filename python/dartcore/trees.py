@@ -575,15 +575,19 @@ class ChainJudge:
     more than 15% ahead). While both are measured the round is of the kind with the better
     rate, kept until the other is ``margin`` ahead; while one is not, every other round is
     of that kind until it is. So the kind not chosen is measured again, a few rounds in every
-    45-100, which keeps the comparison current at little cost (a draft after rounds without
-    one first catches up on their positions). Speed only: every tree is verified, so outputs
-    never depend on it."""
+    45-100, which keeps the comparison current. A measurement is not free: a draft after
+    rounds without one first catches up on their positions (on the int8 CPU path about a
+    round's time), so each measurement again that leaves the choice as it was halves
+    ``stale`` for that length, down to ``stale / 2 ** patience`` (about 140 rounds between
+    measurements, 190 where one kind is far ahead), and one that changes it starts over.
+    Speed only: every tree is verified, so outputs never depend on it."""
 
     trust: int = SUFFIX_TRUST
     decay: float = 0.97
     measured: float = 2.0
     stale: float = 0.5
     margin: float = 0.05
+    patience: int = 4
     # per length: the drafted rounds' tokens; per kind (0: drafted, 1: the chain alone) and
     # length: the rounds' seconds and count; all aged
     tokens: np.ndarray = field(default_factory=lambda: np.zeros(len(JUDGE_EDGES)))
@@ -597,6 +601,13 @@ class ChainJudge:
     seen: np.ndarray = field(default_factory=lambda: np.zeros(len(JUDGE_EDGES), dtype=np.int64))
     alone: np.ndarray = field(default_factory=lambda: np.zeros(len(JUDGE_EDGES), dtype=bool))
     steady_s: float | None = None  # a steady draft's seconds (decayed mean)
+    # per length: measurements again that left the choice as it was (each halves `stale`),
+    # and the choice a kind gone stale is being measured again against (-1: none)
+    calm: np.ndarray = field(default_factory=lambda: np.zeros(len(JUDGE_EDGES), dtype=np.int64))
+    before: np.ndarray = field(default_factory=lambda: np.full(len(JUDGE_EDGES), -1))
+
+    def __post_init__(self):
+        _count("patience", self.patience, "measured again at the same pace")
 
     @staticmethod
     def bucket(match: int) -> int:
@@ -623,14 +634,17 @@ class ChainJudge:
         self.weight[:, b] *= self.decay
         for arr in (self.tokens, self.chain_tokens, self.chain_weight):
             arr[b] *= self.decay
-        # a kind far behind the other is measured again about half as often
-        stale = self.stale / 5.0 if self.far[b] else self.stale
+        # a kind far behind the other is measured again about half as often, and a length
+        # whose measurements kept confirming its choice less often still
+        stale = (self.stale / 5.0 if self.far[b] else self.stale) / 2.0 ** self.calm[b]
         for k in (0, 1):
             w = self.weight[k, b] if k == 0 else min(self.weight[1, b], self.chain_weight[b])
             if w >= self.measured:
                 self.fresh[k, b] = True
-            elif w < stale:
+            elif w < stale and self.fresh[k, b]:
                 self.fresh[k, b] = False
+                if self.fresh[1 - k, b]:  # a choice stands: this kind is measured against it
+                    self.before[b] = int(self.alone[b])
         chain, draft = self.rate(True, b), self.rate(False, b)
         if chain is not None and draft is not None:
             alone = bool(self.alone[b])
@@ -638,6 +652,11 @@ class ChainJudge:
             # should not flip a length back and forth
             if chain > draft * (1.0 + self.margin) or draft > chain * (1.0 + self.margin):
                 alone = chain > draft
+            if alone != bool(self.alone[b]):  # a new choice: measured again soon
+                self.calm[b] = 0
+            elif self.before[b] >= 0:  # a measurement again that confirmed the choice
+                self.calm[b] = min(self.calm[b] + 1, self.patience)
+            self.before[b] = -1
             self.alone[b] = alone
             self.far[b] = max(chain, draft) > 1.15 * min(chain, draft)
             return alone, b
