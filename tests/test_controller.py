@@ -269,16 +269,10 @@ def test_a_sequence_at_ar_drafts_again_and_probes_rarely_while_it_keeps_missing(
 @pytest.mark.parametrize("curve", ["flat-gpu", "cpu"])
 def test_the_engine_cuts_each_tree_to_its_refined_budget(curve, tmp_path, monkeypatch):
     from dartcore.engine import Engine, SamplingParams
-    from test_engine import oracle_decoder, prompts_and_refs, run
+    from test_engine import cached_oracle, run
 
-    monkeypatch.setenv("DARTCORE_CACHE", str(tmp_path))
-    torch.set_num_threads(1)
-    model = tiny_model("llama", seed=2)
-    model.generation_config.eos_token_id = None
-    prompts, refs = prompts_and_refs(model, 3, 16, seed=3)
-    engine = Engine(
-        oracle_decoder(model, prompts, refs), max_batch=3, budget="adaptive", max_nodes=6
-    )
+    dec, prompts, refs = cached_oracle(tmp_path, monkeypatch, 3, 16, seed=3)
+    engine = Engine(dec, max_batch=3, budget="adaptive", max_nodes=6)
     engine.controller.curve = CURVES[curve]
     # the model's times are the curve's alone (the tiny model's measured forwards would move them)
     monkeypatch.setattr(engine.controller, "timed", lambda **kw: None)
@@ -308,14 +302,9 @@ def test_generate_batch_goes_on_with_its_controller(tmp_path, monkeypatch):
     """A decoder's adaptive generate_batch calls share one controller: the second starts from
     what the first learned and reads no cost curve; outputs stay the target's."""
     from dartcore.engine import Engine
-    from test_engine import oracle_decoder, prompts_and_refs
+    from test_engine import cached_oracle
 
-    monkeypatch.setenv("DARTCORE_CACHE", str(tmp_path))
-    torch.set_num_threads(1)
-    model = tiny_model("llama", seed=2)
-    model.generation_config.eos_token_id = None
-    prompts, refs = prompts_and_refs(model, 3, 12, seed=4)
-    dec = oracle_decoder(model, prompts, refs)
+    dec, prompts, refs = cached_oracle(tmp_path, monkeypatch, 3, 12, seed=4)
     reads = []
     real = CostCurve.for_target.__func__
 

@@ -277,14 +277,9 @@ def test_the_engine_recovers_from_a_planted_busy_curve(tmp_path, monkeypatch):
     the engine's controller drafts within a few steps, and its outputs stay the target's own."""
     from dartcore import cost
     from dartcore.engine import Engine, SamplingParams
-    from test_engine import oracle_decoder, prompts_and_refs
+    from test_engine import cached_oracle
 
-    monkeypatch.setenv("DARTCORE_CACHE", str(tmp_path))
-    torch.set_num_threads(1)
-    model = tiny_model("llama", seed=2)
-    model.generation_config.eos_token_id = None
-    prompts, refs = prompts_and_refs(model, 1, 60, seed=3)
-    dec = oracle_decoder(model, prompts, refs)
+    dec, prompts, refs = cached_oracle(tmp_path, monkeypatch, 1, 60, seed=3)
     path = _plant(dec.target, tmp_path, busy_points(64))
     monkeypatch.setattr(cost, "spot_verify_ms", lambda target, backend, **kw: 66.7)
     engine = Engine(dec, max_batch=1, budget="adaptive", max_nodes=6)

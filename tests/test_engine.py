@@ -90,6 +90,17 @@ def oracle_decoder(model, prompts, refs, **kw):
     return dec
 
 
+def cached_oracle(tmp_path, monkeypatch, n: int, new: int, seed: int):
+    """An oracle decoder over ``n`` prompts of the tiny llama (one thread, cost curves cached
+    under ``tmp_path``), the prompts and their greedy references."""
+    monkeypatch.setenv("DARTCORE_CACHE", str(tmp_path))
+    torch.set_num_threads(1)
+    model = tiny_model("llama", seed=2)
+    model.generation_config.eos_token_id = None
+    prompts, refs = prompts_and_refs(model, n, new, seed=seed)
+    return oracle_decoder(model, prompts, refs), prompts, refs
+
+
 def run(engine: Engine) -> dict[str, list[RequestOutput]]:
     seen: dict[str, list[RequestOutput]] = {}
     while engine.has_unfinished():
