@@ -78,7 +78,9 @@ def test_help_shows_defaults():
     r = run_cli("dart_generate", "--help")
     text = " ".join(r.stdout.split())
     assert "stop after this many new tokens (default: 256)" in text
-    assert "(default: dart)" in text and "(default: 0, greedy)" in text
+    assert (
+        "(default: dart+live on the CPU, dart on CUDA)" in text and "(default: 0, greedy)" in text
+    )
     r = run_cli("dart_bench", "--help")
     text = " ".join(r.stdout.split())
     for flag, default in (
@@ -100,7 +102,7 @@ def test_help_shows_defaults():
     "args, cls, needles",
     [
         (["--tree", "dartt", "hi"], None, ["--tree 'dartt'", "did you mean 'dart'"]),
-        (["hi"], None, ["--tree dart needs an n-gram index", "--index", "tools/demo.sh"]),
+        (["hi"], None, ["--tree dart+live needs an n-gram index", "--index", "tools/demo.sh"]),
         (
             ["--index", "/nonexistent/smollm2.idx", "hi"],
             "MissingFileError",

@@ -368,6 +368,25 @@ def test_learning_decoders_are_lossless_and_learn(setup, tree):  # noqa: F811
     assert [r.tokens for r in batch] == refs
 
 
+def test_a_cpu_decoder_given_no_tree_builds_the_judged_live_tree(setup):  # noqa: F811
+    """No tree named: the CPU's default, ``dart+live`` with its judge (dart on CUDA); without
+    a layer it reads the conversation's own chains, and its outputs are the target's."""
+    from dartcore.trees import ChainJudge, LiveBuilder, default_tree
+
+    assert default_tree("cpu") == "dart+live"
+    assert default_tree("cuda") == default_tree("cuda:1") == "dart"
+    model, tok, drafter, index, prompts, refs = setup
+    dec = DartDecoder(model, tok, drafter, index, eos_token_ids=())
+    assert dec.tree == "dart+live" and dec.parts.live is None
+    assert isinstance(dec.builder, LiveBuilder) and isinstance(dec.builder.judge, ChainJudge)
+    for prompt, ref in zip(prompts, refs):
+        assert dec.generate(prompt, max_new_tokens=24).tokens == ref
+    assert dec.builder.judge.seen.sum() > 0  # it judged the rounds
+    assert [r.tokens for r in dec.generate_batch(prompts, max_new_tokens=24)] == refs
+    # naming a tree still builds that one
+    assert DartDecoder(model, tok, drafter, index, tree="dart").tree == "dart"
+
+
 def _count_drafts(dec):
     """Wrap the decoder's draft calls; returns the list of rows each one asked for."""
     calls = []

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default="smollm2")
     p.add_argument("--drafter", default="smollm2")
     p.add_argument("--tokenizer", help="tokenizer for the index (default: the target's)")
-    p.add_argument("--tree", default="dart")
+    p.add_argument("--tree", help="tree builder (default: the decoder's, dart+live on the CPU)")
     p.add_argument(
         "--fp32",
         action="store_true",
@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     dart = DartDecoder.from_pretrained(
         args.target, args.drafter, index, tree=args.tree, quantized=quantized
     )
+    args.tree = dart.tree  # the decoder's default where --tree names none
     path = "GGUF blocks" if getattr(dart.target, "blocks", False) else "float32"
     step(f"3/4 loaded target ({args.target}, {path}, CPU), drafter and index")
     st = dart.index.stats()

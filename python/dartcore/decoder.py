@@ -40,7 +40,7 @@ from dartcore.models.hybrid import make_target
 from dartcore.prompts import TextStream, decode, prompt_ids
 from dartcore.rounds import GenerationResult, GenerationStats, Parts, StageClock
 from dartcore.sampling import DEFAULTS, SamplingParams
-from dartcore.trees import make_tree_builder, node_budget
+from dartcore.trees import default_tree, make_tree_builder, node_budget
 
 __all__ = ["DartDecoder", "GenerationResult", "GenerationStats", "StreamChunk"]
 
@@ -65,12 +65,13 @@ class DartDecoder:
     """Speculative decoding of a Hugging Face Llama / Qwen3 target, or of a hybrid Gated
     DeltaNet one (Qwen3-Next, Qwen3.5: :mod:`dartcore.models.hybrid`).
 
-    ``DartDecoder(model, tokenizer, drafter=None, index=None, *, tree="dart", device=None,
+    ``DartDecoder(model, tokenizer, drafter=None, index=None, *, tree=None, device=None,
     dtype=None, **tree_params)``: ``model`` is a loaded HF causal LM (moved in place when
     ``device`` / ``dtype`` are given), ``drafter`` a :class:`dartcore.DartDrafter` for this
     target, ``index`` a :class:`dartcore.NgramIndex` built with the target's tokenizer, ``tree``
-    a registered tree builder (``dart``, ``dart-no-ngram``, ``dart-chain``, ``ngram-only``,
-    ``ar``, ...; see :mod:`dartcore.trees`) and ``tree_params`` its parameters (``max_nodes``,
+    a registered tree builder (``dart``, ``dart+live``, ``dart-chain``, ``ngram-only``, ``ar``,
+    ...; see :mod:`dartcore.trees`; None: :func:`~dartcore.trees.default_tree`, ``dart+live``
+    on CPU, ``dart`` on CUDA) and ``tree_params`` its parameters (``max_nodes``,
     ``beam_width``, ``k``, ...). The node budget, ``decoder.max_nodes``, defaults to
     ``CPU_MAX_NODES`` (4) on CPU (``CPU_BLOCKS_MAX_NODES``, 2, for a target of GGML block
     weights) and to the paper's ``GPU_MAX_NODES`` (59) on CUDA
@@ -105,7 +106,7 @@ class DartDecoder:
         drafter=None,
         index=None,
         *,
-        tree: str = "dart",
+        tree: str | None = None,
         device=None,
         dtype=None,
         max_context: int | None = None,
@@ -120,7 +121,7 @@ class DartDecoder:
         model.eval()
         target = make_target(model)  # TargetModel, or HybridTarget for a hybrid family
         backend = backend_for(target, lazy_logits=lazy_logits, draft_numerics=draft_numerics)
-        self.tree = tree
+        self.tree = tree = default_tree(target.device.type) if tree is None else tree
         builder = make_tree_builder(tree, **tree_params)
         check_needs(tree, builder, drafter, index)
         if not builder.needs_drafter:
@@ -164,7 +165,7 @@ class DartDecoder:
         drafter=None,
         index=None,
         *,
-        tree: str = "dart",
+        tree: str | None = None,
         device=None,
         dtype=None,
         quantized: bool | None = None,

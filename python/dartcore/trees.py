@@ -33,7 +33,8 @@ Built in:
 ==================  ==========================================================
 
 Others (DARTree "dartree", "hybrid", DDTree "ddtree") register themselves with
-:func:`register_tree_builder`.
+:func:`register_tree_builder`. A decoder given no tree builds :func:`default_tree`'s:
+``dart+live`` on the CPU, ``dart`` on CUDA.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ __all__ = [
     "CPU_MAX_NODES",
     "GPU_MAX_NODES",
     "node_budget",
+    "GPU_TREE",
+    "CPU_TREE",
+    "default_tree",
 ]
 
 # Default node budget (root excluded) on CPU. The paper's theta = 59 is a GPU budget; on the
@@ -123,6 +127,27 @@ class TreeInputs:
                 "(dartcore.trees.node_budget(builder, ...))"
             )
         return int(self.max_nodes)
+
+
+# The tree a decoder builds where its user names none (default_tree). On CUDA the paper's:
+# rows are nearly free, and the drafter's tree is what the budget is for.
+GPU_TREE = "dart"
+# On the CPU every verify row and every drafter forward costs (a drafter forward about a
+# fifth of a step on the int8 path), and whether drafting pays depends on the text: so the
+# tree whose judge measures, per match length, whether the drafted tree or the context's
+# suffix-match chain alone commits more tokens per second (ChainJudge), drafting where it
+# pays. SmolLM2, 2-vCPU Xeon, held-out general / built-in prompts, dart-bench: on the int8
+# numerics `dart` 0.92 / 1.01x plain steps, this tree 1.10 / 1.03x
+# (tools/reports/dart_bench_quantized_smollm2_xeon.json); on the float32 conversion, where
+# drafting pays, `dart` 1.34 / 1.62x, this tree 1.67 / 1.74x with its chains
+# (tools/reports/dart_bench_fp32_tree_smollm2_xeon.json).
+CPU_TREE = "dart+live"
+
+
+def default_tree(device: str) -> str:
+    """The tree builder a decoder on ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:1"``...)
+    builds when none is named: :data:`GPU_TREE` on CUDA, else :data:`CPU_TREE`."""
+    return GPU_TREE if str(device).startswith("cuda") else CPU_TREE
 
 
 def node_budget(builder, *, drafter=None, device: str = "cpu", blocks: bool = False) -> int:
@@ -708,7 +733,10 @@ class LiveBuilder:
     """``dart+live``: Eq. (10) with the live layer mixed into g (``dart.live_weight``),
     completed by the suffix-match chain (:func:`suffix_lookup`) as ``dart+ctx`` completes it
     with the context's own chain; ``dart+mix`` (``suffix=False``): the mix alone. Without a
-    live layer (a decoder that does not learn) they are ``dart+ctx`` and ``dart``.
+    live layer (a decoder that does not learn) g is the index's alone and the chain the
+    context's own: ``dart+mix`` is ``dart``, and ``dart+live`` completes it as ``dart+ctx``
+    does while its judge still plans the rounds it measured faster without a draft (the CPU's
+    default tree, :func:`default_tree`).
     (``suffix``, not ``chain``: a builder's ``chain`` means one node per drafter row to
     :func:`node_budget`.)
 

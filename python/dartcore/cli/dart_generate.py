@@ -62,9 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--tree",
-        default="dart",
         metavar="{" + ",".join(tree_builders()) + "}",
-        help="tree builder, any registered one: " + ", ".join(tree_builders()),
+        help="tree builder, any registered one (default: dart+live on the CPU, dart on CUDA): "
+        + ", ".join(tree_builders()),
     )
     add_max_nodes(
         p, "node budget per round, root excluded (default: the builder's; 4 on CPU, 59 on CUDA)"
@@ -155,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
     # Everything a user can get wrong is checked here, before the ~4 s of loading the model.
+    from dartcore.trees import default_tree
+
+    args.tree = default_tree(args.device) if args.tree is None else args.tree
     check_tree(args.tree)
     params = dict(args.tree_param)
     if "max_nodes" in params:
