@@ -455,8 +455,10 @@ def drafted_setup(tmp_path_factory):
     return model, drafter, NgramIndex(path), prompts, refs
 
 
-@pytest.mark.parametrize("tree", ["dart", "dart-no-ngram", "dart-chain", "ngram-only"])
+@pytest.mark.parametrize("tree", ["dart", "dart-no-ngram", "dart-chain", "ngram-only", None])
 def test_drafter_and_index_builders_match_hf_generate(drafted_setup, tree):
+    """Every builder that reads the drafter or the index; None: the CPU's default
+    (``dart+live``, its judge choosing each round's kind)."""
     model, drafter, index, prompts, refs = drafted_setup
     params = {} if tree == "dart-chain" else {"max_nodes": 8}
     with pytest.warns(UserWarning, match="tokenizer"):  # the bare index names no tokenizer

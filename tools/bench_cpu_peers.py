@@ -20,8 +20,9 @@ and threads:
   rows in one forward: the cost of an extra row, which is what a speculative verify pays);
 * dartcore on each file (``DartDecoder.from_pretrained(file)``: the file's blocks where it has
   kernels for them) and on the float32 conversion of the shipped file: ``ar``, ``dart``,
-  ``dart+ctx``, ``dart-adaptive`` and ``suffix`` (the context's own suffix-match chain, no
-  drafter), each group in a fresh process;
+  ``dart+ctx``, ``dart-adaptive``, ``suffix`` (the context's own suffix-match chain, no
+  drafter) and ``dart+live`` (the tree a CPU decoder builds by default: the judged mix of
+  both), each group in a fresh process;
 * optionally (``--python-binding``) ``llama-cpp-python``'s Python ``generate`` loop, labelled
   "llama-cpp-python (Python loop)"; never a baseline.
 
@@ -57,7 +58,7 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-METHODS = ("ar", "dart", "dart+ctx", "dart-adaptive", "suffix")
+METHODS = ("ar", "dart", "dart+ctx", "dart-adaptive", "suffix", "dart+live")
 # the decoder each method runs on, and its generate_batch budget (None: generate, fixed budget)
 TREES = {
     "ar": ("ar", None),
@@ -65,6 +66,7 @@ TREES = {
     "dart+ctx": ("dart+ctx", None),
     "dart-adaptive": ("dart", "adaptive"),
     "suffix": ("suffix", None),  # no drafter: the prompt-lookup chain (llama.cpp's ngram kind)
+    "dart+live": ("dart+live", None),  # the CPU's default tree (dartcore.trees.default_tree)
 }
 SERVER = "llama-server"
 BENCH = "llama-bench"
