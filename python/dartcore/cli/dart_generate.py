@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
     # Everything a user can get wrong is checked here, before the ~4 s of loading the model.
-    from dartcore.trees import default_tree
+    from dartcore.trees import default_tree, make_tree_builder
 
     args.tree = default_tree(args.device) if args.tree is None else args.tree
     check_tree(args.tree)
@@ -169,8 +169,6 @@ def _run(args) -> int:
             )
     if args.max_nodes is not None:
         params["max_nodes"] = args.max_nodes
-    from dartcore.trees import make_tree_builder
-
     try:
         builder = make_tree_builder(args.tree, **params)
     except (TypeError, ValueError) as exc:
