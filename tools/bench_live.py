@@ -1,7 +1,8 @@
 """Speed of decoders that learn from what they serve (dartcore.live), on workloads that repeat
 themselves, against the same decoder without the live layer, in one run.
 
-Every method decodes the same request sequence, greedy, with a fresh live layer:
+Every method decodes the same request sequence, greedy, each with a fresh live layer of its
+own; the methods take each request in turn, so their times are taken seconds apart:
 
 * ``ask``:        five questions, first time;
 * ``revise``:     two-turn conversations whose second turn revises the first answer (comments
@@ -13,9 +14,9 @@ Every method decodes the same request sequence, greedy, with a fresh live layer:
 Methods: ``ar``, ``dart``, ``dart+ctx``, ``suffix`` (the suffix-match chain alone, what a
 suffix-decoding peer runs), ``dart+mix`` and ``dart+live``. Outputs are checked equal to
 ``ar``'s; each method's speed is also given as the median, over the runs, of its ratio to
-``ar``, ``dart`` and ``suffix`` within a run (every other run takes the methods in reverse
-order). A method named ``name@key=value`` gets that tree parameter, read as ``--tree-param``
-reads it (``dart+live@short=0``, ``dart+live@adapt=false``). Also measured: the insert of a
+``ar``, ``dart`` and ``suffix`` within a run. A method named ``name@key=value`` gets that tree
+parameter, read as ``--tree-param`` reads it (``dart+live@short=0``,
+``dart+live@adapt=false``). Also measured: the insert of a
 128-token output into a layer holding the package's source, the layer's bytes per million
 tokens, and one search with and without the layer.
 
@@ -29,7 +30,8 @@ report gives each one's speed over ``dart`` on the repetitive workloads and on f
 ``--serve`` adds the same through ``dart-serve`` on 127.0.0.1 (one worker): one client asks
 the five questions, another client of the same tenant asks them again, then the fresh
 prompts; servers with speculation off, ``dart`` and ``dart+ctx`` (both without learning), and
-``suffix`` / ``dart+live`` with ``--learn``, each with its default budget.
+``suffix`` / ``dart+live`` with ``--learn``, each with its default budget; new servers every
+run, medians over the runs.
 """
 
 from __future__ import annotations
@@ -105,49 +107,63 @@ def workload(answers: dict[str, str]):
     yield from (("fresh", user(q)) for q in FRESH)
 
 
-def configure(dec, method: str, drafter, live, max_nodes=None):
+def method_parts(dec, method: str, drafter, max_nodes=None) -> dict:
+    """The decoder parts ``method`` runs with, its own live layer among them (kept across the
+    workload, as a server keeps its layer and its tree builder's judge)."""
     from dartcore.cli._common import tree_param
+    from dartcore.live import LiveLayer
     from dartcore.trees import make_tree_builder, node_budget
 
     # "dart+mix@0.25": the mix at λ = 0.25; "dart+live@trust=4", "@adapt=false": a parameter
     name, _, given = method.partition("@")
-    params = {} if max_nodes is None else {"max_nodes": max_nodes}
+    params = {} if max_nodes is None or method == "ar" else {"max_nodes": max_nodes}
     for item in filter(None, given.split(",")):
         key, value = tree_param(item if "=" in item else f"live_weight={item}")
         params[key] = value
     builder = make_tree_builder(name, **params)
-    dec.parts.builder = builder
-    dec.parts.drafter = drafter if builder.needs_drafter else None
-    dec.parts.max_nodes = node_budget(
+    used = drafter if builder.needs_drafter else None
+    nodes = node_budget(
         builder,
-        drafter=dec.parts.drafter,
+        drafter=used,
         device=dec.target.device.type,
         blocks=bool(getattr(dec.target, "blocks", False)),
     )
-    dec.parts.live = live
+    return {
+        "builder": builder,
+        "drafter": used,
+        "max_nodes": nodes,
+        "live": LiveLayer(dec.target.vocab_size),
+    }
 
 
-def run_method(dec, method, drafter, answers, max_new_tokens, max_nodes=None):
-    from dartcore.live import LiveLayer
-
-    nodes = None if method == "ar" else max_nodes
-    configure(dec, method, drafter, LiveLayer(dec.target.vocab_size), nodes)
-    rows = []
-    for cat, msgs in workload(answers):
-        t0 = time.perf_counter()
-        res = dec.generate(msgs, max_new_tokens=max_new_tokens)
-        dt = time.perf_counter() - t0
-        if cat == "first-turn":
-            answers[msgs[0]["content"]] = res.text
-        rows.append(
-            {
-                "category": cat,
-                "tokens": res.tokens,
-                "s": dt,
-                "tau": res.stats.tau,
-                "max_nodes": dec.parts.max_nodes,
-            }
-        )
+def run_methods(dec, methods, drafter, max_new_tokens, max_nodes=None, turn=0):
+    """Every method decodes the workload, request by request: each request is decoded by
+    every method in turn (the order rotating by one with every request, starting at
+    ``turn``), so that a method's time and its peers' are taken seconds apart and the
+    machine's drift favours none. Each method keeps its own live layer and tree builder
+    over the workload. Returns {method: rows}."""
+    parts = {m: method_parts(dec, m, drafter, max_nodes) for m in methods}
+    rows = {m: [] for m in methods}
+    answers: dict[str, str] = {}
+    for i, (cat, msgs) in enumerate(workload(answers)):
+        k = (turn + i) % len(methods)
+        for m in methods[k:] + methods[:k]:
+            for key, value in parts[m].items():
+                setattr(dec.parts, key, value)
+            t0 = time.perf_counter()
+            res = dec.generate(msgs, max_new_tokens=max_new_tokens)
+            dt = time.perf_counter() - t0
+            if cat == "first-turn":
+                answers.setdefault(msgs[0]["content"], res.text)
+            rows[m].append(
+                {
+                    "category": cat,
+                    "tokens": res.tokens,
+                    "s": dt,
+                    "tau": res.stats.tau,
+                    "max_nodes": parts[m]["max_nodes"],
+                }
+            )
     return rows
 
 
@@ -227,56 +243,69 @@ def target_weight_flags(args) -> list[str]:
 
 
 def serve_section(args, threads: int) -> dict:
-    """Phases ask / ask-again (another client) / fresh through one dart-serve per mode."""
+    """Phases ask / ask-again (another client) / fresh through one dart-serve per mode, a
+    new server each run (``--repeats`` runs, every other one with the modes in reverse
+    order): medians of each phase's tok/s and of its ratio to the server with speculation
+    off within a run."""
     import tempfile
 
     from bench_serve import Server, _one_request
 
     phases = [("ask", QUESTIONS), ("ask-again", QUESTIONS), ("fresh", FRESH)]
-    out: dict = {}
+    modes = list(SERVE_MODES)
+    runs: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for mode, extra in SERVE_MODES.items():
-            server = Server(
-                [
-                    "--index",
-                    args.index,
-                    "--workers",
-                    "1",
-                    "--threads",
-                    str(threads),
-                    *target_weight_flags(args),
-                    *extra,
-                ],
-                Path(tmp) / "serve.log",
-                600.0,
-            )
-            try:
-                out[mode] = {}
-                for phase, qs in phases:
-                    tokens = seconds = 0.0
-                    for q in qs:
-                        body = {
-                            "model": "smollm2",
-                            "messages": user(q),
-                            "max_tokens": args.max_new_tokens,
-                            "temperature": 0,
-                            "stream": True,
-                            "stream_options": {"include_usage": True},
-                        }
-                        r = _one_request(server.port, body, 600.0)
-                        if "error" in r:
-                            raise SystemExit(f"dart-serve ({mode}): {r['error']}")
-                        tokens += r["tokens"]
-                        seconds += r["latency"]
-                    out[mode][phase] = {"tok_s": round(tokens / seconds, 1)}
-            finally:
-                server.stop()
-    for mode in out:
-        for phase in out[mode]:
-            out[mode][phase]["vs_off"] = round(
-                out[mode][phase]["tok_s"] / out["off"][phase]["tok_s"], 3
-            )
-    return out
+        for rep in range(max(1, args.repeats)):
+            run: dict = {}
+            for mode in modes if rep % 2 == 0 else modes[::-1]:
+                server = Server(
+                    [
+                        "--index",
+                        args.index,
+                        "--workers",
+                        "1",
+                        "--threads",
+                        str(threads),
+                        *target_weight_flags(args),
+                        *SERVE_MODES[mode],
+                    ],
+                    Path(tmp) / "serve.log",
+                    600.0,
+                )
+                try:
+                    run[mode] = {}
+                    for phase, qs in phases:
+                        tokens = seconds = 0.0
+                        for q in qs:
+                            body = {
+                                "model": "smollm2",
+                                "messages": user(q),
+                                "max_tokens": args.max_new_tokens,
+                                "temperature": 0,
+                                "stream": True,
+                                "stream_options": {"include_usage": True},
+                            }
+                            r = _one_request(server.port, body, 600.0)
+                            if "error" in r:
+                                raise SystemExit(f"dart-serve ({mode}): {r['error']}")
+                            tokens += r["tokens"]
+                            seconds += r["latency"]
+                        run[mode][phase] = tokens / seconds
+                finally:
+                    server.stop()
+            runs.append(run)
+    return {
+        mode: {
+            phase: {
+                "tok_s": round(statistics.median(r[mode][phase] for r in runs), 1),
+                "vs_off": round(
+                    statistics.median(r[mode][phase] / r["off"][phase] for r in runs), 3
+                ),
+            }
+            for phase, _ in phases
+        }
+        for mode in modes
+    }
 
 
 def summarise(rows_by_method: dict[str, list[dict]]) -> dict:
@@ -345,12 +374,8 @@ def main() -> None:
     runs = []
     identical = True
     for rep in range(max(1, args.repeats)):
-        # every other run in reverse order: a drift of the machine's speed during a run then
-        # favours no method in the medians
-        order = methods if rep % 2 == 0 else methods[::-1]
-        rows = {
-            m: run_method(dec, m, drafter, {}, args.max_new_tokens, args.max_nodes) for m in order
-        }
+        # each run starts the rotation of the methods elsewhere
+        rows = run_methods(dec, methods, drafter, args.max_new_tokens, args.max_nodes, turn=rep * 3)
         for m in methods:
             identical &= all(a["tokens"] == b["tokens"] for a, b in zip(rows["ar"], rows[m]))
         runs.append(summarise(rows))
@@ -372,6 +397,14 @@ def main() -> None:
                 "vs_suffix": round(
                     statistics.median(r[m][c]["tok_s"] / r["suffix"][c]["tok_s"] for r in runs), 3
                 )
+                if "suffix" in methods
+                else None,
+                # the spread of that ratio over the runs: the machine's noise, which the
+                # methods' equal work on repeated questions shows too
+                "vs_suffix_range": [
+                    round(f(r[m][c]["tok_s"] / r["suffix"][c]["tok_s"] for r in runs), 3)
+                    for f in (min, max)
+                ]
                 if "suffix" in methods
                 else None,
             }
