@@ -801,7 +801,7 @@ def test_the_judge_decides_only_for_a_sequence_verified_alone(setup):  # noqa: F
     judge = dec.parts.builder.judge
     asked = []
     inner = judge.choose
-    judge.choose = lambda m: (asked.append(m), inner(m))[1]
+    judge.choose = lambda m, *a: (asked.append(m), inner(m, *a))[1]
     for batch in (len(prompts), 1):
         asked.clear()
         engine = Engine(dec, max_batch=batch, budget=3)
@@ -811,3 +811,42 @@ def test_the_judge_decides_only_for_a_sequence_verified_alone(setup):  # noqa: F
             assert len(asked) <= alone < len(engine.stats.steps), (len(asked), alone)
         else:
             assert asked and len(asked) <= alone
+
+
+def test_the_chain_judge_follows_a_request_whose_drafts_add_little():
+    """The rates are the judge's across requests; a request whose drafted rounds commit no
+    more than their chains would alone turns to the chain alone within a few drafted rounds,
+    while the next request (its own notes) drafts again, and a request whose drafts do as
+    the judge expects keeps drafting."""
+    from dartcore.trees import ChainJudge
+
+    judge = ChainJudge(trust=8)
+
+    def rounds(n, request, extra):
+        """``n`` rounds where nothing matches: the chain alone (a plain step) commits 1 token
+        in 3 ms, a drafted round 1 + ``extra`` in 4 ms."""
+        picks = []
+        for _ in range(n):
+            alone, at = judge.choose(0, request)
+            picks.append(alone)
+            if alone:
+                judge.observe(True, at, 1, 0.003)
+            else:
+                if request is not None:
+                    judge.observe_request(request, at, extra)
+                judge.observe(False, at, 1 + extra, 0.004)
+                judge.observe_chain(at, 1)
+        return picks
+
+    rounds(300, None, 1)  # drafting: 500 tokens/s against the plain step's 333
+    b = ChainJudge.bucket(0)
+    assert judge.extra(b) == pytest.approx(1.0)
+    assert rounds(20, {}, 1).count(False) >= 18  # a request as expected: drafting
+    hard: dict = {}
+    picks = rounds(40, hard, 0)  # its drafts commit what the plain step would
+    first = picks.index(True)
+    assert 5 <= first <= 15, picks
+    assert picks[first:].count(False) <= 3, picks  # then the chain alone, measured again seldom
+    assert judge.yield_ratio(hard) < 0.5
+    assert rounds(10, {}, 1).count(False) >= 9  # the next request drafts again
+    assert judge.yield_ratio({}) == 1.0

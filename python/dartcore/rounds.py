@@ -216,6 +216,9 @@ class Sequence:
     judged: tuple[Any, float] | None = None
     # this round's draft: (seconds of the drafter pass it was in, steady: no catch-up), or None
     drafted: tuple[float, bool] | None = None
+    # what the builder's judge keeps of this sequence's own rounds (trees.ChainJudge: how its
+    # drafts fared against the judge's expectation), handed to it in TreeInputs.extra
+    judge_notes: dict = field(default_factory=dict)
 
     @property
     def planned(self) -> bool:
@@ -257,6 +260,7 @@ def _inputs(parts: Parts, seq: Sequence, depth: int, batch: int, drafted: Drafte
         eos_token_ids=parts.eos_token_ids,
         live=parts.live if seq.live is None else seq.live,
         max_chain=_chain_room(seq, batch),
+        extra={"request": seq.judge_notes},
     )
 
 

@@ -605,10 +605,18 @@ class ChainJudge:
     round's time), so each measurement again that leaves the choice as it was halves
     ``stale`` for that length, down to ``stale / 2 ** patience`` (about 140 rounds between
     measurements, 190 where one kind is far ahead), and one that changes it starts over.
+    The drafter's yield also depends on the request (a translation, a revision of code):
+    the rates are the judge's across requests, so a request keeps, in its own notes
+    (``request``, :meth:`choose`), what its drafted rounds committed beyond the chain alone
+    against what the judge expected of them at their lengths. A drafted round's tokens are
+    then reckoned as the chain alone's plus the drafter's extra scaled by that ratio, drawn
+    towards 1 by ``shrink`` expected tokens, so a request whose drafts commit little more
+    than its chains turns to the chain alone within a few drafted rounds.
     Speed only: every tree is verified, so outputs never depend on it."""
 
     trust: int = SUFFIX_TRUST
     decay: float = 0.97
+    shrink: float = 3.0
     measured: float = 2.0
     stale: float = 0.5
     margin: float = 0.05
@@ -638,19 +646,51 @@ class ChainJudge:
     def bucket(match: int) -> int:
         return int(np.searchsorted(JUDGE_EDGES, match, side="right")) - 1
 
-    def rate(self, alone: bool, b: int) -> float | None:
+    def rate(self, alone: bool, b: int, request: dict | None = None) -> float | None:
         """Tokens per second of the rounds of kind ``alone`` at bucket ``b``; None while not
         measured. The chain alone: its tokens per round (its own rounds and what the drafted
-        rounds showed it would have committed) over its own rounds' seconds per round."""
+        rounds showed it would have committed) over its own rounds' seconds per round. A
+        drafted round in a request with notes (:meth:`choose`): the chain's tokens plus the
+        drafter's extra (:meth:`extra`) scaled by the request's :meth:`yield_ratio`."""
         k = int(alone)
         if not self.fresh[k, b] or self.seconds[k, b] <= 0.0:
             return None
         w = self.weight[k, b]
         per_round = self.chain_tokens[b] / self.chain_weight[b] if alone else self.tokens[b] / w
+        extra = None if alone or not request else self.extra(b)
+        if extra is not None:
+            per_round += (self.yield_ratio(request) - 1.0) * extra
         return float(per_round * w / self.seconds[k, b])
 
-    def choose(self, match: int) -> tuple[bool, int]:
-        """(verify the chain alone?, the bucket to report the round under)."""
+    def extra(self, b: int) -> float | None:
+        """What a drafted round at bucket ``b`` commits beyond the chain alone (tokens per
+        round, at least 0); None while either is unknown."""
+        if self.weight[0, b] <= 0.0 or self.chain_weight[b] <= 0.0:
+            return None
+        per_round = self.tokens[b] / self.weight[0, b]
+        return max(float(per_round - self.chain_tokens[b] / self.chain_weight[b]), 0.0)
+
+    def yield_ratio(self, request: dict) -> float:
+        """How this request's drafted rounds fared: the tokens they committed beyond the
+        chain alone over what :meth:`extra` expected of them, each side plus ``shrink``
+        (1 before its first draft)."""
+        got, expected = request.get("extra", 0.0), request.get("expected", 0.0)
+        return (got + self.shrink) / (expected + self.shrink)
+
+    def observe_request(self, request: dict, b: int, extra: int) -> None:
+        """A drafted round of the request with notes ``request`` at bucket ``b`` committed
+        ``extra`` tokens beyond its chain alone (called before the round updates the rates,
+        whose expectation it is measured against)."""
+        # against a measured expectation only: a cold length's guesses would steer a request
+        expected = self.extra(b) if self.fresh[:, b].all() else None
+        if expected is not None:
+            request["extra"] = request.get("extra", 0.0) + extra
+            request["expected"] = request.get("expected", 0.0) + expected
+
+    def choose(self, match: int, request: dict | None = None) -> tuple[bool, int]:
+        """(verify the chain alone?, the bucket to report the round under); ``request``: the
+        notes of the request the round is of (kept from round to round by the caller, filled
+        by :meth:`observe_request`)."""
         b = self.bucket(match)
         if match >= self.trust:  # a repeat: the chain alone, as without a judge
             return True, b
@@ -670,7 +710,7 @@ class ChainJudge:
                 self.fresh[k, b] = False
                 if self.fresh[1 - k, b]:  # a choice stands: this kind is measured against it
                     self.before[b] = int(self.alone[b])
-        chain, draft = self.rate(True, b), self.rate(False, b)
+        chain, draft = self.rate(True, b), self.rate(False, b, request)
         if chain is not None and draft is not None:
             alone = bool(self.alone[b])
             # the other side must be ahead by `margin` to take over: timing noise alone
@@ -780,10 +820,10 @@ class LiveBuilder:
         self, inputs: TreeInputs, *, judged: bool = True
     ) -> tuple[Tree | None, tuple | None]:
         """:meth:`plan` and what the judge is to be told of the round (``(alone, bucket,
-        chain)`` for :meth:`observe`, the chain of a drafted round; None where it did not
-        choose). ``judged=False``: the fixed rule (a sequence verified with others, whose
-        round takes the whole step's time: there the engine's controller decides who
-        drafts)."""
+        chain, request)`` for :meth:`observe`: the chain of a drafted round, the request's
+        notes from ``inputs.extra``; None where it did not choose). ``judged=False``: the
+        fixed rule (a sequence verified with others, whose round takes the whole step's
+        time: there the engine's controller decides who drafts)."""
         if not self.suffix or self.trust <= 0:
             return None, None
         found = self._lookup(inputs)
@@ -792,10 +832,11 @@ class LiveBuilder:
         )
         if self.judge is None or not judged or inputs.budget() == 0:
             return (tree if m >= self.trust else None), None
-        alone, b = self.judge.choose(m)
+        request = inputs.extra.get("request")
+        alone, b = self.judge.choose(m, request)
         # a drafted round carries the chain it passed over, to tell the judge what the chain
-        # alone would have committed (ChainJudge.observe_chain)
-        return (tree if alone else None), (alone, b, None if alone else tree.tokens[1:])
+        # alone would have committed (ChainJudge.observe_chain), and the request's notes
+        return (tree if alone else None), (alone, b, None if alone else tree.tokens[1:], request)
 
     def _lookup(self, inputs: TreeInputs) -> tuple[int, np.ndarray]:
         """The round's suffix lookup within its chain room, once a round: :meth:`decide` and
@@ -816,10 +857,14 @@ class LiveBuilder:
         (``drafted``: see :meth:`ChainJudge.observe`)."""
         if self.judge is None:
             return
-        alone, b, chain = note
+        alone, b, chain, request = note
+        if chain is not None:
+            would = chain_commits(chain, new)
+            if request is not None:
+                self.judge.observe_request(request, b, len(new) - would)
         self.judge.observe(alone, b, len(new), seconds, drafted)
         if chain is not None:
-            self.judge.observe_chain(b, chain_commits(chain, new))
+            self.judge.observe_chain(b, would)
 
     def __call__(self, inputs: TreeInputs) -> Tree:
         budget = inputs.budget()
