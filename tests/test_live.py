@@ -606,6 +606,25 @@ def _judge_ticks(judge, match: int, n: int) -> list[bool]:
     return [judge.choose(match)[0] for _ in range(n)]
 
 
+def _judge_rounds(judge, n, chain, chain_s, drafted, drafted_s, *, match=3, request=None):
+    """``n`` rounds at ``match``-token matches, each of the kind ``judge`` picks: the chain
+    alone commits ``chain`` tokens in ``chain_s``, a drafted round ``drafted`` in
+    ``drafted_s`` (and shows the chain's ``chain``; ``request``: the notes it is told the
+    draft's extra in). Returns the picks (True: the chain alone)."""
+    picks = []
+    for _ in range(n):
+        alone, at = judge.choose(match, request)
+        picks.append(alone)
+        if alone:
+            judge.observe(True, at, chain, chain_s)
+        else:
+            if request is not None:
+                judge.observe_request(request, at, drafted - chain)
+            judge.observe(False, at, drafted, drafted_s)
+            judge.observe_chain(at, chain)
+    return picks
+
+
 def test_the_chain_judge_follows_its_prior_until_both_sides_are_measured():
     """A match of ``trust`` tokens or more is a repeat, verified alone, not judged; unmeasured,
     a shorter one drafts and tries the chain alone every other round."""
@@ -646,19 +665,7 @@ def test_the_chain_judge_picks_the_faster_rounds_and_learns_the_chain_from_draft
     judge = ChainJudge(trust=8)
 
     def rounds(n, chain, chain_s, drafted, drafted_s):
-        """``n`` rounds at 3-token matches, each of the kind the judge picks: the chain alone
-        commits ``chain`` tokens in ``chain_s``, a drafted round ``drafted`` in
-        ``drafted_s`` (and shows the chain's ``chain``)."""
-        picks = []
-        for _ in range(n):
-            alone, at = judge.choose(3)
-            picks.append(alone)
-            if alone:
-                judge.observe(True, at, chain, chain_s)
-            else:
-                judge.observe(False, at, drafted, drafted_s)
-                judge.observe_chain(at, chain)
-        return picks
+        return _judge_rounds(judge, n, chain, chain_s, drafted, drafted_s)
 
     # the chain alone: 2 tokens in 3 ms; drafting: 2 in 5 ms
     picks = rounds(4, 2, 0.003, 2, 0.005)
@@ -687,14 +694,7 @@ def test_the_chain_judge_measures_a_confirmed_choice_less_often():
     def run(judge, plan):
         picks = []
         for n, chain, drafted in plan:  # the chain alone 3 ms a round, a drafted one 5 ms
-            for _ in range(n):
-                alone, at = judge.choose(3)
-                picks.append(alone)
-                if alone:
-                    judge.observe(True, at, chain, 0.003)
-                else:
-                    judge.observe(False, at, drafted, 0.005)
-                    judge.observe_chain(at, chain)
+            picks += _judge_rounds(judge, n, chain, 0.003, drafted, 0.005)
         return picks
 
     steady = [(1000, 2, 2)]  # the chain alone always faster
@@ -825,18 +825,7 @@ def test_the_chain_judge_follows_a_request_whose_drafts_add_little():
     def rounds(n, request, extra):
         """``n`` rounds where nothing matches: the chain alone (a plain step) commits 1 token
         in 3 ms, a drafted round 1 + ``extra`` in 4 ms."""
-        picks = []
-        for _ in range(n):
-            alone, at = judge.choose(0, request)
-            picks.append(alone)
-            if alone:
-                judge.observe(True, at, 1, 0.003)
-            else:
-                if request is not None:
-                    judge.observe_request(request, at, extra)
-                judge.observe(False, at, 1 + extra, 0.004)
-                judge.observe_chain(at, 1)
-        return picks
+        return _judge_rounds(judge, n, 1, 0.003, 1 + extra, 0.004, match=0, request=request)
 
     rounds(300, None, 1)  # drafting: 500 tokens/s against the plain step's 333
     b = ChainJudge.bucket(0)

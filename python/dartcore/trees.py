@@ -655,20 +655,27 @@ class ChainJudge:
         k = int(alone)
         if not self.fresh[k, b] or self.seconds[k, b] <= 0.0:
             return None
-        w = self.weight[k, b]
-        per_round = self.chain_tokens[b] / self.chain_weight[b] if alone else self.tokens[b] / w
+        per_round = self._per_round(alone, b)
         extra = None if alone or not request else self.extra(b)
         if extra is not None:
             per_round += (self.yield_ratio(request) - 1.0) * extra
-        return float(per_round * w / self.seconds[k, b])
+        return float(per_round * self.weight[k, b] / self.seconds[k, b])
+
+    def _per_round(self, alone: bool, b: int) -> float | None:
+        """Tokens a round of kind ``alone`` at bucket ``b`` commits (the chain alone: its own
+        rounds and what the drafted rounds showed); None before any."""
+        tokens, w = (
+            (self.chain_tokens[b], self.chain_weight[b])
+            if alone
+            else (self.tokens[b], self.weight[0, b])
+        )
+        return float(tokens / w) if w > 0.0 else None
 
     def extra(self, b: int) -> float | None:
         """What a drafted round at bucket ``b`` commits beyond the chain alone (tokens per
         round, at least 0); None while either is unknown."""
-        if self.weight[0, b] <= 0.0 or self.chain_weight[b] <= 0.0:
-            return None
-        per_round = self.tokens[b] / self.weight[0, b]
-        return max(float(per_round - self.chain_tokens[b] / self.chain_weight[b]), 0.0)
+        drafted, chain = self._per_round(False, b), self._per_round(True, b)
+        return None if drafted is None or chain is None else max(drafted - chain, 0.0)
 
     def yield_ratio(self, request: dict) -> float:
         """How this request's drafted rounds fared: the tokens they committed beyond the
