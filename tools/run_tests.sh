@@ -4,6 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install.sh
+# llama.cpp's llama-quantize, with which the K-quant test makes its Q4_K_M file from the shipped
+# GGUF (a few minutes the first time; cached, and a rerun returns at once)
+bash tools/build_llama_cpp.sh >/dev/null
 # The bindings crate is a cdylib linked against the Python that loads it; it is tested through
 # pytest, not `cargo test`.
 cargo test --release --workspace --exclude dartcore-py
